@@ -1,0 +1,29 @@
+"""hitenter: what happens when you hit Enter, for real."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from hitenter.errors import ContextOverflowError, HitenterError, ModelLoadError, UnknownModelError
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "ContextOverflowError",
+           "HitenterError", "ModelLoadError", "UnknownModelError"]
+
+if TYPE_CHECKING:
+    from hitenter.llm import LLM
+    from hitenter.outputs import CompletionOutput, RequestOutput
+    from hitenter.sampling_params import SamplingParams
+
+
+def __getattr__(name: str) -> Any:   # lazy: `hitenter --help` and errors import without torch
+    if name == "LLM":
+        from hitenter.llm import LLM
+        return LLM
+    if name == "SamplingParams":
+        from hitenter.sampling_params import SamplingParams
+        return SamplingParams
+    if name in ("RequestOutput", "CompletionOutput"):
+        from hitenter import outputs
+        return getattr(outputs, name)
+    raise AttributeError(name)

@@ -1,0 +1,199 @@
+"""hitenter run | chat | serve | pull | models | tokenize"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+ENGINE_FLAGS = [
+    ("--max-model-len", int, "context window to serve (default: the model's, capped at 8192)"),
+    ("--max-num-seqs", int, "most requests running at once (default 64)"),
+    ("--max-num-batched-tokens", int, "token budget of one engine step (default 2048)"),
+    ("--kv-cache-memory", int, "bytes of KV cache (default: a share of RAM)"),
+    ("--block-size", int, "tokens per KV block (default 16)"),
+    ("--num-threads", int, "torch threads (default: torch's choice)"),
+]
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", default=None, help="known name, path to a .gguf, or hf:owner/repo/file.gguf")
+    for flag, typ, help_ in ENGINE_FLAGS:
+        p.add_argument(flag, type=typ, default=None, help=help_)
+    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false", default=True)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+
+
+def _engine_kwargs(a: argparse.Namespace) -> dict[str, Any]:
+    kw = {f[2:].replace("-", "_"): getattr(a, f[2:].replace("-", "_")) for f, _, _ in ENGINE_FLAGS}
+    kw = {k: v for k, v in kw.items() if v is not None}
+    kw["enable_prefix_caching"] = a.enable_prefix_caching
+    kw["dtype"] = a.dtype
+    return kw
+
+
+def _sampling_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def _params(a: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from hitenter.sampling_params import SamplingParams
+
+    return SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+                          min_p=a.min_p, seed=a.seed, stop=a.stop)
+
+
+def _stream(llm, prompt: str, params) -> str:  # type: ignore[no-untyped-def]
+    t0 = time.perf_counter()
+    first: list[float] = []
+    n = [0]
+
+    def on_output(out) -> None:  # type: ignore[no-untyped-def]
+        c = out.outputs[0]
+        if c.delta_token_ids and not first:
+            first.append(time.perf_counter())
+        n[0] += len(c.delta_token_ids)
+        if c.delta_text:
+            sys.stdout.write(c.delta_text)
+            sys.stdout.flush()
+
+    out = llm.generate([prompt], params, on_output=on_output)[0]
+    t1 = time.perf_counter()
+    sys.stdout.write("\n")
+    ttft = (first[0] - t0) if first else float("nan")
+    rate = (n[0] - 1) / (t1 - first[0]) if first and n[0] > 1 and t1 > first[0] else float("nan")
+    print(f"[{n[0]} tokens, time to first token {ttft * 1000:.0f} ms, {rate:.1f} tokens/s, "
+          f"finish_reason={out.finish_reason}]", file=sys.stderr)
+    return out.text
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from hitenter.llm import LLM
+
+    llm = LLM(a.model, **_engine_kwargs(a))
+    prompt = a.prompt if a.raw else llm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": a.prompt}], add_generation_prompt=True)
+    _stream(llm, prompt, _params(a))
+    return 0
+
+
+def cmd_chat(a: argparse.Namespace) -> int:
+    from hitenter.llm import LLM
+
+    llm = LLM(a.model, **_engine_kwargs(a))
+    messages: list[dict[str, str]] = []
+    print("chat with the model; an empty line or Ctrl-D ends", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            break
+        if not line.strip():
+            break
+        messages.append({"role": "user", "content": line})
+        prompt = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        messages.append({"role": "assistant", "content": _stream(llm, prompt, _params(a))})
+    return 0
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    from hitenter.server.api import serve
+
+    serve(model=a.model, host=a.host, port=a.port, api_key=a.api_key, served_model_name=a.served_model_name,
+          max_queued_requests=a.max_queued_requests, extra_models=a.extra_model or [], **_engine_kwargs(a))
+    return 0
+
+
+def cmd_pull(a: argparse.Namespace) -> int:
+    from hitenter.models.registry import DEFAULT_MODEL, pull
+
+    path = pull(a.name or DEFAULT_MODEL, progress=lambda msg: print(msg, file=sys.stderr))
+    print(path)
+    return 0
+
+
+def cmd_models(a: argparse.Namespace) -> int:
+    from hitenter.models.registry import DEFAULT_MODEL, KNOWN_MODELS, hitenter_home
+
+    for m in KNOWN_MODELS.values():
+        path = hitenter_home() / "models" / f"{m.name}.gguf"
+        flags = ("default " if m.name == DEFAULT_MODEL else "") + ("pulled" if path.exists() else "not pulled")
+        flags += "" if m.supported else ", not yet supported"
+        print(f"{m.name:32s} {flags:28s} {m.description}")
+    return 0
+
+
+def cmd_tokenize(a: argparse.Namespace) -> int:
+    from hitenter.models.registry import resolve_model
+    from hitenter.tokenizer.bpe import Tokenizer
+
+    tok = Tokenizer.from_gguf(resolve_model(a.model))
+    ids = tok.encode(a.text)
+    pieces = [tok.id_to_piece(i) for i in ids]
+    if a.json:
+        print(json.dumps({"ids": ids, "pieces": pieces, "count": len(ids)}, ensure_ascii=False))
+    else:
+        for i, p in zip(ids, pieces, strict=True):
+            print(f"{i:>7}  {p!r}")
+        print(f"{len(ids)} tokens", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="hitenter", description="What happens when you hit Enter: an LLM engine you can watch.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("run", help="generate from one prompt, streaming")
+    p.add_argument("prompt")
+    p.add_argument("--raw", action="store_true", help="plain completion, no chat template")
+    _add_engine_flags(p)
+    _sampling_flags(p)
+    p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("chat", help="interactive chat in the terminal")
+    _add_engine_flags(p)
+    _sampling_flags(p)
+    p.set_defaults(fn=cmd_chat)
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with the web playground")
+    _add_engine_flags(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--max-queued-requests", type=int, default=256)
+    p.add_argument("--extra-model", action="append", help="also serve this model (e.g. trigram)")
+    p.set_defaults(fn=cmd_serve)
+    p = sub.add_parser("pull", help="download a known model into the cache")
+    p.add_argument("name", nargs="?")
+    p.set_defaults(fn=cmd_pull)
+    p = sub.add_parser("models", help="list known models")
+    p.set_defaults(fn=cmd_models)
+    p = sub.add_parser("tokenize", help="show the tokens of a text")
+    p.add_argument("text")
+    p.add_argument("--model", "-m", default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_tokenize)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    from hitenter.errors import HitenterError
+
+    try:
+        return int(a.fn(a) or 0)
+    except (HitenterError, ValueError) as e:
+        print(f"hitenter: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""Per-step engine events, published to subscribers (the playground, metrics, tests).
+
+Each ``EngineEvent`` says what one ``LLMEngine.step()`` really did: which requests prefilled
+how many tokens (and from which position), which decoded, the KV block events of the step,
+who finished or was preempted, and the step's own timestamps.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ScheduledWork:
+    request_id: str
+    start: int          # first position computed this step
+    num_tokens: int     # tokens computed this step
+    kind: str           # "prefill" (catching up on a prompt, maybe a chunk) or "decode"
+    sampled: int | None = None   # token id sampled this step, if the request caught up
+
+
+@dataclass
+class EngineEvent:
+    step_id: int
+    t_start: float
+    t_end: float
+    t_model: float                                   # seconds in the model forward
+    work: list[ScheduledWork] = field(default_factory=list)
+    kv_events: list[Any] = field(default_factory=list)
+    finished: list[tuple[str, str]] = field(default_factory=list)   # (request_id, finish_reason)
+    preempted: list[str] = field(default_factory=list)
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+    num_free_blocks: int = 0
+
+
+Subscriber = Callable[[EngineEvent], None]
+
+
+class EventBus:
+    """Thread-safe fan-out of EngineEvents. Subscribers must be quick (they run in the engine loop)."""
+
+    def __init__(self) -> None:
+        self._subs: list[Subscriber] = []
+        self._lock = threading.Lock()
+
+    def subscribe(self, fn: Subscriber) -> Callable[[], None]:
+        with self._lock:
+            self._subs.append(fn)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if fn in self._subs:
+                    self._subs.remove(fn)
+
+        return unsubscribe
+
+    @property
+    def active(self) -> bool:
+        return bool(self._subs)
+
+    def publish(self, event: EngineEvent) -> None:
+        with self._lock:
+            subs = list(self._subs)
+        for fn in subs:
+            fn(event)

@@ -1,0 +1,81 @@
+"""Turns a SchedulerOutput into one model forward over a flat batch and returns the logits of
+the rows that need a token.
+
+Every scheduled request contributes the tokens ``[num_computed_tokens, num_computed_tokens +
+num_new_tokens)`` of its sequence; their K/V are written into the paged cache through a slot
+mapping, attention reads through block tables. Only requests whose computed tokens catch up with
+their total tokens this step (the end of a prefill, or a decode) get a logits row.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from hitenter.engine.scheduler import SchedulerOutput
+from hitenter.models.attention import AttentionMetadata
+
+
+@dataclass
+class ModelRunnerOutput:
+    logits: torch.Tensor | None      # [N, V] float32, one row per entry of `sample_request_ids`
+    sample_request_ids: list[str]
+    t_model: float                   # seconds spent in the forward pass
+
+
+class ModelRunner:
+    """Owns the model and its KV cache tensors; stateless between steps otherwise."""
+
+    def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], block_size: int) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        if not out.scheduled:
+            return ModelRunnerOutput(None, [], 0.0)
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        qsl = [0]
+        seq_lens: list[int] = []
+        tables: list[list[int]] = []
+        sample_rows: list[int] = []
+        sample_ids: list[str] = []
+        for sr in out.scheduled:
+            req = sr.request
+            start, n = sr.num_computed_tokens, sr.num_new_tokens
+            toks = req.all_token_ids
+            input_ids.extend(toks[start:start + n])
+            pos = range(start, start + n)
+            positions.extend(pos)
+            table = sr.block_ids
+            slots.extend(table[p // bs] * bs + p % bs for p in pos)
+            qsl.append(qsl[-1] + n)
+            seq_lens.append(start + n)
+            tables.append(table)
+            if start + n >= req.num_tokens:   # caught up: this row's logits give the next token
+                sample_rows.append(qsl[-1] - 1)
+                sample_ids.append(req.request_id)
+        meta = AttentionMetadata(
+            query_start_loc=qsl,
+            seq_lens=seq_lens,
+            block_tables=tables,
+            slot_mapping=torch.tensor(slots, dtype=torch.long),
+            block_size=bs,
+        )
+        t0 = time.perf_counter()
+        hidden = self.model(
+            torch.tensor(input_ids, dtype=torch.long),
+            torch.tensor(positions, dtype=torch.long),
+            meta,
+            self.kv_caches,
+        )
+        logits = None
+        if sample_rows:
+            logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, dtype=torch.long)])
+        return ModelRunnerOutput(logits, sample_ids, time.perf_counter() - t0)

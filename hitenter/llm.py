@@ -1,0 +1,73 @@
+"""The offline entry point: ``LLM(model).generate(prompts, params)`` and ``LLM.chat(conversations)``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hitenter.engine.llm_engine import LLMEngine
+from hitenter.outputs import RequestOutput
+from hitenter.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+Message = dict[str, Any]
+
+
+class LLM:
+    """A model and its serving engine in this process.
+
+    ``LLM()`` loads the default model (pulled when missing); ``LLM("path/to/model.gguf")``,
+    ``LLM("hf:owner/repo/file.gguf")`` and known names work too. Keyword arguments are the
+    engine's limits: kv_cache_memory, max_model_len, max_num_seqs, max_num_batched_tokens,
+    block_size, enable_prefix_caching, dtype, num_threads.
+    """
+
+    def __init__(self, model: str | None = None, **engine_options: Any) -> None:
+        self.engine = LLMEngine(model, **engine_options)
+        self.tokenizer = self.engine.tokenizer
+        self.model_config = self.engine.model_config
+
+    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 on_output: Callable[[RequestOutput], None] | None = None) -> list[RequestOutput]:
+        """Run prompts (text, or token ids) to completion, batched together; outputs in prompt order.
+
+        ``params`` is one SamplingParams for all prompts or a list with one per prompt (vLLM's convention).
+        ``on_output`` sees every intermediate output (for streaming to a terminal).
+        All requests are validated before any runs: one bad prompt raises and nothing is queued.
+        """
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        if params is None:
+            params = SamplingParams()
+        plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(plist) != len(prompts):
+            raise ValueError(f"params: got {len(plist)} SamplingParams for {len(prompts)} prompts")
+        eng = self.engine
+        for p, sp in zip(prompts, plist, strict=True):     # validate all first: nothing half-queued
+            eng.resolve_max_tokens(len(eng.encode_prompt(p)), sp)
+        ids: list[str] = []
+        try:
+            for p, sp in zip(prompts, plist, strict=True):
+                ids.append(eng.add_request(None, p, sp))
+            final: dict[str, RequestOutput] = {}
+            while len(final) < len(ids):
+                for out in eng.step():
+                    if on_output is not None:
+                        on_output(out)
+                    if out.finished:
+                        final[out.request_id] = out
+        finally:
+            for rid in ids:       # on error or KeyboardInterrupt nothing stays queued or holds blocks
+                eng.abort(rid)
+        return [final[rid] for rid in ids]
+
+    def chat(self, conversations: list[Message] | Sequence[list[Message]],
+             params: SamplingParams | Sequence[SamplingParams] | None = None,
+             add_generation_prompt: bool = True, **kwargs: Any) -> list[RequestOutput]:
+        """Apply the model's chat template to each conversation, then generate."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]  # type: ignore[list-item]
+        prompts = [self.tokenizer.apply_chat_template(list(c), add_generation_prompt=add_generation_prompt)
+                   for c in conversations]
+        return self.generate(prompts, params, **kwargs)
