@@ -1,0 +1,43 @@
+"""Shared helpers for the benchmarks: timing, tables, a JSON line, machine facts."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(), "machine": platform.machine()}
+
+
+def best_of(fn: Callable[[], float], repeats: int) -> tuple[float, list[float]]:
+    """Run fn (which returns a rate) `repeats` times; return the median and all values."""
+    vals = [fn() for _ in range(repeats)]
+    return statistics.median(vals), vals
+
+
+def percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    k = min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))
+    return xs[k]
+
+
+def table(rows: list[list[Any]], header: list[str]) -> str:
+    cells = [header] + [[f"{c:.2f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    line = lambda r: "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True))  # noqa: E731
+    return "\n".join([line(cells[0]), line(["-" * w for w in widths])] + [line(r) for r in cells[1:]])
+
+
+def emit_json(name: str, result: dict[str, Any]) -> None:
+    print("JSON " + json.dumps({"bench": name, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **machine(), **result}))

@@ -1,0 +1,220 @@
+"""Scheduler: one rule for prefill, chunked prefill, prefix hits and decode.
+
+Each step every request is given ``min(num_tokens - num_computed_tokens, token budget left)`` new
+tokens: running requests first (oldest first), then waiting ones in FCFS order, within
+``max_num_batched_tokens`` tokens and ``max_num_seqs`` running requests. A fresh prompt is far
+behind, a decode is one behind, a prefix hit advances ``num_computed_tokens`` when the request is
+first admitted, and a long prompt that does not catch up in one step is a chunked prefill.
+
+Contracts:
+- ``ScheduledRequest.num_computed_tokens`` is the request's value at schedule time (after a prefix
+  hit); the step computes tokens ``[num_computed_tokens, num_computed_tokens + num_new_tokens)``.
+  It is *caught up* when that range ends at ``request.num_tokens``: only those get a sampled token.
+- When a running request's blocks do not fit, the newest running request is preempted (blocks
+  freed, status PREEMPTED, num_computed_tokens = 0, outputs kept, put at the FRONT of waiting) and
+  allocation is retried; if the request itself is the newest, it is preempted and the running pass
+  stops. No waiting request is admitted in a step that preempted.
+- A waiting request that does not fit stays at the head of the queue: no one jumps ahead (FCFS).
+- ``add_request`` rejects a request that could never fit the KV cache alone (ContextOverflowError),
+  so the queue cannot deadlock.
+- ``update`` advances num_computed_tokens, appends sampled tokens (caught-up requests only) and
+  caches newly full verified blocks. Stop checks are the engine's: it calls ``finish_request``,
+  which frees blocks at once (also for aborts, waiting or running).
+- ``SchedulerOutput.kv_events`` holds every KV event since the previous ``schedule()`` returned
+  (the previous step's cache/free events, then this call's), so each event appears exactly once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from hitenter.config import SchedulerConfig
+from hitenter.engine.request import Request, RequestStatus
+from hitenter.errors import ContextOverflowError, QueueFullError
+from hitenter.kv_cache.events import KVEvent
+from hitenter.kv_cache.manager import KVCacheManager
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int          # tokens to compute this step, starting at num_computed_tokens
+    num_computed_tokens: int     # request.num_computed_tokens at schedule time (after any prefix hit)
+    block_ids: list[int]         # the request's whole block table after allocation
+
+    @property
+    def caught_up(self) -> bool:
+        """True when this step computes up to the request's last token (valid until update())."""
+        return self.num_computed_tokens + self.num_new_tokens >= self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    step_id: int
+    scheduled: list[ScheduledRequest]   # batch order
+    preempted: list[Request]
+    num_batched_tokens: int
+    kv_events: list[KVEvent] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    num_steps: int
+    num_preemptions: int
+    kv_usage: float
+    num_free_blocks: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    prefix_cache_hit_rate: float
+
+
+class Scheduler:
+    """Owns the waiting queue and the running list; talks to the KV cache only via KVCacheManager."""
+
+    def __init__(self, scheduler_config: SchedulerConfig, kv_manager: KVCacheManager) -> None:
+        self.config = scheduler_config
+        self.kv = kv_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []        # oldest first
+        self.requests: dict[str, Request] = {}  # live (unfinished) requests
+        self._step_id = 0
+        self._num_preemptions = 0
+        self._events: list[KVEvent] = []
+        kv_manager.subscribe(self._events.append)
+
+    # ---- queue ------------------------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a request (status WAITING). Raises QueueFullError, ContextOverflowError, ValueError."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id: {request.request_id!r} is already scheduled")
+        limit = self.config.max_queued_requests
+        if limit is not None and len(self.waiting) >= limit:
+            raise QueueFullError(f"the waiting queue is full ({limit} requests); retry later")
+        n_ctx = min(self.config.max_model_len, self.kv.num_blocks * self.kv.block_size)
+        if request.num_prompt_tokens + request.max_tokens > n_ctx:
+            raise ContextOverflowError(request.num_prompt_tokens, n_ctx, request.max_tokens)
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self.requests.get(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def stats(self) -> SchedulerStats:
+        pc = self.kv.prefix_cache_stats
+        return SchedulerStats(len(self.running), len(self.waiting), self._step_id, self._num_preemptions,
+                              self.kv.usage, self.kv.num_free_blocks, pc.queries, pc.hits, pc.hit_rate)
+
+    # ---- the step -----------------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's batch under the one rule (see module docstring)."""
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[Request] = []
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if n <= 0:
+                i += 1
+                continue
+            while self.kv.allocate_slots(req, n) is None:
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+            if req.status is RequestStatus.PREEMPTED:
+                break   # it was the newest: everything after it is preempted too
+            scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens,
+                                              self.kv.block_table(req.request_id)))
+            budget -= n
+            i += 1
+
+        while (not preempted and self.waiting and budget > 0
+               and len(self.running) < self.config.max_num_seqs):
+            req = self.waiting[0]
+            hits, num_hit = self.kv.get_computed_blocks(req)
+            n = min(req.num_tokens - num_hit, budget)
+            if self.kv.allocate_slots(req, n, hits) is None:
+                break   # stays at the head: FCFS, no bypass
+            self.waiting.popleft()
+            first = req.metrics.first_scheduled_time is None
+            if first:
+                req.metrics.first_scheduled_time = time.monotonic()
+                req.num_cached_tokens = min(num_hit, req.num_prompt_tokens)
+            req.num_computed_tokens = num_hit
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            scheduled.append(ScheduledRequest(req, n, num_hit, self.kv.block_table(req.request_id)))
+            budget -= n
+
+        self._step_id += 1
+        events, self._events[:] = list(self._events), []
+        return SchedulerOutput(self._step_id, scheduled, preempted,
+                               self.config.max_num_batched_tokens - budget, events)
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.metrics.num_preemptions += 1
+        self._num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def update(self, out: SchedulerOutput, sampled: dict[str, list[int]]) -> None:
+        """Apply a step's results: computed tokens, sampled tokens, newly full verified blocks.
+
+        Requests finished (e.g. aborted) since ``schedule()`` are skipped. A token for a request that
+        did not catch up is a caller bug (ValueError).
+        """
+        for sr in out.scheduled:
+            req = sr.request
+            if req.status is not RequestStatus.RUNNING or self.requests.get(req.request_id) is not req:
+                continue
+            caught_up = sr.caught_up
+            tokens = sampled.get(req.request_id, ())
+            if tokens and not caught_up:
+                raise ValueError(f"request {req.request_id!r} got a token but did not catch up")
+            req.num_computed_tokens = sr.num_computed_tokens + sr.num_new_tokens
+            req.output_token_ids.extend(tokens)
+            self.kv.cache_blocks(req, req.num_computed_tokens)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> None:
+        """Finish (stop / length / abort) a waiting or running request and free its blocks now.
+
+        Unknown or already finished ids are ignored.
+        """
+        if not status.finished:
+            raise ValueError(f"status: {status} is not a finished status")
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            try:
+                self.waiting.remove(req)
+            except ValueError:
+                pass
+        self.kv.free(req)
+        req.status = status
+        if req.metrics.finished_time is None:
+            req.metrics.finished_time = time.monotonic()
