@@ -1,0 +1,253 @@
+"""Sampler: one token per logits row, each row with its own SamplingParams and its own RNG.
+
+Contract:
+- ``Sampler()(logits [N, V] fp32, meta) -> SamplerOutput``; the input logits are never modified.
+- The processed logits go through the chain of ``logits_processors.default_chain()``
+  (penalties -> logit_bias -> min_tokens -> temperature -> top_k -> top_p -> min_p).
+- Greedy rows (temperature 0) take ``argmax`` of the logits after penalties/bias/min_tokens (ties ->
+  lowest id) and consume no randomness.
+- Other rows draw with gpt-fast's sync-free exponential race: ``argmax(probs / q)``, ``q ~ Exp(1)`` of
+  shape ``[V]`` drawn from the row's own ``torch.Generator`` (one draw of V values per step). A seeded
+  request therefore gets the same tokens whatever else is in the batch and wherever its row is. A
+  sampling row whose generator is ``None`` falls back to torch's global RNG (not reproducible).
+- Logprobs are ``log_softmax`` of the **raw** logits (before penalties, temperature and filters), as
+  vLLM v1 does by default (``logprobs_mode="raw_logprobs"``): the chosen token's logprob and rank
+  (1 + number of tokens with a strictly higher logprob) plus the top ``params.logprobs`` alternatives.
+- ``trace=True`` adds a :class:`SamplingTrace` per row (for the playground); see
+  :func:`reshape_distribution` to recompute the stages on cached logits without the model.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from hitenter.engine.logits_processors import BatchState, LogitsProcessor, default_chain
+from hitenter.sampling_params import SamplingParams
+
+TRACE_TOP_N = 50
+_SYS_RANDOM = random.SystemRandom()
+_TINY = torch.finfo(torch.float32).tiny
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    """A CPU generator seeded with ``seed`` (taken mod 2**64), or with a fresh seed from a global
+    SystemRandom when None; ``generator.initial_seed()`` reports the seed actually used."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed(_SYS_RANDOM.getrandbits(63) if seed is None else seed % 2**64)
+    return g
+
+
+@dataclass
+class SamplingMetadata:
+    """Per-row sampling inputs. Empty ``prompt_token_ids``/``output_token_ids``/``stop_token_ids``
+    lists mean "empty for every row"; otherwise every list has one entry per row."""
+
+    params: list[SamplingParams]
+    generators: list[torch.Generator | None]   # None for greedy rows
+    prompt_token_ids: Sequence[Sequence[int]] = field(default_factory=list)
+    output_token_ids: Sequence[Sequence[int]] = field(default_factory=list)
+    stop_token_ids: Sequence[frozenset[int]] = field(default_factory=list)  # suppressed while output < min_tokens
+
+    def __post_init__(self) -> None:
+        n = len(self.params)
+        if not self.prompt_token_ids:
+            self.prompt_token_ids = [()] * n
+        if not self.output_token_ids:
+            self.output_token_ids = [()] * n
+        if not self.stop_token_ids:
+            self.stop_token_ids = [frozenset()] * n
+        for name in ("generators", "prompt_token_ids", "output_token_ids", "stop_token_ids"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name}: has {len(getattr(self, name))} rows, params has {n}")
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    token_id: int
+    logprob: float
+    rank: int                              # 1 = the most likely token
+    top: list[tuple[int, float, int]]      # (token_id, logprob, rank) of the top alternatives, best first
+
+
+@dataclass
+class StageTrace:
+    name: str             # "raw", then each processor's name ("penalties", ..., "min_p")
+    probs: list[float]    # softmax of the logits after this stage, at SamplingTrace.candidate_ids
+    kept: list[bool]      # False where the stage (or an earlier one) cut the candidate
+    num_kept: int         # tokens still possible over the whole vocabulary
+
+
+@dataclass
+class DrawTrace:
+    method: str                     # "greedy" or "exponential_race"
+    token_id: int
+    seed: int | None                # the row generator's initial seed
+    q: list[float] | None = None    # the Exp(1) value of each candidate (token = argmax p / q)
+    chosen_q: float | None = None
+    chosen_u: float | None = None   # the equivalent uniform 1 - exp(-q) of the chosen token
+
+
+@dataclass
+class SamplingTrace:
+    candidate_ids: list[int]        # top raw candidates (+ the chosen token when it is not among them)
+    stages: list[StageTrace]
+    draw: DrawTrace | None = None
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+    trace: list[SamplingTrace] | None = None
+
+
+def run_chain(chain: Sequence[LogitsProcessor], logits: Tensor, batch: BatchState,
+              record: bool = False) -> tuple[Tensor, list[tuple[str, Tensor]]]:
+    """Apply the chain to a copy of ``logits``; with ``record`` also return (name, logits) per stage."""
+    x = logits.to(torch.float32).clone()
+    stages: list[tuple[str, Tensor]] = [("raw", x.clone())] if record else []
+    for proc in chain:
+        x = proc(x, batch)
+        if record:
+            stages.append((proc.name, x.clone()))
+    return x, stages
+
+
+class _StageView:
+    """Softmax, finite mask and kept count of every stage, computed once for the whole batch."""
+
+    def __init__(self, stages: list[tuple[str, Tensor]]) -> None:
+        self.names = [name for name, _ in stages]
+        self.probs = [torch.softmax(x, dim=-1) for _, x in stages]
+        self.finite = [torch.isfinite(x) for _, x in stages]
+        self.kept = [f.sum(dim=-1).tolist() for f in self.finite]
+
+    def row(self, i: int, cand: Tensor) -> list[StageTrace]:
+        return [StageTrace(name, p[i, cand].tolist(), f[i, cand].tolist(), int(k[i]))
+                for name, p, f, k in zip(self.names, self.probs, self.finite, self.kept, strict=True)]
+
+
+def _candidates(raw_row: Tensor, top_n: int, extra: int | None = None) -> Tensor:
+    """The ``top_n`` highest raw logits (ties -> lower id), plus ``extra`` when it is not among them."""
+    kth = torch.topk(raw_row, min(top_n, raw_row.shape[0])).values[-1]
+    ids = torch.nonzero(raw_row >= kth).flatten()
+    _, order = torch.sort(raw_row[ids], descending=True, stable=True)
+    cand = ids[order[:top_n]]
+    if extra is not None and not bool((cand == extra).any()):
+        cand = torch.cat([cand, torch.tensor([extra])])
+    return cand
+
+
+@dataclass
+class DistributionStages:
+    candidate_ids: list[int]
+    stages: list[StageTrace]
+
+
+def reshape_distribution(logits_row: Tensor, params: SamplingParams,
+                         prompt_token_ids: Sequence[int] = (), output_token_ids: Sequence[int] = (),
+                         stop_token_ids: frozenset[int] = frozenset(), top_n: int = TRACE_TOP_N,
+                         chain: Sequence[LogitsProcessor] | None = None) -> DistributionStages:
+    """The probabilities of the top ``top_n`` raw candidates after each stage of the chain, for one row
+    of cached logits ``[V]`` (the playground's "what if I change top_p" view, no model run)."""
+    batch = BatchState([params], [prompt_token_ids], [output_token_ids], [stop_token_ids])
+    _, stages = run_chain(chain or default_chain(), logits_row.reshape(1, -1), batch, record=True)
+    cand = _candidates(stages[0][1][0], top_n)
+    return DistributionStages(cand.tolist(), _StageView(stages).row(0, cand))
+
+
+class Sampler:
+    """Callable sampler; ``chain`` defaults to :func:`default_chain`."""
+
+    def __init__(self, chain: Sequence[LogitsProcessor] | None = None, trace_top_n: int = TRACE_TOP_N) -> None:
+        self.chain = list(chain) if chain is not None else default_chain()
+        self.trace_top_n = trace_top_n
+
+    def __call__(self, logits: Tensor, meta: SamplingMetadata, trace: bool = False) -> SamplerOutput:
+        n, v = logits.shape
+        if n != len(meta.params):
+            raise ValueError(f"logits: has {n} rows, metadata has {len(meta.params)}")
+        batch = BatchState(meta.params, meta.prompt_token_ids, meta.output_token_ids, meta.stop_token_ids)
+        x, stages = run_chain(self.chain, logits, batch, record=trace)
+
+        tokens = torch.empty(n, dtype=torch.long)
+        greedy = [i for i, p in enumerate(meta.params) if p.is_greedy]
+        sample = [i for i, p in enumerate(meta.params) if not p.is_greedy]
+        if greedy:
+            tokens[greedy] = x[greedy].argmax(dim=-1)
+        q: Tensor | None = None
+        if sample:
+            probs = torch.softmax(x[sample], dim=-1)
+            q = torch.empty(len(sample), v, dtype=torch.float32)
+            for j, i in enumerate(sample):
+                q[j].exponential_(generator=meta.generators[i])
+            q.clamp_min_(_TINY)
+            tokens[sample] = torch.nan_to_num(probs / q, nan=-1.0).argmax(dim=-1)
+        token_list = tokens.tolist()
+
+        lp_rows = [i for i, p in enumerate(meta.params) if p.logprobs is not None]
+        logprobs: list[TokenLogprobs | None] = [None] * n
+        if lp_rows:
+            lps = torch.log_softmax(logits[lp_rows].to(torch.float32), dim=-1)
+            ks = [meta.params[i].logprobs or 0 for i in lp_rows]
+            for i, lp in zip(lp_rows, _batch_logprobs(lps, tokens[lp_rows], ks), strict=True):
+                logprobs[i] = lp
+
+        traces: list[SamplingTrace] | None = None
+        if trace:
+            traces = []
+            view = _StageView(stages)
+            sample_pos = {i: j for j, i in enumerate(sample)}
+            for i in range(n):
+                cand = _candidates(stages[0][1][i], self.trace_top_n, extra=token_list[i])
+                gen = meta.generators[i]
+                seed = gen.initial_seed() if gen is not None else None
+                if i in sample_pos and q is not None:
+                    qi = q[sample_pos[i]]
+                    cq = float(qi[token_list[i]])
+                    draw = DrawTrace("exponential_race", token_list[i], seed, qi[cand].tolist(), cq,
+                                     -math.expm1(-cq))
+                else:
+                    draw = DrawTrace("greedy", token_list[i], seed)
+                traces.append(SamplingTrace(cand.tolist(), view.row(i, cand), draw))
+        return SamplerOutput(token_list, logprobs, traces)
+
+
+def _top_exact(lp: Tensor, k: int) -> list[tuple[int, float, int]]:
+    """Top k of one row, ties -> lower id (exact, for rows whose k-th value is tied)."""
+    kth = torch.topk(lp, k).values[-1]
+    ids = torch.nonzero(lp >= kth).flatten()
+    vals, order = torch.sort(lp[ids], descending=True, stable=True)
+    return [(int(t), float(x), r + 1) for r, (t, x) in enumerate(zip(ids[order[:k]], vals[:k], strict=True))]
+
+
+def _batch_logprobs(lps: Tensor, chosen: Tensor, ks: list[int]) -> list[TokenLogprobs]:
+    """Chosen logprob, rank (1 + #strictly higher) and top-k alternatives (ties -> lower id) per row."""
+    n, v = lps.shape
+    chosen_lp = lps.gather(1, chosen[:, None])
+    ranks = ((lps > chosen_lp).sum(dim=-1) + 1).tolist()
+    kk = min(max(ks) + 1, v)
+    vals = ids = None
+    if max(ks) > 0:
+        vals, ids = torch.topk(lps, kk, dim=-1)
+        ids, order = torch.sort(ids, dim=-1)
+        vals, order = torch.sort(vals.gather(1, order), dim=-1, descending=True, stable=True)
+        ids = ids.gather(1, order)
+    out = []
+    for j, k in enumerate(ks):
+        k = min(k, v)
+        top: list[tuple[int, float, int]] = []
+        if k > 0 and vals is not None and ids is not None:
+            if k < kk and bool(vals[j, k] == vals[j, k - 1]):     # a tie across the cut: do it exactly
+                top = _top_exact(lps[j], k)
+            else:
+                top = [(int(t), float(x), r + 1) for r, (t, x) in
+                       enumerate(zip(ids[j, :k].tolist(), vals[j, :k].tolist(), strict=True))]
+        out.append(TokenLogprobs(int(chosen[j]), float(chosen_lp[j, 0]), ranks[j], top))
+    return out
