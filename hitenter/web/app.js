@@ -1,0 +1,269 @@
+// The playground page: wires the prompt box to the engine's streams and redraws the panels.
+// State lives in `S`; every panel is a pure function of it (see the panel modules).
+import { getJSON, postJSON, streamPost, engineEvents } from "./api.js";
+import { el, clear, visible, pct, live } from "./util.js";
+import { renderTokens } from "./tokens.js";
+import { renderDistribution, renderSliders, reshape, renderDice } from "./dist.js";
+import { renderLoop, renderBranch, renderStop } from "./loop.js";
+import { renderTimeline } from "./timeline.js";
+import { kvPanel, renderRequestKV, renderBlockMap } from "./kvmap.js";
+import { breakPanel, renderOverflow, determinismPanel, renderDeterminism, renderTrigram, renderInspector } from "./extras.js";
+
+const $ = (id) => document.getElementById(id);
+const body = (id) => $(id).querySelector(".body");
+const S = { models: [], eng: { kv: null, steps: [], preempted: [] }, es: null, run: null, prev: null, branch: null,
+  tri: null, triSel: null, abort: null, sel: null, sampling: { temperature: 0.8, top_k: -1, top_p: 1, min_p: 0 } };
+window.playground = S;                       // for the curious (and the tests): the page's whole state
+
+const model = () => $("model").value;
+const info = () => S.models.find((m) => m.name === model());
+function params(extra = {}) {
+  const stop = $("stop").value;
+  return { ...S.sampling, seed: Number($("seed").value), max_tokens: Number($("max_tokens").value),
+    stop: stop ? [stop] : null, ignore_eos: $("ignore_eos").checked, ...extra };
+}
+const status = (text) => { $("status").textContent = text; };
+
+function newRun(name, mode, p, text) {
+  const m = S.models.find((x) => x.name === name);
+  return { model: name, mode, params: p, promptText: text, rid: null, prompt_ids: null, pieces: [], tokens: [], steps: [],
+    text: "", textBase: "", heldBack: "", finish: null, stopReason: null, stopSpan: null, ttft: null, itl: [], cached: null,
+    error: null, blockSize: m.block_size, bytesPerToken: m.kv_bytes_per_token, templateUsed: false, maxModelLen: m.max_model_len };
+}
+
+// Fold one event of a /generate stream into a run.
+function consume(run, ev) {
+  if (ev.type === "start") {
+    run.rid = ev.request_id;
+    if (!run.prompt_ids) Object.assign(run, { prompt_ids: ev.prompt_ids, pieces: ev.pieces, templateUsed: ev.template_used });
+    if (run.mode === "step") run.steps = [];
+    run.textBase = run.text;
+    run.base = run.tokens.length;
+  } else if (ev.type === "step") {
+    run.steps.push(ev);
+    if (ev.token) run.tokens.push({ piece: ev.token, rid: run.rid, index: ev.index, trace: ev.trace, entropy: ev.entropy,
+      lookup: ev.lookup, lookupPieces: ev.lookup_pieces });
+  } else if (ev.type === "output") {
+    run.text = run.textBase + ev.text;
+    run.heldBack = ev.held_back;
+    Object.assign(run, { ttft: ev.ttft, itl: ev.itl, cached: ev.num_cached_tokens });
+    if (ev.finished) {
+      const budgetLeft = run.params.max_tokens - run.tokens.length;
+      if (run.mode !== "step" || ev.finish_reason === "stop" || budgetLeft <= 0) {
+        run.finish = ev.finish_reason;
+        run.stopReason = ev.stop_reason;
+      }
+      if (ev.stop_span) run.stopSpan = ev.stop_span.map((i) => i + run.base);
+    }
+  } else if (ev.type === "error") {
+    run.error = ev;
+  }
+}
+
+let pending = false;
+function render() {
+  if (pending) return;
+  pending = true;
+  requestAnimationFrame(() => {
+    pending = false;
+    const run = S.run;
+    if (run && run.prompt_ids) renderTokens(body("p-tokens"), { ...run, max_model_len: run.maxModelLen, template_used: run.templateUsed });
+    if (run) {
+      renderLoop(body("p-loop"), run, pick);
+      renderStop(body("p-stop"), run, info().eog);
+      renderTimeline(body("p-timeline"), run);
+      renderRequestKV(S.kvNodes.req, run);
+      renderBranch(body("p-branch"), run, S.branch);
+      renderInspector(body("p-inspector"), run);
+      const tok = run.tokens[S.sel ?? run.tokens.length - 1];
+      if (tok && tok.trace && !S.reshaped) {
+        renderDistribution(S.distNode, { candidates: tok.trace.pieces, stages: tok.trace.stages, entropy: null },
+          { chosen: tok.piece.id, label: `step ${run.tokens.indexOf(tok)}: as the engine sampled it` });
+        renderDice(body("p-dice").querySelector(".dice"), tok);
+      }
+    }
+    renderTrigram(body("p-trigram"), S.tri, S.triSel, (i) => { S.triSel = i; render(); });
+    renderBlockMap(S.kvNodes.map, S.eng, run && run.rid);
+  });
+}
+
+async function go(run, reqBody, { keep = false } = {}) {
+  if (S.abort) S.abort.abort();
+  const ctrl = new AbortController();
+  S.abort = ctrl;
+  if (!keep) { S.prev = S.run; S.run = run; S.sel = null; S.reshaped = false; S.branch = null; }
+  S.lastBody = reqBody;
+  $("btn-pause").disabled = false;
+  status("running…");
+  try {
+    await streamPost("/generate", reqBody, (ev) => {
+      consume(run, ev);
+      if (ev.type === "error") renderOverflow(S.breakOut, ev);
+      render();
+    }, ctrl.signal);
+    status(run.error ? "rejected" : `done: ${run.finish || "paused"}`);
+  } catch (e) {
+    if (e.name !== "AbortError") status(`error: ${e.message}`);
+  } finally {
+    if (S.abort === ctrl) { S.abort = null; $("btn-pause").disabled = true; }
+    refineSelected();
+  }
+}
+
+function start(p = params()) {
+  const text = $("prompt").value;
+  const run = newRun(model(), "stream", p, text);
+  const done = go(run, { model: run.model, text, chat: $("chat").checked, params: p });
+  if (info().trigram) { S.tri = run; S.triSel = null; }
+  const tri = S.models.find((m) => m.trigram);
+  if ($("with_trigram").checked && tri && tri.name !== run.model) {
+    S.tri = newRun(tri.name, "stream", p, text);
+    S.triSel = null;
+    const triRun = S.tri;
+    streamPost("/generate", { model: tri.name, text, chat: false, params: p }, (ev) => { consume(triRun, ev); render(); })
+      .catch((e) => status(`trigram: ${e.message}`));
+  }
+  return done;
+}
+
+// Step mode: one request per token (max_tokens=1) for the prompt + tokens so far; the prefix cache
+// makes each step cheap (see num_cached_tokens in panel 5/7 and the prefill size on the timeline).
+async function step() {
+  let run = S.run;
+  if (!run || run.finish || run.error || run.model !== model() || run.promptText !== $("prompt").value) {
+    run = newRun(model(), "step", params(), $("prompt").value);
+    S.prev = S.run; S.run = run; S.branch = null;
+  }
+  run.mode = "step";
+  const p = { ...run.params, max_tokens: 1, seed: run.params.seed + run.tokens.length };
+  const req = run.prompt_ids ? { model: run.model, prompt_ids: [...run.prompt_ids, ...run.tokens.map((t) => t.piece.id)], params: p }
+    : { model: run.model, text: run.promptText, chat: $("chat").checked, params: p };
+  S.sel = null; S.reshaped = false;
+  await go(run, req, { keep: true });
+  status(`step ${run.tokens.length}: ${run.cached ?? 0} tokens came from the prefix cache`);
+}
+
+function pause() {
+  if (S.abort) { S.abort.abort(); S.run.mode = "paused"; status("paused: Step continues one token at a time"); render(); }
+}
+
+async function replay() {
+  if (!S.lastBody || !S.run) return;
+  const before = S.run;
+  const run = newRun(before.model, before.mode, before.params, before.promptText);
+  await go(run, S.lastBody);
+  const same = JSON.stringify(before.tokens.map((t) => t.piece.id)) === JSON.stringify(run.tokens.map((t) => t.piece.id));
+  clear(S.replayNode, el("p", { id: "replay", dataset: { match: same, seed: run.params.seed } }, same
+    ? el("span", { class: "ok" }, `replayed with seed ${run.params.seed}: identical ${run.tokens.length} token ids`)
+    : el("span", { class: "err" }, "replay differs (was the seed changed, or the seed empty?)")));
+}
+
+// Click a generated token: show its step in panels 2/3 and offer the other candidates (branching).
+function pick(i, event) {
+  S.sel = i; S.reshaped = false;
+  refineSelected();
+  render();
+  const run = S.run, tok = run.tokens[i];
+  document.querySelectorAll(".menu").forEach((m) => m.remove());
+  if (!tok.trace) return;
+  const menu = el("div", { class: "menu", id: "branch-menu", style: { left: `${event.pageX}px`, top: `${event.pageY + 12}px` } },
+    el("div", { class: "note" }, "continue with:"),
+    tok.trace.pieces.slice(0, 12).map((p, j) => el("button", { dataset: { id: p.id }, disabled: p.id === tok.piece.id,
+      onclick: () => { menu.remove(); branch(i, p); } }, `${visible(p.text)}  ${pct(tok.trace.stages[0].probs[j])}`)));
+  document.body.append(menu);
+  setTimeout(() => document.addEventListener("click", () => menu.remove(), { once: true }), 0);
+}
+
+async function branch(i, alt) {
+  const run = S.run;
+  const ids = [...run.prompt_ids, ...run.tokens.slice(0, i).map((t) => t.piece.id), alt.id];
+  const br = { at: i, prefixLen: ids.length, tokens: [{ piece: alt, rid: null, trace: null }], cached: null };
+  S.branch = br;
+  const sub = newRun(run.model, "stream", run.params, run.promptText);
+  sub.tokens = br.tokens;
+  render();
+  await streamPost("/generate", { model: run.model, prompt_ids: ids,
+    params: { ...run.params, max_tokens: Math.max(1, run.params.max_tokens - i - 1) } }, (ev) => {
+    consume(sub, ev);
+    if (ev.type === "output") br.cached = ev.num_cached_tokens;
+    render();
+  });
+}
+
+// The sliders re-shape the selected step's cached logits (no model run) and set the next request's params.
+let reshaping = false;
+async function refineSelected() {
+  const run = S.run;
+  const tok = run && run.tokens[S.sel ?? run.tokens.length - 1];
+  if (!tok || !tok.rid || reshaping) return;
+  reshaping = true;
+  try {
+    const d = await reshape(run.model, tok, S.sampling);
+    S.reshaped = true;
+    renderDistribution(S.distNode, d, { chosen: tok.piece.id, reshaped: true,
+      label: `step ${run.tokens.indexOf(tok)} re-shaped with temperature ${S.sampling.temperature}, top_k ${S.sampling.top_k}, `
+        + `top_p ${S.sampling.top_p}, min_p ${S.sampling.min_p}${d.greedy ? " (temperature 0 is greedy: the filters are skipped, argmax wins)" : ""}` });
+  } catch (e) { status(e.message); } finally { reshaping = false; }
+}
+
+async function preview() {
+  const r = S.run;
+  if (S.abort || !model() || (r && r.prompt_ids && r.model === model() && r.promptText === $("prompt").value)) return;
+  try {
+    const t = await postJSON("/tokenize", { model: model(), text: $("prompt").value, chat: $("chat").checked });
+    if (!S.abort) renderTokens(body("p-tokens"), t, { preview: true });
+  } catch (e) { status(e.message); }
+}
+
+function connect() {
+  if (S.es) S.es.close();
+  S.eng = { kv: null, steps: [], preempted: [] };
+  S.es = engineEvents(model(), (ev) => {
+    S.eng.kv = ev.kv;
+    if (ev.type === "step") { S.eng.steps.push(ev); S.eng.steps = S.eng.steps.slice(-200); S.eng.preempted.push(...ev.preempted); }
+    render();
+  });
+}
+
+async function init() {
+  S.models = await getJSON("/models");
+  clear($("model"), S.models.map((m) => el("option", { value: m.name }, `${m.name} (${m.architecture}, ${m.vocab_size} tokens)`)));
+  const distBody = body("p-dist");
+  const sliders = el("div", { class: "sliders" });
+  S.distNode = el("div", { id: "dist" });
+  clear(distBody, sliders, S.distNode);
+  renderSliders(sliders, S.sampling, () => refineSelected());
+  const dice = el("div", { class: "dice" });
+  S.replayNode = el("div");
+  clear(body("p-dice"), dice, S.replayNode);
+  renderDice(dice, null);
+  S.kvNodes = kvPanel(body("p-kv"), (n) => postJSON("/burst", { model: model(), n,
+    text: $("prompt").value, chat: $("chat").checked, max_tokens: Number($("max_tokens").value) }));
+  S.breakOut = breakPanel(body("p-break"), {
+    ignoreEos: () => { S.sampling.temperature = 0; $("slider-temperature").value = 0; $("ignore_eos").checked = true;
+      $("max_tokens").value = 40; return start(); },
+    overflow: () => start(params({ max_tokens: info().max_model_len })),
+  });
+  determinismPanel(body("p-determinism"), async (n, out) => {
+    clear(out, el("p", { class: "note" }, "running…"));
+    renderDeterminism(out, await postJSON("/determinism", { model: model(), text: $("prompt").value, chat: $("chat").checked,
+      params: { ...params(), temperature: S.sampling.temperature || 0.8 }, others: n }));
+  });
+  ["p-loop", "p-branch", "p-timeline", "p-stop", "p-inspector"].forEach((id) => clear(body(id), live("waiting for a request"),
+    el("p", { class: "note" }, "Press Enter.")));
+  renderTrigram(body("p-trigram"), null);
+  $("prompt-form").addEventListener("submit", (e) => { e.preventDefault(); start(); });
+  $("prompt").addEventListener("keydown", (e) => { if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); start(); } });
+  let timer = null;
+  $("prompt").addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(preview, 250); });
+  $("chat").addEventListener("change", preview);
+  $("model").addEventListener("change", () => { connect(); preview(); });
+  $("btn-step").addEventListener("click", step);
+  $("btn-pause").addEventListener("click", pause);
+  $("btn-replay").addEventListener("click", replay);
+  connect();
+  await preview();
+  document.body.dataset.ready = "true";
+}
+
+init().catch((e) => status(`failed to start: ${e.message}`));

@@ -1,0 +1,75 @@
+// Panels 2 and 3: the next-token distribution through the sampler chain, and the dice roll.
+import { el, clear, visible, pct, live } from "./util.js";
+import { postJSON } from "./api.js";
+
+const SHOW = 15;   // candidate rows drawn (the engine traces the top 50)
+const STAGES = ["raw", "temperature", "top_k", "top_p", "min_p"];
+
+// Draw the stages of one step: `d` = {candidates: [piece], stages: [{name, probs, kept, num_kept}], entropy?}
+export function renderDistribution(body, d, { chosen = null, reshaped = false, entropy = null, label = "" } = {}) {
+  const stages = d.stages.filter((s) => STAGES.includes(s.name));
+  const last = d.stages[d.stages.length - 1];
+  const head = el("tr", {}, el("th", {}, "token"), stages.map((s) => el("th", {}, s.name === "raw" ? "raw p" : `after ${s.name}`)),
+    el("th", {}, "final"));
+  const rows = d.candidates.slice(0, SHOW).map((p, i) => {
+    const kept = last.kept[i];
+    return el("tr", { class: `${kept ? "" : "cut"} ${p.id === chosen ? "chosen" : ""}`,
+      dataset: { id: p.id, kept, raw: d.stages[0].probs[i], final: last.probs[i] } },
+    el("td", {}, el("code", {}, p.special ? p.text : visible(p.text))),
+    stages.map((s) => el("td", {}, s.kept[i] ? pct(s.probs[i]) : "cut")),
+    el("td", { class: "bar" }, el("div", { style: { width: `${(100 * last.probs[i]).toFixed(1)}%` } })));
+  });
+  const ent = entropy || d.entropy;
+  clear(body,
+    live(reshaped ? "reshape_distribution() on the step's cached logits (no model run)" : "the sampler's trace of this step"),
+    label ? el("p", { class: "note" }, label) : null,
+    el("table", { id: "dist-table", dataset: { reshaped, kept: last.num_kept } }, head, rows),
+    el("p", { class: "note" }, `${last.num_kept} tokens of the vocabulary still possible after the chain; greyed rows were cut.`),
+    ent ? el("p", { id: "entropy", dataset: { raw: ent[0], final: ent[ent.length - 1] } },
+      `entropy: ${ent[0].toFixed(2)} bits raw → ${ent[ent.length - 1].toFixed(2)} bits after the chain`) : null);
+}
+
+// Sliders that re-shape the selected step's cached logits at once (and set the next request's params).
+export function renderSliders(container, params, onChange) {
+  const spec = [["temperature", 0, 2, 0.05], ["top_k", -1, 50, 1], ["top_p", 0.05, 1, 0.05], ["min_p", 0, 1, 0.01]];
+  const out = {};
+  clear(container, spec.map(([name, min, max, step]) => {
+    const val = el("span", {}, String(params[name]));
+    const input = el("input", { type: "range", id: `slider-${name}`, min, max, step, value: params[name],
+      oninput: () => { params[name] = Number(input.value); val.textContent = input.value; onChange(); } });
+    out[name] = input;
+    return [el("label", { for: `slider-${name}` }, name), input, val];
+  }));
+  return out;
+}
+
+export async function reshape(model, step, params) {
+  return postJSON("/reshape", { model, request_id: step.rid, index: step.index, params });
+}
+
+// Panel 3: the seed, the exponential race the sampler really runs, and the chosen slice of the CDF.
+export function renderDice(body, step) {
+  const t = step && step.trace;
+  if (!t) { clear(body, live("the sampler's DrawTrace"), el("p", { class: "note" }, "Press Enter to roll.")); return; }
+  const draw = t.draw;
+  const last = t.stages[t.stages.length - 1];
+  const cands = t.pieces.map((p, i) => ({ p, prob: last.probs[i], q: draw.q ? draw.q[i] : null })).filter((c) => c.prob > 0);
+  const segs = cands.slice(0, 30).map((c) => el("div", {
+    class: c.p.id === draw.token_id ? "chosen" : "", title: `${visible(c.p.text)} ${pct(c.prob)}`,
+    style: { width: `${(100 * c.prob).toFixed(2)}%`, background: c.p.id === draw.token_id ? "#f3b0a8" : "#c8d6f2" } },
+  visible(c.p.text)));
+  const head = el("p", { id: "dice", dataset: { method: draw.method, seed: draw.seed ?? "", token: draw.token_id } },
+    draw.method === "greedy" ? "temperature 0: greedy, the argmax is taken and no dice are rolled."
+      : `seed ${draw.seed}: each candidate i gets q_i ~ Exp(1) from the request's own generator; `
+        + "the token with the largest p_i / q_i wins, which picks token i with probability exactly p_i.");
+  const race = draw.q ? el("table", {}, el("tr", {}, el("th", {}, "token"), el("th", {}, "p"), el("th", {}, "q ~ Exp(1)"), el("th", {}, "p / q")),
+    cands.slice(0, 8).map((c) => el("tr", { class: c.p.id === draw.token_id ? "chosen" : "" },
+      el("td", {}, el("code", {}, visible(c.p.text))), el("td", {}, pct(c.prob)),
+      el("td", {}, c.q.toFixed(3)), el("td", {}, (c.prob / c.q).toFixed(4))))) : null;
+  const chosen = cands.find((c) => c.p.id === draw.token_id);
+  clear(body, live("the sampler's DrawTrace (seed, q, chosen token)"), head,
+    el("div", { class: "cdf", title: "the final distribution laid end to end (cumulative)" }, segs),
+    el("p", { class: "note" }, chosen ? `chosen: "${visible(chosen.p.text)}" with p = ${pct(chosen.prob)}`
+      + (draw.chosen_u !== null && draw.chosen_u !== undefined ? ` · its draw q = ${draw.chosen_q.toFixed(3)} (uniform 1 − e^−q = ${draw.chosen_u.toFixed(3)})` : "") : ""),
+    race);
+}

@@ -1,0 +1,106 @@
+// Panels 9-12: break it, determinism under load, the toy trigram model, the request inspector.
+import { el, clear, visible, pct, tokenChip, live } from "./util.js";
+import { genChips } from "./loop.js";
+
+export function breakPanel(body, actions) {
+  const out = el("div", { id: "break-out" });
+  clear(body, live("the engine's answers to requests built to fail"),
+    el("p", {}, el("button", { id: "btn-ignore-eos", onclick: actions.ignoreEos }, "Ignore the end token"),
+      " greedy (temperature 0) with ignore_eos: nothing stops it but the budget; the loop it falls into is outlined in panel 4."),
+    el("p", {}, el("button", { id: "btn-overflow", onclick: actions.overflow }, "Overflow the context window"),
+      " ask for max_tokens = the whole window on top of the prompt."),
+    el("p", {}, el("b", {}, "Overrule one token: "), "click any generated token in panel 4 and pick another; every token after it changes (panel 5)."),
+    out);
+  return out;
+}
+
+export function renderOverflow(node, ev) {
+  clear(node, el("div", { id: "overflow", dataset: { nPrompt: ev.n_prompt_tokens, nCtx: ev.n_ctx, maxTokens: ev.max_tokens ?? "",
+    stepsBefore: ev.step_counter, stepsAfter: ev.step_counter_after } },
+  el("p", { class: "err" }, `rejected (${ev.kind}): ${ev.error}`),
+  el("p", {}, `prompt ${ev.n_prompt_tokens} tokens + max_tokens ${ev.max_tokens ?? "–"} > context window ${ev.n_ctx}. `
+    + `Engine step counter: ${ev.step_counter} before, ${ev.step_counter_after} after: `,
+  el("b", {}, `${ev.step_counter_after - ev.step_counter} engine steps`), " ran. The request was refused before any work.")));
+}
+
+export function determinismPanel(body, run) {
+  const n = el("input", { type: "number", id: "det-n", value: 4, min: 1, max: 16, style: { width: "4em" } });
+  const out = el("div", { id: "det-out" });
+  clear(body, live("two real requests: alone, then batched with N others"),
+    el("p", {}, el("button", { id: "btn-det", onclick: () => run(Number(n.value), out) }, "Run alone vs among N others"), " N = ", n),
+    el("p", { class: "note" }, "Same prompt, same seed. Batch-invariant kernels should make the tokens and logprobs identical; differences are outlined in red."),
+    out);
+}
+
+export function renderDeterminism(node, r) {
+  const rowOf = (v, other) => el("div", { class: "row" }, v.pieces.map((p, i) => tokenChip(p, {
+    class: other.ids[i] !== p.id || other.logprobs[i] !== v.logprobs[i] ? "diff" : "",
+    title: `logprob ${v.logprobs[i]}` })));
+  clear(node, el("p", { id: "det-result", dataset: { sameIds: r.same_ids, sameLogprobs: r.same_logprobs } },
+    r.same_ids && r.same_logprobs ? el("span", { class: "ok" }, "identical tokens and logprobs, bit for bit")
+      : el("span", { class: "err" }, `differs: ids ${r.same_ids ? "same" : "differ"}, logprobs ${r.same_logprobs ? "same" : "differ"}`)),
+  el("b", {}, "alone"), rowOf(r.alone, r.loaded), el("b", {}, `among ${r.others} others`), rowOf(r.loaded, r.alone));
+}
+
+// Panel 11: the trigram model's generation and, for one step, the row of its count table it used.
+export function renderTrigram(body, tri, selected, onSelect) {
+  if (!tri) {
+    clear(body, live("the trigram model's own lookup()"), el("p", { class: "note" },
+      "Tick “+ trigram” and press Enter: a model trained by counting 45 sentences of an infrastructure chat runs through the same engine, on the same prompt (without a chat template), and predicts from the last two tokens only."));
+    return;
+  }
+  const i = selected ?? tri.tokens.length - 1;
+  const tok = tri.tokens[i];
+  const lk = tok && tok.lookup;
+  const pcs = (tok && tok.lookupPieces) || {};
+  const pp = (id) => pcs[id] || { id, text: String(id), hex: "", special: false, bytes: false };
+  let table = null;
+  if (lk) {
+    const rows = lk.seen ? lk.counts : [];
+    table = el("div", { id: "trigram-lookup", dataset: { pair: JSON.stringify(lk.pair), seen: lk.seen, total: lk.total,
+      counts: JSON.stringify(lk.counts), backoff: lk.backoff } },
+    el("p", {}, "after the two tokens ", tokenChip(pp(lk.pair[0])), " ", tokenChip(pp(lk.pair[1])),
+      lk.seen ? ` the corpus continues ${lk.total} time(s):` : " — never seen in the corpus: an empty row."),
+    el("table", {}, el("tr", {}, el("th", {}, "next token"), el("th", {}, "count"), el("th", {}, "share")),
+      rows.length ? rows.map(([t, c]) => el("tr", { class: t === tok.piece.id ? "chosen" : "" },
+        el("td", {}, el("code", {}, visible(pp(t).text))), el("td", {}, c), el("td", {}, pct(c / lk.total))))
+        : el("tr", {}, el("td", { colspan: 3 }, "(empty)"))),
+    lk.seen ? null : el("p", { class: "note" }, `so it backs off to the ${lk.backoff} counts (${lk.backoff_total} in all): `
+      + lk.backoff_counts.slice(0, 6).map(([t, c]) => `${visible(pp(t).text)}×${c}`).join(", ")));
+  }
+  clear(body, live("the trigram model's lookup(t-2, t-1) for each engine step"),
+    el("div", { class: "row gen", id: "trigram-tokens", dataset: { ids: JSON.stringify(tri.tokens.map((t) => t.piece.id)) } },
+      genChips(tri.tokens, { onPick: onSelect, mark: i })),
+    el("pre", {}, tri.text),
+    table,
+    el("p", { class: "note" }, "Two tokens cannot see the question: a real model reads the whole context through attention."));
+}
+
+// Panel 12: the request as an OpenAI-compatible call, and the engine's trace of it.
+export function renderInspector(body, run) {
+  if (!run) { clear(body, live("the request and its engine trace"), el("p", { class: "note" }, "Press Enter first.")); return; }
+  const p = run.params;
+  const common = { model: run.model, max_tokens: p.max_tokens, temperature: p.temperature, top_p: p.top_p, top_k: p.top_k,
+    min_p: p.min_p, seed: p.seed, ...(p.stop ? { stop: p.stop } : {}), ...(p.ignore_eos ? { ignore_eos: true } : {}) };
+  const chat = run.templateUsed;
+  const req = chat ? { ...common, messages: [{ role: "user", content: run.promptText }], logprobs: true, top_logprobs: 5 }
+    : { ...common, prompt: run.promptText, logprobs: 5 };
+  const path = chat ? "/v1/chat/completions" : "/v1/completions";
+  const json = JSON.stringify(req, null, 2);
+  const curl = `curl ${location.origin}${path} -H 'Content-Type: application/json' -d '${JSON.stringify(req).replace(/'/g, "'\\''")}'`;
+  const { model, messages, prompt, max_tokens, temperature, top_p, seed, stop, ...extra } = req;
+  const args = [`model=${JSON.stringify(model)}`, chat ? `messages=${JSON.stringify(messages)}` : `prompt=${JSON.stringify(prompt)}`,
+    `max_tokens=${max_tokens}`, `temperature=${temperature}`, `top_p=${top_p}`, `seed=${seed}`,
+    ...(stop ? [`stop=${JSON.stringify(stop)}`] : []), `extra_body=${JSON.stringify(extra)}`];
+  const py = `from openai import OpenAI\nclient = OpenAI(base_url="${location.origin}/v1", api_key="none")\n`
+    + `r = client.${chat ? "chat.completions" : "completions"}.create(\n    ${args.join(",\n    ")},\n)\nprint(r)`;
+  const trace = run.steps.map((s) => ({ step: s.step_id, kind: s.mine?.kind, start: s.mine?.start, n: s.mine?.num_tokens,
+    sampled: s.mine?.sampled, batch: s.batch.length, ms: +(1000 * (s.t_end - s.t_start)).toFixed(2), blocks: s.block_table }));
+  const copy = (text) => el("button", { onclick: () => navigator.clipboard && navigator.clipboard.writeText(text) }, "copy");
+  clear(body, live("the request this page sent and the EngineEvents it produced"),
+    el("p", {}, el("b", {}, `POST ${path}`), " ", copy(json)), el("pre", { id: "inspector-json" }, json),
+    el("p", {}, el("b", {}, "curl"), " ", copy(curl)), el("pre", { id: "inspector-curl" }, curl),
+    el("p", {}, el("b", {}, "Python (openai client)"), " ", copy(py)), el("pre", { id: "inspector-python" }, py),
+    el("p", {}, el("b", {}, `engine trace (request ${run.rid}, ${trace.length} steps)`), " ", copy(JSON.stringify(trace))),
+    el("pre", { id: "inspector-trace" }, trace.map((t) => JSON.stringify(t)).join("\n")));
+}

@@ -1,0 +1,22 @@
+// Panel 1: the exact token ids the engine prefills (chat template and special tokens included).
+import { el, clear, tokenChip, live } from "./util.js";
+
+// `src` is either the engine's `start` event (prompt_ids + pieces) or a /tokenize preview.
+export function renderTokens(body, src, { preview = false } = {}) {
+  const n = src.pieces.length;
+  const frac = Math.min(1, n / src.max_model_len);
+  const chars = src.pieces.reduce((a, p) => a + (p.special ? 0 : p.text.length), 0);
+  clear(body,
+    live(preview ? "the engine's tokenizer (preview while you type)" : "the request's prompt_token_ids"),
+    el("div", { class: "row", id: "prompt-tokens", dataset: { ids: JSON.stringify(src.prompt_ids || src.ids),
+      source: preview ? "tokenize" : "engine", count: n } },
+    src.pieces.map((p) => tokenChip(p))),
+    el("p", { class: "note" },
+      `${n} tokens${src.template_used ? " (the chat template and its special tokens included)" : ""}`,
+      chars ? ` · ${(chars / Math.max(1, n)).toFixed(1)} characters per token` : "",
+      " · · is a space, ↵ a newline, dashed boxes are raw byte pieces, dark ones special tokens."),
+    el("div", { class: "meter", title: "prompt tokens against the context window" },
+      el("div", { style: { width: `${(100 * frac).toFixed(2)}%` } })),
+    el("p", { class: "note", id: "ctx-count", dataset: { n, ctx: src.max_model_len } },
+      `${n} of ${src.max_model_len} tokens of the context window`));
+}
