@@ -45,10 +45,14 @@ class AsyncLLMEngine:
         self._thread.start()
 
     # ---- public -----------------------------------------------------------------------------
-    def add_request(self, prompt: str | list[int], params: SamplingParams,
-                    request_id: str | None = None) -> tuple[str, asyncio.Queue[RequestOutput | BaseException]]:
-        """Queue a request; returns its id and the queue its outputs arrive on. Raises on bad input."""
-        loop = asyncio.get_running_loop()
+    def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                    loop: asyncio.AbstractEventLoop | None = None,
+                    ) -> tuple[str, asyncio.Queue[RequestOutput | BaseException]]:
+        """Queue a request; returns its id and the queue its outputs arrive on. Raises on bad input.
+
+        Callable from a worker thread when ``loop`` (the loop that will read the queue) is given, so
+        an event loop never blocks on the engine lock while a step runs."""
+        loop = loop or asyncio.get_running_loop()
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         with self._lock:
             if self.max_queued_requests is not None and self.engine.scheduler.num_waiting >= self.max_queued_requests:

@@ -1,0 +1,204 @@
+"""Serving benchmark: N concurrent streaming clients against hitenter (and optionally llama.cpp).
+
+Each client sends requests one after another over /v1/completions with ``stream: true``; prompts and
+output lengths are fixed by ``--seed`` (random words, ``--input-len`` words long; ``max_tokens =
+--output-len`` with ``ignore_eos`` so every request generates the same number of tokens). Per
+concurrency level it prints output tokens/s (all clients together), p50/p99 time to first token and
+p50/p99 inter-token latency.
+
+    .venv/bin/python bench/serving.py                       # SmolLM2, N = 1, 8, 32, in-process server
+    .venv/bin/python bench/serving.py -c 1,4 --output-len 32 --requests-per-client 2     # quick smoke
+    .venv/bin/python bench/serving.py --url http://127.0.0.1:8000       # an already running hitenter
+    .venv/bin/python bench/serving.py --llama-server http://127.0.0.1:8081          # plus the baseline
+
+The baseline is not a dependency of hitenter or its tests. Either
+  * llama.cpp's own server: ``git clone https://github.com/ggml-org/llama.cpp && cd llama.cpp &&
+    cmake -B build -DGGML_NATIVE=ON && cmake --build build -j --target llama-server``, then
+    ``build/bin/llama-server -m ~/.cache/hitenter/models/smollm2-135m-instruct.gguf -t 2 -np 32 -c 32768
+    --port 8081`` (``-np`` slots >= the largest N, ``-c`` = slots x per-request context), or
+  * llama-cpp-python: ``pip install 'llama-cpp-python[server]'`` (builds llama.cpp), then
+    ``python -m llama_cpp.server --model <same gguf> --n_threads 2 --n_ctx 2048 --port 8081``
+    (it serves one request at a time, so its numbers at N > 1 measure queueing).
+Pass its URL with ``--llama-server``; both are measured with the same load and the ratio is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+WORDS = ("the cat dog house tree river mountain city music light water fire stone road cloud garden "
+         "story window table morning evening summer winter quiet bright small large old new green").split()
+
+
+@dataclass
+class Result:
+    ttft: float
+    itl: list[float]
+    n_tokens: int
+
+
+@dataclass
+class Level:
+    concurrency: int
+    wall: float
+    results: list[Result] = field(default_factory=list)
+    errors: int = 0
+
+    def row(self) -> dict[str, float]:
+        toks = sum(r.n_tokens for r in self.results)
+        ttft = sorted(r.ttft for r in self.results) or [float("nan")]
+        itl = sorted(x for r in self.results for x in r.itl) or [float("nan")]
+        return {"N": self.concurrency, "requests": len(self.results), "errors": self.errors,
+                "tok_s": toks / self.wall if self.wall > 0 else float("nan"),
+                "ttft_p50_ms": 1000 * _pct(ttft, 50), "ttft_p99_ms": 1000 * _pct(ttft, 99),
+                "itl_p50_ms": 1000 * _pct(itl, 50), "itl_p99_ms": 1000 * _pct(itl, 99)}
+
+
+def _pct(xs: list[float], p: float) -> float:
+    if len(xs) == 1:
+        return xs[0]
+    return statistics.quantiles(xs, n=100, method="inclusive")[int(p) - 1] if p < 100 else xs[-1]
+
+
+def make_prompts(n: int, input_len: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(input_len)) for _ in range(n)]
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str | None, prompt: str, output_len: int,
+                      api_key: str | None) -> Result:
+    body: dict[str, Any] = {"prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "stream": True,
+                            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    if model:
+        body["model"] = model
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    t0 = time.perf_counter()
+    times: list[float] = []
+    usage_tokens = None
+    async with client.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(str(chunk["error"]))
+            if chunk.get("usage"):
+                usage_tokens = chunk["usage"].get("completion_tokens")
+            if any(c.get("text") for c in chunk.get("choices") or []):
+                times.append(time.perf_counter())
+    if not times:
+        raise RuntimeError("no tokens streamed")
+    n = usage_tokens or len(times)
+    return Result(times[0] - t0, [b - a for a, b in zip(times, times[1:], strict=False)], n)
+
+
+async def run_level(url: str, model: str | None, n: int, prompts: list[str], output_len: int,
+                    api_key: str | None) -> Level:
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for p in prompts:
+        queue.put_nowait(p)
+    level = Level(n, 0.0)
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while not queue.empty():
+            p = queue.get_nowait()
+            try:
+                level.results.append(await one_request(client, url, model, p, output_len, api_key))
+            except Exception as e:  # noqa: BLE001 -- counted and reported
+                level.errors += 1
+                print(f"  request failed: {e}", file=sys.stderr)
+
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(n)))
+        level.wall = time.perf_counter() - t0
+    return level
+
+
+def bench(url: str, model: str | None, levels: list[int], args: argparse.Namespace, label: str) -> list[dict[str, float]]:
+    rows = []
+    warm = make_prompts(1, args.input_len, args.seed + 999)
+    asyncio.run(run_level(url, model, 1, warm, 4, args.api_key))          # warm-up (first-call costs)
+    for n in levels:
+        prompts = make_prompts(n * args.requests_per_client, args.input_len, args.seed + n)
+        row = asyncio.run(run_level(url, model, n, prompts, args.output_len, args.api_key)).row()
+        rows.append(row)
+        print(f"{label:10s} N={n:<3d} reqs={row['requests']:<4.0f} err={row['errors']:<2.0f} "
+              f"{row['tok_s']:8.1f} tok/s  TTFT p50 {row['ttft_p50_ms']:8.1f} p99 {row['ttft_p99_ms']:8.1f} ms  "
+              f"ITL p50 {row['itl_p50_ms']:7.1f} p99 {row['itl_p99_ms']:7.1f} ms", flush=True)
+    return rows
+
+
+def start_hitenter(args: argparse.Namespace) -> tuple[str, Any]:
+    from hitenter.engine.llm_engine import LLMEngine
+    from hitenter.server.api import create_app
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_server_util import LiveServer
+
+    kw: dict[str, Any] = {"max_model_len": args.max_model_len}
+    if args.num_threads:
+        kw["num_threads"] = args.num_threads
+    t0 = time.perf_counter()
+    engine = LLMEngine(args.model, **kw)
+    print(f"loaded {args.model} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    srv = LiveServer(create_app(engine)).start()
+    return srv.url, srv
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("-c", "--concurrency", default="1,8,32", help="comma-separated client counts")
+    ap.add_argument("--requests-per-client", type=int, default=2)
+    ap.add_argument("--input-len", type=int, default=128, help="prompt length in words")
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--num-threads", type=int, default=None)
+    ap.add_argument("--url", default=None, help="benchmark an already running hitenter server")
+    ap.add_argument("--api-key", default=None)
+    ap.add_argument("--llama-server", default=None, help="URL of a llama.cpp / llama-cpp-python server")
+    ap.add_argument("--json", default=None, help="also write the rows to this file")
+    args = ap.parse_args(argv)
+    levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    srv = None
+    url = args.url
+    if url is None:
+        url, srv = start_hitenter(args)
+    try:
+        ours = bench(url, None, levels, args, "hitenter")
+    finally:
+        if srv is not None:
+            srv.stop()
+    out: dict[str, Any] = {"hitenter": ours}
+    if args.llama_server:
+        theirs = bench(args.llama_server.rstrip("/"), None, levels, args, "llama.cpp")
+        out["llama.cpp"] = theirs
+        for a, b in zip(ours, theirs, strict=True):
+            ratio = a["tok_s"] / b["tok_s"] if b["tok_s"] else float("nan")
+            print(f"N={a['N']:<3.0f} hitenter/llama.cpp throughput ratio {ratio:.2f}  "
+                  f"TTFT p50 ratio {a['ttft_p50_ms'] / b['ttft_p50_ms']:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

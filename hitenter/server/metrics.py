@@ -1,0 +1,99 @@
+"""Prometheus metrics of one server app, each app with its own CollectorRegistry (vLLM's names, hitenter: prefix).
+
+Token counters are fed as outputs stream out (so aborted requests still count the work they did);
+latency histograms and the success counter when a request finishes; gauges are read from the engine
+under its lock when ``/metrics`` is scraped.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from hitenter.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from hitenter.engine.async_engine import AsyncLLMEngine
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                    10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+                0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 80.0)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class ServerMetrics:
+    def __init__(self, model_names: list[str]) -> None:
+        self.registry = CollectorRegistry()
+        r, labels = self.registry, ["model_name"]
+        self.ttft = Histogram("hitenter:time_to_first_token_seconds", "Time to first token.", labels,
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("hitenter:inter_token_latency_seconds", "Time between output tokens.", labels,
+                             buckets=_ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("hitenter:e2e_request_latency_seconds", "Arrival to finish.", labels,
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram("hitenter:request_queue_time_seconds", "Arrival to first scheduled.", labels,
+                               buckets=_LATENCY_BUCKETS, registry=r)
+        self.running = Gauge("hitenter:num_requests_running", "Sequences running.", labels, registry=r)
+        self.waiting = Gauge("hitenter:num_requests_waiting", "Sequences waiting.", labels, registry=r)
+        self.kv_usage = Gauge("hitenter:kv_cache_usage_perc", "KV cache usage, 0..1.", labels, registry=r)
+        # prometheus_client appends _total to counters itself
+        self.prompt_tokens = Counter("hitenter:prompt_tokens", "Prompt tokens processed.", labels, registry=r)
+        self.generation_tokens = Counter("hitenter:generation_tokens", "Tokens generated.", labels, registry=r)
+        self.cached_tokens = Counter("hitenter:cached_prompt_tokens", "Prompt tokens served from the prefix cache.",
+                                     labels, registry=r)
+        self.preemptions = Counter("hitenter:num_preemptions", "Preemptions of finished requests.", labels,
+                                   registry=r)
+        self.success = Counter("hitenter:request_success", "Requests finished.", labels + ["finished_reason"],
+                               registry=r)
+        self.aborted = Counter("hitenter:aborted_requests", "Requests aborted (client gone or error).", labels,
+                               registry=r)
+        for name in model_names:     # every series exists (at 0) from the start
+            for metric in (self.prompt_tokens, self.generation_tokens, self.cached_tokens, self.preemptions,
+                           self.aborted, self.running, self.waiting, self.kv_usage):
+                metric.labels(name)
+            for reason in ("stop", "length"):
+                self.success.labels(name, reason)
+
+    def on_output(self, m: str, out: RequestOutput, first: bool) -> None:
+        """Called for every output a handler receives; ``first`` for the request's first one."""
+        if first:
+            self.prompt_tokens.labels(m).inc(len(out.prompt_token_ids))
+            self.cached_tokens.labels(m).inc(out.num_cached_tokens)
+        n = sum(len(c.delta_token_ids) for c in out.outputs)
+        if n:
+            self.generation_tokens.labels(m).inc(n)
+        if out.finished:
+            self._on_finished(m, out)
+
+    def _on_finished(self, m: str, out: RequestOutput) -> None:
+        self.success.labels(m, out.outputs[0].finish_reason or "stop").inc()
+        s = out.metrics
+        if s is None:
+            return
+        if s.time_to_first_token is not None:
+            self.ttft.labels(m).observe(s.time_to_first_token)
+        if s.queue_time is not None:
+            self.queue.labels(m).observe(s.queue_time)
+        if s.finished_time is not None:
+            self.e2e.labels(m).observe(max(s.finished_time - s.arrival_time, 0.0))
+        for d in s.inter_token_latencies:
+            self.itl.labels(m).observe(d)
+        if s.num_preemptions:
+            self.preemptions.labels(m).inc(s.num_preemptions)
+
+    def on_abort(self, m: str) -> None:
+        self.aborted.labels(m).inc()
+
+    def render(self, engines: dict[str, AsyncLLMEngine]) -> bytes:
+        """Read the gauges under each engine's lock (call from a worker thread) and render the text format."""
+        for m, engine in engines.items():
+            e = engine.engine
+            running, waiting, usage = engine.run_locked(
+                lambda e=e: (e.scheduler.num_running, e.scheduler.num_waiting, float(e.kv_manager.usage)))
+            self.running.labels(m).set(running)
+            self.waiting.labels(m).set(waiting)
+            self.kv_usage.labels(m).set(usage)
+        return generate_latest(self.registry)

@@ -1,0 +1,98 @@
+"""End to end: `hitenter serve` as a subprocess, and the real SmolLM2 chat model behind the openai client."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from test_server_util import LiveServer, free_port, live_server
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def served_subprocess(tiny_llama_path: Path) -> Iterator[str]:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [sys.executable, "-m", "hitenter.cli", "serve", "--model", str(tiny_llama_path), "--host", "127.0.0.1",
+           "--port", str(port), "--api-key", "k-123", "--served-model-name", "tiny-sub", "--max-model-len", "128",
+           "--max-queued-requests", "8"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                out = proc.stdout.read().decode() if proc.stdout else ""
+                raise AssertionError(f"hitenter serve exited with {proc.returncode}:\n{out}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "hitenter serve did not come up"
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def test_hitenter_serve_subprocess(served_subprocess: str) -> None:
+    url = served_subprocess
+    client = openai.OpenAI(base_url=url + "/v1", api_key="k-123", max_retries=0, timeout=60)
+    assert [m.id for m in client.models.list().data] == ["tiny-sub"]
+    r = client.chat.completions.create(model="tiny-sub", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length") and r.usage is not None
+    bad = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.completions.create(model="tiny-sub", prompt="hi " * 200, max_tokens=4)
+    assert ei.value.body["n_ctx"] == 128  # type: ignore[index]
+    assert "hitenter:request_success_total" in httpx.get(url + "/metrics").text
+
+
+@pytest.fixture(scope="module")
+def smol_server(smollm2_path: Path) -> Iterator[LiveServer]:
+    from hitenter.engine.llm_engine import LLMEngine
+    from hitenter.server.api import create_app
+
+    engine = LLMEngine(str(smollm2_path), max_model_len=1024)
+    with live_server(create_app(engine)) as srv:
+        yield srv
+
+
+@pytest.mark.slow
+def test_smollm2_chat(smol_server: LiveServer) -> None:
+    client = openai.OpenAI(base_url=smol_server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    assert model == "smollm2-135m-instruct"
+    msgs = [{"role": "system", "content": "You are a helpful assistant. Answer in a few words."},
+            {"role": "user", "content": "What is the capital of France?"}]
+    r = client.chat.completions.create(model=model, messages=msgs, temperature=0, max_tokens=48)  # type: ignore[arg-type]
+    text = r.choices[0].message.content or ""
+    assert "Paris" in text, text
+    assert "<|im_end|>" not in text and "<|im_start|>" not in text
+    assert r.choices[0].finish_reason == "stop"
+    streamed = client.chat.completions.create(model=model, messages=msgs, temperature=0, max_tokens=48,  # type: ignore[arg-type]
+                                              stream=True, stream_options={"include_usage": True})
+    chunks = list(streamed)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage is not None and r.usage is not None
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    again = client.chat.completions.create(model=model, messages=msgs, temperature=0, max_tokens=48)  # type: ignore[arg-type]
+    assert again.choices[0].message.content == text
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    assert again.usage.prompt_tokens_details.cached_tokens > 0
