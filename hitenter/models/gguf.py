@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gguf
 import numpy as np
 
 from hitenter.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    import torch
+
+    from hitenter.config import ModelConfig
 
 
 def open_gguf(path: str | os.PathLike[str]) -> gguf.GGUFReader:
@@ -47,4 +53,103 @@ def read_gguf_metadata(reader_or_path: gguf.GGUFReader | str | os.PathLike[str])
             out[key] = _field_value(field)
         except Exception as e:
             raise ModelLoadError(f"GGUF metadata key {key!r} is corrupt: {e}") from e
+    return out
+
+
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2")
+
+SUPPORTED_TENSOR_TYPES: frozenset[gguf.GGMLQuantizationType] = frozenset({
+    gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16,
+    gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1,
+    gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K,
+})
+
+
+def _meta_get(meta: dict[str, Any], key: str, default: Any = None, required: bool = True) -> Any:
+    if key in meta:
+        return meta[key]
+    if required:
+        raise ModelLoadError(f"GGUF metadata is missing the required key {key!r}")
+    return default
+
+
+def model_config_from_metadata(meta: dict[str, Any], tensor_names: set[str] | None = None) -> ModelConfig:
+    """Build a ModelConfig from GGUF metadata (see read_gguf_metadata).
+
+    Contract: architecture comes from `general.architecture` and must be one of SUPPORTED_ARCHITECTURES,
+    otherwise ModelLoadError names it and the supported ones. A missing required key raises
+    ModelLoadError naming the key. `tensor_names` (when given) decides tie_word_embeddings (True when
+    there is no `output.weight`) and attention_bias (True when `blk.0.attn_q.bias` exists); without
+    it, llama is assumed tied without biases and qwen2 untied with Q/K/V biases.
+    """
+    from hitenter.config import ModelConfig
+
+    arch = _meta_get(meta, "general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(
+            f"unsupported model architecture {arch!r}; supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    hidden = int(_meta_get(meta, f"{arch}.embedding_length"))
+    heads = int(_meta_get(meta, f"{arch}.attention.head_count"))
+    kv_heads = int(_meta_get(meta, f"{arch}.attention.head_count_kv", heads, required=False))
+    head_dim = int(_meta_get(meta, f"{arch}.attention.key_length", 0, required=False)) or hidden // max(heads, 1)
+    vocab = _meta_get(meta, f"{arch}.vocab_size", None, required=False)
+    if vocab is None:
+        vocab = len(_meta_get(meta, "tokenizer.ggml.tokens"))
+    if tensor_names is not None:
+        tied = "output.weight" not in tensor_names
+        bias = "blk.0.attn_q.bias" in tensor_names
+    else:
+        tied, bias = arch == "llama", arch == "qwen2"
+    try:
+        return ModelConfig(
+            architecture=arch,
+            vocab_size=int(vocab),
+            hidden_size=hidden,
+            intermediate_size=int(_meta_get(meta, f"{arch}.feed_forward_length")),
+            num_layers=int(_meta_get(meta, f"{arch}.block_count")),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rope_theta=float(_meta_get(meta, f"{arch}.rope.freq_base", 10000.0, required=False)),
+            rms_norm_eps=float(_meta_get(meta, f"{arch}.attention.layer_norm_rms_epsilon")),
+            context_length=int(_meta_get(meta, f"{arch}.context_length")),
+            tie_word_embeddings=tied,
+            attention_bias=bias,
+            name=str(meta.get("general.name", "")),
+        )
+    except ValueError as e:
+        raise ModelLoadError(f"GGUF metadata describes an invalid model: {e}") from e
+
+
+def load_tensors(reader: gguf.GGUFReader, names: set[str] | None = None) -> dict[str, torch.Tensor]:
+    """Dequantize the file's tensors (or only `names`) to contiguous fp32 torch tensors in torch order.
+
+    GGUF stores dims in ggml `ne` order (fastest first); the reader's numpy arrays and the returned
+    tensors use the reversed (torch / row-major) order, e.g. a [out, in] linear weight.
+    Raises ModelLoadError for a tensor type outside SUPPORTED_TENSOR_TYPES (naming the type and tensor)
+    and for tensor data that runs past the end of the file (truncated or corrupt).
+    """
+    import torch
+
+    file_size = len(reader.data)
+    out: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        if names is not None and t.name not in names:
+            continue
+        if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
+            raise ModelLoadError(
+                f"tensor {t.name!r} uses the unsupported GGML type {t.tensor_type.name}; supported types: "
+                + ", ".join(sorted(q.name for q in SUPPORTED_TENSOR_TYPES)))
+        if t.data_offset + t.n_bytes > file_size or t.data.nbytes != t.n_bytes:
+            raise ModelLoadError(f"tensor {t.name!r} lies beyond the end of the file: the file is truncated or corrupt")
+        try:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        except Exception as e:
+            raise ModelLoadError(f"tensor {t.name!r} ({t.tensor_type.name}) could not be decoded: {e}") from e
+        expected = tuple(int(d) for d in reversed(t.shape.tolist()))
+        arr = np.asarray(arr, dtype=np.float32).reshape(expected)
+        tensor = torch.from_numpy(np.array(arr, dtype=np.float32, copy=True, order="C"))
+        if not math.isfinite(float(tensor.sum())):  # cheap NaN/inf probe (a full isfinite pass is slow)
+            raise ModelLoadError(f"tensor {t.name!r} contains NaN or infinite values: the file is corrupt")
+        out[t.name] = tensor
     return out

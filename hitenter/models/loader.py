@@ -1,0 +1,66 @@
+"""load_model(path) -> (model, config): GGUF file -> LlamaModel with fp32 (or `dtype`) weights.
+
+Every failure (missing/not GGUF/truncated file, unsupported architecture or tensor type, missing or
+misshapen tensor) raises ModelLoadError with a message naming the problem.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from hitenter.config import ModelConfig
+from hitenter.errors import ModelLoadError
+from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
+from hitenter.models.llama import LlamaModel, unpermute_qk
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Torch-order shape of every tensor the model needs."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
+    shapes: dict[str, tuple[int, ...]] = {
+        "token_embd.weight": (cfg.vocab_size, h),
+        "output_norm.weight": (h,),
+    }
+    if not cfg.tie_word_embeddings:
+        shapes["output.weight"] = (cfg.vocab_size, h)
+    for i in range(cfg.num_layers):
+        p = f"blk.{i}."
+        shapes.update({
+            p + "attn_norm.weight": (h,), p + "ffn_norm.weight": (h,),
+            p + "attn_q.weight": (q, h), p + "attn_k.weight": (kv, h), p + "attn_v.weight": (kv, h),
+            p + "attn_output.weight": (h, q),
+            p + "ffn_gate.weight": (cfg.intermediate_size, h), p + "ffn_up.weight": (cfg.intermediate_size, h),
+            p + "ffn_down.weight": (h, cfg.intermediate_size),
+        })
+        if cfg.attention_bias:
+            shapes.update({p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)})
+    return shapes
+
+
+def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> tuple[LlamaModel, ModelConfig]:
+    """Load a llama / qwen2 GGUF into an eval-mode LlamaModel. Raises ModelLoadError on any problem."""
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ModelLoadError(f"unsupported dtype {dtype}; use torch.float32, torch.bfloat16 or torch.float16")
+    reader = open_gguf(path)
+    meta = read_gguf_metadata(reader)
+    names = {t.name for t in reader.tensors}
+    cfg = model_config_from_metadata(meta, names)
+    shapes = expected_shapes(cfg)
+    missing = sorted(set(shapes) - names)
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise ModelLoadError(f"{path}: missing tensor(s) {', '.join(missing[:5])}{more}")
+    weights = load_tensors(reader, set(shapes))
+    for name, shape in shapes.items():
+        if tuple(weights[name].shape) != shape:
+            raise ModelLoadError(f"{path}: tensor {name!r} has shape {tuple(weights[name].shape)}, expected {shape}")
+    if cfg.architecture == "llama":
+        for i in range(cfg.num_layers):
+            weights[f"blk.{i}.attn_q.weight"] = unpermute_qk(weights[f"blk.{i}.attn_q.weight"], cfg.num_heads)
+            weights[f"blk.{i}.attn_k.weight"] = unpermute_qk(weights[f"blk.{i}.attn_k.weight"], cfg.num_kv_heads)
+    model = LlamaModel(cfg, weights, dtype)
+    model.eval()
+    return model, cfg

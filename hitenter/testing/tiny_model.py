@@ -1,0 +1,155 @@
+"""Tiny random Llama / Qwen2 GGUF models with a small GPT-2-style BPE tokenizer (tests only).
+
+`write_tiny_gguf(path, ...)` writes, in well under a second, a complete GGUF that hitenter's loader and
+tokenizer accept: llama/qwen2 hyper-parameters, random but well-scaled weights (llama Q/K stored in
+the GGUF permuted layout, like convert_hf_to_gguf does, so RoPE handling gets exercised), and a
+tokenizer: specials <|endoftext|>=0, <|im_start|>=1, <|im_end|>=2 (type 3, control), the 256 byte
+tokens in GPT-2 byte-to-unicode form (type 1), then merged tokens with matching merges; bos=1,
+eos=2, add_bos_token False, pre "smollm", and a ChatML chat template.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = [
+    "Ġ t", "h e", "i n", "r e", "o n", "Ġt he", "e r", "Ġ a", "a t", "e n", "Ġ s", "Ġ w", "o r", "Ġ o",
+    "i s", "Ġ c", "e s", "a n", "Ġ h", "Ġ b", "i t", "Ġ m", "Ġ f", "Ġ p", "Ġ d", "a r", "a l", "Ġ i",
+    "o u", "e d", "Ġt o", "Ġ l", "l e", "in g", "Ġa n", "Ġan d", "Ġo f", "Ġi s", "Ġ n", "Ġ y", "Ġ H",
+    "Ġ T", "l l", "e l", "o w", "Ġw or", "l d", "Ġwor ld", "H e", "He ll", "Hell o",
+]
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable unicode character map."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs), strict=True))
+
+
+def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
+    """(tokens, token_types, merges) of the tiny tokenizer."""
+    tokens = list(SPECIALS)
+    types = [3] * len(SPECIALS)
+    byte_chars = bytes_to_unicode()
+    tokens += [byte_chars[b] for b in range(256)]
+    types += [1] * 256
+    known = set(tokens)
+    merges: list[str] = []
+    for m in MERGES:
+        a, b = m.split(" ")
+        if a in known and b in known and a + b not in known:
+            merges.append(m)
+            tokens.append(a + b)
+            types.append(1)
+            known.add(a + b)
+    return tokens, types, merges
+
+
+def _permute_for_gguf(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf's llama Q/K permutation (rotate-half rows -> interleaved rows)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_tiny_gguf(path: str | Path, arch: str = "llama", seed: int = 0, hidden: int = 64, layers: int = 2,
+                    heads: int = 4, kv_heads: int = 2, ffn: int = 128, context_length: int = 256,
+                    quant: str | None = None, tied: bool | None = None) -> Path:
+    """Write a random `arch` ("llama" | "qwen2") model with the tiny tokenizer to `path`; return it.
+
+    quant: None (all F32), or a GGML type name ("Q8_0", "Q4_0", "F16", ...) used for the 2-D projection
+    weights whose row length allows it (the rest stay F32). tied: tie the output head to the embedding
+    (default: llama tied, qwen2 separate output.weight).
+    """
+    if arch not in ("llama", "qwen2"):
+        raise ValueError(f"arch must be 'llama' or 'qwen2', got {arch!r}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tokens, types, merges = tiny_vocab()
+    vocab = len(tokens)
+    head_dim = hidden // heads
+    tied = (arch == "llama") if tied is None else tied
+    qtype = None if quant is None else gguf.GGMLQuantizationType[quant]
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}")
+    w.add_block_count(layers)
+    w.add_context_length(context_length)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_pad_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML_TEMPLATE)
+
+    def add(name: str, arr: np.ndarray, quantize: bool = False) -> None:
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if quantize and qtype is not None and arr.ndim == 2:
+            block = gguf.GGML_QUANT_SIZES[qtype][0]
+            if arr.shape[1] % block == 0:
+                w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
+                return
+        w.add_tensor(name, arr)
+
+    def normal(*shape: int, std: float = 0.05) -> np.ndarray:
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    def norm_weight() -> np.ndarray:
+        return (1.0 + rng.standard_normal(hidden) * 0.1).astype(np.float32)
+
+    add("token_embd.weight", normal(vocab, hidden, std=0.5), quantize=True)
+    add("output_norm.weight", norm_weight())
+    if not tied:
+        add("output.weight", normal(vocab, hidden, std=0.1), quantize=True)
+    for i in range(layers):
+        p = f"blk.{i}."
+        q = normal(heads * head_dim, hidden, std=0.15)
+        k = normal(kv_heads * head_dim, hidden, std=0.15)
+        if arch == "llama":
+            q, k = _permute_for_gguf(q, heads), _permute_for_gguf(k, kv_heads)
+        add(p + "attn_norm.weight", norm_weight())
+        add(p + "attn_q.weight", q, quantize=True)
+        add(p + "attn_k.weight", k, quantize=True)
+        add(p + "attn_v.weight", normal(kv_heads * head_dim, hidden, std=0.1), quantize=True)
+        if arch == "qwen2":
+            add(p + "attn_q.bias", normal(heads * head_dim, std=0.1))
+            add(p + "attn_k.bias", normal(kv_heads * head_dim, std=0.1))
+            add(p + "attn_v.bias", normal(kv_heads * head_dim, std=0.1))
+        add(p + "attn_output.weight", normal(hidden, heads * head_dim, std=0.1), quantize=True)
+        add(p + "ffn_norm.weight", norm_weight())
+        add(p + "ffn_gate.weight", normal(ffn, hidden, std=0.1), quantize=True)
+        add(p + "ffn_up.weight", normal(ffn, hidden, std=0.1), quantize=True)
+        add(p + "ffn_down.weight", normal(hidden, ffn, std=0.1), quantize=True)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
