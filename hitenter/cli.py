@@ -107,8 +107,9 @@ def cmd_chat(a: argparse.Namespace) -> int:
 def cmd_serve(a: argparse.Namespace) -> int:
     from hitenter.server.api import serve
 
+    extra = ["trigram"] if a.extra_model is None else [m for m in a.extra_model if m != "none"]
     serve(model=a.model, host=a.host, port=a.port, api_key=a.api_key, served_model_name=a.served_model_name,
-          max_queued_requests=a.max_queued_requests, extra_models=a.extra_model or [], **_engine_kwargs(a))
+          max_queued_requests=a.max_queued_requests, extra_models=extra, **_engine_kwargs(a))
     return 0
 
 
@@ -167,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--max-queued-requests", type=int, default=256)
-    p.add_argument("--extra-model", action="append", help="also serve this model (e.g. trigram)")
+    p.add_argument("--extra-model", action="append", help="also serve this model (repeatable; default: the playground's trigram toy model; 'none' for none)")
     p.set_defaults(fn=cmd_serve)
     p = sub.add_parser("pull", help="download a known model into the cache")
     p.add_argument("name", nargs="?")
