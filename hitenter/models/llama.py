@@ -35,6 +35,10 @@ def pad_rows(x: torch.Tensor, multiple: int = ROW_MULTIPLE) -> torch.Tensor:
     return torch.cat([x, x.new_zeros((r,) + tuple(x.shape[1:]))])
 
 
+def _no_pad(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Undo convert_hf_to_gguf's llama Q/K permutation (interleaved -> rotate-half row order)."""
     dim = w.shape[0] // n_head // 2
@@ -147,14 +151,18 @@ class LlamaModel(nn.Module):
         head = w["token_embd.weight"] if cfg.tie_word_embeddings else w["output.weight"]
         self.lm_head = self.embed.weight if cfg.tie_word_embeddings else _param(head, dtype)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, min(cfg.context_length, 4096))
+        # True: GEMM row counts padded to a multiple of 8 so results are bitwise batch invariant.
+        # False: no padding; a lone decode row then takes torch's faster GEMV path (different bits).
+        self.batch_invariant = True
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                 kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """Hidden states after the final norm, `[T, H]`; writes the new tokens' K/V into kv_caches."""
         n = int(input_ids.shape[0])
-        ids = pad_rows(input_ids.long())
-        pos = pad_rows(positions.long())
+        pad = pad_rows if self.batch_invariant else _no_pad
+        ids = pad(input_ids.long())
+        pos = pad(positions.long())
         x = self.embed(ids)
         for layer, cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, pos, self.rope, attn, cache, n)
@@ -164,4 +172,5 @@ class LlamaModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits `[N, V]` for hidden `[N, H]` (row-padded GEMM, batch invariant)."""
         n = hidden.shape[0]
-        return F.linear(pad_rows(hidden.to(self.dtype)), self.lm_head)[:n].float()
+        pad = pad_rows if self.batch_invariant else _no_pad
+        return F.linear(pad(hidden.to(self.dtype)), self.lm_head)[:n].float()
