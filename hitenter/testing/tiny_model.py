@@ -15,6 +15,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from hitenter.tokenizer.bpe import bytes_to_unicode
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = [
     "Ġ t", "h e", "i n", "r e", "o n", "Ġt he", "e r", "Ġ a", "a t", "e n", "Ġ s", "Ġ w", "o r", "Ġ o",
@@ -26,19 +28,6 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
     "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable unicode character map."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs), strict=True))
 
 
 def tiny_vocab() -> tuple[list[str], list[int], list[str]]:

@@ -136,8 +136,8 @@ def read_tokenizer_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=1)
-def byte_decoder() -> dict[str, int]:
-    """GPT-2's inverse byte-to-unicode table: printable stand-in character -> byte value."""
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable unicode character map."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
@@ -146,7 +146,13 @@ def byte_decoder() -> dict[str, int]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+    return dict(zip(bs, (chr(c) for c in cs), strict=True))
+
+
+@lru_cache(maxsize=1)
+def byte_decoder() -> dict[str, int]:
+    """GPT-2's inverse byte-to-unicode table: printable stand-in character -> byte value."""
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 def _build_hf(tokens: Sequence[str], merges: Sequence[str], family: str) -> HFTokenizer:
