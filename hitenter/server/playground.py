@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
-import math
 import time
 import uuid
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-import torch
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import StreamingResponse
 
@@ -29,70 +26,19 @@ from hitenter.engine.logits_processors import BatchState, default_chain
 from hitenter.engine.sampler import reshape_distribution, run_chain
 from hitenter.errors import ContextOverflowError, HitenterError
 from hitenter.sampling_params import SamplingParams
+from hitenter.server.playground_util import (
+    MAX_LOGIT_ROWS,
+    _clean,
+    _LogitsTap,
+    _output_event,
+    entropy_bits,
+    piece,
+    sse,
+)
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 PARAM_KEYS = ("temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "stop", "ignore_eos",
               "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens", "stop_token_ids")
-MAX_LOGIT_ROWS = 256      # cached logits rows (one per traced step) kept for the sliders
-
-
-def _clean(x: Any) -> Any:
-    """JSON-safe: dataclasses to dicts, NaN/inf to None, tuples to lists."""
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return _clean(dataclasses.asdict(x))
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_clean(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
-def sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(_clean(obj), ensure_ascii=False)}\n\n"
-
-
-def piece(tok: Any, tid: int) -> dict[str, Any]:
-    """One token as the page draws it: its exact bytes, as text when they are valid UTF-8."""
-    b = tok.token_bytes(tid)
-    try:
-        text, is_bytes = b.decode("utf-8"), False
-    except UnicodeDecodeError:
-        text, is_bytes = "".join(f"<0x{c:02X}>" for c in b), True
-    return {"id": tid, "text": text, "hex": b.hex(), "special": bool(tok.is_special(tid)), "bytes": is_bytes}
-
-
-def entropy_bits(logits: torch.Tensor) -> float:
-    p = torch.softmax(logits.to(torch.float64), -1)
-    return float(-(p[p > 0] * torch.log2(p[p > 0])).sum())
-
-
-class _LogitsTap:
-    """Keeps the raw logits row of every traced step so the sliders can re-shape it without the model.
-
-    The engine does not keep logits, so this wraps ``runner.execute`` once per engine (suggested
-    engine patch: store ``last_logits[rid]`` next to ``last_traces``)."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine, self.latest = engine, {}
-        orig = engine.runner.execute
-
-        def execute(sched: Any) -> Any:
-            out = orig(sched)
-            if out.logits is not None and engine.trace_requests:
-                for i, rid in enumerate(out.sample_request_ids):
-                    if rid in engine.trace_requests:
-                        self.latest[rid] = out.logits[i].clone()
-            return out
-
-        engine.runner.execute = execute
-
-    @classmethod
-    def of(cls, engine: Any) -> _LogitsTap:
-        if getattr(engine, "_playground_tap", None) is None:
-            engine._playground_tap = cls(engine)
-        return engine._playground_tap
 
 
 def make_playground_router(async_engines: dict[str, AsyncLLMEngine]) -> APIRouter:
@@ -353,26 +299,3 @@ def make_playground_router(async_engines: dict[str, AsyncLLMEngine]) -> APIRoute
                 "same_logprobs": [p.chosen.logprob for p in alone.logprobs] == [p.chosen.logprob for p in loaded.logprobs]}
 
     return router
-
-
-def _output_event(tok: Any, out: Any, params: SamplingParams, t0: float) -> dict[str, Any]:
-    """A RequestOutput as the page needs it, with the text still held back for a possible stop string."""
-    c = out.outputs[0]
-    full = tok.decode(c.token_ids, skip_special_tokens=params.skip_special_tokens)
-    held = full[len(c.text):] if full.startswith(c.text) and not c.finished else ""
-    ev: dict[str, Any] = {"type": "output", "token_ids": c.token_ids, "text": c.text, "held_back": held,
-                          "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
-                          "num_cached_tokens": out.num_cached_tokens, "finished": out.finished,
-                          "logprobs": [{"chosen": p.chosen, "top": p.top} for p in (c.delta_logprobs or [])]}
-    m = out.metrics
-    if m is not None:
-        ev.update(ttft=m.time_to_first_token, itl=m.inter_token_latencies, num_preemptions=m.num_preemptions)
-    if c.finished and isinstance(c.stop_reason, str):      # which tokens the stop string spans
-        ends = [len(tok.decode(c.token_ids[: i + 1], skip_special_tokens=params.skip_special_tokens))
-                for i in range(len(c.token_ids))]
-        at = full.find(c.stop_reason, len(c.text))
-        if at >= 0:
-            first = next(i for i, e in enumerate(ends) if e > at)
-            last = next((i for i, e in enumerate(ends) if e >= at + len(c.stop_reason)), len(ends) - 1)
-            ev["stop_span"] = [first, last]
-    return ev
