@@ -32,7 +32,7 @@ def hitenter_rates(model: str, n_prefill: int, n_decode: int, repeats: int) -> t
         p_rate = n_prefill / (time.perf_counter() - t0)
         times: list[float] = []
         llm.generate([prompt[:16]], SamplingParams(temperature=0, max_tokens=n_decode, ignore_eos=True),
-                     on_output=lambda o: times.append(time.perf_counter()))
+                     on_output=lambda o, t=times: t.append(time.perf_counter()))
         d_rate = (len(times) - 1) / (times[-1] - times[0])
         if r:
             best_p, best_d = max(best_p, p_rate), max(best_d, d_rate)

@@ -66,7 +66,7 @@ def hitenter_rates(model: str, decode: int, prefills: list[int]) -> dict[str, fl
     for r in range(3):
         times: list[float] = []
         llm.generate([list(range(100, 116))], SamplingParams(temperature=0, max_tokens=decode + 1, ignore_eos=True),
-                     on_output=lambda o: times.append(time.perf_counter()))
+                     on_output=lambda o, t=times: t.append(time.perf_counter()))
         if r:
             best = max(best, (len(times) - 1) / (times[-1] - times[0]))
     out["decode"] = best

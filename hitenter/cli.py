@@ -15,6 +15,10 @@ ENGINE_FLAGS = [
     ("--kv-cache-memory", int, "bytes of KV cache (default: a share of RAM)"),
     ("--block-size", int, "tokens per KV block (default 16)"),
     ("--num-threads", int, "torch threads (default: torch's choice)"),
+    ("--speculative-model", str, "draft model sharing the target's tokenizer (speculative decoding)"),
+    ("--speculative-method", str, "'ngram' (prompt lookup, no draft model) or 'draft_model'"),
+    ("--num-speculative-tokens", int, "tokens drafted per step when speculating (default 4)"),
+    ("--tensor-parallel-size", int, "processes to shard every layer across (torch.distributed; default 1)"),
 ]
 
 

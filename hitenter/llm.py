@@ -27,6 +27,19 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self.model_config = self.engine.model_config
 
+    def close(self) -> None:
+        """Release what the engine holds outside this process (tensor-parallel workers); idempotent.
+        Also run when the runner is garbage collected and at interpreter exit."""
+        close = getattr(self.engine.runner, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
                  on_output: Callable[[RequestOutput], None] | None = None) -> list[RequestOutput]:
         """Run prompts (text, or token ids) to completion, batched together; outputs in prompt order.

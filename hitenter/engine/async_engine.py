@@ -100,6 +100,9 @@ class AsyncLLMEngine:
             for rid in list(self._streams):
                 self.engine.abort(rid)
             self._streams.clear()
+        close = getattr(self.engine.runner, "close", None)   # tensor-parallel workers, if any
+        if close is not None:
+            close()
 
     @property
     def is_alive(self) -> bool:

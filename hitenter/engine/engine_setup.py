@@ -12,11 +12,16 @@ from hitenter.config import CacheConfig, ModelConfig, SchedulerConfig
 from hitenter.engine.model_runner import ModelRunner
 from hitenter.engine.sampler import Sampler
 from hitenter.engine.scheduler import Scheduler
+from hitenter.engine.spec import SpecDecoder, build_spec_decoder
 from hitenter.kv_cache.manager import KVCacheManager
 
 DEFAULT_MAX_MODEL_LEN = 8192
+# Bitwise batch invariance (see models/llama.py). Its cost is measured by bench/batch_invariance.py.
+DEFAULT_BATCH_INVARIANT = True
 ENGINE_OPTIONS = ("kv_cache_memory", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                  "enable_prefix_caching", "max_queued_requests", "dtype", "num_threads")
+                  "enable_prefix_caching", "max_queued_requests", "dtype", "num_threads",
+                  "speculative_model", "speculative_method", "num_speculative_tokens",
+                  "tensor_parallel_size")
 
 
 @dataclass
@@ -33,6 +38,7 @@ class EngineParts:
     scheduler_config: SchedulerConfig
     max_model_len: int
     num_blocks: int
+    spec: SpecDecoder | None = None      # speculative decoding, when asked for
 
 
 def total_ram_bytes() -> int:
@@ -70,6 +76,9 @@ def build_engine_parts(model: str | None = None, **kwargs: Any) -> EngineParts:
 
     if kwargs.get("num_threads"):
         torch.set_num_threads(int(kwargs["num_threads"]))
+    tp_size = int(kwargs.get("tensor_parallel_size") or 1)
+    if tp_size > 1:   # tensor parallel: this process is rank 0 and loads only its shard (hitenter/distributed)
+        from hitenter.distributed.runner import load_rank0
     dtype = _dtype(kwargs.get("dtype") or "float32")
     if model is not None and model.startswith("trigram"):
         # the playground's toy model: counts of (t-2, t-1) -> t over a bundled corpus, run by this same engine
@@ -79,7 +88,8 @@ def build_engine_parts(model: str | None = None, **kwargs: Any) -> EngineParts:
         path = model
     else:
         path = str(resolve_model(model))
-        net, mcfg = load_model(path, dtype=dtype)
+        net, mcfg = (load_model(path, dtype=dtype) if tp_size == 1
+                     else load_rank0(path, dtype, tp_size, kwargs.get("num_threads")))
         tokenizer = Tokenizer.from_gguf(path)
 
     max_model_len = kwargs.get("max_model_len") or min(mcfg.context_length, DEFAULT_MAX_MODEL_LEN)
@@ -108,9 +118,23 @@ def build_engine_parts(model: str | None = None, **kwargs: Any) -> EngineParts:
             f"{need_blocks} blocks = {need_blocks * per_block} bytes; raise kv_cache_memory or lower max_model_len")
     from hitenter.models.attention import allocate_kv_caches
 
-    kv_caches = allocate_kv_caches(mcfg, num_blocks, cache_cfg.block_size, dtype)
+    if hasattr(net, "batch_invariant"):
+        bi = kwargs.get("batch_invariant")
+        net.batch_invariant = DEFAULT_BATCH_INVARIANT if bi is None else bool(bi)
+
+    kv_caches = allocate_kv_caches(mcfg, num_blocks, cache_cfg.block_size, dtype) if tp_size == 1 else []
     kv_manager = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching)
     scheduler = Scheduler(sched_cfg, kv_manager)
     runner = ModelRunner(net, kv_caches, cache_cfg.block_size)
+    if tp_size > 1:   # this process becomes rank 0 of a tensor-parallel group and spawns the others
+        from hitenter.distributed.runner import DistributedModelRunner
+        from hitenter.models.llama import LlamaModel
+
+        if not isinstance(net, LlamaModel):
+            raise ValueError("tensor_parallel_size: only llama / qwen2 GGUF models can be sharded")
+        runner = DistributedModelRunner.launch(net, dtype, num_blocks, cache_cfg.block_size, net.batch_invariant)
+        net, kv_caches = runner.model, runner.kv_caches
+    spec = build_spec_decoder(kwargs, tokenizer, mcfg.vocab_size, max_model_len, num_blocks, cache_cfg.block_size,
+                              dtype)
     return EngineParts(path, mcfg, tokenizer, net, runner, kv_manager, scheduler, Sampler(),
-                       cache_cfg, sched_cfg, max_model_len, num_blocks)
+                       cache_cfg, sched_cfg, max_model_len, num_blocks, spec)

@@ -1,4 +1,6 @@
-"""LLMEngine: requests in, RequestOutputs out. ``step()`` is four calls: schedule, run, sample, update."""
+"""LLMEngine: requests in, RequestOutputs out. ``step()`` is four calls: schedule, run, sample, update
+(with speculative decoding, a proposer drafts tokens before ``schedule`` and a step may emit several
+tokens per request; each goes through the same per-token post-processing, in order)."""
 
 from __future__ import annotations
 
@@ -13,11 +15,18 @@ from hitenter.engine.engine_setup import EngineParts, build_engine_parts
 from hitenter.engine.events import EngineEvent, EventBus, ScheduledWork
 from hitenter.engine.model_runner import ModelRunnerOutput
 from hitenter.engine.request import Request, RequestStatus
-from hitenter.engine.sampler import SamplerOutput, SamplingMetadata, make_generator
+from hitenter.engine.sampler import SamplingMetadata, StepSample, make_generator
 from hitenter.engine.scheduler import SchedulerOutput
+from hitenter.engine.spec import SpecDecodeStats, spec_request_stats
 from hitenter.engine.stopping import check_token_stop
 from hitenter.errors import ContextOverflowError
-from hitenter.outputs import CompletionOutput, PositionLogprobs, RequestMetricsSnapshot, RequestOutput, TokenLogprob
+from hitenter.outputs import (
+    CompletionOutput,
+    PositionLogprobs,
+    RequestMetricsSnapshot,
+    RequestOutput,
+    TokenLogprob,
+)
 from hitenter.sampling_params import SamplingParams
 from hitenter.tokenizer.detokenizer import IncrementalDetokenizer
 
@@ -62,6 +71,8 @@ class LLMEngine:
         self.runner = parts.runner
         self.sampler = parts.sampler
         self.max_model_len = parts.max_model_len
+        self.spec = parts.spec
+        self.spec_decode: SpecDecodeStats | None = parts.spec.stats if parts.spec is not None else None
         self.events = EventBus()
         self.step_counter = 0
         self._groups: dict[str, _Group] = {}
@@ -134,6 +145,8 @@ class LLMEngine:
                 self.scheduler.finish_request(seq.request.request_id, RequestStatus.FINISHED_ABORTED)
             self._seqs.pop(seq.request.request_id, None)
             self.trace_requests.discard(seq.request.request_id)
+            if self.spec is not None:
+                self.spec.release(seq.request.request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -141,15 +154,22 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running, {rid: s.generator for rid, s in self._seqs.items()},
+                              self.sampler)
         sched = self.scheduler.schedule()
         ran = self.runner.execute(sched)
         sampled = self._sample(ran)
         return self._update(sched, ran, sampled, t0)
 
-    def _sample(self, ran: ModelRunnerOutput) -> SamplerOutput | None:
+    def _sample(self, ran: ModelRunnerOutput) -> StepSample | None:
         if ran.logits is None:
             return None
         seqs = [self._seqs[rid] for rid in ran.sample_request_ids]
+        want_trace = any(rid in self.trace_requests for rid in ran.sample_request_ids)
+        if self.spec is not None and any(n > 1 for n in ran.num_rows):
+            return self.spec.sample(ran.logits, ran.num_rows, [s.request for s in seqs],
+                                    [s.generator for s in seqs], self.sampler, trace=want_trace)
         meta = SamplingMetadata(
             params=[s.request.sampling_params for s in seqs],
             generators=[s.generator for s in seqs],
@@ -158,16 +178,15 @@ class LLMEngine:
             stop_token_ids=[s.request.eos_token_ids | frozenset(s.request.sampling_params.stop_token_ids or ())
                             for s in seqs],
         )
-        want_trace = any(rid in self.trace_requests for rid in ran.sample_request_ids)
-        return self.sampler(ran.logits, meta, trace=want_trace)
+        return StepSample.from_sampler(self.sampler(ran.logits, meta, trace=want_trace))
 
-    def _update(self, sched: SchedulerOutput, ran: ModelRunnerOutput, sampled: SamplerOutput | None,
+    def _update(self, sched: SchedulerOutput, ran: ModelRunnerOutput, sampled: StepSample | None,
                 t0: float) -> list[RequestOutput]:
         new_tokens: dict[str, list[int]] = {}
         if sampled is not None:
             for i, rid in enumerate(ran.sample_request_ids):
-                new_tokens[rid] = [sampled.token_ids[i]]
-                if sampled.trace is not None and rid in self.trace_requests:
+                new_tokens[rid] = sampled.token_ids[i]
+                if sampled.trace is not None and sampled.trace[i] is not None and rid in self.trace_requests:
                     self.last_traces[rid] = sampled.trace[i]
         self.scheduler.update(sched, new_tokens)
         now = time.monotonic()
@@ -178,10 +197,18 @@ class LLMEngine:
             if seq is None:
                 continue
             assert sampled is not None
-            self._on_token(seq, sampled.token_ids[i], sampled.logprobs[i] if sampled.logprobs else None, now)
+            toks, req = sampled.token_ids[i], seq.request
+            base = req.num_output_tokens - len(toks)      # update() appended them all; post-process in order
+            for j, tok in enumerate(toks):
+                self._on_token(seq, tok, sampled.logprobs[i][j], now, base + j + 1)
+                if req.is_finished:                        # a stop inside an accepted run ends it there
+                    del req.output_token_ids[base + j + 1:]
+                    break
             touched[seq.group.request_id] = seq.group
-            if seq.request.is_finished:
-                finished.append((rid, seq.request.finish_reason or ""))
+            if req.is_finished:
+                finished.append((rid, req.finish_reason or ""))
+                if self.spec is not None:
+                    self.spec.release(rid)
         outputs = [self._make_output(g) for g in touched.values()]
         for g in touched.values():
             if g.finished:
@@ -191,7 +218,7 @@ class LLMEngine:
         self._publish(sched, ran, new_tokens, finished, t0)
         return outputs
 
-    def _on_token(self, seq: _Seq, token: int, lp: object, now: float) -> None:
+    def _on_token(self, seq: _Seq, token: int, lp: object, now: float, num_output: int) -> None:
         req = seq.request
         m = req.metrics
         if m.first_token_time is None:
@@ -203,7 +230,7 @@ class LLMEngine:
             pos = self._to_position_logprobs(lp)
             seq.logprobs.append(pos)
             seq.delta_logprobs = (seq.delta_logprobs or []) + [pos]
-        stop = check_token_stop(token, req.num_output_tokens, params, req.eos_token_ids, req.max_tokens)
+        stop = check_token_stop(token, num_output, params, req.eos_token_ids, req.max_tokens)
         text = ""
         if stop is None or stop[0] == "length" or params.include_stop_str_in_output:
             d = seq.detok.add(token)
@@ -240,8 +267,11 @@ class LLMEngine:
         m = g.seqs[0].request.metrics
         snap = RequestMetricsSnapshot(m.arrival_time, m.queue_time, m.time_to_first_token, list(m.token_times),
                                       m.finished_time, sum(s.request.metrics.num_preemptions for s in g.seqs))
+        extra = {}
+        if self.spec is not None:
+            extra["spec_decode"] = spec_request_stats([s.request for s in g.seqs])
         return RequestOutput(g.request_id, g.prompt, g.prompt_token_ids, comps, g.finished,
-                             max(s.request.num_cached_tokens for s in g.seqs), snap)
+                             max(s.request.num_cached_tokens for s in g.seqs), snap, extra)
 
     def _publish(self, sched: SchedulerOutput, ran: ModelRunnerOutput, new_tokens: dict[str, list[int]],
                  finished: list[tuple[str, str]], t0: float) -> None:

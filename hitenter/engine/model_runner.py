@@ -4,13 +4,14 @@ the rows that need a token.
 Every scheduled request contributes the tokens ``[num_computed_tokens, num_computed_tokens +
 num_new_tokens)`` of its sequence; their K/V are written into the paged cache through a slot
 mapping, attention reads through block tables. Only requests whose computed tokens catch up with
-their total tokens this step (the end of a prefill, or a decode) get a logits row.
+their total tokens this step (the end of a prefill, or a decode) get logits: one row, or ``1 + k``
+rows for a request carrying ``k`` drafted tokens (its last verified token and each draft, in order).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,9 +21,10 @@ from hitenter.models.attention import AttentionMetadata
 
 @dataclass
 class ModelRunnerOutput:
-    logits: torch.Tensor | None      # [N, V] float32, one row per entry of `sample_request_ids`
+    logits: torch.Tensor | None      # [sum(num_rows), V] float32, `num_rows[i]` rows per sampled request
     sample_request_ids: list[str]
     t_model: float                   # seconds spent in the forward pass
+    num_rows: list[int] = field(default_factory=list)   # 1 + drafted tokens, per sample_request_ids
 
 
 class ModelRunner:
@@ -46,6 +48,7 @@ class ModelRunner:
         tables: list[list[int]] = []
         sample_rows: list[int] = []
         sample_ids: list[str] = []
+        num_rows: list[int] = []
         for sr in out.scheduled:
             req = sr.request
             start, n = sr.num_computed_tokens, sr.num_new_tokens
@@ -58,9 +61,11 @@ class ModelRunner:
             qsl.append(qsl[-1] + n)
             seq_lens.append(start + n)
             tables.append(table)
-            if start + n >= req.num_tokens:   # caught up: this row's logits give the next token
-                sample_rows.append(qsl[-1] - 1)
+            if start + n >= req.num_tokens:   # caught up: the last 1 + k rows score the drafts + next token
+                k = len(req.spec_token_ids)
+                sample_rows.extend(range(qsl[-1] - 1 - k, qsl[-1]))
                 sample_ids.append(req.request_id)
+                num_rows.append(k + 1)
         meta = AttentionMetadata(
             query_start_loc=qsl,
             seq_lens=seq_lens,
@@ -78,4 +83,4 @@ class ModelRunner:
         logits = None
         if sample_rows:
             logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, dtype=torch.long)])
-        return ModelRunnerOutput(logits, sample_ids, time.perf_counter() - t0)
+        return ModelRunnerOutput(logits, sample_ids, time.perf_counter() - t0, num_rows)

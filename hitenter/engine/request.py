@@ -3,6 +3,9 @@
 The one scheduling rule: each step, a running request is given up to
 ``num_tokens - num_computed_tokens`` new tokens. A fresh prompt is far behind, a decode
 is one behind, a prefix-cache hit advances ``num_computed_tokens`` before the first step.
+Speculative decoding appends drafted tokens (``spec_token_ids``, never verified output) after the
+outputs: they count in ``num_tokens``/``all_token_ids``, so one step scores them all; the scheduler
+rolls ``num_computed_tokens`` back over the rejected ones.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ class Request:
     max_tokens: int                       # resolved budget (never None here)
     eos_token_ids: frozenset[int] = frozenset()
     output_token_ids: list[int] = field(default_factory=list)
+    spec_token_ids: list[int] = field(default_factory=list)   # drafted, unverified (speculative decoding)
     num_computed_tokens: int = 0          # tokens whose K/V are in the cache
     num_cached_tokens: int = 0            # prompt tokens served by a prefix-cache hit
     status: RequestStatus = RequestStatus.WAITING
@@ -76,11 +80,12 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        """Prompt + verified output + drafted tokens."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + len(self.spec_token_ids)
 
     @property
     def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+        return self.prompt_token_ids + self.output_token_ids + self.spec_token_ids
 
     @property
     def is_finished(self) -> bool:

@@ -107,6 +107,21 @@ class SamplerOutput:
     trace: list[SamplingTrace] | None = None
 
 
+@dataclass
+class StepSample:
+    """The engine's view of one step's sampling: per sampled request, the tokens it emits (one, or
+    the accepted drafts + one with speculative decoding), their logprobs and an optional trace."""
+
+    token_ids: list[list[int]]
+    logprobs: list[list[TokenLogprobs | None]]
+    trace: list[SamplingTrace | None] | None = None
+
+    @classmethod
+    def from_sampler(cls, out: SamplerOutput) -> StepSample:
+        return cls([[t] for t in out.token_ids], [[lp] for lp in out.logprobs],
+                   list(out.trace) if out.trace is not None else None)
+
+
 def run_chain(chain: Sequence[LogitsProcessor], logits: Tensor, batch: BatchState,
               record: bool = False) -> tuple[Tensor, list[tuple[str, Tensor]]]:
     """Apply the chain to a copy of ``logits``; with ``record`` also return (name, logits) per stage."""
@@ -251,3 +266,9 @@ def _batch_logprobs(lps: Tensor, chosen: Tensor, ks: list[int]) -> list[TokenLog
                        enumerate(zip(ids[j, :k].tolist(), vals[j, :k].tolist(), strict=True))]
         out.append(TokenLogprobs(int(chosen[j]), float(chosen_lp[j, 0]), ranks[j], top))
     return out
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor, ks: list[int]) -> list[TokenLogprobs]:
+    """Raw logprobs (``log_softmax`` of ``logits`` [N, V]) of ``tokens`` [N] with each row's rank and top
+    ``ks[i]`` alternatives, exactly as the Sampler reports them (for speculative decoding's rows)."""
+    return _batch_logprobs(torch.log_softmax(logits.to(torch.float32), dim=-1), tokens, ks)

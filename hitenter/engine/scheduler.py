@@ -20,6 +20,10 @@ Contracts:
 - ``update`` advances num_computed_tokens, appends sampled tokens (caught-up requests only) and
   caches newly full verified blocks. Stop checks are the engine's: it calls ``finish_request``,
   which frees blocks at once (also for aborts, waiting or running).
+- Drafted tokens (``request.spec_token_ids``) must be scored in one pass: the drafts that do not fit
+  the token budget are dropped, and drafts are dropped before anyone is preempted for blocks.
+  ``update`` takes the ``1 + accepted`` tokens of a speculating request, rolls
+  ``num_computed_tokens`` back over the rejected drafts and releases the blocks they needed.
 - ``SchedulerOutput.kv_events`` holds every KV event since the previous ``schedule()`` returned
   (the previous step's cache/free events, then this call's), so each event appears exactly once.
 """
@@ -135,7 +139,13 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
+            if req.spec_token_ids:   # drafts are verified in one pass: drop those past the budget
+                _drop_drafts(req, req.num_tokens - req.num_computed_tokens - n)
             while self.kv.allocate_slots(req, n) is None:
+                if req.spec_token_ids:   # drop the drafts before preempting anyone
+                    _drop_drafts(req, len(req.spec_token_ids))
+                    n = min(n, req.num_tokens - req.num_computed_tokens)
+                    continue
                 victim = self.running.pop()
                 self._preempt(victim)
                 preempted.append(victim)
@@ -173,6 +183,7 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.kv.free(req)
+        req.spec_token_ids.clear()
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.metrics.num_preemptions += 1
@@ -193,8 +204,14 @@ class Scheduler:
             tokens = sampled.get(req.request_id, ())
             if tokens and not caught_up:
                 raise ValueError(f"request {req.request_id!r} got a token but did not catch up")
-            req.num_computed_tokens = sr.num_computed_tokens + sr.num_new_tokens
+            if len(tokens) > len(req.spec_token_ids) + 1:
+                raise ValueError(f"request {req.request_id!r} got more tokens than its drafts + 1")
+            rejected = len(req.spec_token_ids) + 1 - len(tokens) if tokens else 0
+            req.num_computed_tokens = sr.num_computed_tokens + sr.num_new_tokens - rejected
+            req.spec_token_ids.clear()
             req.output_token_ids.extend(tokens)
+            if rejected:
+                self.kv.trim(req, req.num_tokens)
             self.kv.cache_blocks(req, req.num_computed_tokens)
 
     def finish_request(self, request_id: str, status: RequestStatus) -> None:
@@ -218,3 +235,10 @@ class Scheduler:
         req.status = status
         if req.metrics.finished_time is None:
             req.metrics.finished_time = time.monotonic()
+
+
+def _drop_drafts(req: Request, num: int) -> None:
+    """Drop the last ``num`` drafted tokens (at most all of them)."""
+    num = min(num, len(req.spec_token_ids))
+    if num > 0:
+        del req.spec_token_ids[len(req.spec_token_ids) - num:]

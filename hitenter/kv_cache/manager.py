@@ -8,7 +8,8 @@ leading blocks that are full of verified tokens. Contracts:
   last token is recomputed: hit tokens <= num_tokens - 1, in whole blocks. It touches nothing.
 - ``allocate_slots(req, n, hits)`` is all or nothing: on None nothing changed (no leak, no event).
 - ``cache_blocks(req, num_verified)`` registers only blocks full of verified tokens.
-- ``free(req)`` releases the table tail first, so tail blocks are evicted first.
+- ``free(req)`` releases the table tail first, so tail blocks are evicted first; ``trim(req, n)``
+  releases only the tail blocks beyond the first ``n`` tokens (rejected speculative tokens).
 - Ownership: every block's ref_cnt equals the number of live tables holding it; a block appears at
   most once in a table; when all requests are gone every block is free (``check_invariants``).
 
@@ -183,6 +184,22 @@ class KVCacheManager:
         if not table:
             return
         order = table[::-1]
+        self.pool.free_blocks(order)
+        self._emit("free", rid, order)
+
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Release the table's tail blocks not needed for the first ``num_tokens`` tokens (tail first).
+
+        Never releases a block holding verified cached tokens (callers pass >= the verified count)."""
+        rid = request.request_id
+        table = self._tables.get(rid)
+        if not table:
+            return
+        keep = max(self.num_blocks_needed(num_tokens), len(self._hashes.get(rid, ())))
+        if keep >= len(table):
+            return
+        order = table[keep:][::-1]
+        del table[keep:]
         self.pool.free_blocks(order)
         self._emit("free", rid, order)
 

@@ -50,11 +50,14 @@ class AttentionMetadata:
 
 
 def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int,
-                       dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
-    """One zeroed tensor `[2, num_blocks, block_size, num_kv_heads, head_dim]` per layer."""
+                       dtype: torch.dtype = torch.float32, num_kv_heads: int | None = None) -> list[torch.Tensor]:
+    """One zeroed tensor `[2, num_blocks, block_size, num_kv_heads, head_dim]` per layer.
+
+    num_kv_heads: the KV heads this process holds (a tensor-parallel rank's shard); default all."""
     if num_blocks <= 0 or block_size <= 0:
         raise ValueError(f"num_blocks and block_size must be > 0, got {num_blocks}, {block_size}")
-    shape = (2, num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    kvh = config.num_kv_heads if num_kv_heads is None else num_kv_heads
+    shape = (2, num_blocks, block_size, kvh, config.head_dim)
     return [torch.zeros(shape, dtype=dtype) for _ in range(config.num_layers)]
 
 

@@ -10,11 +10,16 @@ Contracts:
 * RoPE: rotate-half (NEOX) pairing (i, i + D/2). GGUF llama Q/K weights are stored permuted for the
   interleaved pairing (convert_hf_to_gguf); the loader un-permutes them (`unpermute_qk`), as HF
   transformers does, so both architectures use the same rotate-half code. Qwen2 GGUFs are not permuted.
+* Tensor parallelism (hitenter/distributed): built with a `TensorParallel` group, each layer takes its
+  shard of the full tensors at load (Q/K/V and gate/up column-parallel, o_proj and down row-parallel,
+  one all-reduce each; see `tp_shard` for how heads are split) and the group supplies the
+  vocab-parallel embedding / LM head. Without one (tp=None) the model is exactly the single-process one.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -47,6 +52,42 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 def _param(t: torch.Tensor, dtype: torch.dtype) -> nn.Parameter:
     return nn.Parameter(t.to(dtype).contiguous(), requires_grad=False)
+
+
+class TensorParallel(Protocol):
+    """This process's place in a tensor-parallel group (implemented by hitenter.distributed.group)."""
+
+    rank: int
+    size: int
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor: ...            # sum over ranks (in place)
+    def vocab_shard(self, weight: torch.Tensor, dtype: torch.dtype) -> nn.Parameter: ...
+    def vocab_embedding(self, weight: torch.Tensor, dtype: torch.dtype) -> nn.Module: ...
+    def gather_logits(self, local: torch.Tensor) -> torch.Tensor: ...     # [N, V/size] -> [N, V]
+
+
+def _split(n: int, rank: int, size: int) -> tuple[int, int]:
+    """(start, count) of rank's part of n items split as evenly as possible (the first n % size get one more)."""
+    base, extra = divmod(n, size)
+    return rank * base + min(rank, extra), base + (rank < extra)
+
+
+def tp_shard(cfg: ModelConfig, tp: TensorParallel | None) -> tuple[int, int, int, int, int, int]:
+    """(first Q head, Q heads, first KV head, KV heads, first FFN row, FFN rows) held by this rank.
+
+    Whole GQA groups go to a rank: KV heads are split across ranks (unevenly when they do not divide,
+    e.g. SmolLM2's 3 KV heads over 2 ranks: 2 + 1, with their 6 + 3 query heads), or, with more ranks
+    than KV heads, each KV head is replicated on size / kv_heads ranks that split its query heads (vLLM).
+    tp None: everything."""
+    if tp is None:
+        return 0, cfg.num_heads, 0, cfg.num_kv_heads, 0, cfg.intermediate_size
+    f0, f = _split(cfg.intermediate_size, tp.rank, tp.size)
+    g = cfg.num_heads // cfg.num_kv_heads
+    if cfg.num_kv_heads >= tp.size:
+        kv0, kvh = _split(cfg.num_kv_heads, tp.rank, tp.size)
+        return kv0 * g, kvh * g, kv0, kvh, f0, f
+    nh = cfg.num_heads // tp.size
+    return tp.rank * nh, nh, tp.rank * cfg.num_kv_heads // tp.size, 1, f0, f
 
 
 class Linear(nn.Module):
@@ -104,22 +145,34 @@ class Rope(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm block: x + Attn(norm(x)); x + SwiGLU(norm(x)). Q/K/V and gate/up are fused."""
 
-    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, dtype: torch.dtype,
+                 tp: TensorParallel | None = None) -> None:
         super().__init__()
         p = f"blk.{i}."
         self.cfg = cfg
+        self.tp = tp
         self.attn_norm = RMSNorm(w[p + "attn_norm.weight"], cfg.rms_norm_eps, dtype)
         self.ffn_norm = RMSNorm(w[p + "ffn_norm.weight"], cfg.rms_norm_eps, dtype)
-        qkv_w = torch.cat([w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"]])
+        d = cfg.head_dim
+        q0, self.num_heads, kv0, self.num_kv_heads, f0, f = tp_shard(cfg, tp)
+
+        def rows(name: str, start: int, n: int) -> torch.Tensor:   # this rank's output rows (whole when tp=None)
+            return w[p + name].narrow(0, start, n)
+
+        qkv_w = torch.cat([rows("attn_q.weight", q0 * d, self.num_heads * d),
+                           rows("attn_k.weight", kv0 * d, self.num_kv_heads * d),
+                           rows("attn_v.weight", kv0 * d, self.num_kv_heads * d)])
         qkv_b = None
         if cfg.attention_bias:
-            qkv_b = torch.cat([w[p + "attn_q.bias"], w[p + "attn_k.bias"], w[p + "attn_v.bias"]])
-        self.qkv = Linear(qkv_w, qkv_b, dtype)
-        self.o_proj = Linear(w[p + "attn_output.weight"], None, dtype)
-        self.gate_up = Linear(torch.cat([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]]), None, dtype)
-        self.down = Linear(w[p + "ffn_down.weight"], None, dtype)
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+            qkv_b = torch.cat([rows("attn_q.bias", q0 * d, self.num_heads * d),
+                               rows("attn_k.bias", kv0 * d, self.num_kv_heads * d),
+                               rows("attn_v.bias", kv0 * d, self.num_kv_heads * d)])
+        self.qkv = Linear(qkv_w, qkv_b, dtype)                                   # column-parallel
+        self.o_proj = Linear(w[p + "attn_output.weight"].narrow(1, q0 * d, self.num_heads * d), None, dtype)
+        self.gate_up = Linear(torch.cat([rows("ffn_gate.weight", f0, f), rows("ffn_up.weight", f0, f)]), None, dtype)
+        self.down = Linear(w[p + "ffn_down.weight"].narrow(1, f0, f), None, dtype)  # row-parallel
+        self.q_size = self.num_heads * d
+        self.kv_size = self.num_kv_heads * d
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: Rope, attn: AttentionMetadata,
@@ -127,29 +180,43 @@ class DecoderLayer(nn.Module):
         cfg = self.cfg
         h = self.attn_norm(x)
         q, k, v = self.qkv(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = rope(q.reshape(-1, cfg.num_heads, cfg.head_dim), positions)
-        k = rope(k.reshape(-1, cfg.num_kv_heads, cfg.head_dim), positions)
-        v = v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+        q = rope(q.reshape(-1, self.num_heads, cfg.head_dim), positions)
+        k = rope(k.reshape(-1, self.num_kv_heads, cfg.head_dim), positions)
+        v = v.reshape(-1, self.num_kv_heads, cfg.head_dim)
         write_kv(kv_cache, k[:n_real], v[:n_real], attn.slot_mapping)
         o = torch.zeros_like(q)
         o[:n_real] = paged_attention(q[:n_real], kv_cache, attn, self.scale)
-        x = x + self.o_proj(o.reshape(o.shape[0], -1))
+        a = self.o_proj(o.reshape(o.shape[0], -1))
+        if self.tp is not None:
+            a = self.tp.all_reduce(a)
+        x = x + a
         gate, up = self.gate_up(self.ffn_norm(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        m = self.down(F.silu(gate) * up)
+        if self.tp is not None:
+            m = self.tp.all_reduce(m)
+        return x + m
 
 
 class LlamaModel(nn.Module):
     """Llama / Qwen2 causal LM; built from dequantized GGUF tensors (Q/K already un-permuted for llama)."""
 
-    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
+                 tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.config = cfg
         self.dtype = dtype
-        self.embed = nn.Embedding.from_pretrained(w["token_embd.weight"].to(dtype), freeze=True)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, w, i, dtype) for i in range(cfg.num_layers))
+        self.tp = tp
+        if tp is None:
+            self.embed = nn.Embedding.from_pretrained(w["token_embd.weight"].to(dtype), freeze=True)
+        else:   # vocab-parallel: this rank's rows; looks up its own ids and all-reduces
+            self.embed = tp.vocab_embedding(w["token_embd.weight"], dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, w, i, dtype, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(w["output_norm.weight"], cfg.rms_norm_eps, dtype)
         head = w["token_embd.weight"] if cfg.tie_word_embeddings else w["output.weight"]
-        self.lm_head = self.embed.weight if cfg.tie_word_embeddings else _param(head, dtype)
+        if cfg.tie_word_embeddings:
+            self.lm_head = self.embed.weight
+        else:
+            self.lm_head = _param(head, dtype) if tp is None else tp.vocab_shard(head, dtype)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, min(cfg.context_length, 4096))
         # True: GEMM row counts padded to a multiple of 8 so results are bitwise batch invariant.
         # False: no padding; a lone decode row then takes torch's faster GEMV path (different bits).
@@ -173,4 +240,5 @@ class LlamaModel(nn.Module):
         """fp32 logits `[N, V]` for hidden `[N, H]` (row-padded GEMM, batch invariant)."""
         n = hidden.shape[0]
         pad = pad_rows if self.batch_invariant else _no_pad
-        return F.linear(pad(hidden.to(self.dtype)), self.lm_head)[:n].float()
+        logits = F.linear(pad(hidden.to(self.dtype)), self.lm_head)[:n].float()
+        return logits if self.tp is None else self.tp.gather_logits(logits)

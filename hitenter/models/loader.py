@@ -13,7 +13,7 @@ import torch
 from hitenter.config import ModelConfig
 from hitenter.errors import ModelLoadError
 from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
-from hitenter.models.llama import LlamaModel, unpermute_qk
+from hitenter.models.llama import LlamaModel, TensorParallel, unpermute_qk
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -40,10 +40,21 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> tuple[LlamaModel, ModelConfig]:
-    """Load a llama / qwen2 GGUF into an eval-mode LlamaModel. Raises ModelLoadError on any problem."""
+def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32,
+               tp: TensorParallel | None = None) -> tuple[LlamaModel, ModelConfig]:
+    """Load a llama / qwen2 GGUF into an eval-mode LlamaModel. Raises ModelLoadError on any problem.
+
+    With `tp` (a tensor-parallel group, see hitenter/distributed) the model holds only this rank's shard."""
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ModelLoadError(f"unsupported dtype {dtype}; use torch.float32, torch.bfloat16 or torch.float16")
+    cfg, weights = load_weights(path)
+    model = LlamaModel(cfg, weights, dtype, tp)
+    model.eval()
+    return model, cfg
+
+
+def load_weights(path: str | os.PathLike[str]) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The config and the full dequantized fp32 tensors (llama Q/K un-permuted), checked against the config."""
     reader = open_gguf(path)
     meta = read_gguf_metadata(reader)
     names = {t.name for t in reader.tensors}
@@ -61,6 +72,4 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32)
         for i in range(cfg.num_layers):
             weights[f"blk.{i}.attn_q.weight"] = unpermute_qk(weights[f"blk.{i}.attn_q.weight"], cfg.num_heads)
             weights[f"blk.{i}.attn_k.weight"] = unpermute_qk(weights[f"blk.{i}.attn_k.weight"], cfg.num_kv_heads)
-    model = LlamaModel(cfg, weights, dtype)
-    model.eval()
-    return model, cfg
+    return cfg, weights

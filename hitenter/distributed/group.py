@@ -1,0 +1,121 @@
+"""A tensor-parallel group on torch.distributed: the collectives the sharded model needs.
+
+`TPGroup` implements models/llama.py's `TensorParallel` protocol over the default process group
+(gloo on CPU; the same calls run on NCCL for CUDA tensors): `all_reduce` after the row-parallel
+projections, a vocab-parallel embedding (each rank holds `ceil(V / size)` rows, zero-padded at the
+end; a rank looks up the ids it owns, writes zeros elsewhere, and the ranks all-reduce), and a
+vocab-parallel LM head whose `[N, V/size]` shards are gathered to rank 0 (`gather_logits` returns the
+full `[N, V]` on rank 0 and the local shard elsewhere; only rank 0 samples).
+
+`broadcast_object` / `validate_tp` are the small helpers the runner and the workers share.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import torch
+from torch import distributed as dist
+from torch import nn
+from torch.nn import functional as F
+
+from hitenter.config import ModelConfig
+
+
+class TensorParallelError(RuntimeError):
+    """A tensor-parallel worker failed, died or timed out; the engine cannot continue."""
+
+
+def validate_tp(cfg: ModelConfig, size: int) -> None:
+    """Raise ValueError naming the option when `size` ranks cannot shard this model.
+
+    Whole GQA groups are dealt out (see models/llama.py `tp_shard`), so any size up to the KV head count
+    works, evenly or not (uneven: the rank with more heads sets the pace). Beyond it, KV heads are
+    replicated, which needs size to be a multiple of the KV heads and to divide the query heads (as vLLM)."""
+    if size < 1:
+        raise ValueError(f"tensor_parallel_size: must be >= 1, got {size}")
+    kvh, nh = cfg.num_kv_heads, cfg.num_heads
+    if size > kvh and (size % kvh or nh % size):
+        raise ValueError(f"tensor_parallel_size: {size} ranks cannot shard {cfg.name or cfg.architecture}'s "
+                         f"{nh} attention heads / {kvh} KV heads; use at most {kvh} ranks, or a multiple of "
+                         f"{kvh} that divides {nh}")
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rows [start, start + per_rank) of the (padded) embedding table; forward sums over ranks."""
+
+    def __init__(self, weight: nn.Parameter, start: int, group: TPGroup) -> None:
+        super().__init__()
+        self.weight = weight
+        self.start = start
+        self.group = group
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        mine = (local >= 0) & (local < self.weight.shape[0])
+        x = F.embedding(torch.where(mine, local, 0), self.weight)
+        x = x * mine.unsqueeze(-1).to(x.dtype)   # rows other ranks own: exact zeros
+        return self.group.all_reduce(x)
+
+
+class TPGroup:
+    """Rank `rank` of `size` in the default process group (see module doc)."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank = rank
+        self.size = size
+        self.vocab_size = 0           # set by vocab_shard (the full table's row count)
+        self.vocab_per_rank = 0
+        self.comm_seconds = 0.0       # time spent in collectives (benchmarks)
+        self.comm_calls = 0
+
+    def _timed(self, fn: Any, *args: Any, **kw: Any) -> Any:
+        import time
+
+        t0 = time.perf_counter()
+        r = fn(*args, **kw)
+        self.comm_seconds += time.perf_counter() - t0
+        self.comm_calls += 1
+        return r
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        self._timed(dist.all_reduce, x)
+        return x
+
+    def vocab_shard(self, weight: torch.Tensor, dtype: torch.dtype) -> nn.Parameter:
+        self.vocab_size = weight.shape[0]
+        self.vocab_per_rank = per = -(-self.vocab_size // self.size)
+        start = self.rank * per
+        rows = weight[start:start + per].to(dtype)
+        if rows.shape[0] < per:   # the last rank's shard is zero-padded (its padded logits are dropped)
+            rows = torch.cat([rows, rows.new_zeros(per - rows.shape[0], weight.shape[1])])
+        return nn.Parameter(rows.contiguous(), requires_grad=False)
+
+    def vocab_embedding(self, weight: torch.Tensor, dtype: torch.dtype) -> nn.Module:
+        return VocabParallelEmbedding(self.vocab_shard(weight, dtype), self.rank * self.vocab_per_rank, self)
+
+    def gather_logits(self, local: torch.Tensor) -> torch.Tensor:
+        local = local.contiguous()
+        if self.rank != 0:
+            self._timed(dist.gather, local, None, dst=0)
+            return local
+        parts = [torch.empty_like(local) for _ in range(self.size)]
+        self._timed(dist.gather, local, parts, dst=0)
+        return torch.cat(parts, dim=-1)[:, :self.vocab_size]
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank `src` sends `obj` (pickled) to every rank; each returns it. Two collectives (length, bytes)."""
+    if dist.get_rank() == src:
+        data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+        n = torch.tensor([data.numel()], dtype=torch.long)
+        dist.broadcast(n, src)
+        dist.broadcast(data, src)
+        return obj
+    n = torch.zeros(1, dtype=torch.long)
+    dist.broadcast(n, src)
+    data = torch.empty(int(n.item()), dtype=torch.uint8)
+    dist.broadcast(data, src)
+    return pickle.loads(data.numpy().tobytes())

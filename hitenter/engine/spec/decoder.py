@@ -1,0 +1,172 @@
+"""SpecDecoder: the engine's speculative-decoding part (propose before a step, verify after the forward).
+
+- ``propose(running, generators)``: before ``schedule()``, every running request that is a decode (all
+  but its newest token computed, no drafts yet) gets up to ``k = min(K, max_tokens - outputs - 1)``
+  drafted tokens in ``request.spec_token_ids`` (so the accepted run plus one token never overshoots
+  max_tokens). The scheduler then scores them like any other tokens.
+- ``sample(...)``: rows of requests without drafts go through the plain Sampler unchanged (same
+  tokens, randomness, logprobs and traces as without speculation). A request with ``s`` drafts has
+  ``s + 1`` logits rows; row ``j`` is processed by the request's logits-processor chain with output
+  history ``outputs + drafts[:j]`` (what plain decoding would have seen had it produced those drafts),
+  then verified (``rejection.py``). Logprobs are the raw ones of each emitted token's row.
+- ``stats`` (:class:`SpecDecodeStats`) are the engine-wide counters; ``request.extra["spec_decode"]``
+  holds per-request ``[num_draft_tokens, num_accepted_tokens, num_verify_steps]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from hitenter.engine.logits_processors import BatchState
+from hitenter.engine.request import Request, RequestStatus
+from hitenter.engine.sampler import (
+    Sampler,
+    SamplingMetadata,
+    SamplingTrace,
+    StepSample,
+    TokenLogprobs,
+    run_chain,
+    token_logprobs,
+)
+from hitenter.engine.spec.proposers import Proposer, stop_ids
+from hitenter.engine.spec.rejection import draw_randomness, greedy_accept, point_mass, rejection_sample
+
+
+@dataclass
+class SpecDecodeStats:
+    """Engine-wide counters (vLLM's spec_decode_* metrics)."""
+
+    num_drafts: int = 0                 # verification passes of a request with >= 1 drafted token
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def record(self, num_draft: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft
+        self.num_accepted_tokens += num_accepted
+        if len(self.num_accepted_tokens_per_pos) < num_draft:
+            self.num_accepted_tokens_per_pos += [0] * (num_draft - len(self.num_accepted_tokens_per_pos))
+        for j in range(num_accepted):
+            self.num_accepted_tokens_per_pos[j] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Accepted drafts per verification pass (tokens per pass = 1 + this)."""
+        return self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
+def spec_request_stats(reqs: Sequence[Request]) -> dict[str, float]:
+    """Per-request speculation stats (summed over a request's n sequences) for RequestOutput.extra."""
+    counts = [r.extra.get("spec_decode", (0, 0, 0)) for r in reqs]
+    d, a, n = (sum(c[k] for c in counts) for k in range(3))
+    return {"num_draft_tokens": d, "num_accepted_tokens": a, "num_verify_steps": n,
+            "acceptance_rate": a / d if d else 0.0, "mean_accepted_length": a / n if n else 0.0}
+
+
+class SpecDecoder:
+    def __init__(self, proposer: Proposer, num_speculative_tokens: int, method: str) -> None:
+        if num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens: must be >= 1, got {num_speculative_tokens}")
+        self.proposer = proposer
+        self.k = num_speculative_tokens
+        self.method = method
+        self.stats = SpecDecodeStats()
+        self._probs: dict[str, Tensor | None] = {}
+
+    def release(self, request_id: str) -> None:
+        self._probs.pop(request_id, None)
+        self.proposer.release(request_id)
+
+    def propose(self, running: Sequence[Request], generators: dict[str, torch.Generator | None],
+                sampler: Sampler) -> None:
+        live = {r.request_id for r in running if r.status is RequestStatus.RUNNING}
+        for rid in [r for r in self.proposer.request_ids if r not in live]:
+            self.release(rid)   # preempted or finished: its draft state goes
+        reqs, ks = [], []
+        for r in running:
+            k = min(self.k, r.max_tokens - r.num_output_tokens - 1)
+            if (r.status is RequestStatus.RUNNING and k > 0 and not r.spec_token_ids and r.num_output_tokens
+                    and r.num_computed_tokens == r.num_tokens - 1):
+                reqs.append(r)
+                ks.append(k)
+        if not reqs:
+            return
+        drafts = self.proposer.propose(reqs, ks, sampler.chain, [generators.get(r.request_id) for r in reqs])
+        for r, d in zip(reqs, drafts, strict=True):
+            r.spec_token_ids = list(d.token_ids)
+            self._probs[r.request_id] = d.probs
+
+    def sample(self, logits: Tensor, num_rows: Sequence[int], reqs: Sequence[Request],
+               generators: Sequence[torch.Generator | None], sampler: Sampler, trace: bool = False) -> StepSample:
+        starts = [sum(num_rows[:i]) for i in range(len(reqs))]
+        tokens: list[list[int]] = [[] for _ in reqs]
+        lps: list[list[TokenLogprobs | None]] = [[] for _ in reqs]
+        traces: list[SamplingTrace | None] | None = [None] * len(reqs) if trace else None
+        plain = [i for i, n in enumerate(num_rows) if n == 1]
+        if plain:
+            sel = [reqs[i] for i in plain]
+            meta = SamplingMetadata([r.sampling_params for r in sel], [generators[i] for i in plain],
+                                    [r.prompt_token_ids for r in sel], [r.output_token_ids for r in sel],
+                                    [stop_ids(r) for r in sel])
+            out = sampler(logits[[starts[i] for i in plain]], meta, trace=trace)
+            for j, i in enumerate(plain):
+                tokens[i], lps[i] = [out.token_ids[j]], [out.logprobs[j]]
+                if traces is not None and out.trace is not None:
+                    traces[i] = out.trace[j]
+        spec = [i for i, n in enumerate(num_rows) if n > 1]
+        if spec:
+            self._verify(logits, starts, num_rows, reqs, generators, spec, sampler, tokens, lps)
+        return StepSample(tokens, lps, traces)
+
+    def _verify(self, logits: Tensor, starts: Sequence[int], num_rows: Sequence[int], reqs: Sequence[Request],
+                generators: Sequence[torch.Generator | None], spec: list[int], sampler: Sampler,
+                tokens: list[list[int]], lps: list[list[TokenLogprobs | None]]) -> None:
+        rows = [starts[i] + j for i in spec for j in range(num_rows[i])]
+        params, prompts, outs, stops = [], [], [], []
+        for i in spec:
+            r = reqs[i]
+            for j in range(num_rows[i]):
+                params.append(r.sampling_params)
+                prompts.append(r.prompt_token_ids)
+                outs.append(r.output_token_ids + r.spec_token_ids[:j])
+                stops.append(stop_ids(r))
+        x, _ = run_chain(sampler.chain, logits[rows], BatchState(params, prompts, outs, stops))
+        local = 0
+        for i in spec:
+            r, n = reqs[i], num_rows[i]
+            draft = r.spec_token_ids[:n - 1]
+            q_all = self._probs.pop(r.request_id, None)
+            xi = x[local:local + n]
+            local += n
+            if r.sampling_params.is_greedy:
+                tokens[i] = greedy_accept(xi.argmax(dim=-1).tolist(), draft)
+            else:
+                p = torch.softmax(xi, dim=-1)
+                d = torch.tensor([draft], dtype=torch.long)
+                q = point_mass(d, p.shape[-1]) if q_all is None else q_all[:n - 1].unsqueeze(0)
+                u, e = draw_randomness([generators[i]], n - 1, p.shape[-1])
+                num_acc, tok = rejection_sample(p.unsqueeze(0), q, d, u, e)
+                tokens[i] = draft[:int(num_acc[0])] + [int(tok[0])]
+            accepted = len(tokens[i]) - 1
+            self.stats.record(n - 1, accepted)
+            d0, a0, s0 = r.extra.get("spec_decode", (0, 0, 0))
+            r.extra["spec_decode"] = (d0 + n - 1, a0 + accepted, s0 + 1)
+        want = [(i, j) for i in spec if reqs[i].sampling_params.logprobs is not None for j in range(len(tokens[i]))]
+        if want:
+            got = token_logprobs(logits[[starts[i] + j for i, j in want]],
+                                 torch.tensor([tokens[i][j] for i, j in want], dtype=torch.long),
+                                 [reqs[i].sampling_params.logprobs or 0 for i, _ in want])
+            for (i, _), lp in zip(want, got, strict=True):
+                lps[i].append(lp)
+        for i in spec:
+            if not lps[i]:
+                lps[i] = [None] * len(tokens[i])
