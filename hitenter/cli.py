@@ -27,6 +27,8 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     for flag, typ, help_ in ENGINE_FLAGS:
         p.add_argument(flag, type=typ, default=None, help=help_)
     p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false", default=True)
+    p.add_argument("--no-batch-invariant", dest="batch_invariant", action="store_false", default=True,
+                   help="drop the row padding that makes results bitwise batch invariant (faster lone decode)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
 
 
@@ -35,6 +37,7 @@ def _engine_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     kw = {k: v for k, v in kw.items() if v is not None}
     kw["enable_prefix_caching"] = a.enable_prefix_caching
     kw["dtype"] = a.dtype
+    kw["batch_invariant"] = a.batch_invariant
     return kw
 
 

@@ -34,6 +34,14 @@ def test_run_chat_template_default(tiny_llama_path):
     assert r.returncode == 0, r.stderr
 
 
+def test_engine_flags_reach_the_engine(tiny_llama_path):
+    r = _cli("run", "--raw", "hello", "--model", str(tiny_llama_path), "--max-tokens", "4", "--no-batch-invariant",
+             "--block-size", "8", "--max-model-len", "64", "--speculative-method", "ngram")
+    assert r.returncode == 0, r.stderr
+    r = _cli("run", "--raw", "x" * 80, "--model", str(tiny_llama_path), "--max-model-len", "64", "--max-tokens", "4")
+    assert r.returncode == 2 and "64" in r.stderr
+
+
 def test_bad_inputs_are_clear_errors(tiny_llama_path, tmp_path):
     r = _cli("pull", "no-such-model")
     assert r.returncode == 2 and "smollm2-135m-instruct" in r.stderr and "Traceback" not in r.stderr

@@ -21,7 +21,7 @@ DEFAULT_BATCH_INVARIANT = True
 ENGINE_OPTIONS = ("kv_cache_memory", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
                   "enable_prefix_caching", "max_queued_requests", "dtype", "num_threads",
                   "speculative_model", "speculative_method", "num_speculative_tokens",
-                  "tensor_parallel_size")
+                  "tensor_parallel_size", "batch_invariant")
 
 
 @dataclass
