@@ -50,6 +50,17 @@ class ServerMetrics:
                                registry=r)
         self.aborted = Counter("hitenter:aborted_requests", "Requests aborted (client gone or error).", labels,
                                registry=r)
+        # engine-wide totals read at scrape time (gauges: they are set from the engine's own counters)
+        self.prefix_hit_rate = Gauge("hitenter:prefix_cache_hit_rate", "Prompt tokens served from the prefix cache "
+                                     "/ prompt tokens looked up, 0..1.", labels, registry=r)
+        self.spec_draft = Gauge("hitenter:spec_decode_num_draft_tokens", "Tokens drafted by the speculative "
+                                "proposer so far.", labels, registry=r)
+        self.spec_accepted = Gauge("hitenter:spec_decode_num_accepted_tokens", "Drafted tokens the target "
+                                   "accepted so far.", labels, registry=r)
+        self.spec_rate = Gauge("hitenter:spec_decode_acceptance_rate", "Accepted / drafted tokens, 0..1.", labels,
+                               registry=r)
+        self.spec_len = Gauge("hitenter:spec_decode_mean_accepted_length", "Accepted drafts per verification "
+                              "pass.", labels, registry=r)
         for name in model_names:     # every series exists (at 0) from the start
             for metric in (self.prompt_tokens, self.generation_tokens, self.cached_tokens, self.preemptions,
                            self.aborted, self.running, self.waiting, self.kv_usage):
@@ -91,8 +102,16 @@ class ServerMetrics:
         """Read the gauges under each engine's lock (call from a worker thread) and render the text format."""
         for m, engine in engines.items():
             e = engine.engine
-            running, waiting, usage = engine.run_locked(
-                lambda e=e: (e.scheduler.num_running, e.scheduler.num_waiting, float(e.kv_manager.usage)))
+            running, waiting, usage, hit_rate = engine.run_locked(
+                lambda e=e: (e.scheduler.num_running, e.scheduler.num_waiting, float(e.kv_manager.usage),
+                             float(e.kv_manager.prefix_cache_stats.hit_rate)))
+            self.prefix_hit_rate.labels(m).set(hit_rate)
+            spec = getattr(e, "spec_decode", None)
+            if spec is not None:
+                self.spec_draft.labels(m).set(spec.num_draft_tokens)
+                self.spec_accepted.labels(m).set(spec.num_accepted_tokens)
+                self.spec_rate.labels(m).set(spec.acceptance_rate)
+                self.spec_len.labels(m).set(spec.mean_accepted_length)
             self.running.labels(m).set(running)
             self.waiting.labels(m).set(waiting)
             self.kv_usage.labels(m).set(usage)
