@@ -232,3 +232,13 @@ def test_qwen_coder_draft_pair_identical():
     llm = LLM(str(target), max_model_len=512, speculative_model=str(draft), num_speculative_tokens=4)
     assert _sig(llm.chat(msgs, sp)[0]) == _sig(ref)
     assert llm.engine.spec_decode is not None and llm.engine.spec_decode.acceptance_rate > 0.3
+
+
+def test_event_stream_reports_every_accepted_token(tiny_qwen2_path):
+    llm = LLM(str(tiny_qwen2_path), speculative_method="ngram", num_speculative_tokens=3)
+    events = []
+    llm.engine.subscribe(events.append)
+    out = llm.generate([[5, 6, 7, 8] * 6], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0]
+    per_step = [w.tokens for ev in events for w in ev.work if w.tokens]
+    assert [t for toks in per_step for t in toks] == out.token_ids
+    assert all(toks[0] == w.sampled for ev in events for w in ev.work if (toks := w.tokens))

@@ -19,7 +19,8 @@ class ScheduledWork:
     start: int          # first position computed this step
     num_tokens: int     # tokens computed this step
     kind: str           # "prefill" (catching up on a prompt, maybe a chunk) or "decode"
-    sampled: int | None = None   # token id sampled this step, if the request caught up
+    sampled: int | None = None   # first token id this step produced, if the request caught up
+    tokens: list[int] = field(default_factory=list)   # every token it produced (several when speculating)
 
 
 @dataclass

@@ -285,7 +285,7 @@ class LLMEngine:
             kind = "decode" if sr.num_computed_tokens >= r.num_prompt_tokens else "prefill"
             tok = new_tokens.get(r.request_id)
             work.append(ScheduledWork(r.request_id, sr.num_computed_tokens, sr.num_new_tokens, kind,
-                                      tok[0] if tok else None))
+                                      tok[0] if tok else None, list(tok or ())))
         self.events.publish(EngineEvent(
             step_id=sched.step_id, t_start=t0, t_end=time.perf_counter(), t_model=ran.t_model, work=work,
             kv_events=kv_events, finished=finished, preempted=[r.request_id for r in sched.preempted],
