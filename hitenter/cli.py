@@ -19,6 +19,8 @@ ENGINE_FLAGS = [
     ("--speculative-method", str, "'ngram' (prompt lookup, no draft model) or 'draft_model'"),
     ("--num-speculative-tokens", int, "tokens drafted per step when speculating (default 4)"),
     ("--tensor-parallel-size", int, "processes to shard every layer across (torch.distributed; default 1)"),
+    ("--quantization", str, "weights kept in memory as none (fp32/bf16, default), int8 or int4 (hitenter/quant)"),
+    ("--disaggregate", str, "'prefill=1,decode=1': prompts prefilled in a separate worker process (default off)"),
 ]
 
 

@@ -19,7 +19,8 @@ class LLM:
     ``LLM()`` loads the default model (pulled when missing); ``LLM("path/to/model.gguf")``,
     ``LLM("hf:owner/repo/file.gguf")`` and known names work too. Keyword arguments are the
     engine's limits: kv_cache_memory, max_model_len, max_num_seqs, max_num_batched_tokens,
-    block_size, enable_prefix_caching, dtype, num_threads.
+    block_size, enable_prefix_caching, dtype, num_threads, tensor_parallel_size,
+    disaggregate ("prefill=1,decode=1": prompts prefilled in a worker process, hitenter/distributed/disagg.py).
     """
 
     def __init__(self, model: str | None = None, **engine_options: Any) -> None:
@@ -28,7 +29,7 @@ class LLM:
         self.model_config = self.engine.model_config
 
     def close(self) -> None:
-        """Release what the engine holds outside this process (tensor-parallel workers); idempotent.
+        """Release what the engine holds outside this process (tensor-parallel / prefill workers); idempotent.
         Also run when the runner is garbage collected and at interpreter exit."""
         close = getattr(self.engine.runner, "close", None)
         if close is not None:

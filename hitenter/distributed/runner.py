@@ -61,10 +61,10 @@ class _Workers:
         self.healthy = True
         self.closed = False
 
-    def start(self, rank: int, args: dict[str, Any]) -> None:
+    def start(self, rank: int, args: dict[str, Any], module: str = "hitenter.distributed.worker") -> None:
         root = str(Path(__file__).resolve().parents[2])      # hitenter importable even when not installed
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        p = subprocess.Popen([sys.executable, "-m", "hitenter.distributed.worker"], stdin=subprocess.PIPE,
+        p = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE,
                              pass_fds=(self.wfd,), env=env)
         self.procs.append(p)
         assert p.stdin is not None
@@ -92,13 +92,17 @@ class _Workers:
         return [f"rank {i + 1} (pid {p.pid}, exit code {p.returncode})" for i, p in enumerate(self.procs)
                 if p.poll() is not None]
 
+    def send_stop(self) -> None:
+        """Tell healthy workers to leave their loop (disaggregated prefill workers get another message)."""
+        broadcast_object(("stop",))
+
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
         if self.healthy and dist.is_initialized() and not self.dead():
             try:
-                broadcast_object(("stop",))
+                self.send_stop()
             except Exception:
                 pass
         deadline = time.monotonic() + 5
@@ -257,7 +261,8 @@ def load_rank0(path: str, dtype: torch.dtype, tp_size: int,
     return model, cfg
 
 
-def _wait_ready(workers: _Workers, n: int) -> None:
+def _wait_ready(workers: _Workers, n: int, what: str = "tensor-parallel worker",
+                error: type[RuntimeError] = TensorParallelError) -> None:
     ready: set[int] = set()
     deadline = time.monotonic() + LOAD_TIMEOUT_S
     while len(ready) < n:
@@ -265,10 +270,10 @@ def _wait_ready(workers: _Workers, n: int) -> None:
         if item is None:
             dead = workers.dead()
             if dead:
-                raise TensorParallelError(f"tensor-parallel worker died while loading: {', '.join(dead)}") from None
+                raise error(f"{what} died while loading: {', '.join(dead)}") from None
             if time.monotonic() > deadline:
-                raise TensorParallelError(f"tensor-parallel workers not ready after {LOAD_TIMEOUT_S:.0f} s") from None
+                raise error(f"{what}s not ready after {LOAD_TIMEOUT_S:.0f} s") from None
             continue
         if item[0] == "error":
-            raise TensorParallelError(f"tensor-parallel worker rank {item[1]} failed to load:\n{item[2]}")
+            raise error(f"{what} rank {item[1]} failed to load:\n{item[2]}")
         ready.add(item[1])

@@ -21,7 +21,7 @@ DEFAULT_BATCH_INVARIANT = True
 ENGINE_OPTIONS = ("kv_cache_memory", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
                   "enable_prefix_caching", "max_queued_requests", "dtype", "num_threads",
                   "speculative_model", "speculative_method", "num_speculative_tokens",
-                  "tensor_parallel_size", "batch_invariant")
+                  "tensor_parallel_size", "batch_invariant", "disaggregate", "quantization")
 
 
 @dataclass
@@ -39,6 +39,7 @@ class EngineParts:
     max_model_len: int
     num_blocks: int
     spec: SpecDecoder | None = None      # speculative decoding, when asked for
+    disagg: Any = None                   # disaggregated prefill's PrefillClient, when asked for
 
 
 def total_ram_bytes() -> int:
@@ -77,9 +78,16 @@ def build_engine_parts(model: str | None = None, **kwargs: Any) -> EngineParts:
     if kwargs.get("num_threads"):
         torch.set_num_threads(int(kwargs["num_threads"]))
     tp_size = int(kwargs.get("tensor_parallel_size") or 1)
+    if kwargs.get("disaggregate"):   # checked before anything loads (hitenter/distributed/disagg.py)
+        from hitenter.distributed.disagg import check_options, launch_runner
+
+        check_options(str(kwargs["disaggregate"]), model, kwargs)
     if tp_size > 1:   # tensor parallel: this process is rank 0 and loads only its shard (hitenter/distributed)
         from hitenter.distributed.runner import load_rank0
     dtype = _dtype(kwargs.get("dtype") or "float32")
+    quant = kwargs.get("quantization") or "none"   # weights kept int8 / int4 in memory (hitenter/quant)
+    if quant != "none" and tp_size > 1:
+        raise ValueError("quantization: quantized weights with tensor_parallel_size > 1 are not supported yet")
     if model is not None and model.startswith("trigram"):
         # the playground's toy model: counts of (t-2, t-1) -> t over a bundled corpus, run by this same engine
         from hitenter.models.trigram import load_trigram
@@ -88,7 +96,7 @@ def build_engine_parts(model: str | None = None, **kwargs: Any) -> EngineParts:
         path = model
     else:
         path = str(resolve_model(model))
-        net, mcfg = (load_model(path, dtype=dtype) if tp_size == 1
+        net, mcfg = (load_model(path, dtype=dtype, quantization=quant) if tp_size == 1
                      else load_rank0(path, dtype, tp_size, kwargs.get("num_threads")))
         tokenizer = Tokenizer.from_gguf(path)
 
@@ -134,7 +142,10 @@ def build_engine_parts(model: str | None = None, **kwargs: Any) -> EngineParts:
             raise ValueError("tensor_parallel_size: only llama / qwen2 GGUF models can be sharded")
         runner = DistributedModelRunner.launch(net, dtype, num_blocks, cache_cfg.block_size, net.batch_invariant)
         net, kv_caches = runner.model, runner.kv_caches
+    if kwargs.get("disaggregate"):   # a prefill worker process computes prompts' KV; this process decodes
+        runner = launch_runner(str(kwargs["disaggregate"]), path, dtype, mcfg, net, kv_caches, cache_cfg.block_size,
+                               max_model_len, sched_cfg.max_num_batched_tokens, kwargs.get("num_threads"))
     spec = build_spec_decoder(kwargs, tokenizer, mcfg.vocab_size, max_model_len, num_blocks, cache_cfg.block_size,
                               dtype)
     return EngineParts(path, mcfg, tokenizer, net, runner, kv_manager, scheduler, Sampler(),
-                       cache_cfg, sched_cfg, max_model_len, num_blocks, spec)
+                       cache_cfg, sched_cfg, max_model_len, num_blocks, spec, getattr(runner, "disagg", None))

@@ -73,6 +73,7 @@ class LLMEngine:
         self.max_model_len = parts.max_model_len
         self.spec = parts.spec
         self.spec_decode: SpecDecodeStats | None = parts.spec.stats if parts.spec is not None else None
+        self.disagg = parts.disagg          # disaggregated prefill's client (hitenter/distributed/disagg.py)
         self.events = EventBus()
         self.step_counter = 0
         self._groups: dict[str, _Group] = {}
@@ -129,10 +130,19 @@ class LLMEngine:
             detok = IncrementalDetokenizer(self.tokenizer.token_bytes, self.tokenizer.is_special, params)
             seq = _Seq(req, group, j, detok, gen, logprobs=[] if params.logprobs is not None else None)
             group.seqs.append(seq)
+        remote = self.disagg is not None and len(prompt_ids) > 1   # the prefill worker computes prompt[:-1]
+        if remote:
+            self.disagg.check()
         for seq in group.seqs:    # add all or nothing: QueueFullError leaves no trace
-            self.scheduler.add_request(seq.request)
+            self.scheduler.add_request(seq.request, remote=remote)
             self._seqs[seq.request.request_id] = seq
         self._groups[request_id] = group
+        if remote:
+            try:
+                self.disagg.submit([s.request for s in group.seqs])
+            except BaseException:
+                self.abort(request_id)
+                raise
         return request_id
 
     def abort(self, request_id: str) -> None:
@@ -145,6 +155,8 @@ class LLMEngine:
                 self.scheduler.finish_request(seq.request.request_id, RequestStatus.FINISHED_ABORTED)
             self._seqs.pop(seq.request.request_id, None)
             self.trace_requests.discard(seq.request.request_id)
+            if self.disagg is not None:
+                self.disagg.discard(seq.request.request_id)
             if self.spec is not None:
                 self.spec.release(seq.request.request_id)
 
@@ -154,6 +166,8 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
+        if self.disagg is not None:   # prompts whose KV arrived become schedulable; raises if the worker failed
+            self.disagg.poll(self.scheduler)
         if self.spec is not None:
             self.spec.propose(self.scheduler.running, {rid: s.generator for rid, s in self._seqs.items()},
                               self.sampler)
@@ -270,6 +284,8 @@ class LLMEngine:
         extra = {}
         if self.spec is not None:
             extra["spec_decode"] = spec_request_stats([s.request for s in g.seqs])
+        if "disaggregated" in g.seqs[0].request.extra:   # prefill worker timings (prefill, transfer)
+            extra["disaggregated"] = g.seqs[0].request.extra["disaggregated"]
         return RequestOutput(g.request_id, g.prompt, g.prompt_token_ids, comps, g.finished,
                              max(s.request.num_cached_tokens for s in g.seqs), snap, extra)
 

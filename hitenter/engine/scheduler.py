@@ -24,6 +24,10 @@ Contracts:
   the token budget are dropped, and drafts are dropped before anyone is preempted for blocks.
   ``update`` takes the ``1 + accepted`` tokens of a speculating request, rolls
   ``num_computed_tokens`` back over the rejected drafts and releases the blocks they needed.
+- Disaggregated prefill: ``add_request(req, remote=True)`` parks a request as WAITING_FOR_REMOTE_KV
+  (not schedulable, holds no blocks); ``remote_kv_ready(id, n)`` queues it once the KV of its first
+  ``n`` tokens has arrived, and its admission counts those ``n`` as computed (allocating their blocks;
+  the runner copies the KV in), like a prefix hit.
 - ``SchedulerOutput.kv_events`` holds every KV event since the previous ``schedule()`` returned
   (the previous step's cache/free events, then this call's), so each event appears exactly once.
 """
@@ -85,31 +89,44 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []        # oldest first
         self.requests: dict[str, Request] = {}  # live (unfinished) requests
+        self.remote: dict[str, Request] = {}    # waiting for remote KV (disaggregated prefill)
+        self._remote_tokens: dict[str, int] = {}   # queued, with this many tokens' KV arrived
         self._step_id = 0
         self._num_preemptions = 0
         self._events: list[KVEvent] = []
         kv_manager.subscribe(self._events.append)
 
     # ---- queue ------------------------------------------------------------------------------------------
-    def add_request(self, request: Request) -> None:
-        """Queue a request (status WAITING). Raises QueueFullError, ContextOverflowError, ValueError."""
+    def add_request(self, request: Request, remote: bool = False) -> None:
+        """Queue a request (status WAITING; WAITING_FOR_REMOTE_KV when ``remote``).
+        Raises QueueFullError, ContextOverflowError, ValueError."""
         if request.request_id in self.requests:
             raise ValueError(f"request_id: {request.request_id!r} is already scheduled")
         limit = self.config.max_queued_requests
-        if limit is not None and len(self.waiting) >= limit:
+        if limit is not None and self.num_waiting >= limit:
             raise QueueFullError(f"the waiting queue is full ({limit} requests); retry later")
         n_ctx = min(self.config.max_model_len, self.kv.num_blocks * self.kv.block_size)
         if request.num_prompt_tokens + request.max_tokens > n_ctx:
             raise ContextOverflowError(request.num_prompt_tokens, n_ctx, request.max_tokens)
-        request.status = RequestStatus.WAITING
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KV if remote else RequestStatus.WAITING
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        if remote:
+            self.remote[request.request_id] = request
+        else:
+            self.waiting.append(request)
+
+    def remote_kv_ready(self, request_id: str, num_tokens: int) -> None:
+        """The KV of the request's first ``num_tokens`` tokens arrived: queue it (FCFS from now)."""
+        req = self.remote.pop(request_id)
+        req.status = RequestStatus.WAITING
+        self._remote_tokens[request_id] = num_tokens
+        self.waiting.append(req)
 
     def get_request(self, request_id: str) -> Request | None:
         return self.requests.get(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.remote)
 
     @property
     def num_running(self) -> int:
@@ -117,12 +134,12 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.remote)
 
     @property
     def stats(self) -> SchedulerStats:
         pc = self.kv.prefix_cache_stats
-        return SchedulerStats(len(self.running), len(self.waiting), self._step_id, self._num_preemptions,
+        return SchedulerStats(len(self.running), self.num_waiting, self._step_id, self._num_preemptions,
                               self.kv.usage, self.kv.num_free_blocks, pc.queries, pc.hits, pc.hit_rate)
 
     # ---- the step -----------------------------------------------------------------------------------------
@@ -162,14 +179,18 @@ class Scheduler:
                and len(self.running) < self.config.max_num_seqs):
             req = self.waiting[0]
             hits, num_hit = self.kv.get_computed_blocks(req)
+            remote = self._remote_tokens.get(req.request_id, 0)
+            if remote:    # disaggregated prefill: blocks for the arrived KV, filled by the runner
+                hits, num_hit = [], remote
             n = min(req.num_tokens - num_hit, budget)
-            if self.kv.allocate_slots(req, n, hits) is None:
+            if self.kv.allocate_slots(req, n + remote, hits) is None:
                 break   # stays at the head: FCFS, no bypass
             self.waiting.popleft()
+            self._remote_tokens.pop(req.request_id, None)
             first = req.metrics.first_scheduled_time is None
             if first:
                 req.metrics.first_scheduled_time = time.monotonic()
-                req.num_cached_tokens = min(num_hit, req.num_prompt_tokens)
+                req.num_cached_tokens = min(len(hits) * self.kv.block_size, req.num_prompt_tokens)
             req.num_computed_tokens = num_hit
             req.status = RequestStatus.RUNNING
             self.running.append(req)
@@ -224,9 +245,10 @@ class Scheduler:
         req = self.requests.pop(request_id, None)
         if req is None:
             return
+        self._remote_tokens.pop(request_id, None)
         if req in self.running:
             self.running.remove(req)
-        else:
+        elif self.remote.pop(request_id, None) is None:
             try:
                 self.waiting.remove(req)
             except ValueError:

@@ -19,7 +19,7 @@ Contracts:
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -27,6 +27,7 @@ from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
 from hitenter.models.attention import AttentionMetadata, paged_attention, write_kv
+from hitenter.quant import Int8Embedding, Int8Linear, cat_rows, quant_linear, weight_bytes
 
 ROW_MULTIPLE = 8
 
@@ -102,6 +103,11 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+def make_linear(weight: torch.Tensor | Any, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Module:
+    """A module chosen by the weight's layout: fp32/bf16 tensors -> Linear, quantized -> hitenter/quant."""
+    return Linear(weight, bias, dtype) if isinstance(weight, torch.Tensor) else quant_linear(weight, bias, dtype)
+
+
 class RMSNorm(nn.Module):
     """HF LlamaRMSNorm order: x * rsqrt(mean(x^2) + eps), then * weight (fp32 math)."""
 
@@ -156,10 +162,10 @@ class DecoderLayer(nn.Module):
         d = cfg.head_dim
         q0, self.num_heads, kv0, self.num_kv_heads, f0, f = tp_shard(cfg, tp)
 
-        def rows(name: str, start: int, n: int) -> torch.Tensor:   # this rank's output rows (whole when tp=None)
+        def rows(name: str, start: int, n: int) -> Any:   # this rank's output rows (whole when tp=None)
             return w[p + name].narrow(0, start, n)
 
-        qkv_w = torch.cat([rows("attn_q.weight", q0 * d, self.num_heads * d),
+        qkv_w = cat_rows([rows("attn_q.weight", q0 * d, self.num_heads * d),
                            rows("attn_k.weight", kv0 * d, self.num_kv_heads * d),
                            rows("attn_v.weight", kv0 * d, self.num_kv_heads * d)])
         qkv_b = None
@@ -167,10 +173,11 @@ class DecoderLayer(nn.Module):
             qkv_b = torch.cat([rows("attn_q.bias", q0 * d, self.num_heads * d),
                                rows("attn_k.bias", kv0 * d, self.num_kv_heads * d),
                                rows("attn_v.bias", kv0 * d, self.num_kv_heads * d)])
-        self.qkv = Linear(qkv_w, qkv_b, dtype)                                   # column-parallel
-        self.o_proj = Linear(w[p + "attn_output.weight"].narrow(1, q0 * d, self.num_heads * d), None, dtype)
-        self.gate_up = Linear(torch.cat([rows("ffn_gate.weight", f0, f), rows("ffn_up.weight", f0, f)]), None, dtype)
-        self.down = Linear(w[p + "ffn_down.weight"].narrow(1, f0, f), None, dtype)  # row-parallel
+        self.qkv = make_linear(qkv_w, qkv_b, dtype)                              # column-parallel
+        self.o_proj = make_linear(w[p + "attn_output.weight"].narrow(1, q0 * d, self.num_heads * d), None, dtype)
+        self.gate_up = make_linear(cat_rows([rows("ffn_gate.weight", f0, f), rows("ffn_up.weight", f0, f)]), None,
+                                   dtype)
+        self.down = make_linear(w[p + "ffn_down.weight"].narrow(1, f0, f), None, dtype)  # row-parallel
         self.q_size = self.num_heads * d
         self.kv_size = self.num_kv_heads * d
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
@@ -206,14 +213,25 @@ class LlamaModel(nn.Module):
         self.config = cfg
         self.dtype = dtype
         self.tp = tp
-        if tp is None:
+        self.head: nn.Module | None = None   # a quantized LM head (then lm_head is None)
+        if not isinstance(w["token_embd.weight"], torch.Tensor):   # quantized (hitenter/quant); tp is None
+            head_w = w["token_embd.weight"] if cfg.tie_word_embeddings else w["output.weight"]
+            self.head = quant_linear(head_w, None, dtype)
+            emb = self.head if cfg.tie_word_embeddings else quant_linear(w["token_embd.weight"], None, dtype)
+            if not isinstance(emb, Int8Linear):
+                raise ValueError("the quantized embedding must use the int8 layout")
+            self.embed: nn.Module = Int8Embedding(emb, dtype)
+            self.emb_table = None if cfg.tie_word_embeddings else emb   # keeps an untied table's buffers counted
+        elif tp is None:
             self.embed = nn.Embedding.from_pretrained(w["token_embd.weight"].to(dtype), freeze=True)
         else:   # vocab-parallel: this rank's rows; looks up its own ids and all-reduces
             self.embed = tp.vocab_embedding(w["token_embd.weight"], dtype)
         self.layers = nn.ModuleList(DecoderLayer(cfg, w, i, dtype, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(w["output_norm.weight"], cfg.rms_norm_eps, dtype)
         head = w["token_embd.weight"] if cfg.tie_word_embeddings else w["output.weight"]
-        if cfg.tie_word_embeddings:
+        if self.head is not None:
+            self.lm_head = None
+        elif cfg.tie_word_embeddings:
             self.lm_head = self.embed.weight
         else:
             self.lm_head = _param(head, dtype) if tp is None else tp.vocab_shard(head, dtype)
@@ -240,5 +258,10 @@ class LlamaModel(nn.Module):
         """fp32 logits `[N, V]` for hidden `[N, H]` (row-padded GEMM, batch invariant)."""
         n = hidden.shape[0]
         pad = pad_rows if self.batch_invariant else _no_pad
-        logits = F.linear(pad(hidden.to(self.dtype)), self.lm_head)[:n].float()
+        x = pad(hidden.to(self.dtype))
+        logits = (F.linear(x, self.lm_head) if self.head is None else self.head(x))[:n].float()
         return logits if self.tp is None else self.tp.gather_logits(logits)
+
+    def weight_bytes(self) -> int:
+        """Resident bytes of the weights (each storage counted once; the tied head shares the embedding's)."""
+        return weight_bytes(self)

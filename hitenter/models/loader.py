@@ -1,12 +1,17 @@
 """load_model(path) -> (model, config): GGUF file -> LlamaModel with fp32 (or `dtype`) weights.
 
+`quantization="int8" | "int4"` keeps the projection weights (and embedding / head) quantized in memory
+instead (hitenter/quant: converted from the GGUF's blocks at load); the resident weight bytes are logged.
+
 Every failure (missing/not GGUF/truncated file, unsupported architecture or tensor type, missing or
 misshapen tensor) raises ModelLoadError with a message naming the problem.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from typing import Any
 
 import torch
 
@@ -14,6 +19,9 @@ from hitenter.config import ModelConfig
 from hitenter.errors import ModelLoadError
 from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
 from hitenter.models.llama import LlamaModel, TensorParallel, unpermute_qk
+from hitenter.quant.weights import QUANTIZATIONS, quantize_weights
+
+log = logging.getLogger("hitenter.loader")
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -41,20 +49,36 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32,
-               tp: TensorParallel | None = None) -> tuple[LlamaModel, ModelConfig]:
+               tp: TensorParallel | None = None, quantization: str = "none") -> tuple[LlamaModel, ModelConfig]:
     """Load a llama / qwen2 GGUF into an eval-mode LlamaModel. Raises ModelLoadError on any problem.
 
-    With `tp` (a tensor-parallel group, see hitenter/distributed) the model holds only this rank's shard."""
+    With `tp` (a tensor-parallel group, see hitenter/distributed) the model holds only this rank's shard.
+    `quantization`: "none" (weights in `dtype`), "int8" or "int4" (see hitenter/quant)."""
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ModelLoadError(f"unsupported dtype {dtype}; use torch.float32, torch.bfloat16 or torch.float16")
-    cfg, weights = load_weights(path)
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization: must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
+    if quantization != "none" and tp is not None:
+        raise ValueError("quantization: quantized weights with tensor parallelism are not supported yet")
+    cfg, weights = load_weights(path, quantization)
     model = LlamaModel(cfg, weights, dtype, tp)
     model.eval()
+    log.info("loaded %s: %s weights, %.1f MB resident", os.fspath(path),
+             dtype if quantization == "none" else quantization, model.weight_bytes() / 1e6)
     return model, cfg
 
 
-def load_weights(path: str | os.PathLike[str]) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """The config and the full dequantized fp32 tensors (llama Q/K un-permuted), checked against the config."""
+def _unpermute(w: Any, n_head: int) -> Any:
+    if isinstance(w, torch.Tensor):
+        return unpermute_qk(w, n_head)
+    return w.index_rows(unpermute_qk(torch.arange(w.shape[0]), n_head))   # a quantized layout: same row order
+
+
+def load_weights(path: str | os.PathLike[str], quantization: str = "none") -> tuple[ModelConfig, dict[str, Any]]:
+    """The config and the full dequantized fp32 tensors (llama Q/K un-permuted), checked against the config.
+
+    With quantization "int8" / "int4" the projection weights and embedding / head are quantized layouts
+    (hitenter/quant/weights.py) instead of fp32 tensors."""
     reader = open_gguf(path)
     meta = read_gguf_metadata(reader)
     names = {t.name for t in reader.tensors}
@@ -68,8 +92,9 @@ def load_weights(path: str | os.PathLike[str]) -> tuple[ModelConfig, dict[str, t
     for name, shape in shapes.items():
         if tuple(weights[name].shape) != shape:
             raise ModelLoadError(f"{path}: tensor {name!r} has shape {tuple(weights[name].shape)}, expected {shape}")
+    out: dict[str, Any] = quantize_weights(reader, dict(weights), quantization)
     if cfg.architecture == "llama":
         for i in range(cfg.num_layers):
-            weights[f"blk.{i}.attn_q.weight"] = unpermute_qk(weights[f"blk.{i}.attn_q.weight"], cfg.num_heads)
-            weights[f"blk.{i}.attn_k.weight"] = unpermute_qk(weights[f"blk.{i}.attn_k.weight"], cfg.num_kv_heads)
-    return cfg, weights
+            out[f"blk.{i}.attn_q.weight"] = _unpermute(out[f"blk.{i}.attn_q.weight"], cfg.num_heads)
+            out[f"blk.{i}.attn_k.weight"] = _unpermute(out[f"blk.{i}.attn_k.weight"], cfg.num_kv_heads)
+    return cfg, out
