@@ -17,9 +17,6 @@ requests in flight); a watchdog exits when rank 0 (the parent) is gone.
 
 from __future__ import annotations
 
-import os
-import pickle
-import sys
 import threading
 import time
 import traceback
@@ -28,7 +25,7 @@ from typing import Any
 import torch
 from torch import distributed as dist
 
-from hitenter.distributed.worker import WORKER_TIMEOUT, ControlPipe, _watch_parent
+from hitenter.distributed.worker import WORKER_TIMEOUT, _watch_parent, run_worker, serving
 
 HEADER_TAG = 0
 IDS_TAG = 1
@@ -77,7 +74,7 @@ def prefill_worker_main(rank: int, port: int, path: str, dtype: torch.dtype, num
         ctrl.put(("error", rank, traceback.format_exc()))
         return
     ctrl.put(("ready", rank))
-    try:
+    with serving(ctrl, rank):
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                                 timeout=WORKER_TIMEOUT)
         while True:
@@ -94,21 +91,10 @@ def prefill_worker_main(rank: int, port: int, path: str, dtype: torch.dtype, num
             dist.send(kv, 0, tag=kv_tag(job))
             t2 = time.perf_counter()
             dist.send(torch.tensor([t1 - t0, t2 - t1], dtype=torch.float64), 0, tag=timing_tag(job))
-    except BaseException:
-        try:
-            ctrl.put(("error", rank, traceback.format_exc()))
-        except Exception:
-            pass
-        os._exit(2)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def main() -> None:
-    args = pickle.load(sys.stdin.buffer)
-    ctrl = ControlPipe(args.pop("ctrl_fd"))
-    prefill_worker_main(ctrl=ctrl, parent_pid=os.getppid(), **args)
+    run_worker(prefill_worker_main)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -54,6 +56,30 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(3)
 
 
+@contextmanager
+def serving(ctrl: ControlPipe, rank: int) -> Iterator[None]:
+    """A worker's serving phase: any failure is reported on the control pipe and ends the process at once
+    (os._exit: nothing may wait on a collective whose peers are gone); the process group is always left."""
+    try:
+        yield
+    except BaseException:
+        try:
+            ctrl.put(("error", rank, traceback.format_exc()))
+        except Exception:
+            pass
+        os._exit(2)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_worker(entry: Callable[..., None]) -> None:
+    """A worker module's entry point: its arguments come pickled on stdin, the control pipe's fd among them."""
+    args = pickle.load(sys.stdin.buffer)
+    ctrl = ControlPipe(args.pop("ctrl_fd"))
+    entry(ctrl=ctrl, parent_pid=os.getppid(), **args)
+
+
 def worker_main(rank: int, size: int, port: int, path: str, dtype: torch.dtype, num_threads: int, ctrl: Any,
                 parent_pid: int) -> None:
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
@@ -69,7 +95,7 @@ def worker_main(rank: int, size: int, port: int, path: str, dtype: torch.dtype, 
         ctrl.put(("error", rank, traceback.format_exc()))
         return
     ctrl.put(("ready", rank))
-    try:
+    with serving(ctrl, rank):
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
                                 timeout=WORKER_TIMEOUT)
         _, num_blocks, block_size, model.batch_invariant = broadcast_object(None)   # ("init", ...)
@@ -85,21 +111,10 @@ def worker_main(rank: int, size: int, port: int, path: str, dtype: torch.dtype, 
                     break
                 else:
                     raise RuntimeError(f"unknown command {msg[0]!r}")
-    except BaseException:
-        try:
-            ctrl.put(("error", rank, traceback.format_exc()))
-        except Exception:
-            pass
-        os._exit(2)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def main() -> None:
-    args = pickle.load(sys.stdin.buffer)
-    ctrl = ControlPipe(args.pop("ctrl_fd"))
-    worker_main(ctrl=ctrl, parent_pid=os.getppid(), **args)
+    run_worker(worker_main)
 
 
 if __name__ == "__main__":
