@@ -252,7 +252,7 @@ class LLMEngine:
             if d.stop_string is not None:
                 stop = ("stop", d.stop_string)
         if stop is not None:
-            if stop[1] is None or not isinstance(stop[1], str):
+            if not isinstance(stop[1], str):     # a matched stop string already truncated the text
                 text += seq.detok.flush()
             status = RequestStatus.FINISHED_LENGTH if stop[0] == "length" else RequestStatus.FINISHED_STOPPED
             req.stop_reason = stop[1]
