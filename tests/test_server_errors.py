@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,13 @@ def test_400_context_overflow(server: LiveServer, engine: LLMEngine) -> None:
 
 def test_429_when_queue_full(tiny_llama_path: Path) -> None:
     busy = LLMEngine(str(tiny_llama_path), max_num_seqs=1)
+    real_step = busy.step
+
+    def slow_step():  # the tiny model could finish 200 tokens before the second request is queued
+        time.sleep(0.01)
+        return real_step()
+
+    busy.step = slow_step  # type: ignore[method-assign]
     with live_server(create_app(busy, max_queued_requests=1)) as srv:
         body = {"prompt": "Hello", "max_tokens": 200, "ignore_eos": True, "temperature": 0}
         first = httpx.Client(timeout=60)
