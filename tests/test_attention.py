@@ -14,7 +14,7 @@ H, KVH, D = 6, 2, 16
 
 def make_cache(num_blocks: int, block_size: int) -> torch.Tensor:
     # non-zero garbage in unused slots must not leak into results
-    return torch.randn(2, num_blocks, block_size, KVH, D)
+    return torch.randn(2, KVH, num_blocks, block_size, D)
 
 
 class Seqs:

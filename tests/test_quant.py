@@ -18,6 +18,7 @@ from hitenter.quant import (
     int4_from_float,
     int4_from_gguf_blocks,
     int8_from_float,
+    weight_bytes,
 )
 from hitenter.quant.evaluate import PROMPTS, english_text, greedy, perplexity
 
@@ -98,7 +99,9 @@ def test_tiny_model_quantized_matches_fp32(tiny_qwen2_path: Path, tiny_llama_pat
         a, b = _logits(ref, ids), _logits(qm, ids)
         # fp32 random weights requantized: int8 tracks closely, 4-bit (16 levels per group) less so
         assert torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1] > (0.995 if mode == "int8" else 0.97)
-        assert qm.weight_bytes() < 0.45 * ref.weight_bytes()
+        # the decoder layers shrink; the embedding / head keep their exact GGUF table (fp32 in these tiny models)
+        assert weight_bytes(qm.layers) < 0.45 * weight_bytes(ref.layers)
+        assert qm.weight_bytes() < ref.weight_bytes()
 
 
 def test_tiny_model_int4_from_q4_1_gguf(tmp_path: Path) -> None:
@@ -166,9 +169,7 @@ def test_smollm2_perplexity_within_2_percent(smollm2_path: Path, smol_ids: list[
 def test_smollm2_next_token_in_fp32_top3(smollm2_path: Path, mode: str) -> None:
     """The quantized model's greedy next token is one of the fp32 model's top 3 on every prompt.
 
-    (Exact greedy equality over long continuations is lower -- measured 3/10 int8, 1/10 int4 over 24
-    tokens, vs 6/10 for the plain bf16 model over 16 -- mostly from the bf16-rounded logits of the
-    quantized LM head: with an fp32 head int4 matched 9/10; see bench/quant.py.)"""
+    (Exact greedy equality over 24 tokens: see test_smollm2_int4_greedy_agrees_with_fp32.)"""
     from hitenter.tokenizer.bpe import Tokenizer
 
     tok = Tokenizer.from_gguf(smollm2_path)
@@ -179,3 +180,38 @@ def test_smollm2_next_token_in_fp32_top3(smollm2_path: Path, mode: str) -> None:
         top3 = _logits(ref, ids)[-1].topk(3).indices.tolist()
         assert int(_logits(qm, ids)[-1].argmax()) in top3, p
     assert greedy(qm, tok.encode(PROMPTS[0]), 2) == greedy(ref, tok.encode(PROMPTS[0]), 2)
+
+
+def test_smollm2_int4_greedy_agrees_with_fp32(smollm2_path: Path) -> None:
+    """int4 (the GGUF's exact Q4_1 weights, bf16 activations, rescored head) continues most prompts
+    exactly like the fp32 model over 24 greedy tokens (measured 6/10; int8, requantized per row, 3/10)."""
+    from hitenter.tokenizer.bpe import Tokenizer
+
+    tok = Tokenizer.from_gguf(smollm2_path)
+    ref, _ = load_model(smollm2_path)
+    qm, _ = load_model(smollm2_path, quantization="int4")
+    same = [greedy(qm, tok.encode(p), 24) == greedy(ref, tok.encode(p), 24) for p in PROMPTS]
+    assert sum(same) > len(same) / 2, same
+
+
+def test_rescored_head_gives_exact_logits_to_its_top_k() -> None:
+    """The top-k rows of each output row equal float64 dot products with the exact table; others stay coarse."""
+    from hitenter.quant import ExactRows, Int4Linear, RescoredHead
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(-127, 128, (300, 64), generator=g, dtype=torch.int8)
+    d = torch.rand(300, 2, generator=g) * 0.01
+    exact = ExactRows(q, d)
+    full = exact.rows(torch.arange(300), torch.float64)
+    head = RescoredHead(Int4Linear(int4_from_float(full.float())), exact, k=8)
+    x = torch.randn(5, 64, generator=g)
+    out = head(x)
+    ref = (x.double() @ full.t()).float()
+    coarse = head.coarse(x).float()
+    top = coarse.topk(8, dim=-1).indices
+    assert torch.equal(out.gather(1, top), ref.gather(1, top))
+    assert torch.equal(out.argmax(-1), ref.argmax(-1))
+    rest = torch.ones_like(out, dtype=torch.bool).scatter_(1, top, False)
+    assert torch.equal(out[rest], coarse[rest])
+    for m in range(1, 6):   # per row: batch invariant
+        assert torch.equal(head(x[:m]), out[:m])

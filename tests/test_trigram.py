@@ -71,7 +71,7 @@ def test_forward_reads_the_previous_token_through_the_block_table(trigram) -> No
     hidden = model(torch.tensor(ids), torch.arange(6), meta, caches)
     assert hidden.tolist() == [[model.end_id, ids[0]]] + [[ids[i - 1], ids[i]] for i in range(1, 6)]
     k = caches[0][0]
-    assert int(k[2, 1, 0, 0]) * 256 + int(k[2, 1, 0, 1]) == 40000   # position 5 -> block 2, offset 1
+    assert int(k[0, 2, 1, 0]) * 256 + int(k[0, 2, 1, 1]) == 40000   # position 5 -> block 2, offset 1
     # a decode step: only the new token is passed; the one before comes from the cache
     meta2 = AttentionMetadata([0, 1], [7], [table], torch.tensor([2 * 4 + 2]), 4)
     h2 = model(torch.tensor([7]), torch.tensor([6]), meta2, caches)

@@ -140,7 +140,7 @@ class PrefillClient:
         n = len(prompt_ids) - 1
         layers, bs, kvh, hd = self.kv_shape
         job = _Job(self._next_job, list(requests), n,
-                   torch.empty((layers, 2, -(-n // bs), bs, kvh, hd), dtype=self.dtype),
+                   torch.empty((layers, 2, kvh, -(-n // bs), bs, hd), dtype=self.dtype),
                    torch.zeros(2, dtype=torch.float64))
         self._next_job += 1
         header = torch.tensor([job.job_id, n], dtype=torch.long)
@@ -196,9 +196,9 @@ class PrefillClient:
             if staged is None:
                 continue
             kv, _n = staged
-            idx = torch.tensor(sr.block_ids[:kv.shape[2]], dtype=torch.long)
+            idx = torch.tensor(sr.block_ids[:kv.shape[3]], dtype=torch.long)
             for layer, cache in enumerate(kv_caches):
-                cache.index_copy_(1, idx, kv[layer])
+                cache.index_copy_(2, idx, kv[layer])
 
     def _abort_waiting(self, scheduler: Scheduler) -> None:
         for job in self.jobs:

@@ -43,7 +43,7 @@ def timing_tag(job: int) -> int:
 def prefill_kv(model: Any, ids: torch.Tensor, kv_caches: list[torch.Tensor], block_size: int,
                chunk: int) -> torch.Tensor:
     """KV of `ids` (positions 0..n-1) computed into scratch blocks 0..nb-1; returns them stacked
-    `[L, 2, nb, block_size, kv_heads, head_dim]` (a copy). Chunking does not change a row's bits."""
+    `[L, 2, kv_heads, nb, block_size, head_dim]` (a copy). Chunking does not change a row's bits."""
     from hitenter.models.attention import AttentionMetadata
 
     n = ids.numel()
@@ -54,7 +54,7 @@ def prefill_kv(model: Any, ids: torch.Tensor, kv_caches: list[torch.Tensor], blo
         pos = torch.arange(start, start + m, dtype=torch.long)
         meta = AttentionMetadata([0, m], [start + m], [table], pos.clone(), block_size)
         model(ids[start:start + m], pos, meta, kv_caches)
-    return torch.stack([kv[:, :nb] for kv in kv_caches])
+    return torch.stack([kv[:, :, :nb] for kv in kv_caches])
 
 
 def prefill_worker_main(rank: int, port: int, path: str, dtype: torch.dtype, num_threads: int, block_size: int,

@@ -1,23 +1,30 @@
 """Paged KV cache and batch-invariant causal attention over a flat batch of tokens.
 
-Layout: a layer's KV cache is `[2, num_blocks, block_size, num_kv_heads, head_dim]` (index 0 = K,
-1 = V); a token's slot is `block_id * block_size + offset`. A step processes T new tokens from S
-sequences, described by AttentionMetadata (passed explicitly, never a global).
+Layout: a layer's KV cache is `[2, num_kv_heads, num_blocks, block_size, head_dim]` (index 0 = K,
+1 = V); a token's slot is `block_id * block_size + offset`. Heads outermost, so gathering a
+sequence's blocks gives each head's keys as one contiguous `[L, head_dim]` matrix (no transposing
+copy before the GEMMs). A step processes T new tokens from S sequences, described by
+AttentionMetadata (passed explicitly, never a global).
 
-Batch invariance contract: `paged_attention`'s output rows for one sequence are bitwise identical
-whatever other sequences share the batch and however that sequence's prompt was split into chunks.
-It is achieved by computing each sequence alone with shapes that only change in ways that do not
-change a row's bits on torch CPU:
-  * query rows are padded to a multiple of 8 (GEMM rows, as for the linears);
-  * keys are zero-padded to a multiple of KEY_TILE and masked; Q.K^T only reduces over head_dim;
-  * softmax numerators/denominators are reduced per key tile of fixed size KEY_TILE, and the tiles
-    are accumulated left to right in a Python loop, so extra (fully masked) tiles add exact zeros.
+How a step is computed: each sequence's new rows are cut into work items of at most QUERY_BLOCK
+tokens; an item needs the key tiles up to its last position only (later tiles would be fully
+masked). Items with the same (query rows, key tiles) shape run as one batched GEMM group, so a
+decode step of 64 sequences is a handful of GEMMs per layer, not 64.
+
+Batch invariance contract: an output row is bitwise identical whatever else shares the batch, however
+the prompt was chunked and whatever work item/group it lands in. It holds because every shape that
+varies only varies in ways that do not change a row's bits on torch CPU:
+  * an item's query rows (GQA group x tokens) are padded to a multiple of 8 (GEMM rows; a row's bits
+    are the same for any M % 8 == 0 and any batch count, but not for M = 1, 2, 3, ...);
+  * Q.K^T reduces over head_dim only; keys past an item's context are masked to -inf;
+  * softmax numerators/denominators are reduced per key tile of fixed size KEY_TILE and the tiles are
+    accumulated left to right, so a tile that is fully masked (or skipped) adds exact zeros.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +32,7 @@ from hitenter.config import ModelConfig
 
 KEY_TILE = 128  # keys per softmax/PV tile; fixed so a row's reduction order never depends on context length
 ROW_MULTIPLE = 8  # query rows are padded to this multiple (batch-invariant GEMM shapes)
+QUERY_BLOCK = 128  # tokens per work item: a long prefill skips the key tiles its early rows cannot see
 
 
 @dataclass
@@ -43,82 +51,121 @@ class AttentionMetadata:
     block_tables: list[list[int]]
     slot_mapping: torch.Tensor
     block_size: int
+    _plans: dict[int, list[_Group]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens)
 
-
-def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int,
-                       dtype: torch.dtype = torch.float32, num_kv_heads: int | None = None) -> list[torch.Tensor]:
-    """One zeroed tensor `[2, num_blocks, block_size, num_kv_heads, head_dim]` per layer.
-
-    num_kv_heads: the KV heads this process holds (a tensor-parallel rank's shard); default all."""
-    if num_blocks <= 0 or block_size <= 0:
-        raise ValueError(f"num_blocks and block_size must be > 0, got {num_blocks}, {block_size}")
-    kvh = config.num_kv_heads if num_kv_heads is None else num_kv_heads
-    shape = (2, num_blocks, block_size, kvh, config.head_dim)
-    return [torch.zeros(shape, dtype=dtype) for _ in range(config.num_layers)]
+    def plan(self, group_size: int) -> list[_Group]:
+        """The step's work groups for `group_size` query heads per KV head (built once, shared by all layers)."""
+        if group_size not in self._plans:
+            self._plans[group_size] = _build_plan(self, group_size)
+        return self._plans[group_size]
 
 
-def write_kv(kv_cache_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store k, v (`[T, num_kv_heads, head_dim]`) at the given cache slots (in place)."""
-    _, nb, bs, kvh, hd = kv_cache_layer.shape
-    flat = kv_cache_layer.view(2, nb * bs, kvh, hd)
-    flat[0].index_copy_(0, slot_mapping, k.to(kv_cache_layer.dtype))
-    flat[1].index_copy_(0, slot_mapping, v.to(kv_cache_layer.dtype))
+@dataclass
+class _Group:
+    """Work items of one shape: B items, M query rows each, nt key tiles each.
+
+    rows: `[B*M]` index of each query row in the step's `[T*G + 1]` per-KV-head row list (row t*G + g
+    is token t, query head g of the group; T*G is a zero row used for padding).
+    blocks: `[B*nb]` KV block ids (nb blocks cover nt tiles; padded with a valid id, masked).
+    mask: `[B, M, nt*KEY_TILE]` True where a key is after the row's position.
+    """
+
+    rows: torch.Tensor
+    blocks: torch.Tensor
+    mask: torch.Tensor
+    num_items: int
+    num_rows: int
+    num_tiles: int
 
 
 def _round_up(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
-def _gather_kv(kv_cache_layer: torch.Tensor, block_table: list[int], seq_len: int,
-               padded_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Contiguous K, V `[padded_len, kvh, hd]` of one sequence; rows >= seq_len are zeros."""
-    bs = kv_cache_layer.shape[2]
-    nblocks = (seq_len + bs - 1) // bs
-    if len(block_table) < nblocks:
-        raise ValueError(f"block table has {len(block_table)} blocks, {nblocks} needed for {seq_len} tokens")
-    idx = torch.tensor(block_table[:nblocks], dtype=torch.long)
-    kv = kv_cache_layer[:, idx].flatten(1, 2)[:, :seq_len]  # [2, seq_len, kvh, hd]
-    if padded_len > seq_len:
-        kv = torch.cat([kv, kv.new_zeros((2, padded_len - seq_len) + tuple(kv.shape[2:]))], dim=1)
-    return kv[0], kv[1]
+def _build_plan(meta: AttentionMetadata, g: int) -> list[_Group]:
+    bs = meta.block_size
+    qsl = meta.query_start_loc
+    dummy = qsl[-1] * g
+    items: dict[tuple[int, int], list[tuple[list[int], list[int], list[int]]]] = {}
+    for i, seq_len in enumerate(meta.seq_lens):
+        a, b = qsl[i], qsl[i + 1]
+        n = b - a
+        if n <= 0:
+            continue
+        if n > seq_len:
+            raise ValueError(f"sequence {i} has {n} new tokens but seq_len {seq_len}")
+        table = meta.block_tables[i]
+        if len(table) * bs < seq_len:
+            raise ValueError(f"block table has {len(table)} blocks, {-(-seq_len // bs)} needed for {seq_len} tokens")
+        start = seq_len - n
+        for j0 in range(0, n, QUERY_BLOCK):
+            j1 = min(n, j0 + QUERY_BLOCK)
+            m = j1 - j0
+            nt = -(-(start + j1) // KEY_TILE)
+            rows_m = _round_up(g * m, ROW_MULTIPLE)
+            rows = [(a + j0 + j) * g + h for h in range(g) for j in range(m)]
+            pos = [start + j0 + j for _h in range(g) for j in range(m)]
+            pad = rows_m - len(rows)
+            rows += [dummy] * pad
+            pos += [start + j1 - 1] * pad
+            nb = -(-nt * KEY_TILE // bs)
+            used = table[:nb]
+            items.setdefault((rows_m, nt), []).append((rows, pos, used + [used[0]] * (nb - len(used))))
+    groups = []
+    for (rows_m, nt), its in items.items():
+        keys = torch.arange(nt * KEY_TILE)
+        pos_t = torch.tensor([p for _, pos, _ in its for p in pos]).view(len(its), rows_m, 1)
+        groups.append(_Group(
+            rows=torch.tensor([r for rows, _, _ in its for r in rows], dtype=torch.long),
+            blocks=torch.tensor([blk for _, _, blks in its for blk in blks], dtype=torch.long),
+            mask=keys.view(1, 1, -1) > pos_t,
+            num_items=len(its), num_rows=rows_m, num_tiles=nt))
+    return groups
 
 
-def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int, scale: float) -> torch.Tensor:
-    """Causal GQA attention of one sequence's new rows (batch-invariant shapes, see module doc).
+def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int,
+                       dtype: torch.dtype = torch.float32, num_kv_heads: int | None = None) -> list[torch.Tensor]:
+    """One zeroed tensor `[2, num_kv_heads, num_blocks, block_size, head_dim]` per layer.
 
-    q: `[n, H, D]` queries at positions start_pos..start_pos+n-1; k, v: `[L, KVH, D]` with
-    L >= start_pos + n a multiple of KEY_TILE (rows past the context must be finite, e.g. zeros).
-    Returns `[n, H, D]`.
-    """
-    n, nh, d = q.shape
-    L, kvh, _ = k.shape
-    g = nh // kvh
-    n8 = _round_up(n, ROW_MULTIPLE)
-    if n8 != n:
-        q = torch.cat([q, q.new_zeros(n8 - n, nh, d)])
-    # [n8, H, D] -> [KVH, G*n8, D]; head h uses kv head h // G
-    qg = (q * scale).permute(1, 0, 2).reshape(kvh, g * n8, d)
-    scores = torch.matmul(qg, k.permute(1, 2, 0))  # [KVH, G*n8, L]
-    pos = torch.arange(start_pos, start_pos + n8).clamp_(max=start_pos + n - 1)
-    masked = torch.arange(L)[None, :] > pos[:, None]  # [n8, L]
-    scores = scores.view(kvh, g, n8, L).masked_fill_(masked, float("-inf")).view(kvh, g * n8, L)
-    e = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
-    nt = L // KEY_TILE
-    m = g * n8
-    e_t = e.view(kvh, m, nt, KEY_TILE)
-    den_t = e_t.sum(dim=-1)  # [KVH, M, nt]
-    num_t = torch.matmul(e_t.permute(0, 2, 1, 3).contiguous(),
-                         v.view(nt, KEY_TILE, kvh, d).permute(2, 0, 1, 3))  # [KVH, nt, M, D]
+    num_kv_heads: the KV heads this process holds (a tensor-parallel rank's shard); default all."""
+    if num_blocks <= 0 or block_size <= 0:
+        raise ValueError(f"num_blocks and block_size must be > 0, got {num_blocks}, {block_size}")
+    kvh = config.num_kv_heads if num_kv_heads is None else num_kv_heads
+    shape = (2, kvh, num_blocks, block_size, config.head_dim)
+    return [torch.zeros(shape, dtype=dtype) for _ in range(config.num_layers)]
+
+
+def write_kv(kv_cache_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store k, v (`[T, num_kv_heads, head_dim]`) at the given cache slots (in place)."""
+    _, kvh, nb, bs, hd = kv_cache_layer.shape
+    flat = kv_cache_layer.view(2, kvh, nb * bs, hd)
+    flat[0].index_copy_(1, slot_mapping, k.to(kv_cache_layer.dtype).transpose(0, 1))
+    flat[1].index_copy_(1, slot_mapping, v.to(kv_cache_layer.dtype).transpose(0, 1))
+
+
+def _attend_group(qz: torch.Tensor, kv_cache_layer: torch.Tensor, grp: _Group) -> torch.Tensor:
+    """Output rows `[KVH, B*M, D]` of one work group (queries already scaled)."""
+    _, kvh, _, bs, d = kv_cache_layer.shape
+    b, m, nt = grp.num_items, grp.num_rows, grp.num_tiles
+    length = nt * KEY_TILE
+    q = qz.index_select(1, grp.rows).view(kvh, b, m, d)
+    kv = kv_cache_layer.index_select(2, grp.blocks).view(2, kvh, b, -1, d)
+    if kv.shape[3] != length:          # block size not dividing KEY_TILE: cut the extra keys
+        kv = kv[:, :, :, :length]
+    k, v = kv[0], kv[1]
+    scores = torch.matmul(q, k.transpose(-1, -2)).masked_fill_(grp.mask, float("-inf"))  # [KVH, B, M, L]
+    e = torch.exp_(scores - scores.amax(dim=-1, keepdim=True)).view(kvh * b, m, nt, KEY_TILE)
+    den_t = e.sum(dim=-1)  # [KVH*B, M, nt]
+    num_t = torch.matmul(e.permute(0, 2, 1, 3), v.reshape(kvh * b, nt, KEY_TILE, d))  # [KVH*B, nt, M, D]
     num, den = num_t[:, 0], den_t[:, :, 0]
     for t in range(1, nt):
         num = num + num_t[:, t]
         den = den + den_t[:, :, t]
-    out = num / den.unsqueeze(-1)  # [KVH, M, D]
-    return out.view(kvh, g, n8, d).reshape(nh, n8, d).permute(1, 0, 2)[:n]
+    return (num / den.unsqueeze(-1)).view(kvh, b * m, d)
 
 
 def paged_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: AttentionMetadata,
@@ -129,19 +176,16 @@ def paged_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Attenti
     seq_lens[i] - n_i + j and sees keys 0..that position. Returns `[T, H, D]` (contiguous).
     Batch invariant, see the module docstring.
     """
-    out = torch.empty_like(q)
-    qsl = meta.query_start_loc
-    for i, seq_len in enumerate(meta.seq_lens):
-        a, b = qsl[i], qsl[i + 1]
-        if b <= a:
-            continue
-        n = b - a
-        if n > seq_len:
-            raise ValueError(f"sequence {i} has {n} new tokens but seq_len {seq_len}")
-        padded = _round_up(seq_len, KEY_TILE)
-        k, v = _gather_kv(kv_cache_layer, meta.block_tables[i], seq_len, padded)
-        out[a:b] = attend_one(q[a:b], k, v, seq_len - n, scale)
-    return out
+    t, nh, d = q.shape
+    kvh = kv_cache_layer.shape[1]
+    g = nh // kvh
+    # per KV head, rows t*G + h of the step's queries, plus one zero row for padding
+    qz = q.new_zeros(kvh, t * g + 1, d)
+    qz[:, :t * g] = (q * scale).view(t, kvh, g, d).transpose(0, 1).reshape(kvh, t * g, d)
+    oz = torch.empty_like(qz)
+    for grp in meta.plan(g):
+        oz.index_copy_(1, grp.rows, _attend_group(qz, kv_cache_layer, grp))
+    return oz[:, :t * g].view(kvh, t, g, d).transpose(0, 1).reshape(t, nh, d)
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int,

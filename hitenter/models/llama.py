@@ -27,7 +27,7 @@ from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
 from hitenter.models.attention import AttentionMetadata, paged_attention, write_kv
-from hitenter.quant import Int8Embedding, Int8Linear, cat_rows, quant_linear, weight_bytes
+from hitenter.quant import ExactEmbedding, RescoredHead, cat_rows, quant_linear, weight_bytes
 
 ROW_MULTIPLE = 8
 
@@ -216,12 +216,8 @@ class LlamaModel(nn.Module):
         self.head: nn.Module | None = None   # a quantized LM head (then lm_head is None)
         if not isinstance(w["token_embd.weight"], torch.Tensor):   # quantized (hitenter/quant); tp is None
             head_w = w["token_embd.weight"] if cfg.tie_word_embeddings else w["output.weight"]
-            self.head = quant_linear(head_w, None, dtype)
-            emb = self.head if cfg.tie_word_embeddings else quant_linear(w["token_embd.weight"], None, dtype)
-            if not isinstance(emb, Int8Linear):
-                raise ValueError("the quantized embedding must use the int8 layout")
-            self.embed: nn.Module = Int8Embedding(emb, dtype)
-            self.emb_table = None if cfg.tie_word_embeddings else emb   # keeps an untied table's buffers counted
+            self.head = RescoredHead(quant_linear(head_w.coarse, None, dtype), head_w.exact)
+            self.embed: nn.Module = ExactEmbedding(w["token_embd.weight"].exact, dtype)
         elif tp is None:
             self.embed = nn.Embedding.from_pretrained(w["token_embd.weight"].to(dtype), freeze=True)
         else:   # vocab-parallel: this rank's rows; looks up its own ids and all-reduces

@@ -87,7 +87,7 @@ class TrigramLM(torch.nn.Module):
     # ---- the engine's interface --------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                 kv_caches: list[torch.Tensor]) -> torch.Tensor:
-        cache = kv_caches[0]                                       # [2, num_blocks, block_size, 1, 2]
+        cache = kv_caches[0]                                       # [2, 1, num_blocks, block_size, 2]
         ids = input_ids.to(torch.long)
         kv = torch.stack([ids // 256, ids % 256], dim=-1).unsqueeze(1).to(cache.dtype)   # [T, 1, 2]
         write_kv(cache, kv, kv, attn.slot_mapping)                 # each new token into its own slot

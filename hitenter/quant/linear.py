@@ -5,7 +5,6 @@ The kernel is chosen by the weight's layout (`quant_linear`), never by the devic
 * `Int4Linear`: `torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 32, scales_and_zeros [K/32, N, 2])`
   on the layout `_convert_weight_to_int4pack_for_cpu` packs (N padded to a multiple of 16, which the
   packer requires; the padding columns are sliced off).
-* `Int8Embedding`: the per-row dequantized lookup of an Int8Weight (shared with a tied Int8Linear head).
 
 Compute dtype: in torch 2.13 CPU both kernels are vectorized (AVX512) only for bfloat16 activations;
 float32 / float16 activations take a scalar fallback that measured 10-40x slower than fp32 F.linear
@@ -74,19 +73,6 @@ class Int4Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-class Int8Embedding(nn.Module):
-    """Row lookup of an int8 table: (q[ids] * scale[ids]) in `dtype`; can share its buffers with an Int8Linear."""
-
-    def __init__(self, head: Int8Linear, dtype: torch.dtype = torch.float32) -> None:
-        super().__init__()
-        self.dtype = dtype
-        self.q = head.q          # shared storage (plain attributes; counted once by weight_bytes)
-        self.scale = head.scale
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return (self.q[ids].float() * self.scale[ids].float()[:, None]).to(self.dtype)
-
-
 def quant_linear(weight: Int8Weight | Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Module:
     """The module for this weight's layout."""
     if isinstance(weight, Int4Weight):
@@ -97,11 +83,10 @@ def quant_linear(weight: Int8Weight | Int4Weight, bias: torch.Tensor | None, dty
 
 
 def weight_bytes(module: nn.Module) -> int:
-    """Resident bytes of a module's parameters, buffers and shared quantized tables (each storage once)."""
+    """Resident bytes of a module's parameters and buffers (each storage once)."""
     seen: set[int] = set()
     total = 0
     tensors = list(module.parameters()) + list(module.buffers())
-    tensors += [t for m in module.modules() if isinstance(m, Int8Embedding) for t in (m.q, m.scale)]
     for t in tensors:
         if t.data_ptr() not in seen:
             seen.add(t.data_ptr())

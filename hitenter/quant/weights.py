@@ -147,9 +147,9 @@ def quantize_weights(reader: gguf.GGUFReader, weights: dict[str, Any], mode: str
                      scale_dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
     """Replace (in place) the projection weights and the embedding / LM head with quantized layouts.
 
-    int8: every projection and the embedding/head -> Int8Weight. int4: projections -> Int4Weight
-    (exact from Q4_0 / Q4_1 blocks), the embedding/head -> Int8Weight (GGUFs keep it at Q8_0 or better
-    too; the embedding lookup needs per-row access that the packed int4 layout does not give)."""
+    int8: every projection -> Int8Weight. int4: projections -> Int4Weight (exact from Q4_0 / Q4_1 blocks).
+    The embedding / head -> HeadWeight (hitenter/quant/head.py): the exact GGUF table (for the embedding
+    lookup and the head's rescoring) plus a coarse Int4Weight / Int8Weight for the fast head kernel."""
     if mode not in QUANTIZATIONS:
         raise ValueError(f"quantization: must be one of {list(QUANTIZATIONS)}, got {mode!r}")
     if mode == "none":
@@ -166,7 +166,11 @@ def quantize_weights(reader: gguf.GGUFReader, weights: dict[str, Any], mode: str
                 weights[name] = int4_from_float(w)
         else:
             weights[name] = int8_from_float(w, scale_dtype)
+    from hitenter.quant.head import HeadWeight, exact_rows_from_gguf
+
     for name in ("token_embd.weight", "output.weight"):
         if name in weights:
-            weights[name] = int8_from_float(weights[name], scale_dtype)
+            w = weights[name]
+            coarse = int4_from_float(w) if mode == "int4" and w.shape[1] % GROUP == 0 else int8_from_float(w, scale_dtype)
+            weights[name] = HeadWeight(coarse, exact_rows_from_gguf(infos[name], w))
     return weights
