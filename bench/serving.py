@@ -10,6 +10,7 @@ p50/p99 inter-token latency.
     .venv/bin/python bench/serving.py -c 1,4 --output-len 32 --requests-per-client 2     # quick smoke
     .venv/bin/python bench/serving.py --url http://127.0.0.1:8000       # an already running hitenter
     .venv/bin/python bench/serving.py --llama-server http://127.0.0.1:8081          # plus the baseline
+    .venv/bin/python bench/serving.py --llama-server-bin /work/llama-server/.../bin/llama-server
 
 The baseline is not a dependency of hitenter or its tests. Either
   * llama.cpp's own server: ``git clone https://github.com/ggml-org/llama.cpp && cd llama.cpp &&
@@ -20,6 +21,9 @@ The baseline is not a dependency of hitenter or its tests. Either
     ``python -m llama_cpp.server --model <same gguf> --n_threads 2 --n_ctx 2048 --port 8081``
     (it serves one request at a time, so its numbers at N > 1 measure queueing).
 Pass its URL with ``--llama-server``; both are measured with the same load and the ratio is printed.
+Or pass the binary with ``--llama-server-bin`` (``bash bench/build_llama_server.sh`` builds it from the
+llama.cpp vendored in llama-cpp-python): for each N it is started on the same GGUF with ``--parallel N``
+and ``-c N x --llama-server-ctx``, measured, and stopped (see bench/llama_server.py).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import sys
@@ -38,6 +43,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llama_server import LlamaServer  # noqa: E402
 
 WORDS = ("the cat dog house tree river mountain city music light water fire stone road cloud garden "
          "story window table morning evening summer winter quiet bright small large old new green").split()
@@ -145,6 +152,22 @@ def bench(url: str, model: str | None, levels: list[int], args: argparse.Namespa
     return rows
 
 
+def bench_llama_bin(levels: list[int], args: argparse.Namespace) -> list[dict[str, float]]:
+    """Start the llama-server binary once per N (``--parallel N``) on hitenter's GGUF and measure it."""
+    from hitenter.models.registry import resolve_model
+
+    gguf = resolve_model(args.model)
+    # Words of the prompt are ~1-2 tokens each; leave room for the template-free prompt + output.
+    per_slot = args.llama_server_ctx or -(-(2 * args.input_len + args.output_len + 64) // 256) * 256
+    threads = args.num_threads or 2
+    rows: list[dict[str, float]] = []
+    for n in levels:
+        with LlamaServer(args.llama_server_bin, gguf, parallel=n, ctx_per_slot=per_slot, threads=threads,
+                         startup_timeout=args.llama_server_timeout) as srv:
+            rows += bench(srv.url, None, [n], args, "llama.cpp")
+    return rows
+
+
 def start_hitenter(args: argparse.Namespace) -> tuple[str, Any]:
     from hitenter.engine.llm_engine import LLMEngine
     from hitenter.server.api import create_app
@@ -152,7 +175,8 @@ def start_hitenter(args: argparse.Namespace) -> tuple[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from test_server_util import LiveServer
 
-    kw: dict[str, Any] = {"max_model_len": args.max_model_len}
+    kw: dict[str, Any] = {"max_model_len": args.max_model_len,
+                          **{"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int4": {"quantization": "int4"}}[args.format]}
     if args.num_threads:
         kw["num_threads"] = args.num_threads
     t0 = time.perf_counter()
@@ -170,14 +194,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int, default=128, help="prompt length in words")
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--format", default="fp32", choices=["fp32", "bf16", "int4"],
+                    help="hitenter's weight format (in-process server only)")
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--num-threads", type=int, default=None)
     ap.add_argument("--url", default=None, help="benchmark an already running hitenter server")
     ap.add_argument("--api-key", default=None)
-    ap.add_argument("--llama-server", default=None, help="URL of a llama.cpp / llama-cpp-python server")
+    base = ap.add_mutually_exclusive_group()
+    base.add_argument("--llama-server", default=None, help="URL of a llama.cpp / llama-cpp-python server")
+    base.add_argument("--llama-server-bin", default=None, metavar="PATH",
+                      help="llama-server binary to start per N (--parallel N) on the same GGUF")
+    ap.add_argument("--llama-server-ctx", type=int, default=None,
+                    help="per-slot context for --llama-server-bin (default: fits prompt + output)")
+    ap.add_argument("--llama-server-timeout", type=float, default=120.0,
+                    help="seconds to wait for --llama-server-bin's /health")
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    if args.llama_server_bin and not os.access(Path(args.llama_server_bin).expanduser(), os.X_OK):
+        ap.error(f"--llama-server-bin: not an executable file: {args.llama_server_bin} "
+                 "(build it with bench/build_llama_server.sh)")
     srv = None
     url = args.url
     if url is None:
@@ -188,8 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         if srv is not None:
             srv.stop()
     out: dict[str, Any] = {"hitenter": ours}
-    if args.llama_server:
-        theirs = bench(args.llama_server.rstrip("/"), None, levels, args, "llama.cpp")
+    if args.llama_server or args.llama_server_bin:
+        if args.llama_server_bin:
+            theirs = bench_llama_bin(levels, args)
+        else:
+            theirs = bench(args.llama_server.rstrip("/"), None, levels, args, "llama.cpp")
         out["llama.cpp"] = theirs
         for a, b in zip(ours, theirs, strict=True):
             ratio = a["tok_s"] / b["tok_s"] if b["tok_s"] else float("nan")

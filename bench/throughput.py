@@ -1,12 +1,15 @@
 """Offline throughput: 64 requests (prompts 16..512, outputs 16..256 tokens, fixed seed) on SmolLM2.
 
     .venv/bin/python bench/throughput.py [--num 64] [--sequential-sample 16] [--no-hf]
+        [--formats fp32 bf16 int4] [--hf-dtypes fp32 bf16]
 
 Three ways in one run: hitenter's engine with all requests at once (continuous batching);
 the same requests one at a time in hitenter; HF transformers `generate` with left padding in
 batches (fp32, same GGUF). Output tokens/s, ratios, p50/p99 TTFT. The one-at-a-time and HF
 baselines can be run on a sample of the requests (`--sequential-sample`, `--hf-sample`) to keep
 the run short; their rates are per output token, so a sample measures the same thing.
+Each hitenter weight format (fp32: the default; bf16; int4: the GGUF's Q4_1 blocks) runs the same
+requests; HF runs in each of --hf-dtypes, so every format has a same-precision baseline.
 """
 
 from __future__ import annotations
@@ -38,14 +41,19 @@ def run_engine(llm, reqs) -> tuple[float, list[float]]:  # type: ignore[no-untyp
     return ntok / dt, [o.metrics.time_to_first_token for o in outs]
 
 
-def run_hf(model: str, reqs, batch: int) -> float:  # type: ignore[no-untyped-def]
+FORMATS = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int4": {"quantization": "int4"}}
+HF_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def run_hf(model: str, reqs, batch: int, dtype: str = "fp32") -> float:  # type: ignore[no-untyped-def]
     import torch
     from transformers import AutoModelForCausalLM
 
     from hitenter.models.registry import resolve_model
 
     path = Path(resolve_model(model))
-    m = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, torch_dtype=torch.float32).eval()
+    m = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                             torch_dtype=getattr(torch, HF_DTYPES[dtype])).eval()
     useful, t0 = 0, time.perf_counter()
     with torch.inference_mode():
         for i in range(0, len(reqs), batch):
@@ -71,29 +79,46 @@ def main() -> None:
     ap.add_argument("--hf-sample", type=int, default=32)
     ap.add_argument("--hf-batch", type=int, default=16)
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--formats", nargs="+", default=["fp32", "bf16", "int4"], choices=sorted(FORMATS))
+    ap.add_argument("--hf-dtypes", nargs="+", default=["fp32", "bf16"], choices=sorted(HF_DTYPES))
     a = ap.parse_args()
     from hitenter import LLM
 
-    llm = LLM(a.model)
-    reqs = workload(a.num, llm.model_config.vocab_size)
-    run_engine(llm, workload(4, llm.model_config.vocab_size, seed=99))  # warm up
-    batched, ttfts = run_engine(llm, reqs)
-    seq_sample = reqs[: a.sequential_sample]
-    t0, ntok = time.perf_counter(), 0
-    for r in seq_sample:
-        rate, _ = run_engine(llm, [r])
-        ntok += r[1]
-    sequential = ntok / (time.perf_counter() - t0)
-    hf = float("nan") if a.no_hf else run_hf(a.model, reqs[: a.hf_sample], a.hf_batch)
-    rows = [["hitenter engine (all at once)", batched, 1.0],
-            [f"hitenter one at a time ({len(seq_sample)} req)", sequential, batched / sequential],
-            [f"HF generate, padded batches of {a.hf_batch} ({a.hf_sample} req)", hf, batched / hf]]
-    print(table(rows, ["mode", "output tok/s", "engine speed-up"]))
-    p50, p99 = percentile(ttfts, 50), percentile(ttfts, 99)
-    print(f"engine TTFT p50 {p50:.2f} s, p99 {p99:.2f} s (all {a.num} submitted at t=0)")
-    emit_json("throughput", {"num": a.num, "engine_tok_s": batched, "sequential_tok_s": sequential, "hf_tok_s": hf,
-                             "ratio_vs_hf": batched / hf, "ratio_vs_sequential": batched / sequential,
-                             "ttft_p50": p50, "ttft_p99": p99})
+    rows, result = [], {"num": a.num}
+    hf = {d: float("nan") if a.no_hf else 0.0 for d in a.hf_dtypes}
+    for fmt in a.formats:
+        llm = LLM(a.model, **FORMATS[fmt])
+        reqs = workload(a.num, llm.model_config.vocab_size)
+        run_engine(llm, workload(4, llm.model_config.vocab_size, seed=99))  # warm up
+        batched, ttfts = run_engine(llm, reqs)
+        p50, p99 = percentile(ttfts, 50), percentile(ttfts, 99)
+        rows.append([f"hitenter engine [{fmt}] (all at once)", batched, 1.0, p50, p99])
+        result[fmt] = {"engine_tok_s": batched, "ttft_p50": p50, "ttft_p99": p99}
+        if fmt == a.formats[0]:
+            seq_sample = reqs[: a.sequential_sample]
+            t0, ntok = time.perf_counter(), 0
+            for r in seq_sample:
+                run_engine(llm, [r])
+                ntok += r[1]
+            sequential = ntok / (time.perf_counter() - t0)
+            rows.append([f"hitenter [{fmt}] one at a time ({len(seq_sample)} req)", sequential, batched / sequential,
+                         float("nan"), float("nan")])
+            result["sequential_tok_s"] = sequential
+        llm.close()
+    for d in hf:
+        if not a.no_hf:
+            hf[d] = run_hf(a.model, reqs[: a.hf_sample], a.hf_batch, d)
+        rows.append([f"HF generate [{d}], padded batches of {a.hf_batch} ({a.hf_sample} req)", hf[d],
+                     float("nan"), float("nan"), float("nan")])
+    print(table(rows, ["mode", "output tok/s", "vs one at a time", "TTFT p50 s", "TTFT p99 s"]))
+    for fmt in a.formats:
+        for d, rate in hf.items():
+            ratio = result[fmt]["engine_tok_s"] / rate
+            result[fmt][f"ratio_vs_hf_{d}"] = ratio
+            print(f"engine [{fmt}] / HF [{d}]: {ratio:.2f}x")
+    print(f"(all {a.num} requests submitted at t=0; TTFT includes the queue)")
+    result["hf_tok_s"] = hf
+    emit_json("throughput", result)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ llama-cpp-python is a benchmark-only dependency, never a test one. Build it into
         /work/venvs/llamacpp/bin/pip install llama-cpp-python==0.3.36
 Prints decode tokens/s at batch 1 (128 tokens), prefill tokens/s at 512 and 2,000 prompt tokens,
 the ratios, a JSON line, and a roofline card (weight bytes read per decode step, the bandwidth-bound
-ceiling at --bandwidth GB/s, and the % of it each engine reaches).
+ceiling at --bandwidth GB/s, and the % of it each engine reaches). `--formats fp32 bf16 int4` runs
+hitenter once per weight format (fp32 = the default dequantized model; bf16 = weights and activations
+in bfloat16; int4 = the GGUF's Q4_1 blocks kept packed, as llama.cpp runs them).
 """
 
 from __future__ import annotations
@@ -48,10 +50,15 @@ print(json.dumps(out))
 """
 
 
-def hitenter_rates(model: str, decode: int, prefills: list[int]) -> dict[str, float]:
+FORMATS = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int4": {"quantization": "int4"},
+           "int8": {"quantization": "int8"}}
+
+
+def hitenter_rates(model: str, decode: int, prefills: list[int], fmt: str) -> tuple[dict[str, float], int]:
+    """Rates of one weight format, and the bytes of weights it reads per decode step."""
     from hitenter import LLM, SamplingParams
 
-    llm = LLM(model, enable_prefix_caching=False, max_num_batched_tokens=max(prefills))
+    llm = LLM(model, enable_prefix_caching=False, max_num_batched_tokens=max(prefills), **FORMATS[fmt])
     out: dict[str, float] = {}
     for n in prefills:
         best = 0.0
@@ -70,20 +77,9 @@ def hitenter_rates(model: str, decode: int, prefills: list[int]) -> dict[str, fl
         if r:
             best = max(best, (len(times) - 1) / (times[-1] - times[0]))
     out["decode"] = best
-    return out
-
-
-def weight_bytes_per_step(path: str) -> int:
-    """Bytes of weights one decode step reads in hitenter (fp32 parameters, the tied head read once)."""
-    from hitenter.models.loader import load_model
-
-    net, _ = load_model(path)
-    seen, total = set(), 0
-    for p in net.parameters():
-        if p.data_ptr() not in seen:
-            seen.add(p.data_ptr())
-            total += p.numel() * p.element_size()
-    return total
+    wb = llm.engine.parts.model.weight_bytes()
+    llm.close()
+    return out, wb
 
 
 def main() -> None:
@@ -94,6 +90,7 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=128)
     ap.add_argument("--prefill", type=int, nargs="+", default=[512, 2000])
     ap.add_argument("--bandwidth", type=float, default=31.0, help="GB/s read bandwidth of this machine")
+    ap.add_argument("--formats", nargs="+", default=["fp32", "bf16", "int4"], choices=sorted(FORMATS))
     a = ap.parse_args()
     import torch
 
@@ -101,7 +98,7 @@ def main() -> None:
 
     torch.set_num_threads(a.threads)
     path = str(resolve_model(a.model))
-    ours = hitenter_rates(path, a.decode, a.prefill)
+    ours = {fmt: hitenter_rates(path, a.decode, a.prefill, fmt) for fmt in a.formats}
     theirs: dict[str, float] = {}
     if Path(a.llamacpp_python).exists():
         res = subprocess.run([a.llamacpp_python, "-c", LLAMACPP_SCRIPT, path, str(a.threads), str(a.decode),
@@ -110,18 +107,20 @@ def main() -> None:
     else:
         print(f"llama-cpp-python not found at {a.llamacpp_python}; see this script's docstring", file=sys.stderr)
     keys = ["decode"] + [f"prefill_{n}" for n in a.prefill]
-    rows = [[k, ours[k], theirs.get(k, float("nan")), ours[k] / theirs[k] if k in theirs else float("nan")]
-            for k in keys]
-    print(table(rows, ["workload (tok/s)", "hitenter", "llama.cpp", "ratio"]))
-    wb = weight_bytes_per_step(path)
+    rows = [[f"{k} [{fmt}]", rates[k], theirs.get(k, float("nan")),
+             rates[k] / theirs[k] if k in theirs else float("nan")]
+            for k in keys for fmt, (rates, _) in ours.items()]
+    print(table(rows, ["workload (tok/s) [hitenter format]", "hitenter", "llama.cpp", "ratio"]))
     gguf_bytes = Path(path).stat().st_size
-    ceil_ours = a.bandwidth * 1e9 / wb
     ceil_gguf = a.bandwidth * 1e9 / gguf_bytes
-    print(f"roofline: hitenter reads {wb / 1e6:.0f} MB of weights per decode step -> ceiling {ceil_ours:.0f} tok/s "
-          f"at {a.bandwidth} GB/s; achieved {100 * ours['decode'] / ceil_ours:.0f}%. "
-          f"The GGUF is {gguf_bytes / 1e6:.0f} MB -> ceiling {ceil_gguf:.0f} tok/s for a quantized reader"
+    for fmt, (rates, wb) in ours.items():
+        ceil_ours = a.bandwidth * 1e9 / wb
+        print(f"roofline [{fmt}]: hitenter reads {wb / 1e6:.0f} MB of weights per decode step -> ceiling "
+              f"{ceil_ours:.0f} tok/s at {a.bandwidth} GB/s; achieved {100 * rates['decode'] / ceil_ours:.0f}%.")
+    print(f"The GGUF is {gguf_bytes / 1e6:.0f} MB -> ceiling {ceil_gguf:.0f} tok/s for a quantized reader"
           + (f"; llama.cpp achieves {100 * theirs['decode'] / ceil_gguf:.0f}% of it." if theirs else "."))
-    emit_json("vs_llamacpp", {"hitenter": ours, "llamacpp": theirs, "weight_bytes": wb, "gguf_bytes": gguf_bytes})
+    emit_json("vs_llamacpp", {"hitenter": {f: r for f, (r, _) in ours.items()}, "llamacpp": theirs,
+                              "weight_bytes": {f: wb for f, (_, wb) in ours.items()}, "gguf_bytes": gguf_bytes})
 
 
 if __name__ == "__main__":

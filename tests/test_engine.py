@@ -153,3 +153,19 @@ def test_event_stream_matches_engine(llm):
     assert sorted(sampled.values()) == sorted(o.token_ids for o in outs)
     assert {rid for ev in events for rid, _ in ev.finished} == {o.request_id for o in outs}
     assert events[-1].num_free_blocks == llm.engine.parts.num_blocks
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8", "bfloat16"])
+def test_batch_invariance_other_weight_formats(tmp_path, kind):
+    """Quantized models run unpadded (their kernels give a row the same bits for any row count) and bf16
+    models padded: either way 16 mixed requests together, chunked, equal each one alone, bitwise."""
+    from hitenter.testing.tiny_model import write_tiny_gguf
+
+    path = str(write_tiny_gguf(tmp_path / "q41.gguf", arch="llama", quant="Q4_1"))
+    kw = {"dtype": "bfloat16"} if kind == "bfloat16" else {"quantization": kind}
+    one = LLM(path, max_num_batched_tokens=40, enable_prefix_caching=False, **kw)
+    assert one.engine.parts.model.dense_gemms == (kind == "bfloat16")
+    prompts, params = _prompts(16, seed=2, lo=3, hi=70), _mixed_params(16)
+    together = one.generate(prompts, params)
+    alone = [one.generate([p], [sp])[0] for p, sp in zip(prompts, params, strict=True)]
+    assert [_sig(o) for o in together] == [_sig(o) for o in alone]

@@ -6,7 +6,8 @@ Contracts:
 * `model.compute_logits(hidden [N, H]) -> fp32 logits [N, V]`.
 * Batch invariance: every op is row-wise, and all GEMMs run on a row count padded to a multiple of 8
   (torch CPU gives a row the same bits for any M % 8 == 0, but not for M = 1, 2, 3, ...), so a row's
-  hidden state / logits do not depend on what else is in the batch. Attention is per sequence.
+  hidden state / logits do not depend on what else is in the batch (quantized models skip the padding:
+  their kernels are row-count invariant). Attention: see attention.py.
 * RoPE: rotate-half (NEOX) pairing (i, i + D/2). GGUF llama Q/K weights are stored permuted for the
   interleaved pairing (convert_hf_to_gguf); the loader un-permutes them (`unpermute_qk`), as HF
   transformers does, so both architectures use the same rotate-half code. Qwen2 GGUFs are not permuted.
@@ -117,6 +118,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:   # the fused op: same bits, one call
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         xf = x.float()
         var = xf.pow(2).mean(-1, keepdim=True)
         return self.weight * (xf * torch.rsqrt(var + self.eps)).to(x.dtype)
@@ -136,16 +139,23 @@ class Rope(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos, self.sin = emb.cos(), emb.sin()
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x `[T, heads, D]`, positions `[T]` -> rotated x."""
+    def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin `[T, 1, D]` for these positions (computed once per step, shared by all layers)."""
         need = int(positions.max()) + 1 if positions.numel() else 0
         if need > self.cos.shape[0]:
             self._build(max(need, 2 * self.cos.shape[0]))
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+
+    def apply(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x `[T, heads, D]` rotated by the table of its positions."""
+        cos, sin = cos_sin
         half = self.head_dim // 2
         rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rot * sin
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x `[T, heads, D]`, positions `[T]` -> rotated x."""
+        return self.apply(x, self.table(positions, x.dtype))
 
 
 class DecoderLayer(nn.Module):
@@ -182,18 +192,19 @@ class DecoderLayer(nn.Module):
         self.kv_size = self.num_kv_heads * d
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: Rope, attn: AttentionMetadata,
-                kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
-        cfg = self.cfg
-        h = self.attn_norm(x)
-        q, k, v = self.qkv(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = rope(q.reshape(-1, self.num_heads, cfg.head_dim), positions)
-        k = rope(k.reshape(-1, self.num_kv_heads, cfg.head_dim), positions)
-        v = v.reshape(-1, self.num_kv_heads, cfg.head_dim)
+    def forward(self, x: torch.Tensor, rope: Rope, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                attn: AttentionMetadata, kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
+        d = self.cfg.head_dim
+        qkv = self.qkv(self.attn_norm(x))
+        t = qkv.shape[0]
+        qk = rope.apply(qkv[:, :self.q_size + self.kv_size].view(t, -1, d), cos_sin)   # Q and K heads in one go
+        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+        v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, d)
         write_kv(kv_cache, k[:n_real], v[:n_real], attn.slot_mapping)
-        o = torch.zeros_like(q)
-        o[:n_real] = paged_attention(q[:n_real], kv_cache, attn, self.scale)
-        a = self.o_proj(o.reshape(o.shape[0], -1))
+        o = paged_attention(q[:n_real], kv_cache, attn, self.scale).view(n_real, -1)
+        if n_real < t:   # padding rows (batch-invariant GEMM shapes)
+            o = torch.cat([o, o.new_zeros(t - n_real, o.shape[1])])
+        a = self.o_proj(o)
         if self.tp is not None:
             a = self.tp.all_reduce(a)
         x = x + a
@@ -235,25 +246,29 @@ class LlamaModel(nn.Module):
         # True: GEMM row counts padded to a multiple of 8 so results are bitwise batch invariant.
         # False: no padding; a lone decode row then takes torch's faster GEMV path (different bits).
         self.batch_invariant = True
+        # Only dense (fp32/bf16) GEMMs need the padding: torch's int8/int4 weight-only kernels give a row
+        # the same bits for any row count (tests/test_quant.py), so a quantized model is invariant unpadded.
+        self.dense_gemms = self.head is None or any(isinstance(m, Linear) for m in self.modules())
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                 kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """Hidden states after the final norm, `[T, H]`; writes the new tokens' K/V into kv_caches."""
         n = int(input_ids.shape[0])
-        pad = pad_rows if self.batch_invariant else _no_pad
+        pad = pad_rows if self.batch_invariant and self.dense_gemms else _no_pad
         ids = pad(input_ids.long())
         pos = pad(positions.long())
         x = self.embed(ids)
+        cos_sin = self.rope.table(pos, x.dtype)
         for layer, cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, pos, self.rope, attn, cache, n)
+            x = layer(x, self.rope, cos_sin, attn, cache, n)
         return self.norm(x)[:n]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits `[N, V]` for hidden `[N, H]` (row-padded GEMM, batch invariant)."""
         n = hidden.shape[0]
-        pad = pad_rows if self.batch_invariant else _no_pad
+        pad = pad_rows if self.batch_invariant and self.dense_gemms else _no_pad
         x = pad(hidden.to(self.dtype))
         logits = (F.linear(x, self.lm_head) if self.head is None else self.head(x))[:n].float()
         return logits if self.tp is None else self.tp.gather_logits(logits)
