@@ -156,10 +156,11 @@ def smol_fp32_ppl(smollm2_path: Path, smol_ids: list[int]) -> float:
     return perplexity(load_model(smollm2_path)[0], smol_ids, 512, PPL_TOKENS)
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("mode", ["int8", "int4", "bf16"])
 def test_smollm2_perplexity_within_2_percent(smollm2_path: Path, smol_ids: list[int], smol_fp32_ppl: float,
                                              mode: str) -> None:
-    model, _ = load_model(smollm2_path, quantization=mode)
+    model, _ = (load_model(smollm2_path, dtype=torch.bfloat16) if mode == "bf16"
+                else load_model(smollm2_path, quantization=mode))
     ppl = perplexity(model, smol_ids, 512, PPL_TOKENS)
     assert 5 < smol_fp32_ppl < 60
     assert abs(ppl / smol_fp32_ppl - 1) < 0.02, (mode, ppl, smol_fp32_ppl)
