@@ -41,3 +41,8 @@ def table(rows: list[list[Any]], header: list[str]) -> str:
 
 def emit_json(name: str, result: dict[str, Any]) -> None:
     print("JSON " + json.dumps({"bench": name, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **machine(), **result}))
+
+
+# hitenter weight formats the benches compare: LLM(...) keyword arguments per name
+FORMATS: dict[str, dict[str, str]] = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int4": {"quantization": "int4"},
+                                      "int8": {"quantization": "int8"}}

@@ -44,6 +44,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import FORMATS  # noqa: E402
 from llama_server import LlamaServer  # noqa: E402
 
 WORDS = ("the cat dog house tree river mountain city music light water fire stone road cloud garden "
@@ -176,7 +177,7 @@ def start_hitenter(args: argparse.Namespace) -> tuple[str, Any]:
     from test_server_util import LiveServer
 
     kw: dict[str, Any] = {"max_model_len": args.max_model_len,
-                          **{"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int4": {"quantization": "int4"}}[args.format]}
+                          **FORMATS[args.format]}
     if args.num_threads:
         kw["num_threads"] = args.num_threads
     t0 = time.perf_counter()
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int, default=128, help="prompt length in words")
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--format", default="fp32", choices=["fp32", "bf16", "int4"],
+    ap.add_argument("--format", default="fp32", choices=sorted(FORMATS),
                     help="hitenter's weight format (in-process server only)")
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--num-threads", type=int, default=None)

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit_json, percentile, table  # noqa: E402
+from common import FORMATS, emit_json, percentile, table  # noqa: E402
 
 
 def workload(num: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
@@ -41,7 +41,6 @@ def run_engine(llm, reqs) -> tuple[float, list[float]]:  # type: ignore[no-untyp
     return ntok / dt, [o.metrics.time_to_first_token for o in outs]
 
 
-FORMATS = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int4": {"quantization": "int4"}}
 HF_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 

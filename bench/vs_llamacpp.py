@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit_json, table  # noqa: E402
+from common import FORMATS, emit_json, table  # noqa: E402
 
 LLAMACPP_SCRIPT = r"""
 import json, sys, time
@@ -48,10 +48,6 @@ for r in range(3):
 out["decode"] = best
 print(json.dumps(out))
 """
-
-
-FORMATS = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int4": {"quantization": "int4"},
-           "int8": {"quantization": "int8"}}
 
 
 def hitenter_rates(model: str, decode: int, prefills: list[int], fmt: str) -> tuple[dict[str, float], int]:
