@@ -111,3 +111,39 @@ def test_decode_tokens_one_by_one_bitwise() -> None:
     cache = make_cache(s.num_blocks, 8)
     rows = [s.step(cache, {0: (0, 120)})[0]] + [s.step(cache, {0: (p, p + 1)})[0] for p in range(120, n)]
     assert torch.equal(torch.cat(rows), full)
+
+
+def test_bf16_rows_unpadded_where_probed_invariant() -> None:
+    """bf16 attention with the probed row multiple (1 on AVX512-BF16 CPUs: decode items keep G rows, not 8)
+    is still bitwise the same alone, batched, chunked and token by token."""
+    from hitenter.models.row_invariance import attention_row_multiple
+
+    rm = attention_row_multiple(torch.bfloat16, D, 128)
+    s = Seqs([37, 5, 300, 1, 129], 16, seed=4)
+    s.q = [x.bfloat16() for x in s.q]
+    s.k = [x.bfloat16() for x in s.k]
+    s.v = [x.bfloat16() for x in s.v]
+
+    def run(cache: torch.Tensor, chunks: dict[int, tuple[int, int]]) -> dict[int, torch.Tensor]:
+        qs, slots, qsl, lens, tables, order = [], [], [0], [], [], []
+        for i, (a, b) in chunks.items():
+            write_kv(cache, s.k[i][a:b], s.v[i][a:b], torch.tensor(s.slots(i, a, b)))
+            qs.append(s.q[i][a:b])
+            slots += s.slots(i, a, b)
+            qsl.append(qsl[-1] + b - a)
+            lens.append(b)
+            tables.append(s.tables[i])
+            order.append(i)
+        meta = AttentionMetadata(qsl, lens, tables, torch.tensor(slots), 16)
+        out = paged_attention(torch.cat(qs), cache, meta, D ** -0.5, rm)
+        return {i: out[qsl[j]:qsl[j + 1]] for j, i in enumerate(order)}
+
+    def cache() -> torch.Tensor:
+        return make_cache(s.num_blocks, 16).bfloat16()
+
+    batched = run(cache(), {i: (0, n) for i, n in enumerate(s.lens)})
+    for i, n in enumerate(s.lens):
+        assert torch.equal(run(cache(), {i: (0, n)})[i], batched[i])
+    c = cache()
+    rows = [run(c, {2: (0, 250)})[2]] + [run(c, {2: (p, p + 1), 0: (0, 37)})[2] for p in range(250, 300)]
+    assert torch.equal(torch.cat(rows), batched[2])

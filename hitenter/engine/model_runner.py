@@ -34,6 +34,7 @@ class ModelRunner:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
+        self.workspace: dict[torch.dtype, torch.Tensor] = {}   # attention scratch reused across steps
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -72,6 +73,7 @@ class ModelRunner:
             block_tables=tables,
             slot_mapping=torch.tensor(slots, dtype=torch.long),
             block_size=bs,
+            workspace=self.workspace,
         )
         t0 = time.perf_counter()
         hidden = self.model(

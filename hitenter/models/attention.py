@@ -15,7 +15,8 @@ Batch invariance contract: an output row is bitwise identical whatever else shar
 the prompt was chunked and whatever work item/group it lands in. It holds because every shape that
 varies only varies in ways that do not change a row's bits on torch CPU:
   * an item's query rows (GQA group x tokens) are padded to a multiple of 8 (GEMM rows; a row's bits
-    are the same for any M % 8 == 0 and any batch count, but not for M = 1, 2, 3, ...);
+    are the same for any M % 8 == 0 and any batch count, but not for M = 1, 2, 3, ...) -- or not
+    padded, in a dtype whose GEMMs are probed row-count invariant (bf16 on AVX512-BF16 CPUs);
   * Q.K^T reduces over head_dim only; keys past an item's context are masked to -inf;
   * softmax numerators/denominators are reduced per key tile of fixed size KEY_TILE and the tiles are
     accumulated left to right, so a tile that is fully masked (or skipped) adds exact zeros.
@@ -51,17 +52,23 @@ class AttentionMetadata:
     block_tables: list[list[int]]
     slot_mapping: torch.Tensor
     block_size: int
-    _plans: dict[int, list[_Group]] = field(default_factory=dict, repr=False, compare=False)
+    # scratch buffers by dtype for the K/V gathers; a runner passes one dict for all its steps, so the
+    # gather writes into memory that is already mapped (a fresh multi-MB tensor per layer page-faults:
+    # 3-5x slower than the copy itself)
+    workspace: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+    _plans: dict[tuple[int, int], list[_Group]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens)
 
-    def plan(self, group_size: int) -> list[_Group]:
-        """The step's work groups for `group_size` query heads per KV head (built once, shared by all layers)."""
-        if group_size not in self._plans:
-            self._plans[group_size] = _build_plan(self, group_size)
-        return self._plans[group_size]
+    def plan(self, group_size: int, row_multiple: int = ROW_MULTIPLE) -> list[_Group]:
+        """The step's work groups for `group_size` query heads per KV head, each item's query rows padded
+        to `row_multiple` (built once, shared by all layers)."""
+        key = (group_size, row_multiple)
+        if key not in self._plans:
+            self._plans[key] = _build_plan(self, group_size, row_multiple)
+        return self._plans[key]
 
 
 @dataclass
@@ -80,13 +87,21 @@ class _Group:
     num_items: int
     num_rows: int
     num_tiles: int
+    _flat: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def flat_index(self, planes: int, num_blocks: int) -> torch.Tensor:
+        """Rows of the cache viewed as `[planes * num_blocks, block_size * head_dim]` (plane = K/V x head)."""
+        key = (planes, num_blocks)
+        if key not in self._flat:
+            self._flat[key] = (torch.arange(planes)[:, None] * num_blocks + self.blocks[None, :]).reshape(-1)
+        return self._flat[key]
 
 
 def _round_up(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
-def _build_plan(meta: AttentionMetadata, g: int) -> list[_Group]:
+def _build_plan(meta: AttentionMetadata, g: int, row_multiple: int) -> list[_Group]:
     bs = meta.block_size
     qsl = meta.query_start_loc
     dummy = qsl[-1] * g
@@ -106,7 +121,7 @@ def _build_plan(meta: AttentionMetadata, g: int) -> list[_Group]:
             j1 = min(n, j0 + QUERY_BLOCK)
             m = j1 - j0
             nt = -(-(start + j1) // KEY_TILE)
-            rows_m = _round_up(g * m, ROW_MULTIPLE)
+            rows_m = _round_up(g * m, row_multiple)
             rows = [(a + j0 + j) * g + h for h in range(g) for j in range(m)]
             pos = [start + j0 + j for _h in range(g) for j in range(m)]
             pad = rows_m - len(rows)
@@ -147,13 +162,25 @@ def write_kv(kv_cache_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slo
     flat[1].index_copy_(1, slot_mapping, v.to(kv_cache_layer.dtype).transpose(0, 1))
 
 
-def _attend_group(qz: torch.Tensor, kv_cache_layer: torch.Tensor, grp: _Group) -> torch.Tensor:
+def _scratch(workspace: dict[torch.dtype, torch.Tensor], dtype: torch.dtype, numel: int) -> torch.Tensor:
+    buf = workspace.get(dtype)
+    if buf is None or buf.numel() < numel:
+        buf = torch.empty(max(numel, 0 if buf is None else 2 * buf.numel()), dtype=dtype)
+        workspace[dtype] = buf
+    return buf[:numel]
+
+
+def _attend_group(qz: torch.Tensor, kv_cache_layer: torch.Tensor, grp: _Group,
+                  workspace: dict[torch.dtype, torch.Tensor]) -> torch.Tensor:
     """Output rows `[KVH, B*M, D]` of one work group (queries already scaled)."""
-    _, kvh, _, bs, d = kv_cache_layer.shape
+    _, kvh, num_blocks, bs, d = kv_cache_layer.shape
     b, m, nt = grp.num_items, grp.num_rows, grp.num_tiles
     length = nt * KEY_TILE
     q = qz.index_select(1, grp.rows).view(kvh, b, m, d)
-    kv = kv_cache_layer.index_select(2, grp.blocks).view(2, kvh, b, -1, d)
+    idx = grp.flat_index(2 * kvh, num_blocks)
+    buf = _scratch(workspace, kv_cache_layer.dtype, idx.numel() * bs * d).view(-1, bs * d)
+    torch.index_select(kv_cache_layer.view(-1, bs * d), 0, idx, out=buf)
+    kv = buf.view(2, kvh, b, -1, d)
     if kv.shape[3] != length:          # block size not dividing KEY_TILE: cut the extra keys
         kv = kv[:, :, :, :length]
     k, v = kv[0], kv[1]
@@ -169,12 +196,13 @@ def _attend_group(qz: torch.Tensor, kv_cache_layer: torch.Tensor, grp: _Group) -
 
 
 def paged_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: AttentionMetadata,
-                    scale: float) -> torch.Tensor:
+                    scale: float, row_multiple: int = ROW_MULTIPLE) -> torch.Tensor:
     """Causal attention of the flat batch q `[T, H, D]` against each sequence's paged K/V.
 
     The new tokens' K/V must already be written (write_kv). Query row j of sequence i sits at position
     seq_lens[i] - n_i + j and sees keys 0..that position. Returns `[T, H, D]` (contiguous).
-    Batch invariant, see the module docstring.
+    Batch invariant, see the module docstring; `row_multiple` 1 only where GEMMs in this dtype are
+    row-count invariant (hitenter/models/row_invariance.py).
     """
     t, nh, d = q.shape
     kvh = kv_cache_layer.shape[1]
@@ -183,8 +211,8 @@ def paged_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Attenti
     qz = q.new_zeros(kvh, t * g + 1, d)
     qz[:, :t * g] = (q * scale).view(t, kvh, g, d).transpose(0, 1).reshape(kvh, t * g, d)
     oz = torch.empty_like(qz)
-    for grp in meta.plan(g):
-        oz.index_copy_(1, grp.rows, _attend_group(qz, kv_cache_layer, grp))
+    for grp in meta.plan(g, row_multiple):
+        oz.index_copy_(1, grp.rows, _attend_group(qz, kv_cache_layer, grp, meta.workspace))
     return oz[:, :t * g].view(kvh, t, g, d).transpose(0, 1).reshape(t, nh, d)
 
 

@@ -27,7 +27,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
-from hitenter.models.attention import AttentionMetadata, paged_attention, write_kv
+from hitenter.models.attention import KEY_TILE, AttentionMetadata, paged_attention, write_kv
+from hitenter.models.row_invariance import attention_row_multiple
 from hitenter.quant import ExactEmbedding, RescoredHead, cat_rows, quant_linear, weight_bytes
 
 ROW_MULTIPLE = 8
@@ -191,6 +192,7 @@ class DecoderLayer(nn.Module):
         self.q_size = self.num_heads * d
         self.kv_size = self.num_kv_heads * d
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
+        self.attn_row_multiple = attention_row_multiple(dtype, cfg.head_dim, KEY_TILE)
 
     def forward(self, x: torch.Tensor, rope: Rope, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 attn: AttentionMetadata, kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
@@ -201,7 +203,7 @@ class DecoderLayer(nn.Module):
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, d)
         write_kv(kv_cache, k[:n_real], v[:n_real], attn.slot_mapping)
-        o = paged_attention(q[:n_real], kv_cache, attn, self.scale).view(n_real, -1)
+        o = paged_attention(q[:n_real], kv_cache, attn, self.scale, self.attn_row_multiple).view(n_real, -1)
         if n_real < t:   # padding rows (batch-invariant GEMM shapes)
             o = torch.cat([o, o.new_zeros(t - n_real, o.shape[1])])
         a = self.o_proj(o)
