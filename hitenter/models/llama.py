@@ -145,16 +145,12 @@ class Rope(nn.Module):
             self._build(max(need, 2 * self.cos.shape[0]))
         return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
 
-    def apply(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def rotate(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """x `[T, heads, D]` rotated by the table of its positions."""
         cos, sin = cos_sin
         half = self.head_dim // 2
         rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rot * sin
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x `[T, heads, D]`, positions `[T]` -> rotated x."""
-        return self.apply(x, self.table(positions, x.dtype))
 
 
 class DecoderLayer(nn.Module):
@@ -197,7 +193,7 @@ class DecoderLayer(nn.Module):
         d = self.cfg.head_dim
         qkv = self.qkv(self.attn_norm(x))
         t = qkv.shape[0]
-        qk = rope.apply(qkv[:, :self.q_size + self.kv_size].view(t, -1, d), cos_sin)   # Q and K heads in one go
+        qk = rope.rotate(qkv[:, :self.q_size + self.kv_size].view(t, -1, d), cos_sin)   # Q and K heads in one go
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, d)
         write_kv(kv_cache, k[:n_real], v[:n_real], attn.slot_mapping)
