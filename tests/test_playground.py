@@ -208,10 +208,21 @@ def test_block_map_equals_the_engines_kv_state(page, server) -> None:
     assert int(data(page, "#req-kv", "blocks")) == math.ceil(int(data(page, "#req-kv", "tokens")) / 4)
     page.fill("#max_tokens", "70")              # 6 x (prompt + 70..90 tokens) > 64 blocks: preemptions
     page.fill("#burst-n", "6")
-    page.click("#btn-burst")
-    page.wait_for_function("() => [...document.querySelectorAll('#batchstrip .batchcol')].some(c => +c.dataset.size >= 4)")
-    page.wait_for_function("() => +document.querySelector('#kv-summary').dataset.free < 40")
-    shot(page, "p-kv", "07-kv-busy")
+    real_step = eng.step
+
+    def slow_step():  # the tiny model can finish the whole burst before the page has drawn a busy map
+        time.sleep(0.02)
+        return real_step()
+
+    eng.step = slow_step
+    try:
+        page.click("#btn-burst")
+        page.wait_for_function("() => [...document.querySelectorAll('#batchstrip .batchcol')]"
+                               ".some(c => +c.dataset.size >= 4)")
+        page.wait_for_function("() => +document.querySelector('#kv-summary').dataset.free < 40")
+        shot(page, "p-kv", "07-kv-busy")
+    finally:
+        del eng.step   # the class's step again
     deadline = time.time() + 60
     while eng.has_unfinished_requests() and time.time() < deadline:
         time.sleep(0.2)
