@@ -39,7 +39,8 @@ class Seqs:
         t = self.tables[i]
         return [t[p // self.bs] * self.bs + p % self.bs for p in range(a, b)]
 
-    def step(self, cache: torch.Tensor, chunks: dict[int, tuple[int, int]]) -> dict[int, torch.Tensor]:
+    def step(self, cache: torch.Tensor, chunks: dict[int, tuple[int, int]],
+             row_multiple: int = 8) -> dict[int, torch.Tensor]:
         """Process tokens a:b of each listed sequence in one flat batch; return its output rows per seq."""
         qs, ks, vs, slots, qsl, lens, tables, order = [], [], [], [], [0], [], [], []
         for i, (a, b) in chunks.items():
@@ -54,7 +55,7 @@ class Seqs:
         sm = torch.tensor(slots, dtype=torch.long)
         write_kv(cache, torch.cat(ks), torch.cat(vs), sm)
         meta = AttentionMetadata(qsl, lens, tables, sm, self.bs)
-        out = paged_attention(torch.cat(qs), cache, meta, D ** -0.5)
+        out = paged_attention(torch.cat(qs), cache, meta, D ** -0.5, row_multiple)
         return {i: out[qsl[j]:qsl[j + 1]] for j, i in enumerate(order)}
 
 
@@ -124,26 +125,12 @@ def test_bf16_rows_unpadded_where_probed_invariant() -> None:
     s.k = [x.bfloat16() for x in s.k]
     s.v = [x.bfloat16() for x in s.v]
 
-    def run(cache: torch.Tensor, chunks: dict[int, tuple[int, int]]) -> dict[int, torch.Tensor]:
-        qs, slots, qsl, lens, tables, order = [], [], [0], [], [], []
-        for i, (a, b) in chunks.items():
-            write_kv(cache, s.k[i][a:b], s.v[i][a:b], torch.tensor(s.slots(i, a, b)))
-            qs.append(s.q[i][a:b])
-            slots += s.slots(i, a, b)
-            qsl.append(qsl[-1] + b - a)
-            lens.append(b)
-            tables.append(s.tables[i])
-            order.append(i)
-        meta = AttentionMetadata(qsl, lens, tables, torch.tensor(slots), 16)
-        out = paged_attention(torch.cat(qs), cache, meta, D ** -0.5, rm)
-        return {i: out[qsl[j]:qsl[j + 1]] for j, i in enumerate(order)}
-
     def cache() -> torch.Tensor:
         return make_cache(s.num_blocks, 16).bfloat16()
 
-    batched = run(cache(), {i: (0, n) for i, n in enumerate(s.lens)})
+    batched = s.step(cache(), {i: (0, n) for i, n in enumerate(s.lens)}, rm)
     for i, n in enumerate(s.lens):
-        assert torch.equal(run(cache(), {i: (0, n)})[i], batched[i])
+        assert torch.equal(s.step(cache(), {i: (0, n)}, rm)[i], batched[i])
     c = cache()
-    rows = [run(c, {2: (0, 250)})[2]] + [run(c, {2: (p, p + 1), 0: (0, 37)})[2] for p in range(250, 300)]
+    rows = [s.step(c, {2: (0, 250)}, rm)[2]] + [s.step(c, {2: (p, p + 1), 0: (0, 37)}, rm)[2] for p in range(250, 300)]
     assert torch.equal(torch.cat(rows), batched[2])

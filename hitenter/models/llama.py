@@ -27,11 +27,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
-from hitenter.models.attention import KEY_TILE, AttentionMetadata, paged_attention, write_kv
+from hitenter.models.attention import KEY_TILE, ROW_MULTIPLE, AttentionMetadata, paged_attention, write_kv
 from hitenter.models.row_invariance import attention_row_multiple
 from hitenter.quant import ExactEmbedding, RescoredHead, cat_rows, quant_linear, weight_bytes
-
-ROW_MULTIPLE = 8
 
 
 def pad_rows(x: torch.Tensor, multiple: int = ROW_MULTIPLE) -> torch.Tensor:
@@ -41,10 +39,6 @@ def pad_rows(x: torch.Tensor, multiple: int = ROW_MULTIPLE) -> torch.Tensor:
     if r == 0:
         return x
     return torch.cat([x, x.new_zeros((r,) + tuple(x.shape[1:]))])
-
-
-def _no_pad(x: torch.Tensor) -> torch.Tensor:
-    return x
 
 
 def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -220,10 +214,10 @@ class LlamaModel(nn.Module):
         self.config = cfg
         self.dtype = dtype
         self.tp = tp
+        head = w["token_embd.weight"] if cfg.tie_word_embeddings else w["output.weight"]
         self.head: nn.Module | None = None   # a quantized LM head (then lm_head is None)
         if not isinstance(w["token_embd.weight"], torch.Tensor):   # quantized (hitenter/quant); tp is None
-            head_w = w["token_embd.weight"] if cfg.tie_word_embeddings else w["output.weight"]
-            self.head = RescoredHead(quant_linear(head_w.coarse, None, dtype), head_w.exact)
+            self.head = RescoredHead(quant_linear(head.coarse, None, dtype), head.exact)
             self.embed: nn.Module = ExactEmbedding(w["token_embd.weight"].exact, dtype)
         elif tp is None:
             self.embed = nn.Embedding.from_pretrained(w["token_embd.weight"].to(dtype), freeze=True)
@@ -231,7 +225,6 @@ class LlamaModel(nn.Module):
             self.embed = tp.vocab_embedding(w["token_embd.weight"], dtype)
         self.layers = nn.ModuleList(DecoderLayer(cfg, w, i, dtype, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(w["output_norm.weight"], cfg.rms_norm_eps, dtype)
-        head = w["token_embd.weight"] if cfg.tie_word_embeddings else w["output.weight"]
         if self.head is not None:
             self.lm_head = None
         elif cfg.tie_word_embeddings:
@@ -246,14 +239,17 @@ class LlamaModel(nn.Module):
         # the same bits for any row count (tests/test_quant.py), so a quantized model is invariant unpadded.
         self.dense_gemms = self.head is None or any(isinstance(m, Linear) for m in self.modules())
 
+    def _pad(self, x: torch.Tensor) -> torch.Tensor:
+        """x with its rows padded to a multiple of 8 where batch invariance needs it (see the module doc)."""
+        return pad_rows(x) if self.batch_invariant and self.dense_gemms else x
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                 kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """Hidden states after the final norm, `[T, H]`; writes the new tokens' K/V into kv_caches."""
         n = int(input_ids.shape[0])
-        pad = pad_rows if self.batch_invariant and self.dense_gemms else _no_pad
-        ids = pad(input_ids.long())
-        pos = pad(positions.long())
+        ids = self._pad(input_ids.long())
+        pos = self._pad(positions.long())
         x = self.embed(ids)
         cos_sin = self.rope.table(pos, x.dtype)
         for layer, cache in zip(self.layers, kv_caches, strict=True):
@@ -264,8 +260,7 @@ class LlamaModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits `[N, V]` for hidden `[N, H]` (row-padded GEMM, batch invariant)."""
         n = hidden.shape[0]
-        pad = pad_rows if self.batch_invariant and self.dense_gemms else _no_pad
-        x = pad(hidden.to(self.dtype))
+        x = self._pad(hidden.to(self.dtype))
         logits = (F.linear(x, self.lm_head) if self.head is None else self.head(x))[:n].float()
         return logits if self.tp is None else self.tp.gather_logits(logits)
 

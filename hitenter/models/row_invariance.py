@@ -16,7 +16,8 @@ from functools import cache
 
 import torch
 
-SAFE_MULTIPLE = 8   # torch CPU gives a row the same bits for any M % 8 == 0
+from hitenter.models.attention import ROW_MULTIPLE
+
 PROBE_ROWS = (1, 2, 3, 5, 8, 9, 13, 24)
 TRIALS = 16
 
@@ -24,7 +25,7 @@ TRIALS = 16
 @cache
 def attention_row_multiple(dtype: torch.dtype, head_dim: int, key_tile: int) -> int:
     """1 if Q.K^T (reducing head_dim) and P.V (reducing key_tile) in `dtype` give every row the same bits
-    at all probed row counts over TRIALS random draws, else SAFE_MULTIPLE."""
+    at all probed row counts over TRIALS random draws, else ROW_MULTIPLE."""
     g = torch.Generator().manual_seed(0)
     n = max(PROBE_ROWS)
     for t in range(TRIALS):
@@ -36,5 +37,5 @@ def attention_row_multiple(dtype: torch.dtype, head_dim: int, key_tile: int) -> 
         for m in PROBE_ROWS:
             if not (torch.equal(torch.matmul(q[:, :m], k), full_s[:, :m])
                     and torch.equal(torch.matmul(e[:, :, :m], v), full_o[:, :, :m])):
-                return SAFE_MULTIPLE
+                return ROW_MULTIPLE
     return 1

@@ -61,8 +61,8 @@ def exact_rows_from_gguf(tensor: Any, dequantized: torch.Tensor) -> ExactRows:
 
 @dataclass
 class HeadWeight:
-    """A quantized embedding / LM head table: `coarse` (an Int4Weight / Int8Weight for the fast kernel) and
-    `exact` (the GGUF values)."""
+    """A quantized embedding / LM head table: `coarse` (an Int4Weight / Int8Weight for the fast kernel; None
+    for an untied embedding, which is only looked up) and `exact` (the GGUF values)."""
 
     coarse: Any
     exact: ExactRows

@@ -28,6 +28,8 @@ import gguf
 import numpy as np
 import torch
 
+from hitenter.quant.head import HeadWeight, exact_rows_from_gguf
+
 GROUP = 32
 Quantization = Literal["none", "int8", "int4"]
 QUANTIZATIONS: tuple[str, ...] = ("none", "int8", "int4")
@@ -166,11 +168,12 @@ def quantize_weights(reader: gguf.GGUFReader, weights: dict[str, Any], mode: str
                 weights[name] = int4_from_float(w)
         else:
             weights[name] = int8_from_float(w, scale_dtype)
-    from hitenter.quant.head import HeadWeight, exact_rows_from_gguf
-
+    head_name = "output.weight" if "output.weight" in weights else "token_embd.weight"   # tied without output
     for name in ("token_embd.weight", "output.weight"):
         if name in weights:
             w = weights[name]
-            coarse = int4_from_float(w) if mode == "int4" and w.shape[1] % GROUP == 0 else int8_from_float(w, scale_dtype)
+            coarse = None
+            if name == head_name:   # an untied embedding is only looked up: no kernel layout for it
+                coarse = int4_from_float(w) if mode == "int4" and w.shape[1] % GROUP == 0 else int8_from_float(w, scale_dtype)
             weights[name] = HeadWeight(coarse, exact_rows_from_gguf(infos[name], w))
     return weights
