@@ -10,6 +10,7 @@ import torch
 from torch.nn import functional as F
 
 from hitenter.models.attention import AttentionMetadata, allocate_kv_caches
+from hitenter.models.linear import Linear, packed_rows_invariant
 from hitenter.models.llama import LlamaModel, pad_rows
 from hitenter.models.loader import load_model
 from hitenter.models.registry import hitenter_home
@@ -113,16 +114,38 @@ SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576), (1152,
           (896, 4864)]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
-def test_linear_batch_invariance(shape: tuple[int, int]) -> None:
-    """A row's output bits must not depend on how many rows share the (row-padded) GEMM."""
+def test_linear_batch_invariance(shape: tuple[int, int], dtype: torch.dtype) -> None:
+    """A row's output bits must not depend on how many rows share the (row-padded) GEMM: the model's
+    Linear (packed for oneDNN where its load-time probe allows, else F.linear)."""
     g = torch.Generator().manual_seed(0)
     w = torch.randn(shape, generator=g) * 0.05
-    x = torch.randn(200, shape[1], generator=g)
-    ref = F.linear(pad_rows(x[3:4]), w)[0]
+    x = torch.randn(200, shape[1], generator=g).to(dtype)
+    lin = Linear(w, None, dtype)
+    ref = lin(pad_rows(x[3:4]))[0]
     for m in (4, 5, 8, 11, 16, 33, 64, 129, 200):
-        out = F.linear(pad_rows(x[:m]), w)[3]
+        out = lin(pad_rows(x[:m]))[3]
         assert torch.equal(out, ref), f"row differs at M={m}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_packed_linear_matches_f_linear(dtype: torch.dtype) -> None:
+    """The packed weight computes the same product: bitwise F.linear in bf16 (same oneDNN kernel),
+    fp32 to float rounding (oneDNN's GEMM rather than MKL's); the bias is added."""
+    g = torch.Generator().manual_seed(1)
+    w, b = torch.randn(300, 576, generator=g) * 0.05, torch.randn(300, generator=g)
+    x = torch.randn(24, 576, generator=g).to(dtype)
+    lin = Linear(w, b, dtype)
+    if not packed_rows_invariant(dtype):
+        pytest.skip(f"no row-invariant oneDNN packed GEMM for {dtype} in this torch build")
+    assert lin.packed is not None and lin.weight is None
+    ref = F.linear(x, w.to(dtype), b.to(dtype))
+    if dtype == torch.bfloat16:
+        assert torch.equal(lin(x), ref)
+    else:
+        torch.testing.assert_close(lin(x), ref, rtol=1e-5, atol=1e-5)
+    assert lin(x[:, :].t().contiguous().t()).shape == (24, 300)   # a non-contiguous input is accepted
 
 
 # ---------------------------------------------------------------- real models (goldens from HF transformers)

@@ -120,7 +120,7 @@ def test_tiny_model_int4_from_q4_1_gguf(tmp_path: Path) -> None:
             exact.compute_dtype = torch.float32
             exact._buffers = dict(q4._buffers)
             exact._buffers["scales_and_zeros"] = q4.scales_and_zeros.float()
-            x = torch.randn(8, fp.weight.shape[1])
+            x = torch.randn(8, fp.in_features)
             assert (exact(x) - fp(x)).abs().max() < 1e-2 * fp(x).abs().max()
 
 

@@ -28,6 +28,7 @@ from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
 from hitenter.models.attention import KEY_TILE, ROW_MULTIPLE, AttentionMetadata, paged_attention, write_kv
+from hitenter.models.linear import Linear, pack_weight, packed_matmul
 from hitenter.models.row_invariance import attention_row_multiple
 from hitenter.quant import ExactEmbedding, RescoredHead, cat_rows, quant_linear, weight_bytes
 
@@ -85,18 +86,6 @@ def tp_shard(cfg: ModelConfig, tp: TensorParallel | None) -> tuple[int, int, int
         return kv0 * g, kvh * g, kv0, kvh, f0, f
     nh = cfg.num_heads // tp.size
     return tp.rank * nh, nh, tp.rank * cfg.num_kv_heads // tp.size, 1, f0, f
-
-
-class Linear(nn.Module):
-    """y = x W^T (+ b). Callers pass row counts that are multiples of 8 (see module doc)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.weight = _param(weight, dtype)
-        self.bias = None if bias is None else _param(bias, dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
 
 
 def make_linear(weight: torch.Tensor | Any, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Module:
@@ -231,6 +220,8 @@ class LlamaModel(nn.Module):
             self.lm_head = self.embed.weight
         else:
             self.lm_head = _param(head, dtype) if tp is None else tp.vocab_shard(head, dtype)
+        # the dense head's own packed copy (models/linear.py; a tied embedding keeps its plain table)
+        self.register_buffer("head_packed", None if self.lm_head is None else pack_weight(self.lm_head))
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, min(cfg.context_length, 4096))
         # True: GEMM row counts padded to a multiple of 8 so results are bitwise batch invariant.
         # False: no padding; a lone decode row then takes torch's faster GEMV path (different bits).
@@ -261,7 +252,13 @@ class LlamaModel(nn.Module):
         """fp32 logits `[N, V]` for hidden `[N, H]` (row-padded GEMM, batch invariant)."""
         n = hidden.shape[0]
         x = self._pad(hidden.to(self.dtype))
-        logits = (F.linear(x, self.lm_head) if self.head is None else self.head(x))[:n].float()
+        if self.head is not None:
+            logits = self.head(x)
+        elif self.head_packed is not None:
+            logits = packed_matmul(x, self.head_packed)
+        else:
+            logits = F.linear(x, self.lm_head)
+        logits = logits[:n].float()
         return logits if self.tp is None else self.tp.gather_logits(logits)
 
     def weight_bytes(self) -> int:

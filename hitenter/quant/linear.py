@@ -88,7 +88,9 @@ def weight_bytes(module: nn.Module) -> int:
     total = 0
     tensors = list(module.parameters()) + list(module.buffers())
     for t in tensors:
-        if t.data_ptr() not in seen:
+        if t.is_mkldnn:   # an opaque packed weight (models/linear.py): its own storage
+            total += t.numel() * t.element_size()
+        elif t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
     return total
