@@ -1,7 +1,7 @@
 """Offline throughput: 64 requests (prompts 16..512, outputs 16..256 tokens, fixed seed) on SmolLM2.
 
     .venv/bin/python bench/throughput.py [--num 64] [--sequential-sample 16] [--no-hf]
-        [--formats fp32 bf16 int4] [--hf-dtypes fp32 bf16]
+        [--formats fp32 bf16 int4] [--hf-dtypes fp32 bf16] [--rounds 3]
 
 Three ways in one run: hitenter's engine with all requests at once (continuous batching);
 the same requests one at a time in hitenter; HF transformers `generate` with left padding in
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -70,6 +71,26 @@ def run_hf(model: str, reqs, batch: int, dtype: str = "fp32") -> float:  # type:
     return useful / (time.perf_counter() - t0)
 
 
+def engine_round(model: str, fmt: str, num: int, sequential_sample: int) -> dict[str, float]:
+    """One fresh engine (cold prefix cache) on the workload: output tok/s, TTFT p50/p99, and with
+    sequential_sample > 0 the same engine one request at a time on that many requests."""
+    from hitenter import LLM
+
+    llm = LLM(model, **FORMATS[fmt])
+    reqs = workload(num, llm.model_config.vocab_size)
+    run_engine(llm, workload(4, llm.model_config.vocab_size, seed=99))  # warm up (other prompts: no cache hits)
+    rate, ttfts = run_engine(llm, reqs)
+    out = {"engine_tok_s": rate, "ttft_p50": percentile(ttfts, 50), "ttft_p99": percentile(ttfts, 99)}
+    if sequential_sample:
+        t0, ntok = time.perf_counter(), 0
+        for r in reqs[:sequential_sample]:
+            run_engine(llm, [r])
+            ntok += r[1]
+        out["sequential_tok_s"] = ntok / (time.perf_counter() - t0)
+    llm.close()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -80,43 +101,56 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--formats", nargs="+", default=["fp32", "bf16", "int4"], choices=sorted(FORMATS))
     ap.add_argument("--hf-dtypes", nargs="+", default=["fp32", "bf16"], choices=sorted(HF_DTYPES))
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat engine and HF runs alternately; each ratio is taken within a round and the "
+                         "median over rounds reported (this box's speed drifts 20%% over minutes)")
     a = ap.parse_args()
-    from hitenter import LLM
+    from hitenter.models.registry import resolve_model
 
-    rows, result = [], {"num": a.num}
-    hf = {d: float("nan") if a.no_hf else 0.0 for d in a.hf_dtypes}
-    for fmt in a.formats:
-        llm = LLM(a.model, **FORMATS[fmt])
-        reqs = workload(a.num, llm.model_config.vocab_size)
-        run_engine(llm, workload(4, llm.model_config.vocab_size, seed=99))  # warm up
-        batched, ttfts = run_engine(llm, reqs)
-        p50, p99 = percentile(ttfts, 50), percentile(ttfts, 99)
-        rows.append([f"hitenter engine [{fmt}] (all at once)", batched, 1.0, p50, p99])
-        result[fmt] = {"engine_tok_s": batched, "ttft_p50": p50, "ttft_p99": p99}
-        if fmt == a.formats[0]:
-            seq_sample = reqs[: a.sequential_sample]
-            t0, ntok = time.perf_counter(), 0
-            for r in seq_sample:
-                run_engine(llm, [r])
-                ntok += r[1]
-            sequential = ntok / (time.perf_counter() - t0)
-            rows.append([f"hitenter [{fmt}] one at a time ({len(seq_sample)} req)", sequential, batched / sequential,
-                         float("nan"), float("nan")])
-            result["sequential_tok_s"] = sequential
-        llm.close()
-    for d in hf:
+    vocab_reqs = None
+    rounds: list[dict[str, dict[str, float]]] = []
+    for r in range(a.rounds):
+        res: dict[str, dict[str, float]] = {}
+        for fmt in a.formats:
+            res[fmt] = engine_round(a.model, fmt, a.num, a.sequential_sample if r == 0 and fmt == a.formats[0] else 0)
         if not a.no_hf:
-            hf[d] = run_hf(a.model, reqs[: a.hf_sample], a.hf_batch, d)
-        rows.append([f"HF generate [{d}], padded batches of {a.hf_batch} ({a.hf_sample} req)", hf[d],
-                     float("nan"), float("nan"), float("nan")])
-    print(table(rows, ["mode", "output tok/s", "vs one at a time", "TTFT p50 s", "TTFT p99 s"]))
+            if vocab_reqs is None:
+                from transformers import AutoConfig
+
+                path = Path(resolve_model(a.model))
+                cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+                vocab_reqs = workload(a.num, cfg.vocab_size)
+            res["hf"] = {d: run_hf(a.model, vocab_reqs[: a.hf_sample], a.hf_batch, d) for d in a.hf_dtypes}
+        rounds.append(res)
+        print(f"round {r + 1}/{a.rounds}: " + ", ".join(f"{k} {v['engine_tok_s']:.1f}" for k, v in res.items()
+                                                      if k != "hf")
+              + ("" if a.no_hf else ", " + ", ".join(f"HF {d} {v:.1f}" for d, v in res["hf"].items())), flush=True)
+    med = statistics.median
+    rows, result = [], {"num": a.num, "rounds": rounds}
     for fmt in a.formats:
-        for d, rate in hf.items():
-            ratio = result[fmt]["engine_tok_s"] / rate
-            result[fmt][f"ratio_vs_hf_{d}"] = ratio
-            print(f"engine [{fmt}] / HF [{d}]: {ratio:.2f}x")
+        vals = {k: med(rd[fmt][k] for rd in rounds) for k in ("engine_tok_s", "ttft_p50", "ttft_p99")}
+        rows.append([f"hitenter engine [{fmt}] (all at once)", vals["engine_tok_s"], 1.0, vals["ttft_p50"],
+                     vals["ttft_p99"]])
+        result[fmt] = vals
+        if "sequential_tok_s" in rounds[0][fmt]:
+            seq = rounds[0][fmt]["sequential_tok_s"]
+            rows.append([f"hitenter [{fmt}] one at a time ({a.sequential_sample} req, round 1)", seq,
+                         rounds[0][fmt]["engine_tok_s"] / seq, float("nan"), float("nan")])
+            result["sequential_tok_s"] = seq
+    for d in a.hf_dtypes:
+        rate = float("nan") if a.no_hf else med(rd["hf"][d] for rd in rounds)
+        rows.append([f"HF generate [{d}], padded batches of {a.hf_batch} ({a.hf_sample} req)", rate,
+                     float("nan"), float("nan"), float("nan")])
+    print(table(rows, ["mode", f"output tok/s (median of {a.rounds})", "vs one at a time", "TTFT p50 s",
+                       "TTFT p99 s"]))
+    if not a.no_hf:
+        for fmt in a.formats:
+            for d in a.hf_dtypes:
+                per_round = [rd[fmt]["engine_tok_s"] / rd["hf"][d] for rd in rounds]
+                result[fmt][f"ratio_vs_hf_{d}"] = med(per_round)
+                print(f"engine [{fmt}] / HF [{d}]: {med(per_round):.2f}x (median; rounds: "
+                      + ", ".join(f"{x:.2f}" for x in per_round) + ")")
     print(f"(all {a.num} requests submitted at t=0; TTFT includes the queue)")
-    result["hf_tok_s"] = hf
     emit_json("throughput", result)
 
 
