@@ -34,10 +34,6 @@ from hitenter.config import ModelConfig
 KEY_TILE = 128  # keys per softmax/PV tile; fixed so a row's reduction order never depends on context length
 ROW_MULTIPLE = 8  # query rows are padded to this multiple (batch-invariant GEMM shapes)
 QUERY_BLOCK = 128  # tokens per work item: a long prefill skips the key tiles its early rows cannot see
-# keys gathered per work group at most (whole items): a group's gathered K/V (6 MB in bf16 for SmolLM2)
-# stays in the CPU's caches between the gather and the two GEMMs that read it; one group of 64 decode
-# items over 300 tokens (19 MB) measured 1.4x slower than four groups of 16
-GROUP_KEYS = 8192
 
 
 @dataclass
@@ -134,12 +130,7 @@ def _build_plan(meta: AttentionMetadata, g: int, row_multiple: int) -> list[_Gro
             nb = -(-nt * KEY_TILE // bs)
             used = table[:nb]
             items.setdefault((rows_m, nt), []).append((rows, pos, used + [used[0]] * (nb - len(used))))
-    groups = []
-    for (rows_m, nt), same_shape in items.items():
-        step = max(1, GROUP_KEYS // (nt * KEY_TILE))
-        for c in range(0, len(same_shape), step):
-            groups.append(_group(same_shape[c:c + step], rows_m, nt))
-    return groups
+    return [_group(its, rows_m, nt) for (rows_m, nt), its in items.items()]
 
 
 def _group(its: list[tuple[list[int], list[int], list[int]]], rows_m: int, nt: int) -> _Group:
@@ -189,12 +180,7 @@ def _attend_group(qz: torch.Tensor, kv_cache_layer: torch.Tensor, grp: _Group,
     q = qz.index_select(1, grp.rows).view(kvh, b, m, d)
     idx = grp.flat_index(2 * kvh, num_blocks)
     buf = _scratch(workspace, kv_cache_layer.dtype, idx.numel() * bs * d).view(-1, bs * d)
-    src = kv_cache_layer.view(-1, bs * d)
-    if bs * d * src.element_size() % 8 == 0:   # same bytes moved as 8-byte words: index_select's copy is ~20% faster
-        src, dst = src.view(torch.int64), buf.view(torch.int64)
-    else:
-        dst = buf
-    torch.index_select(src, 0, idx, out=dst)
+    torch.index_select(kv_cache_layer.view(-1, bs * d), 0, idx, out=buf)
     kv = buf.view(2, kvh, b, -1, d)
     if kv.shape[3] != length:          # block size not dividing KEY_TILE: cut the extra keys
         kv = kv[:, :, :, :length]
