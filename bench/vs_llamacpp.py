@@ -73,7 +73,10 @@ def hitenter_rates(model: str, decode: int, prefills: list[int], fmt: str) -> tu
         if r:
             best = max(best, (len(times) - 1) / (times[-1] - times[0]))
     out["decode"] = best
-    wb = llm.engine.parts.model.weight_bytes()
+    model = llm.engine.parts.model
+    wb = model.weight_bytes()
+    if getattr(model, "head_packed", None) is not None:   # a dense head packed apart: decode does not read
+        wb -= model.embed.weight.numel() * model.embed.weight.element_size()   # the embedding's plain table
     llm.close()
     return out, wb
 
