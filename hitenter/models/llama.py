@@ -220,11 +220,15 @@ class LlamaModel(nn.Module):
             self.lm_head = self.embed.weight
         else:
             self.lm_head = _param(head, dtype) if tp is None else tp.vocab_shard(head, dtype)
-        # the dense head's own packed copy (models/linear.py; a tied embedding keeps its plain table)
-        self.register_buffer("head_packed", None if self.lm_head is None else pack_weight(self.lm_head))
+        # the dense head packed for oneDNN (models/linear.py): a tied embedding keeps its plain table for
+        # lookups beside it; an untied head needs only the packed copy
+        head_packed = None if self.lm_head is None else pack_weight(self.lm_head)
+        if head_packed is not None and not cfg.tie_word_embeddings:
+            self.lm_head = None
+        self.register_buffer("head_packed", head_packed)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, min(cfg.context_length, 4096))
         # True: GEMM row counts padded to a multiple of 8 so results are bitwise batch invariant.
-        # False: no padding; a lone decode row then takes torch's faster GEMV path (different bits).
+        # False: no padding (a lone decode row may then take a GEMV kernel: different bits).
         self.batch_invariant = True
         # Only dense (fp32/bf16) GEMMs need the padding: torch's int8/int4 weight-only kernels give a row
         # the same bits for any row count (tests/test_quant.py), so a quantized model is invariant unpadded.
