@@ -75,7 +75,7 @@ def hitenter_rates(model: str, decode: int, prefills: list[int], fmt: str) -> tu
     out["decode"] = best
     model = llm.engine.parts.model
     wb = model.weight_bytes()
-    if getattr(model, "head_packed", None) is not None:   # a dense head packed apart: decode does not read
+    if getattr(model.head, "packed", None) is not None:   # a dense head packed apart: decode does not read
         wb -= model.embed.weight.numel() * model.embed.weight.element_size()   # the embedding's plain table
     llm.close()
     return out, wb

@@ -28,7 +28,7 @@ from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
 from hitenter.models.attention import KEY_TILE, ROW_MULTIPLE, AttentionMetadata, paged_attention, write_kv
-from hitenter.models.linear import Linear, pack_weight, packed_matmul
+from hitenter.models.linear import Linear
 from hitenter.models.row_invariance import attention_row_multiple
 from hitenter.quant import ExactEmbedding, RescoredHead, cat_rows, quant_linear, weight_bytes
 
@@ -204,35 +204,27 @@ class LlamaModel(nn.Module):
         self.dtype = dtype
         self.tp = tp
         head = w["token_embd.weight"] if cfg.tie_word_embeddings else w["output.weight"]
-        self.head: nn.Module | None = None   # a quantized LM head (then lm_head is None)
         if not isinstance(w["token_embd.weight"], torch.Tensor):   # quantized (hitenter/quant); tp is None
-            self.head = RescoredHead(quant_linear(head.coarse, None, dtype), head.exact)
+            self.head: nn.Module = RescoredHead(quant_linear(head.coarse, None, dtype), head.exact)
             self.embed: nn.Module = ExactEmbedding(w["token_embd.weight"].exact, dtype)
-        elif tp is None:
-            self.embed = nn.Embedding.from_pretrained(w["token_embd.weight"].to(dtype), freeze=True)
-        else:   # vocab-parallel: this rank's rows; looks up its own ids and all-reduces
-            self.embed = tp.vocab_embedding(w["token_embd.weight"], dtype)
+        else:
+            if tp is None:
+                self.embed = nn.Embedding.from_pretrained(w["token_embd.weight"].to(dtype), freeze=True)
+            else:   # vocab-parallel: this rank's rows; looks up its own ids and all-reduces
+                self.embed = tp.vocab_embedding(w["token_embd.weight"], dtype)
+            # a dense Linear, packed for oneDNN where it can be (a tied table then stays plain for lookups)
+            table = (self.embed.weight if cfg.tie_word_embeddings
+                     else head if tp is None else tp.vocab_shard(head, dtype))
+            self.head = Linear(table, None, dtype)
         self.layers = nn.ModuleList(DecoderLayer(cfg, w, i, dtype, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(w["output_norm.weight"], cfg.rms_norm_eps, dtype)
-        if self.head is not None:
-            self.lm_head = None
-        elif cfg.tie_word_embeddings:
-            self.lm_head = self.embed.weight
-        else:
-            self.lm_head = _param(head, dtype) if tp is None else tp.vocab_shard(head, dtype)
-        # the dense head packed for oneDNN (models/linear.py): a tied embedding keeps its plain table for
-        # lookups beside it; an untied head needs only the packed copy
-        head_packed = None if self.lm_head is None else pack_weight(self.lm_head)
-        if head_packed is not None and not cfg.tie_word_embeddings:
-            self.lm_head = None
-        self.register_buffer("head_packed", head_packed)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, min(cfg.context_length, 4096))
         # True: GEMM row counts padded to a multiple of 8 so results are bitwise batch invariant.
         # False: no padding (a lone decode row may then take a GEMV kernel: different bits).
         self.batch_invariant = True
         # Only dense (fp32/bf16) GEMMs need the padding: torch's int8/int4 weight-only kernels give a row
         # the same bits for any row count (tests/test_quant.py), so a quantized model is invariant unpadded.
-        self.dense_gemms = self.head is None or any(isinstance(m, Linear) for m in self.modules())
+        self.dense_gemms = any(isinstance(m, Linear) for m in self.modules())
 
     def _pad(self, x: torch.Tensor) -> torch.Tensor:
         """x with its rows padded to a multiple of 8 where batch invariance needs it (see the module doc)."""
@@ -256,13 +248,7 @@ class LlamaModel(nn.Module):
         """fp32 logits `[N, V]` for hidden `[N, H]` (row-padded GEMM, batch invariant)."""
         n = hidden.shape[0]
         x = self._pad(hidden.to(self.dtype))
-        if self.head is not None:
-            logits = self.head(x)
-        elif self.head_packed is not None:
-            logits = packed_matmul(x, self.head_packed)
-        else:
-            logits = F.linear(x, self.lm_head)
-        logits = logits[:n].float()
+        logits = self.head(x)[:n].float()
         return logits if self.tp is None else self.tp.gather_logits(logits)
 
     def weight_bytes(self) -> int:
