@@ -50,6 +50,7 @@ class ModelRunner:
         sample_rows: list[int] = []
         sample_ids: list[str] = []
         num_rows: list[int] = []
+        kernel_from: list[int] = []   # generation rows (position >= prompt length - 1): fused kernel
         for sr in out.scheduled:
             req = sr.request
             start, n = sr.num_computed_tokens, sr.num_new_tokens
@@ -62,6 +63,7 @@ class ModelRunner:
             qsl.append(qsl[-1] + n)
             seq_lens.append(start + n)
             tables.append(table)
+            kernel_from.append(req.num_prompt_tokens - 1)
             if start + n >= req.num_tokens:   # caught up: the last 1 + k rows score the drafts + next token
                 k = len(req.spec_token_ids)
                 sample_rows.extend(range(qsl[-1] - 1 - k, qsl[-1]))
@@ -73,6 +75,7 @@ class ModelRunner:
             block_tables=tables,
             slot_mapping=torch.tensor(slots, dtype=torch.long),
             block_size=bs,
+            kernel_from=kernel_from,
             workspace=self.workspace,
         )
         t0 = time.perf_counter()

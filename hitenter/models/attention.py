@@ -20,6 +20,11 @@ varies only varies in ways that do not change a row's bits on torch CPU:
   * Q.K^T reduces over head_dim only; keys past an item's context are masked to -inf;
   * softmax numerators/denominators are reduced per key tile of fixed size KEY_TILE and the tiles are
     accumulated left to right, so a tile that is fully masked (or skipped) adds exact zeros.
+
+Generation rows (position >= prompt length - 1, given per sequence as `kernel_from`) go instead to a
+fused kernel that reads the paged cache in place (decode_kernel.py): a row's path depends on its
+position only, so the contract holds for both paths. Without `kernel_from`, or where the kernel is not
+built, every row takes the GEMM path.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hitenter.config import ModelConfig
+from hitenter.models import decode_kernel
 
 KEY_TILE = 128  # keys per softmax/PV tile; fixed so a row's reduction order never depends on context length
 ROW_MULTIPLE = 8  # query rows are padded to this multiple (batch-invariant GEMM shapes)
@@ -52,23 +58,40 @@ class AttentionMetadata:
     block_tables: list[list[int]]
     slot_mapping: torch.Tensor
     block_size: int
+    # per sequence, the first position whose row is a generation row for the fused kernel (the prompt
+    # length - 1); None: all rows take the GEMM path
+    kernel_from: list[int] | None = None
     # scratch buffers by dtype for the K/V gathers; a runner passes one dict for all its steps, so the
     # gather writes into memory that is already mapped (a fresh multi-MB tensor per layer page-faults:
     # 3-5x slower than the copy itself)
     workspace: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
-    _plans: dict[tuple[int, int], list[_Group]] = field(default_factory=dict, repr=False, compare=False)
+    _plans: dict[tuple[int, int, bool], list[_Group]] = field(default_factory=dict, repr=False, compare=False)
+    _kernel_rows: list[_KernelRows | None] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens)
 
-    def plan(self, group_size: int, row_multiple: int = ROW_MULTIPLE) -> list[_Group]:
+    def plan(self, group_size: int, row_multiple: int = ROW_MULTIPLE, use_kernel: bool = False) -> list[_Group]:
         """The step's work groups for `group_size` query heads per KV head, each item's query rows padded
-        to `row_multiple` (built once, shared by all layers)."""
-        key = (group_size, row_multiple)
+        to `row_multiple` (built once, shared by all layers); `use_kernel`: generation rows left out."""
+        key = (group_size, row_multiple, use_kernel)
         if key not in self._plans:
-            self._plans[key] = _build_plan(self, group_size, row_multiple)
+            self._plans[key] = _build_plan(self, group_size, row_multiple, use_kernel)
         return self._plans[key]
+
+    def gemm_rows(self, i: int, use_kernel: bool) -> int:
+        """How many of sequence i's new rows (the first ones) take the GEMM path."""
+        n = self.query_start_loc[i + 1] - self.query_start_loc[i]
+        if not use_kernel or self.kernel_from is None:
+            return n
+        return min(n, max(0, self.kernel_from[i] - (self.seq_lens[i] - n)))
+
+    def kernel_rows(self) -> _KernelRows | None:
+        """The step's generation rows and their key ranges / block tables (built once; None if none)."""
+        if not self._kernel_rows:
+            self._kernel_rows.append(_build_kernel_rows(self))
+        return self._kernel_rows[0]
 
 
 @dataclass
@@ -97,11 +120,51 @@ class _Group:
         return self._flat[key]
 
 
+@dataclass
+class _KernelRows:
+    """Generation rows of a step for decode_kernel: row r is flat row rows[r], sees ctx[r] keys, and its
+    block table is tables[starts[r]:]; `all_rows` when they are exactly rows 0..T-1 in order."""
+
+    rows: torch.Tensor
+    ctx: torch.Tensor
+    starts: torch.Tensor
+    tables: torch.Tensor
+    all_rows: bool
+
+
+def _build_kernel_rows(meta: AttentionMetadata) -> _KernelRows | None:
+    rows: list[int] = []
+    ctx: list[int] = []
+    starts: list[int] = []
+    flat: list[int] = []
+    qsl = meta.query_start_loc
+    for i, seq_len in enumerate(meta.seq_lens):
+        a, b = qsl[i], qsl[i + 1]
+        g = meta.gemm_rows(i, True)
+        if g == b - a:
+            continue
+        start = seq_len - (b - a)
+        table = meta.block_tables[i]
+        if len(table) * meta.block_size < seq_len:
+            raise ValueError(f"block table has {len(table)} blocks, {-(-seq_len // meta.block_size)} needed "
+                             f"for {seq_len} tokens")
+        for j in range(g, b - a):
+            rows.append(a + j)
+            ctx.append(start + j + 1)
+            starts.append(len(flat))
+        flat.extend(table)
+    if not rows:
+        return None
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
+    return _KernelRows(as_long(rows), as_long(ctx), as_long(starts), as_long(flat),
+                       all_rows=rows == list(range(qsl[-1])))
+
+
 def _round_up(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
-def _build_plan(meta: AttentionMetadata, g: int, row_multiple: int) -> list[_Group]:
+def _build_plan(meta: AttentionMetadata, g: int, row_multiple: int, use_kernel: bool) -> list[_Group]:
     bs = meta.block_size
     qsl = meta.query_start_loc
     dummy = qsl[-1] * g
@@ -117,8 +180,9 @@ def _build_plan(meta: AttentionMetadata, g: int, row_multiple: int) -> list[_Gro
         if len(table) * bs < seq_len:
             raise ValueError(f"block table has {len(table)} blocks, {-(-seq_len // bs)} needed for {seq_len} tokens")
         start = seq_len - n
-        for j0 in range(0, n, QUERY_BLOCK):
-            j1 = min(n, j0 + QUERY_BLOCK)
+        n_gemm = meta.gemm_rows(i, use_kernel)
+        for j0 in range(0, n_gemm, QUERY_BLOCK):
+            j1 = min(n_gemm, j0 + QUERY_BLOCK)
             m = j1 - j0
             nt = -(-(start + j1) // KEY_TILE)
             rows_m = _round_up(g * m, row_multiple)
@@ -208,13 +272,22 @@ def paged_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Attenti
     t, nh, d = q.shape
     kvh = kv_cache_layer.shape[1]
     g = nh // kvh
+    use_kernel = meta.kernel_from is not None and decode_kernel.supports(kv_cache_layer, nh, q.dtype)
+    kr = meta.kernel_rows() if use_kernel else None
+    if kr is not None and kr.all_rows:   # a pure decode step: the kernel only
+        return decode_kernel.decode_attention(q, kv_cache_layer, kr.ctx, kr.starts, kr.tables, scale)
     # per KV head, rows t*G + h of the step's queries, plus one zero row for padding
     qz = q.new_zeros(kvh, t * g + 1, d)
     qz[:, :t * g] = (q * scale).view(t, kvh, g, d).transpose(0, 1).reshape(kvh, t * g, d)
     oz = torch.empty_like(qz)
-    for grp in meta.plan(g, row_multiple):
+    for grp in meta.plan(g, row_multiple, use_kernel):
         oz.index_copy_(1, grp.rows, _attend_group(qz, kv_cache_layer, grp, meta.workspace))
-    return oz[:, :t * g].view(kvh, t, g, d).transpose(0, 1).reshape(t, nh, d)
+    out = oz[:, :t * g].view(kvh, t, g, d).transpose(0, 1).reshape(t, nh, d)
+    if kr is not None:
+        rows = decode_kernel.decode_attention(q.index_select(0, kr.rows), kv_cache_layer, kr.ctx, kr.starts,
+                                              kr.tables, scale)
+        out.index_copy_(0, kr.rows, rows)
+    return out
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int,

@@ -1,0 +1,149 @@
+/* Fused paged attention for generation rows (hitenter/models/decode_kernel.py builds and loads it).
+
+   decode_attention: for each row r (one query token) and KV head h, the G = H / KVH query heads of h
+   attend to keys 0 .. ctx[r]-1 read straight from the paged cache (no gather copy): 16 keys at a time,
+   scores by a fixed shuffle/add tree, online softmax in fp32 (running max, rescaled sums), P.V
+   accumulated in fp32, one rounding to the cache dtype at the end.
+
+   Bits: the arithmetic of a (row, head) depends only on its own query, its keys and their order, never
+   on the other rows, the thread count or the block layout (a key's address is looked up per key), so
+   a row's output is the same alone or in any batch. Cache layout: [2, KVH, NB, BS, D], fp32 or bf16;
+   q / out: [R, H, D] in the cache dtype. Requires D % 16 == 0, D <= 256, H / KVH <= 16.
+   GCC / Clang vector extensions only (no intrinsics); -march=native picks the vector width. */
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+
+#define MAXG 16
+#define MAXNV 16   /* head_dim up to 256 */
+
+static inline v16 load16(const void *p, int bf16) {
+    if (bf16) {
+        v16h h; memcpy(&h, p, 32);
+        v16u u = __builtin_convertvector(h, v16u) << 16;
+        return (v16)u;
+    }
+    v16 f; memcpy(&f, p, 64); return f;
+}
+
+static inline v16 vsel(v16i m, v16 a, v16 b) { return (v16)(((v16i)a & m) | ((v16i)b & ~m)); }
+
+/* 2^n * p(r) with the Cephes expf polynomial, for x <= 0 (softmax arguments); underflow to 0 below -87 */
+static inline v16 vexp(v16 x) {
+    const v16 lo = (v16){0} - 87.0f;
+    x = vsel(x < lo, lo, x);
+    const v16 magic = (v16){0} + 12582912.0f;   /* 1.5 * 2^23: adding it rounds to an integer (ties even) */
+    v16 n = (x * 1.44269504088896341f + magic) - magic;
+    v16 r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    v16 p = r * 1.9875691500E-4f + 1.3981999507E-3f;
+    p = p * r + 8.3334519073E-3f;
+    p = p * r + 4.1665795894E-2f;
+    p = p * r + 1.6666665459E-1f;
+    p = p * r + 5.0000001201E-1f;
+    p = p * r * r + r + 1.0f;
+    v16i e = (__builtin_convertvector(n, v16i) + 127) << 23;
+    return p * (v16)e;
+}
+
+static inline float hsum(v16 v) { float s = 0.f; for (int i = 0; i < 16; i++) s += v[i]; return s; }
+static inline float hmax(v16 v) { float s = v[0]; for (int i = 1; i < 16; i++) s = v[i] > s ? v[i] : s; return s; }
+
+/* lane j of the result = sum of the lanes of v[j] (a fixed tree of shuffles and adds) */
+static inline v16 transpose_add(v16 v[16]) {
+#define PAIR(a, b, L, H) (__builtin_shufflevector(a, b, L) + __builtin_shufflevector(a, b, H))
+#define L1 0,1,2,3,4,5,6,7,16,17,18,19,20,21,22,23
+#define H1 8,9,10,11,12,13,14,15,24,25,26,27,28,29,30,31
+#define L2 0,1,2,3,8,9,10,11,16,17,18,19,24,25,26,27
+#define H2 4,5,6,7,12,13,14,15,20,21,22,23,28,29,30,31
+#define L3 0,1,4,5,8,9,12,13,16,17,20,21,24,25,28,29
+#define H3 2,3,6,7,10,11,14,15,18,19,22,23,26,27,30,31
+#define L4 0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,30
+#define H4 1,3,5,7,9,11,13,15,17,19,21,23,25,27,29,31
+    v16 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++) a[i] = PAIR(v[2 * i], v[2 * i + 1], L1, H1);
+    for (int i = 0; i < 4; i++) b[i] = PAIR(a[2 * i], a[2 * i + 1], L2, H2);
+    for (int i = 0; i < 2; i++) c[i] = PAIR(b[2 * i], b[2 * i + 1], L3, H3);
+    return PAIR(c[0], c[1], L4, H4);
+}
+
+/* one (row, kv head): G query heads over `ctx` keys, 16 keys at a time; D = 16 * NV */
+static void item_vec(const void *q, void *out, const void *kv, int bf16, int64_t r, int h, int64_t ctx,
+                     const int64_t *table, int H, int KVH, int64_t NB, int BS, int NV, float scale) {
+    int G = H / KVH, D = 16 * NV, es = bf16 ? 2 : 4;
+    v16 qv[MAXG][MAXNV], acc[MAXG][MAXNV], kf[16][MAXNV], part[16], prob[MAXG];
+    float m[MAXG], l[MAXG];
+    for (int g = 0; g < G; g++) {
+        const char *qp = (const char *)q + ((r * H + h * G + g) * D) * es;
+        for (int i = 0; i < NV; i++) { qv[g][i] = load16(qp + i * 16 * es, bf16) * scale; acc[g][i] = (v16){0}; }
+        m[g] = -INFINITY; l[g] = 0.f;
+    }
+    const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    for (int64_t k0 = 0; k0 < ctx; k0 += 16) {
+        int n = ctx - k0 < 16 ? (int)(ctx - k0) : 16;
+        const char *kp[16], *vp[16];
+        for (int j = 0; j < n; j++) {   /* key k0 + j lives in block table[(k0 + j) / BS] */
+            int64_t blk = table[(k0 + j) / BS], slot = blk * BS + (k0 + j) % BS;
+            kp[j] = (const char *)kv + (((int64_t)h) * NB * BS + slot) * D * es;
+            vp[j] = (const char *)kv + (((int64_t)(KVH + h)) * NB * BS + slot) * D * es;
+        }
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < NV; i++) kf[j][i] = load16(kp[j] + i * 16 * es, bf16);
+        for (int j = n; j < 16; j++)
+            for (int i = 0; i < NV; i++) kf[j][i] = (v16){0};
+        for (int g = 0; g < G; g++) {
+            for (int j = 0; j < 16; j++) {
+                v16 t = qv[g][0] * kf[j][0];
+                for (int i = 1; i < NV; i++) t += qv[g][i] * kf[j][i];
+                part[j] = t;
+            }
+            v16 s = transpose_add(part);
+            s = vsel(lane < (float)n, s, (v16){0} - INFINITY);
+            float bm = hmax(s), nm = bm > m[g] ? bm : m[g];
+            v16 p = vexp(s - nm);
+            float corr = m[g] == -INFINITY ? 0.f : vexp((v16){0} + (m[g] - nm))[0];
+            l[g] = l[g] * corr + hsum(p);
+            m[g] = nm;
+            for (int i = 0; i < NV; i++) acc[g][i] *= corr;
+            prob[g] = p;
+        }
+        for (int j = 0; j < n; j++) {
+            v16 vv[MAXNV];
+            for (int i = 0; i < NV; i++) vv[i] = load16(vp[j] + i * 16 * es, bf16);
+            for (int g = 0; g < G; g++) {
+                float pj = prob[g][j];
+                for (int i = 0; i < NV; i++) acc[g][i] += pj * vv[i];
+            }
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        char *op = (char *)out + ((r * H + h * G + g) * D) * es;
+        float inv = 1.f / l[g];
+        for (int i = 0; i < NV; i++) {
+            v16 x = acc[g][i] * inv;
+            if (bf16) {
+                v16u u = (v16u)x;
+                u = u + 0x7fffu + ((u >> 16) & 1u);
+                v16h hv = __builtin_convertvector(u >> 16, v16h);
+                memcpy(op + i * 32, &hv, 32);
+            } else memcpy(op + i * 64, &x, 64);
+        }
+    }
+}
+
+int decode_attention(const void *q, void *out, const void *kv, int bf16, int64_t R, const int64_t *ctx,
+                     const int64_t *table_start, const int64_t *tables, int H, int KVH, int64_t NB, int BS,
+                     int D, float scale, int nthreads) {
+    if (H % KVH || H / KVH > MAXG || D % 16 || D / 16 > MAXNV || BS <= 0) return -1;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+    for (int64_t i = 0; i < R * KVH; i++) {
+        int64_t r = i / KVH; int h = (int)(i % KVH);
+        item_vec(q, out, kv, bf16, r, h, ctx[r], tables + table_start[r], H, KVH, NB, BS, D / 16, scale);
+    }
+    return 0;
+}
