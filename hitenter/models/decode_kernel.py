@@ -10,8 +10,7 @@ stay on the GEMM path. The class of a row depends on its position only, never on
 row gets the same bits however prompts are chunked, batched, cached or recomputed after preemption
 (attention.py's batch-invariance contract).
 
-Build: `cc -O3 -march=native -fopenmp -shared` into ~/.cache/hitenter/kernels (HITENTER_CACHE_DIR
-moves it), keyed by the source, the flags and this CPU's flags; about a second, once per machine.
+Build: `cc -O3 -march=native -fopenmp -shared` into $HITENTER_HOME/kernels (~/.cache/hitenter), keyed by the source, the flags and this CPU's flags; about a second, once per machine.
 Where no C compiler is found, or HITENTER_DECODE_KERNEL=0, `load()` returns None and every row takes
 the torch path (the whole engine then consistently uses it).
 """
@@ -29,6 +28,8 @@ import threading
 from pathlib import Path
 
 import torch
+
+from hitenter.models.registry import hitenter_home
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +51,10 @@ def _cpu_key() -> str:
     return hashlib.sha256(flags.encode()).hexdigest()[:12]
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("HITENTER_CACHE_DIR") or Path.home() / ".cache" / "hitenter"
-    return Path(base) / "kernels"
-
-
 def _build(cc: str) -> Path:
     src = SOURCE.read_bytes()
     key = hashlib.sha256(src + " ".join([cc] + FLAGS).encode() + _cpu_key().encode()).hexdigest()[:16]
-    out = _cache_dir() / f"decode_attention-{key}.so"
+    out = hitenter_home() / "kernels" / f"decode_attention-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -105,7 +105,7 @@ static void item_vec(const void *q, void *out, const void *kv, int bf16, int64_t
             v16 s = transpose_add(part);
             s = vsel(lane < (float)n, s, (v16){0} - INFINITY);
             float bm = hmax(s), nm = bm > m[g] ? bm : m[g];
-            v16 p = vexp(s - nm);
+            v16 p = vsel(lane < (float)n, vexp(s - nm), (v16){0});   /* keys past ctx: exactly 0 */
             float corr = m[g] == -INFINITY ? 0.f : vexp((v16){0} + (m[g] - nm))[0];
             l[g] = l[g] * corr + hsum(p);
             m[g] = nm;
