@@ -58,13 +58,13 @@ class AttentionMetadata:
     block_tables: list[list[int]]
     slot_mapping: torch.Tensor
     block_size: int
-    # per sequence, the first position whose row is a generation row for the fused kernel (the prompt
-    # length - 1); None: all rows take the GEMM path
-    kernel_from: list[int] | None = None
     # scratch buffers by dtype for the K/V gathers; a runner passes one dict for all its steps, so the
     # gather writes into memory that is already mapped (a fresh multi-MB tensor per layer page-faults:
     # 3-5x slower than the copy itself)
     workspace: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+    # per sequence, the first position whose row is a generation row for the fused kernel (the prompt
+    # length - 1); None: all rows take the GEMM path
+    kernel_from: list[int] | None = None
     _plans: dict[tuple[int, int, bool], list[_Group]] = field(default_factory=dict, repr=False, compare=False)
     _kernel_rows: list[_KernelRows | None] = field(default_factory=list, repr=False, compare=False)
 

@@ -51,8 +51,21 @@ static inline v16 vexp(v16 x) {
     return p * (v16)e;
 }
 
-static inline float hsum(v16 v) { float s = 0.f; for (int i = 0; i < 16; i++) s += v[i]; return s; }
-static inline float hmax(v16 v) { float s = v[0]; for (int i = 1; i < 16; i++) s = v[i] > s ? v[i] : s; return s; }
+static inline float hsum(v16 v) {   /* a fixed tree: lanes i and i+8, then i+4, i+2, i+1 */
+    v = v + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    v = v + __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    v = v + __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    v = v + __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    return v[0];
+}
+static inline v16 vmax(v16 a, v16 b) { return vsel(a > b, a, b); }
+static inline float hmax(v16 v) {
+    v = vmax(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+    v = vmax(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+    v = vmax(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+    v = vmax(v, __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
+    return v[0];
+}
 
 /* lane j of the result = sum of the lanes of v[j] (a fixed tree of shuffles and adds) */
 static inline v16 transpose_add(v16 v[16]) {
@@ -91,6 +104,15 @@ static void item_vec(const void *q, void *out, const void *kv, int bf16, int64_t
             int64_t blk = table[(k0 + j) / BS], slot = blk * BS + (k0 + j) % BS;
             kp[j] = (const char *)kv + (((int64_t)h) * NB * BS + slot) * D * es;
             vp[j] = (const char *)kv + (((int64_t)(KVH + h)) * NB * BS + slot) * D * es;
+        }
+        if (k0 + 16 < ctx) {   /* the next 16 keys' K and V rows: start fetching them now */
+            int64_t nxt = k0 + 16, last = ctx - nxt < 16 ? ctx - 1 : nxt + 15;
+            for (int64_t kk = nxt; kk <= last; kk++) {
+                int64_t sl = table[kk / BS] * BS + kk % BS;
+                const char *a = (const char *)kv + (((int64_t)h) * NB * BS + sl) * D * es;
+                const char *b = (const char *)kv + (((int64_t)(KVH + h)) * NB * BS + sl) * D * es;
+                for (int o = 0; o < D * es; o += 64) { __builtin_prefetch(a + o); __builtin_prefetch(b + o); }
+            }
         }
         for (int j = 0; j < n; j++)
             for (int i = 0; i < NV; i++) kf[j][i] = load16(kp[j] + i * 16 * es, bf16);
