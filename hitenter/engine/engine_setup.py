@@ -124,8 +124,10 @@ def build_engine_parts(model: str | None = None, **kwargs: Any) -> EngineParts:
             f"kv_cache_memory: {budget} bytes hold {num_blocks} blocks of {cache_cfg.block_size} tokens "
             f"({per_token} bytes per token), but one max_model_len={max_model_len} request needs "
             f"{need_blocks} blocks = {need_blocks * per_block} bytes; raise kv_cache_memory or lower max_model_len")
+    from hitenter.models import decode_kernel
     from hitenter.models.attention import allocate_kv_caches
 
+    decode_kernel.load()   # build / load the fused attention kernel at start-up, not on the first request
     if hasattr(net, "batch_invariant"):
         bi = kwargs.get("batch_invariant")
         net.batch_invariant = DEFAULT_BATCH_INVARIANT if bi is None else bool(bi)
