@@ -80,6 +80,13 @@ class AttentionMetadata:
             self._plans[key] = _build_plan(self, group_size, row_multiple, use_kernel)
         return self._plans[key]
 
+    def table(self, i: int) -> list[int]:
+        """Sequence i's block table; ValueError if it does not cover seq_lens[i] tokens."""
+        table, need = self.block_tables[i], -(-self.seq_lens[i] // self.block_size)
+        if len(table) < need:
+            raise ValueError(f"block table has {len(table)} blocks, {need} needed for {self.seq_lens[i]} tokens")
+        return table
+
     def gemm_rows(self, i: int, use_kernel: bool) -> int:
         """How many of sequence i's new rows (the first ones) take the GEMM path."""
         n = self.query_start_loc[i + 1] - self.query_start_loc[i]
@@ -144,10 +151,7 @@ def _build_kernel_rows(meta: AttentionMetadata) -> _KernelRows | None:
         if g == b - a:
             continue
         start = seq_len - (b - a)
-        table = meta.block_tables[i]
-        if len(table) * meta.block_size < seq_len:
-            raise ValueError(f"block table has {len(table)} blocks, {-(-seq_len // meta.block_size)} needed "
-                             f"for {seq_len} tokens")
+        table = meta.table(i)
         for j in range(g, b - a):
             rows.append(a + j)
             ctx.append(start + j + 1)
@@ -176,9 +180,7 @@ def _build_plan(meta: AttentionMetadata, g: int, row_multiple: int, use_kernel: 
             continue
         if n > seq_len:
             raise ValueError(f"sequence {i} has {n} new tokens but seq_len {seq_len}")
-        table = meta.block_tables[i]
-        if len(table) * bs < seq_len:
-            raise ValueError(f"block table has {len(table)} blocks, {-(-seq_len // bs)} needed for {seq_len} tokens")
+        table = meta.table(i)
         start = seq_len - n
         n_gemm = meta.gemm_rows(i, use_kernel)
         for j0 in range(0, n_gemm, QUERY_BLOCK):
