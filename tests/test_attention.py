@@ -204,3 +204,12 @@ def test_kernel_refuses_unsupported_shapes() -> None:
     cache = torch.zeros(2, 2, 4, 4, 24)
     assert not decode_kernel.supports(cache, 6, torch.float32)
     assert not decode_kernel.supports(torch.zeros(2, 2, 4, 4, 16), 6, torch.bfloat16)
+
+
+@pytest.mark.parametrize("kernel_from", [None, [0]])
+def test_short_block_table_is_refused(kernel_from: list[int] | None) -> None:
+    """A block table that does not cover the context is an error on either path, never a silent read."""
+    cache = make_cache(8, 4)
+    meta = AttentionMetadata([0, 1], [9], [[0, 1]], torch.tensor([8]), 4, kernel_from=kernel_from)
+    with pytest.raises(ValueError, match="block table has 2 blocks, 3 needed"):
+        paged_attention(torch.randn(1, H, D), cache, meta, D ** -0.5)
