@@ -85,6 +85,14 @@ static inline v16 transpose_add(v16 v[16]) {
     return PAIR(c[0], c[1], L4, H4);
 }
 
+/* the row of `key` in plane `plane` (K of head h: h; V of head h: KVH + h) of the cache
+   [2 * KVH planes, NB, BS, row_bytes]; the key lives in block table[key / BS] */
+static inline const char *cache_row(const void *kv, int plane, const int64_t *table, int64_t key, int64_t NB,
+                                    int BS, int row_bytes) {
+    int64_t slot = table[key / BS] * BS + key % BS;
+    return (const char *)kv + ((int64_t)plane * NB * BS + slot) * row_bytes;
+}
+
 /* one (row, kv head): G query heads over `ctx` keys, 16 keys at a time; D = 16 * NV */
 static void item_vec(const void *q, void *out, const void *kv, int bf16, int64_t r, int h, int64_t ctx,
                      const int64_t *table, int H, int KVH, int64_t NB, int BS, int NV, float scale) {
@@ -100,19 +108,14 @@ static void item_vec(const void *q, void *out, const void *kv, int bf16, int64_t
     for (int64_t k0 = 0; k0 < ctx; k0 += 16) {
         int n = ctx - k0 < 16 ? (int)(ctx - k0) : 16;
         const char *kp[16], *vp[16];
-        for (int j = 0; j < n; j++) {   /* key k0 + j lives in block table[(k0 + j) / BS] */
-            int64_t blk = table[(k0 + j) / BS], slot = blk * BS + (k0 + j) % BS;
-            kp[j] = (const char *)kv + (((int64_t)h) * NB * BS + slot) * D * es;
-            vp[j] = (const char *)kv + (((int64_t)(KVH + h)) * NB * BS + slot) * D * es;
+        for (int j = 0; j < n; j++) {
+            kp[j] = cache_row(kv, h, table, k0 + j, NB, BS, D * es);
+            vp[j] = cache_row(kv, KVH + h, table, k0 + j, NB, BS, D * es);
         }
-        if (k0 + 16 < ctx) {   /* the next 16 keys' K and V rows: start fetching them now */
-            int64_t nxt = k0 + 16, last = ctx - nxt < 16 ? ctx - 1 : nxt + 15;
-            for (int64_t kk = nxt; kk <= last; kk++) {
-                int64_t sl = table[kk / BS] * BS + kk % BS;
-                const char *a = (const char *)kv + (((int64_t)h) * NB * BS + sl) * D * es;
-                const char *b = (const char *)kv + (((int64_t)(KVH + h)) * NB * BS + sl) * D * es;
-                for (int o = 0; o < D * es; o += 64) { __builtin_prefetch(a + o); __builtin_prefetch(b + o); }
-            }
+        for (int64_t kk = k0 + 16; kk < ctx && kk < k0 + 32; kk++) {   /* start fetching the next 16 keys */
+            const char *a = cache_row(kv, h, table, kk, NB, BS, D * es);
+            const char *b = cache_row(kv, KVH + h, table, kk, NB, BS, D * es);
+            for (int o = 0; o < D * es; o += 64) { __builtin_prefetch(a + o); __builtin_prefetch(b + o); }
         }
         for (int j = 0; j < n; j++)
             for (int i = 0; i < NV; i++) kf[j][i] = load16(kp[j] + i * 16 * es, bf16);
