@@ -71,9 +71,9 @@ def run_hf(model: str, reqs, batch: int, dtype: str = "fp32") -> float:  # type:
     return useful / (time.perf_counter() - t0)
 
 
-def engine_round(model: str, fmt: str, num: int, sequential_sample: int) -> dict[str, float]:
+def engine_round(model: str, fmt: str, num: int, sequential_sample: int) -> tuple[dict[str, float], list]:
     """One fresh engine (cold prefix cache) on the workload: output tok/s, TTFT p50/p99, and with
-    sequential_sample > 0 the same engine one request at a time on that many requests."""
+    sequential_sample > 0 the same engine one request at a time on that many requests; and the requests."""
     from hitenter import LLM
 
     llm = LLM(model, **FORMATS[fmt])
@@ -88,7 +88,7 @@ def engine_round(model: str, fmt: str, num: int, sequential_sample: int) -> dict
             ntok += r[1]
         out["sequential_tok_s"] = ntok / (time.perf_counter() - t0)
     llm.close()
-    return out
+    return out, reqs
 
 
 def main() -> None:
@@ -105,22 +105,14 @@ def main() -> None:
                     help="repeat engine and HF runs alternately; each ratio is taken within a round and the "
                          "median over rounds reported (this box's speed drifts 20%% over minutes)")
     a = ap.parse_args()
-    from hitenter.models.registry import resolve_model
-
-    vocab_reqs = None
     rounds: list[dict[str, dict[str, float]]] = []
     for r in range(a.rounds):
         res: dict[str, dict[str, float]] = {}
-        for fmt in a.formats:
-            res[fmt] = engine_round(a.model, fmt, a.num, a.sequential_sample if r == 0 and fmt == a.formats[0] else 0)
-        if not a.no_hf:
-            if vocab_reqs is None:
-                from transformers import AutoConfig
-
-                path = Path(resolve_model(a.model))
-                cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-                vocab_reqs = workload(a.num, cfg.vocab_size)
-            res["hf"] = {d: run_hf(a.model, vocab_reqs[: a.hf_sample], a.hf_batch, d) for d in a.hf_dtypes}
+        for fmt in a.formats:   # every format runs the same requests (the model's vocabulary fixes them)
+            res[fmt], reqs = engine_round(a.model, fmt, a.num,
+                                          a.sequential_sample if r == 0 and fmt == a.formats[0] else 0)
+        if not a.no_hf:   # HF on a sample of those same requests
+            res["hf"] = {d: run_hf(a.model, reqs[: a.hf_sample], a.hf_batch, d) for d in a.hf_dtypes}
         rounds.append(res)
         print(f"round {r + 1}/{a.rounds}: " + ", ".join(f"{k} {v['engine_tok_s']:.1f}" for k, v in res.items()
                                                       if k != "hf")
