@@ -1,5 +1,8 @@
 """Llama / Qwen2 decoder in plain PyTorch (fp32 on CPU), built directly from GGUF tensors.
 
+Weights: dense tensors run as `Linear` (models/linear.py), GGUF blocks as `BlockLinear` /
+`BlockEmbedding` (models/block_linear.py, the native qmatmul), int8/int4 layouts by hitenter/quant.
+
 Contracts:
 * `model(input_ids [T], positions [T], attn, kv_caches) -> hidden [T, H]` (after the final RMSNorm);
   the new tokens' K/V are written into `kv_caches` (one tensor per layer, see attention.py).
@@ -27,10 +30,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
+from hitenter.kernels import BlockWeight
 from hitenter.models.attention import KEY_TILE, ROW_MULTIPLE, AttentionMetadata, paged_attention, write_kv
+from hitenter.models.block_linear import BlockEmbedding, BlockLinear, fuse_rows
 from hitenter.models.linear import Linear
 from hitenter.models.row_invariance import attention_row_multiple
-from hitenter.quant import ExactEmbedding, RescoredHead, cat_rows, quant_linear, weight_bytes
+from hitenter.quant import ExactEmbedding, HeadWeight, RescoredHead, cat_rows, quant_linear, weight_bytes
 
 
 def pad_rows(x: torch.Tensor, multiple: int = ROW_MULTIPLE) -> torch.Tensor:
@@ -89,8 +94,25 @@ def tp_shard(cfg: ModelConfig, tp: TensorParallel | None) -> tuple[int, int, int
 
 
 def make_linear(weight: torch.Tensor | Any, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Module:
-    """A module chosen by the weight's layout: fp32/bf16 tensors -> Linear, quantized -> hitenter/quant."""
-    return Linear(weight, bias, dtype) if isinstance(weight, torch.Tensor) else quant_linear(weight, bias, dtype)
+    """A module chosen by the weight's layout: fp32/bf16 tensors -> Linear, GGUF blocks -> BlockLinear,
+    int8/int4 -> hitenter/quant."""
+    if isinstance(weight, torch.Tensor):
+        return Linear(weight, bias, dtype)
+    if isinstance(weight, BlockWeight):
+        return BlockLinear([weight], bias)
+    return quant_linear(weight, bias, dtype)
+
+
+def fused_linear(ws: list[Any], bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Module:
+    """One module for projections sharing an input (Q/K/V, gate/up): their rows concatenated.
+
+    GGUF blocks: one qmatmul per run of one block type (fuse_rows). A mix of blocks and dense tensors
+    (an F16 piece beside quantized ones) is dequantized to one dense Linear: rare, and it keeps one GEMM."""
+    if all(isinstance(w, BlockWeight) for w in ws):
+        return BlockLinear(fuse_rows(ws), bias)
+    if any(isinstance(w, BlockWeight) for w in ws):
+        ws = [w.dequantize() if isinstance(w, BlockWeight) else w for w in ws]
+    return make_linear(cat_rows(ws), bias, dtype)
 
 
 class RMSNorm(nn.Module):
@@ -153,18 +175,17 @@ class DecoderLayer(nn.Module):
         def rows(name: str, start: int, n: int) -> Any:   # this rank's output rows (whole when tp=None)
             return w[p + name].narrow(0, start, n)
 
-        qkv_w = cat_rows([rows("attn_q.weight", q0 * d, self.num_heads * d),
-                           rows("attn_k.weight", kv0 * d, self.num_kv_heads * d),
-                           rows("attn_v.weight", kv0 * d, self.num_kv_heads * d)])
+        qkv_w = [rows("attn_q.weight", q0 * d, self.num_heads * d),
+                 rows("attn_k.weight", kv0 * d, self.num_kv_heads * d),
+                 rows("attn_v.weight", kv0 * d, self.num_kv_heads * d)]
         qkv_b = None
         if cfg.attention_bias:
             qkv_b = torch.cat([rows("attn_q.bias", q0 * d, self.num_heads * d),
                                rows("attn_k.bias", kv0 * d, self.num_kv_heads * d),
                                rows("attn_v.bias", kv0 * d, self.num_kv_heads * d)])
-        self.qkv = make_linear(qkv_w, qkv_b, dtype)                              # column-parallel
+        self.qkv = fused_linear(qkv_w, qkv_b, dtype)                             # column-parallel
         self.o_proj = make_linear(w[p + "attn_output.weight"].narrow(1, q0 * d, self.num_heads * d), None, dtype)
-        self.gate_up = make_linear(cat_rows([rows("ffn_gate.weight", f0, f), rows("ffn_up.weight", f0, f)]), None,
-                                   dtype)
+        self.gate_up = fused_linear([rows("ffn_gate.weight", f0, f), rows("ffn_up.weight", f0, f)], None, dtype)
         self.down = make_linear(w[p + "ffn_down.weight"].narrow(1, f0, f), None, dtype)  # row-parallel
         self.q_size = self.num_heads * d
         self.kv_size = self.num_kv_heads * d
@@ -194,8 +215,34 @@ class DecoderLayer(nn.Module):
         return x + m
 
 
+def embed_and_head(cfg: ModelConfig, w: dict[str, Any], dtype: torch.dtype,
+                   tp: TensorParallel | None) -> tuple[nn.Module, nn.Module]:
+    """The token embedding and the LM head modules, by the tables' layout.
+
+    GGUF blocks: a BlockEmbedding (rows dequantized on lookup) and a BlockLinear head; tied, both over
+    the same bytes. Quantized (hitenter/quant; tp is None): the exact table and a rescored head. Dense:
+    nn.Embedding (vocab-parallel under tp) and a Linear, packed for oneDNN where it can be (a tied
+    table then stays plain for lookups)."""
+    emb = w["token_embd.weight"]
+    head = emb if cfg.tie_word_embeddings else w["output.weight"]
+    if isinstance(emb, HeadWeight):
+        return ExactEmbedding(emb.exact, dtype), RescoredHead(quant_linear(head.coarse, None, dtype), head.exact)
+    if isinstance(emb, BlockWeight):
+        embed: nn.Module = BlockEmbedding(emb)
+    elif tp is None:
+        embed = nn.Embedding.from_pretrained(emb.to(dtype), freeze=True)
+    else:   # vocab-parallel: this rank's rows; looks up its own ids and all-reduces
+        embed = tp.vocab_embedding(emb, dtype)
+    if isinstance(head, BlockWeight):
+        return embed, BlockLinear([head])
+    if cfg.tie_word_embeddings:
+        return embed, Linear(embed.weight, None, dtype)
+    return embed, Linear(head if tp is None else tp.vocab_shard(head, dtype), None, dtype)
+
+
 class LlamaModel(nn.Module):
-    """Llama / Qwen2 causal LM; built from dequantized GGUF tensors (Q/K already un-permuted for llama)."""
+    """Llama / Qwen2 causal LM, built from the loader's tensors (Q/K already un-permuted for llama): dense
+    fp32/bf16 tensors, GGUF BlockWeights (fp32 activations) or hitenter/quant layouts, per tensor."""
 
     def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
                  tp: TensorParallel | None = None) -> None:
@@ -203,28 +250,19 @@ class LlamaModel(nn.Module):
         self.config = cfg
         self.dtype = dtype
         self.tp = tp
-        head = w["token_embd.weight"] if cfg.tie_word_embeddings else w["output.weight"]
-        if not isinstance(w["token_embd.weight"], torch.Tensor):   # quantized (hitenter/quant); tp is None
-            self.head: nn.Module = RescoredHead(quant_linear(head.coarse, None, dtype), head.exact)
-            self.embed: nn.Module = ExactEmbedding(w["token_embd.weight"].exact, dtype)
-        else:
-            if tp is None:
-                self.embed = nn.Embedding.from_pretrained(w["token_embd.weight"].to(dtype), freeze=True)
-            else:   # vocab-parallel: this rank's rows; looks up its own ids and all-reduces
-                self.embed = tp.vocab_embedding(w["token_embd.weight"], dtype)
-            # a dense Linear, packed for oneDNN where it can be (a tied table then stays plain for lookups)
-            table = (self.embed.weight if cfg.tie_word_embeddings
-                     else head if tp is None else tp.vocab_shard(head, dtype))
-            self.head = Linear(table, None, dtype)
+        self.embed, self.head = embed_and_head(cfg, w, dtype, tp)
         self.layers = nn.ModuleList(DecoderLayer(cfg, w, i, dtype, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(w["output_norm.weight"], cfg.rms_norm_eps, dtype)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, min(cfg.context_length, 4096))
         # True: GEMM row counts padded to a multiple of 8 so results are bitwise batch invariant.
         # False: no padding (a lone decode row may then take a GEMV kernel: different bits).
         self.batch_invariant = True
-        # Only dense (fp32/bf16) GEMMs need the padding: torch's int8/int4 weight-only kernels give a row
-        # the same bits for any row count (tests/test_quant.py), so a quantized model is invariant unpadded.
-        self.dense_gemms = any(isinstance(m, Linear) for m in self.modules())
+        # Only dense (fp32/bf16) GEMMs need the padding: torch's int8/int4 weight-only kernels and the native
+        # block kernels give a row the same bits for any row count (tests/test_quant.py,
+        # tests/test_native_format.py), so such a model is invariant unpadded.
+        self.dense_gemms = any(isinstance(m, Linear) or getattr(m, "needs_row_padding", False)
+                               for m in self.modules())
+        self.weight_format = "dense"   # the loader names the format it built: dense, gguf, int8, int4
 
     def _pad(self, x: torch.Tensor) -> torch.Tensor:
         """x with its rows padded to a multiple of 8 where batch invariance needs it (see the module doc)."""

@@ -1,7 +1,10 @@
-"""load_model(path) -> (model, config): GGUF file -> LlamaModel with fp32 (or `dtype`) weights.
+"""load_model(path) -> (model, config): GGUF file -> LlamaModel in one of the weight formats.
 
-`quantization="int8" | "int4"` keeps the projection weights (and embedding / head) quantized in memory
-instead (hitenter/quant: converted from the GGUF's blocks at load); the resident weight bytes are logged.
+The format follows `dtype` / `quantization` (hitenter/models/formats.py): by default ("auto") the
+GGUF's own blocks (hitenter/kernels BlockWeight, run by qmatmul with fp32 activations; dense fp32 where
+the native kernels are absent); dtype "float32" / "bfloat16" dequantizes every tensor (the HF-exact
+reference / bf16); `quantization="int8" | "int4"` keeps torch's quantized layouts (hitenter/quant).
+The resident weight bytes are logged.
 
 Every failure (missing/not GGUF/truncated file, unsupported architecture or tensor type, missing or
 misshapen tensor) raises ModelLoadError with a message naming the problem.
@@ -11,15 +14,19 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from typing import Any
 
 import torch
 
 from hitenter.config import ModelConfig
 from hitenter.errors import ModelLoadError
+from hitenter.kernels import BLOCK_TYPES, block_weight_from_gguf
+from hitenter.models.block_linear import own_block_bytes
+from hitenter.models.formats import resolve_format
 from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
 from hitenter.models.llama import LlamaModel, TensorParallel, unpermute_qk
-from hitenter.quant.weights import QUANTIZATIONS, quantize_weights
+from hitenter.quant.weights import quantize_weights
 
 log = logging.getLogger("hitenter.loader")
 
@@ -48,23 +55,22 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32,
-               tp: TensorParallel | None = None, quantization: str = "none") -> tuple[LlamaModel, ModelConfig]:
+def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "auto",
+               tp: TensorParallel | None = None, quantization: str | None = None) -> tuple[LlamaModel, ModelConfig]:
     """Load a llama / qwen2 GGUF into an eval-mode LlamaModel. Raises ModelLoadError on any problem.
 
-    With `tp` (a tensor-parallel group, see hitenter/distributed) the model holds only this rank's shard.
-    `quantization`: "none" (weights in `dtype`), "int8" or "int4" (see hitenter/quant)."""
-    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ModelLoadError(f"unsupported dtype {dtype}; use torch.float32, torch.bfloat16 or torch.float16")
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization: must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
-    if quantization != "none" and tp is not None:
-        raise ValueError("quantization: quantized weights with tensor parallelism are not supported yet")
-    cfg, weights = load_weights(path, quantization)
-    model = LlamaModel(cfg, weights, dtype, tp)
+    `dtype`: "auto" (the file's blocks, fp32 activations), "float32", "bfloat16" (or a torch dtype):
+    dense weights. `quantization`: None / "none", "gguf" (the file's blocks, explicitly), "int8", "int4".
+    Bad combinations raise ValueError (see hitenter/models/formats.py). With `tp` (a tensor-parallel
+    group, see hitenter/distributed) the model holds only this rank's shard, dense."""
+    act_dtype, fmt = resolve_format(dtype, quantization, tp is not None)
+    cfg, weights = load_weights(path, "none" if fmt == "dense" else fmt)
+    model = LlamaModel(cfg, weights, act_dtype, tp)
+    own_block_bytes(model)
+    model.weight_format = fmt
     model.eval()
     log.info("loaded %s: %s weights, %.1f MB resident", os.fspath(path),
-             dtype if quantization == "none" else quantization, model.weight_bytes() / 1e6)
+             act_dtype if fmt == "dense" else fmt, model.weight_bytes() / 1e6)
     return model, cfg
 
 
@@ -75,10 +81,11 @@ def _unpermute(w: Any, n_head: int) -> Any:
 
 
 def load_weights(path: str | os.PathLike[str], quantization: str = "none") -> tuple[ModelConfig, dict[str, Any]]:
-    """The config and the full dequantized fp32 tensors (llama Q/K un-permuted), checked against the config.
+    """The config and the full tensors (llama Q/K un-permuted), checked against the config.
 
-    With quantization "int8" / "int4" the projection weights and embedding / head are quantized layouts
-    (hitenter/quant/weights.py) instead of fp32 tensors."""
+    quantization "none": every tensor dequantized to fp32. "gguf": block-type matrices as BlockWeight
+    (one copy of the file's bytes; see `block_weights`), the rest fp32. "int8" / "int4": the projection
+    weights and embedding / head in quantized layouts (hitenter/quant/weights.py)."""
     reader = open_gguf(path)
     meta = read_gguf_metadata(reader)
     names = {t.name for t in reader.tensors}
@@ -88,13 +95,35 @@ def load_weights(path: str | os.PathLike[str], quantization: str = "none") -> tu
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         raise ModelLoadError(f"{path}: missing tensor(s) {', '.join(missing[:5])}{more}")
-    weights = load_tensors(reader, set(shapes))
+    weights = block_weights(reader, set(shapes)) if quantization == "gguf" else load_tensors(reader, set(shapes))
     for name, shape in shapes.items():
         if tuple(weights[name].shape) != shape:
             raise ModelLoadError(f"{path}: tensor {name!r} has shape {tuple(weights[name].shape)}, expected {shape}")
-    out: dict[str, Any] = quantize_weights(reader, dict(weights), quantization)
+    out: dict[str, Any] = dict(weights)
+    if quantization in ("int8", "int4"):
+        out = quantize_weights(reader, out, quantization)
     if cfg.architecture == "llama":
         for i in range(cfg.num_layers):
             out[f"blk.{i}.attn_q.weight"] = _unpermute(out[f"blk.{i}.attn_q.weight"], cfg.num_heads)
             out[f"blk.{i}.attn_k.weight"] = _unpermute(out[f"blk.{i}.attn_k.weight"], cfg.num_kv_heads)
     return cfg, out
+
+
+def block_weights(reader: Any, names: set[str]) -> dict[str, Any]:
+    """`names`' tensors: matrices of a native block type as BlockWeight, everything else dequantized fp32.
+
+    The BlockWeights view the reader's memory map; `own_block_bytes` copies what the built model still
+    views (fused and un-permuted weights were copied while building), so each byte is copied once and
+    the map is released with the reader. Raises ModelLoadError for data past the end of the file."""
+    out: dict[str, Any] = {}
+    file_size = len(reader.data)
+    for t in reader.tensors:
+        if t.name not in names or int(t.tensor_type) not in BLOCK_TYPES or len(t.shape) != 2:
+            continue
+        if t.data_offset + t.n_bytes > file_size or t.data.nbytes != t.n_bytes:
+            raise ModelLoadError(f"tensor {t.name!r} lies beyond the end of the file: the file is truncated or corrupt")
+        with warnings.catch_warnings():   # a read-only map viewed by torch: never written, copied after the build
+            warnings.simplefilter("ignore", UserWarning)
+            out[t.name] = block_weight_from_gguf(t)
+    out.update(load_tensors(reader, names - set(out)))
+    return out

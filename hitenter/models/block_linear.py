@@ -1,0 +1,110 @@
+"""Linear and embedding modules over GGUF block weights (hitenter/kernels), fp32 activations.
+
+* `BlockLinear(parts, bias)`: y = [qmatmul(x, p) for p in parts] concatenated along the output dim,
+  + bias. One part per run of a single block type: a fused projection whose pieces share a type is
+  one `qmatmul` call over their concatenated rows; a Q4_K_M file that stores attn_v in Q6_K beside
+  Q4_K attn_q/attn_k gets two calls (Q+K, then V) whose outputs are concatenated.
+* `BlockEmbedding(w)`: token ids -> fp32 rows, dequantizing only the looked-up rows (gguf's reference
+  dequantizer: exactly the file's values); no dense copy of the table exists. A tied LM head is a
+  BlockLinear over the same BlockWeight: the bytes are shared, not copied.
+* `fuse_rows(ws)`: the parts of a fused projection (consecutive same-type pieces concatenated).
+
+Both modules register their block bytes as buffers, so `weight_bytes` (hitenter/quant) counts them,
+once per storage.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hitenter import kernels
+from hitenter.kernels import BlockWeight, cat_block_rows, qmatmul
+
+
+def fuse_rows(ws: list[BlockWeight]) -> list[BlockWeight]:
+    """Consecutive weights of one block type concatenated (one copy each run); order kept."""
+    runs: list[list[BlockWeight]] = []
+    for w in ws:
+        if runs and runs[-1][0].qtype == w.qtype:
+            runs[-1].append(w)
+        else:
+            runs.append([w])
+    return [r[0] if len(r) == 1 else cat_block_rows(r) for r in runs]
+
+
+def own_block_bytes(model: nn.Module) -> None:
+    """Give every BlockLinear / BlockEmbedding weight that still views a larger storage (the GGUF's memory
+    map) its own copy, shared where the modules shared it (a tied head), so the map can be released.
+
+    Why copy at all: a mapped file's pages stay in this process's RSS beside the fused copies made from
+    them, and the file could change under a running server (a re-pull)."""
+    copies: dict[int, torch.Tensor] = {}
+
+    def own(w: BlockWeight) -> BlockWeight:
+        t = w.data
+        if t.untyped_storage().nbytes() == t.numel() and t.is_contiguous():
+            return w
+        if t.data_ptr() not in copies:
+            copies[t.data_ptr()] = t.clone(memory_format=torch.contiguous_format)
+        return BlockWeight(copies[t.data_ptr()], w.qtype, w.shape)
+
+    for m in model.modules():
+        if isinstance(m, BlockLinear):
+            m.set_parts([own(p) for p in m.parts])
+        elif isinstance(m, BlockEmbedding):
+            m.set_table(own(m.table))
+
+
+class BlockLinear(nn.Module):
+    """y = x W^T (+ b), W the row concatenation of `parts` (GGUF blocks); x and y fp32.
+
+    Row padding: the native kernel fixes each row's reduction order, so a row's bits do not depend on
+    the row count; the torch reference path (no native library) is a plain fp32 GEMM, which needs the
+    model's row padding for that (`needs_row_padding`, read by LlamaModel)."""
+
+    def __init__(self, parts: list[BlockWeight], bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        if not parts or len({p.shape[1] for p in parts}) != 1:
+            raise ValueError("BlockLinear: needs one or more parts with the same input size")
+        self.set_parts(parts)
+        self.bias = None if bias is None else nn.Parameter(bias.float().contiguous(), requires_grad=False)
+        self.in_features = parts[0].shape[1]
+        self.out_features = sum(p.shape[0] for p in parts)
+        self.needs_row_padding = not kernels.native_available()
+
+    def set_parts(self, parts: list[BlockWeight]) -> None:
+        """Hold `parts`; their tensors are also registered as buffers so weight_bytes counts them."""
+        self.parts = list(parts)
+        for i, p in enumerate(self.parts):
+            self.register_buffer(f"part{i}", p.data, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float().contiguous()
+        ys = [qmatmul(x, p) for p in self.parts]
+        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        types = "+".join(p.type_name for p in self.parts)
+        return f"in_features={self.in_features}, out_features={self.out_features}, blocks={types}"
+
+
+class BlockEmbedding(nn.Module):
+    """Embedding lookup that dequantizes only the requested rows of a BlockWeight table."""
+
+    def __init__(self, weight: BlockWeight) -> None:
+        super().__init__()
+        self.set_table(weight)
+        self.num_embeddings, self.embedding_dim = weight.shape
+
+    def set_table(self, weight: BlockWeight) -> None:
+        """Hold `weight`; its tensor is also registered as a buffer so weight_bytes counts it."""
+        self.table = weight
+        self.register_buffer("data", weight.data, persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).long()
+        uniq, inverse = torch.unique(flat, return_inverse=True)   # each distinct row dequantized once
+        rows = self.table.dequantize(uniq)
+        return rows.index_select(0, inverse).view(*ids.shape, self.embedding_dim)
