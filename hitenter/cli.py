@@ -19,7 +19,8 @@ ENGINE_FLAGS = [
     ("--speculative-method", str, "'ngram' (prompt lookup, no draft model) or 'draft_model'"),
     ("--num-speculative-tokens", int, "tokens drafted per step when speculating (default 4)"),
     ("--tensor-parallel-size", int, "processes to shard every layer across (torch.distributed; default 1)"),
-    ("--quantization", str, "weights kept in memory as none (fp32/bf16, default), int8 or int4 (hitenter/quant)"),
+    ("--quantization", str, "weights kept as none (the format --dtype picks, default), gguf (the file's own "
+                            "blocks, what --dtype auto picks), int8 or int4 (torch's kernels, hitenter/quant)"),
     ("--disaggregate", str, "'prefill=1,decode=1': prompts prefilled in a separate worker process (default off)"),
 ]
 
@@ -31,7 +32,9 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false", default=True)
     p.add_argument("--no-batch-invariant", dest="batch_invariant", action="store_false", default=True,
                    help="drop the row padding that makes results bitwise batch invariant (faster lone decode)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="auto (default): the GGUF's own quantized blocks, fp32 activations; float32: every "
+                        "weight dequantized (HF-exact reference); bfloat16: dequantized to bf16")
 
 
 def _engine_kwargs(a: argparse.Namespace) -> dict[str, Any]:

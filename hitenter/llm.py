@@ -19,7 +19,8 @@ class LLM:
     ``LLM()`` loads the default model (pulled when missing); ``LLM("path/to/model.gguf")``,
     ``LLM("hf:owner/repo/file.gguf")`` and known names work too. Keyword arguments are the
     engine's limits: kv_cache_memory, max_model_len, max_num_seqs, max_num_batched_tokens,
-    block_size, enable_prefix_caching, dtype, num_threads, tensor_parallel_size,
+    block_size, enable_prefix_caching, dtype ("auto": the GGUF's own blocks; "float32", "bfloat16":
+    dequantized), quantization ("gguf", "int8", "int4"), num_threads, tensor_parallel_size,
     disaggregate ("prefill=1,decode=1": prompts prefilled in a worker process, hitenter/distributed/disagg.py).
     """
 

@@ -68,7 +68,7 @@ def greedy_batch(model: LlamaModel, prompts: list[list[int]], n: int) -> list[li
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def tiny(request: pytest.FixtureRequest) -> tuple[LlamaModel, Path]:
     path = request.getfixturevalue(f"tiny_{request.param}_path")
-    return load_model(path)[0], path
+    return load_model(path, dtype=torch.float32)[0], path   # HF parity: the dequantized fp32 reference
 
 
 def test_tiny_matches_hf_transformers(tiny: tuple[LlamaModel, Path]) -> None:
@@ -153,7 +153,7 @@ def test_packed_linear_matches_f_linear(dtype: torch.dtype) -> None:
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path: Path) -> LlamaModel:
-    return load_model(smollm2_path)[0]
+    return load_model(smollm2_path, dtype=torch.float32)[0]   # the goldens are HF fp32 on the dequantized GGUF
 
 
 @pytest.mark.slow
@@ -189,4 +189,4 @@ def test_qwen2_greedy_matches_goldens() -> None:
     path = hitenter_home() / "models" / "qwen2.5-coder-0.5b-instruct.gguf"
     if not path.exists():
         pytest.skip(f"{path} is not cached (see scripts/make_model_goldens.py)")
-    _check_greedy(load_model(path)[0], "model_qwen2_greedy.json")
+    _check_greedy(load_model(path, dtype=torch.float32)[0], "model_qwen2_greedy.json")

@@ -93,7 +93,7 @@ def test_kernels_are_batch_invariant(kind: str, dtype: torch.dtype) -> None:
 def test_tiny_model_quantized_matches_fp32(tiny_qwen2_path: Path, tiny_llama_path: Path, mode: str) -> None:
     """Tiny models: the quantized model's logits follow the fp32 model's; model bytes shrink."""
     for path in (tiny_llama_path, tiny_qwen2_path):
-        ref, _ = load_model(path)
+        ref, _ = load_model(path, dtype=torch.float32)
         qm, _ = load_model(path, quantization=mode)
         ids = list(range(3, 40))
         a, b = _logits(ref, ids), _logits(qm, ids)
@@ -109,7 +109,7 @@ def test_tiny_model_int4_from_q4_1_gguf(tmp_path: Path) -> None:
     from hitenter.testing.tiny_model import write_tiny_gguf
 
     path = write_tiny_gguf(tmp_path / "q41.gguf", arch="llama", quant="Q4_1")
-    ref, _ = load_model(path)
+    ref, _ = load_model(path, dtype=torch.float32)
     qm, _ = load_model(path, quantization="int4")
     for lr, lq in zip(ref.layers, qm.layers, strict=True):
         for name in ("qkv", "o_proj", "gate_up", "down"):
@@ -132,6 +132,8 @@ def test_quantized_with_tensor_parallel_raises(tiny_llama_path: Path) -> None:
         load_model(tiny_llama_path, tp=FakeTP(), quantization="int8")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="quantization"):
         load_model(tiny_llama_path, quantization="int3")
+    with pytest.raises(ValueError, match="gguf"):
+        load_model(tiny_llama_path, tp=FakeTP(), quantization="gguf")  # type: ignore[arg-type]
 
 
 def _logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
@@ -153,7 +155,7 @@ def smol_ids(smollm2_path: Path) -> list[int]:
 
 @pytest.fixture(scope="module")
 def smol_fp32_ppl(smollm2_path: Path, smol_ids: list[int]) -> float:
-    return perplexity(load_model(smollm2_path)[0], smol_ids, 512, PPL_TOKENS)
+    return perplexity(load_model(smollm2_path, dtype=torch.float32)[0], smol_ids, 512, PPL_TOKENS)
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4", "bf16"])
@@ -174,7 +176,7 @@ def test_smollm2_next_token_in_fp32_top3(smollm2_path: Path, mode: str) -> None:
     from hitenter.tokenizer.bpe import Tokenizer
 
     tok = Tokenizer.from_gguf(smollm2_path)
-    ref, _ = load_model(smollm2_path)
+    ref, _ = load_model(smollm2_path, dtype=torch.float32)
     qm, _ = load_model(smollm2_path, quantization=mode)
     for p in PROMPTS:
         ids = tok.encode(p)
@@ -189,7 +191,7 @@ def test_smollm2_int4_greedy_agrees_with_fp32(smollm2_path: Path) -> None:
     from hitenter.tokenizer.bpe import Tokenizer
 
     tok = Tokenizer.from_gguf(smollm2_path)
-    ref, _ = load_model(smollm2_path)
+    ref, _ = load_model(smollm2_path, dtype=torch.float32)
     qm, _ = load_model(smollm2_path, quantization="int4")
     same = [greedy(qm, tok.encode(p), 24) == greedy(ref, tok.encode(p), 24) for p in PROMPTS]
     assert sum(same) > len(same) / 2, same

@@ -17,7 +17,9 @@ from hitenter.llm import LLM
 from hitenter.models.gguf import model_config_from_metadata, open_gguf, read_gguf_metadata
 from hitenter.sampling_params import SamplingParams
 
-OPTS = dict(kv_cache_memory=1 << 22, max_model_len=256, num_threads=1)
+# tensor-parallel shards are dense fp32 (GGUF blocks cannot be split along their input dimension), so
+# the single-process reference is the dense fp32 model too
+OPTS = dict(kv_cache_memory=1 << 22, max_model_len=256, num_threads=1, dtype="float32")
 PROMPTS = ["Hello world", "the cat is on the mat and the dog", "in the end"]
 
 

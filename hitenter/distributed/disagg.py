@@ -253,8 +253,8 @@ def check_options(spec: str, model: str | None, options: dict[str, Any]) -> None
         raise ValueError("disaggregate: cannot be combined with tensor_parallel_size > 1")
     if options.get("speculative_model") or options.get("speculative_method"):
         raise ValueError("disaggregate: cannot be combined with speculative decoding")
-    if (options.get("quantization") or "none") != "none":   # the worker would load other weights: not yet
-        raise ValueError("disaggregate: cannot be combined with quantization yet")
+    if (options.get("quantization") or "none") not in ("none", "gguf"):   # the worker loads dense or gguf only
+        raise ValueError("disaggregate: cannot be combined with int8 / int4 quantization yet")
     if model is not None and model.startswith("trigram"):
         raise ValueError("disaggregate: needs a GGUF model (the prefill worker loads it), not the trigram toy")
 
@@ -272,7 +272,8 @@ def launch_runner(spec: str, path: str, dtype: torch.dtype, cfg: ModelConfig, mo
     try:
         workers.start(1, dict(port=workers.port, path=str(path), dtype=dtype, num_threads=threads,
                               block_size=block_size, max_model_len=max_model_len, chunk=chunk,
-                              batch_invariant=bool(getattr(model, "batch_invariant", True))),
+                              batch_invariant=bool(getattr(model, "batch_invariant", True)),
+                              weight_format=str(getattr(model, "weight_format", "dense"))),
                       module="hitenter.distributed.disagg_worker")
         torch.set_num_threads(threads)
         _wait_ready(workers, 1, "prefill worker", DisaggregationError)

@@ -58,14 +58,17 @@ def prefill_kv(model: Any, ids: torch.Tensor, kv_caches: list[torch.Tensor], blo
 
 
 def prefill_worker_main(rank: int, port: int, path: str, dtype: torch.dtype, num_threads: int, block_size: int,
-                        max_model_len: int, chunk: int, batch_invariant: bool, ctrl: Any, parent_pid: int) -> None:
+                        max_model_len: int, chunk: int, batch_invariant: bool, ctrl: Any, parent_pid: int,
+                        weight_format: str = "dense") -> None:
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     torch.set_num_threads(num_threads)
     try:
         from hitenter.models.attention import allocate_kv_caches
         from hitenter.models.loader import load_model
 
-        model, cfg = load_model(path, dtype=dtype)
+        # the decoding engine's weight format (dense in `dtype`, or the GGUF's blocks), so the KV it ships
+        # is what that engine would have computed
+        model, cfg = load_model(path, dtype=dtype, quantization="gguf" if weight_format == "gguf" else None)
         model.eval()
         if hasattr(model, "batch_invariant"):
             model.batch_invariant = batch_invariant

@@ -84,8 +84,8 @@ def build_engine_parts(model: str | None = None, **kwargs: Any) -> EngineParts:
         check_options(str(kwargs["disaggregate"]), model, kwargs)
     if tp_size > 1:   # tensor parallel: this process is rank 0 and loads only its shard (hitenter/distributed)
         from hitenter.distributed.runner import load_rank0
-    dtype = _dtype(kwargs.get("dtype") or "float32")
-    quant = kwargs.get("quantization") or "none"   # weights kept int8 / int4 in memory (hitenter/quant)
+    dtype = _dtype(kwargs.get("dtype") or "auto")   # activations / KV; "auto" = fp32 over the file's blocks
+    quant = kwargs.get("quantization") or "none"   # gguf blocks / int8 / int4 (hitenter/models/formats.py)
     if quant != "none" and tp_size > 1:
         raise ValueError("quantization: quantized weights with tensor_parallel_size > 1 are not supported yet")
     if model is not None and model.startswith("trigram"):
@@ -96,7 +96,7 @@ def build_engine_parts(model: str | None = None, **kwargs: Any) -> EngineParts:
         path = model
     else:
         path = str(resolve_model(model))
-        net, mcfg = (load_model(path, dtype=dtype, quantization=quant) if tp_size == 1
+        net, mcfg = (load_model(path, dtype=kwargs.get("dtype") or "auto", quantization=quant) if tp_size == 1
                      else load_rank0(path, dtype, tp_size, kwargs.get("num_threads")))
         tokenizer = Tokenizer.from_gguf(path)
 

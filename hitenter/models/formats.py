@@ -18,13 +18,15 @@ Contract of `resolve_format(dtype, quantization, tensor_parallel)` -> (activatio
   explicit quantization="gguf" raises ValueError.
 * gguf without the native kernels (`hitenter.kernels.native_available()` False): the reference qmatmul
   dequantizes a whole weight per call, far too slow to serve, so the weights are dequantized once at
-  load to the dense fp32 path instead, with one warning per process.
+  load to the dense fp32 path instead, with one warning per process. HITENTER_GGUF_REFERENCE=1 keeps
+  the blocks anyway (the reference path, slow: for tests and kernel work).
 Anything else raises ValueError naming the option.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Literal
 
 import torch
@@ -56,7 +58,7 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
 def _native_or_dense() -> WeightFormat:
     """gguf where the native kernels are loaded, else dense fp32 (warned once per process)."""
     global _warned_no_native
-    if kernels.native_available():
+    if kernels.native_available() or os.environ.get("HITENTER_GGUF_REFERENCE") == "1":
         return "gguf"
     if not _warned_no_native:
         _warned_no_native = True

@@ -61,7 +61,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2")
 SUPPORTED_TENSOR_TYPES: frozenset[gguf.GGMLQuantizationType] = frozenset({
     gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16,
     gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1,
-    gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K,
+    gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.Q5_1, gguf.GGMLQuantizationType.Q4_K,
+    gguf.GGMLQuantizationType.Q5_K, gguf.GGMLQuantizationType.Q6_K,
 })
 
 

@@ -54,14 +54,44 @@ def _permute_for_gguf(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# K-quant blocks: (offset of the f16 super-block scale d, offset of dmin or None, its value) and a d that
+# keeps the random weights small (|w| < ~0.1): gguf-py cannot quantize these types, so the tests write
+# random valid blocks (random nibbles and sub-block scales, fixed f16 super-block scales)
+_KQUANT_SCALES = {"Q4_K": (0, 2, 1e-4), "Q5_K": (0, 2, 5e-5), "Q6_K": (208, None, 1e-5)}
+
+
+def random_kquant(qtype: gguf.GGMLQuantizationType, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Random valid `rows x cols` blocks of a K-quant type (`uint8 [rows, cols / 256 * block_bytes]`)."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    d_at, dmin_at, d = _KQUANT_SCALES[qtype.name]
+    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    raw[..., d_at:d_at + 2] = np.array([d], np.float16).view(np.uint8)
+    if dmin_at is not None:
+        raw[..., dmin_at:dmin_at + 2] = np.array([d / 2], np.float16).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def _tensor_type(name: str, quant: str | dict[str, str] | None) -> gguf.GGMLQuantizationType | None:
+    """The GGML type for tensor `name`: `quant` itself, or the entry whose key `name` contains."""
+    if quant is None or isinstance(quant, str):
+        return None if quant is None else gguf.GGMLQuantizationType[quant]
+    for part, t in quant.items():
+        if part in name:
+            return gguf.GGMLQuantizationType[t]
+    return None
+
+
 def write_tiny_gguf(path: str | Path, arch: str = "llama", seed: int = 0, hidden: int = 64, layers: int = 2,
                     heads: int = 4, kv_heads: int = 2, ffn: int = 128, context_length: int = 256,
-                    quant: str | None = None, tied: bool | None = None) -> Path:
+                    quant: str | dict[str, str] | None = None, tied: bool | None = None) -> Path:
     """Write a random `arch` ("llama" | "qwen2") model with the tiny tokenizer to `path`; return it.
 
     quant: None (all F32), or a GGML type name ("Q8_0", "Q4_0", "F16", ...) used for the 2-D projection
-    weights whose row length allows it (the rest stay F32). tied: tie the output head to the embedding
-    (default: llama tied, qwen2 separate output.weight).
+    weights whose row length allows it (the rest stay F32), or a dict from a tensor-name part
+    ("attn_v", "ffn_down", "token_embd", ...) to a type name, for a mix like Q4_K_M's. K-quant types
+    (Q4_K, Q5_K, Q6_K; rows of a multiple of 256) get random valid blocks (see `random_kquant`), not the
+    quantized random weights. tied: tie the output head to the embedding (default: llama tied, qwen2
+    separate output.weight).
     """
     if arch not in ("llama", "qwen2"):
         raise ValueError(f"arch must be 'llama' or 'qwen2', got {arch!r}")
@@ -72,7 +102,6 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", seed: int = 0, hidden
     vocab = len(tokens)
     head_dim = hidden // heads
     tied = (arch == "llama") if tied is None else tied
-    qtype = None if quant is None else gguf.GGMLQuantizationType[quant]
 
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny-{arch}")
@@ -100,11 +129,12 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", seed: int = 0, hidden
 
     def add(name: str, arr: np.ndarray, quantize: bool = False) -> None:
         arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if quantize and qtype is not None and arr.ndim == 2:
-            block = gguf.GGML_QUANT_SIZES[qtype][0]
-            if arr.shape[1] % block == 0:
-                w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
-                return
+        qtype = _tensor_type(name, quant) if quantize else None
+        if qtype is not None and arr.ndim == 2 and arr.shape[1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0:
+            data = (random_kquant(qtype, *arr.shape, rng) if qtype.name in _KQUANT_SCALES
+                    else gguf.quants.quantize(arr, qtype))
+            w.add_tensor(name, data, raw_dtype=qtype)
+            return
         w.add_tensor(name, arr)
 
     def normal(*shape: int, std: float = 0.05) -> np.ndarray:

@@ -72,7 +72,10 @@ def build_spec_decoder(opts: dict[str, Any], tokenizer: Any, vocab_size: int, ma
     from hitenter.tokenizer.bpe import Tokenizer
 
     path = str(resolve_model(model))
-    net, cfg = load_model(path, dtype=dtype)
+    # the draft takes the target's dtype option ("auto": the GGUF's blocks with fp32 activations, like the
+    # target's; int8/int4 targets keep a dense draft in the activation dtype)
+    draft_dtype = opts.get("dtype") or "auto"
+    net, cfg = load_model(path, dtype=draft_dtype if (opts.get("quantization") or "none") in ("none", "gguf") else dtype)
     check_vocab_compatible(tokenizer, Tokenizer.from_gguf(path), vocab_size, cfg.vocab_size, model)
     if cfg.context_length < max_model_len:
         raise ValueError(f"speculative_model: {model!r} has a context of {cfg.context_length} tokens, less than "
