@@ -43,6 +43,30 @@ def emit_json(name: str, result: dict[str, Any]) -> None:
     print("JSON " + json.dumps({"bench": name, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **machine(), **result}))
 
 
-# hitenter weight formats the benches compare: LLM(...) keyword arguments per name
-FORMATS: dict[str, dict[str, str]] = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int4": {"quantization": "int4"},
-                                      "int8": {"quantization": "int8"}}
+# hitenter weight formats the benches compare: LLM(...) keyword arguments per name. gguf is the default
+# (dtype "auto": the file's own blocks, fp32 activations; dense fp32 where the native kernels are absent)
+FORMATS: dict[str, dict[str, str]] = {"gguf": {}, "fp32": {"dtype": "float32"}, "bf16": {"dtype": "bfloat16"},
+                                      "int4": {"quantization": "int4"}, "int8": {"quantization": "int8"}}
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return 0
+
+
+def decode_read_bytes(model: Any) -> int:
+    """Weight bytes a decode step reads: all of them, less the embedding table unless the head's GEMM
+    runs on the very same bytes (a tied head over a plain or block table). A lookup reads a row or two."""
+    from hitenter.quant import weight_bytes
+
+    total = weight_bytes(model)
+    gemm = getattr(model.head, "coarse", model.head)   # a rescored quantized head reads its coarse layout
+    gemm_ptrs = {t.data_ptr() for t in list(gemm.parameters()) + list(gemm.buffers()) if not t.is_mkldnn}
+    embed = list(model.embed.parameters()) + list(model.embed.buffers())
+    if any(t.data_ptr() in gemm_ptrs for t in embed):
+        return total
+    return total - weight_bytes(model.embed)

@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int, default=128, help="prompt length in words")
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--format", default="fp32", choices=sorted(FORMATS),
+    ap.add_argument("--format", default="gguf", choices=sorted(FORMATS),
                     help="hitenter's weight format (in-process server only)")
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--num-threads", type=int, default=None)

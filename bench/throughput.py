@@ -1,14 +1,15 @@
 """Offline throughput: 64 requests (prompts 16..512, outputs 16..256 tokens, fixed seed) on SmolLM2.
 
     .venv/bin/python bench/throughput.py [--num 64] [--sequential-sample 16] [--no-hf]
-        [--formats fp32 bf16 int4] [--hf-dtypes fp32 bf16] [--rounds 3]
+        [--formats gguf fp32 bf16 int4] [--hf-dtypes fp32 bf16] [--rounds 3]
 
 Three ways in one run: hitenter's engine with all requests at once (continuous batching);
 the same requests one at a time in hitenter; HF transformers `generate` with left padding in
 batches (fp32, same GGUF). Output tokens/s, ratios, p50/p99 TTFT. The one-at-a-time and HF
 baselines can be run on a sample of the requests (`--sequential-sample`, `--hf-sample`) to keep
 the run short; their rates are per output token, so a sample measures the same thing.
-Each hitenter weight format (fp32: the default; bf16; int4: the GGUF's Q4_1 blocks) runs the same
+Each hitenter weight format (gguf: the default, the file's own blocks; fp32: dequantized; bf16; int4:
+torch's int4 kernel on the Q4_1 blocks) runs the same
 requests; HF runs in each of --hf-dtypes, so every format has a same-precision baseline.
 """
 
@@ -99,7 +100,7 @@ def main() -> None:
     ap.add_argument("--hf-sample", type=int, default=32)
     ap.add_argument("--hf-batch", type=int, default=16)
     ap.add_argument("--no-hf", action="store_true")
-    ap.add_argument("--formats", nargs="+", default=["fp32", "bf16", "int4"], choices=sorted(FORMATS))
+    ap.add_argument("--formats", nargs="+", default=["gguf", "fp32", "bf16", "int4"], choices=sorted(FORMATS))
     ap.add_argument("--hf-dtypes", nargs="+", default=["fp32", "bf16"], choices=sorted(HF_DTYPES))
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat engine and HF runs alternately; each ratio is taken within a round and the "
