@@ -111,6 +111,14 @@ int qm_supported(int qt) {
     return type_info(qt, &e, &b, &f) == 0;
 }
 
+static void quant_rows(int elems, const float *x, int64_t ldx, int64_t nb, char *xq, size_t xrow_bytes, int64_t m0,
+                       int64_t m1) {
+    for (int64_t m = m0; m < m1; m++) {
+        if (elems == 32) quant_row32(x + m * ldx, nb, (xq32 *)(xq + m * xrow_bytes));
+        else quant_row256(x + m * ldx, nb, (xq256 *)(xq + m * xrow_bytes));
+    }
+}
+
 /* the rows [n0, n1) of y for all M rows: tiles of MT activation rows, runs of 8/4/2/1 */
 static void run_range(row_fn fn, const uint8_t *w, int64_t ldw, int64_t nb, const char *xq, size_t xrow_bytes,
                       int64_t M, int64_t n0, int64_t n1, float *y, int64_t ldy) {
@@ -141,15 +149,25 @@ int qm_matmul(int qt, const float *x, int64_t M, int64_t K, int64_t ldx, const u
     if (!xq) return -3;
     /* small products are not worth waking threads for */
     const int nt = (double)M * N * K < 2e5 || nthreads < 1 ? 1 : nthreads;
+    /* Chunks of weight rows handed out dynamically: on a shared, oversubscribed machine a thread that
+     * is descheduled leaves its work to the others instead of stalling the call at the barrier.
+     * Which thread computes a row changes nothing in its result. */
+    const int64_t chunk = N / (nt * 16) > 16 ? (N / (nt * 16) + 3) / 4 * 4 : 16;
+    const int64_t nchunks = (N + chunk - 1) / chunk;
+    int64_t next = 0;
+    if (M < 4 * nt) quant_rows(elems, x, ldx, nb, xq, xrow_bytes, 0, M);
 #pragma omp parallel num_threads(nt)
     {
-#pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; m++) {
-            if (elems == 32) quant_row32(x + m * ldx, nb, (xq32 *)(xq + m * xrow_bytes));
-            else quant_row256(x + m * ldx, nb, (xq256 *)(xq + m * xrow_bytes));
+        if (M >= 4 * nt) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t m = 0; m < M; m += 4) quant_rows(elems, x, ldx, nb, xq, xrow_bytes, m, m + 4 < M ? m + 4 : M);
         }
-        const int t = omp_get_thread_num(), T = omp_get_num_threads();
-        run_range(fn, w, ldw, nb, xq, xrow_bytes, M, N * t / T, N * (t + 1) / T, y, ldy);
+        for (;;) {
+            const int64_t c = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+            if (c >= nchunks) break;
+            const int64_t n0 = c * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+            run_range(fn, w, ldw, nb, xq, xrow_bytes, M, n0, n1, y, ldy);
+        }
     }
     free(xq);
     return 0;
