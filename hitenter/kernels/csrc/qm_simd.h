@@ -82,25 +82,39 @@ QM_INLINE __m256i unpack32(const int qt, const uint8_t *b, float *d, float *cw) 
     return v;
 }
 
+/* one legacy block against R rows, into accumulator slot `slot` of each row */
+QM_INLINE void s_blk32(const int qt, const uint8_t *wb, const xq32 *x, int64_t xrow, const int R, __m256 acc[][2],
+                       float accs[][2], const int slot) {
+    float d, cw;
+    const __m256i wq = unpack32(qt, wb, &d, &cw);
+    const __m256i wabs = qt == QT_Q8_0 ? _mm256_sign_epi8(wq, wq) : wq;
+    for (int r = 0; r < R; r++) {
+        const xq32 *xb = x + r * xrow;
+        __m256i xv = _mm256_loadu_si256((const __m256i *)xb->q);
+        if (qt == QT_Q8_0) xv = _mm256_sign_epi8(xv, wq);
+        const __m256i s = dot_u8s8(wabs, xv);
+        acc[r][slot] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * xb->d), acc[r][slot]);
+        if (qt != QT_Q8_0) accs[r][slot] += cw * xb->s;
+    }
+}
+
+/* Even and odd blocks go to two accumulators (two fma chains in flight for a single row); the split
+ * is by block index, the same for every R, so the sum order never changes. */
 QM_INLINE void s_row32(const int qt, const int bb, const uint8_t *w, int64_t nb, const xq32 *x, int64_t xrow,
                        const int R, float *y, int64_t ldy) {
-    __m256 acc[MR];
-    float accs[MR];
-    for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); accs[r] = 0.0f; }
-    for (int64_t b = 0; b < nb; b++) {
-        float d, cw;
-        __m256i wq = unpack32(qt, w + b * bb, &d, &cw);
-        const __m256i wabs = qt == QT_Q8_0 ? _mm256_sign_epi8(wq, wq) : wq;
-        for (int r = 0; r < R; r++) {
-            const xq32 *xb = x + r * xrow + b;
-            __m256i xv = _mm256_loadu_si256((const __m256i *)xb->q);
-            if (qt == QT_Q8_0) xv = _mm256_sign_epi8(xv, wq);
-            const __m256i s = dot_u8s8(wabs, xv);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * xb->d), acc[r]);
-            if (qt != QT_Q8_0) accs[r] += cw * xb->s;
-        }
+    __m256 acc[MR][2];
+    float accs[MR][2];
+    for (int r = 0; r < R; r++) {
+        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        accs[r][0] = accs[r][1] = 0.0f;
     }
-    for (int r = 0; r < R; r++) y[r * ldy] = hsum8(acc[r]) + accs[r];
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        s_blk32(qt, w + b * bb, x + b, xrow, R, acc, accs, 0);
+        s_blk32(qt, w + (b + 1) * bb, x + b + 1, xrow, R, acc, accs, 1);
+    }
+    if (b < nb) s_blk32(qt, w + b * bb, x + b, xrow, R, acc, accs, 0);
+    for (int r = 0; r < R; r++) y[r * ldy] = hsum8(_mm256_add_ps(acc[r][0], acc[r][1])) + (accs[r][0] + accs[r][1]);
 }
 
 /* K block -> 8 x 32 weight bytes, the per-16 scale of each (int16 lanes matching maddubs pairs),
@@ -156,25 +170,34 @@ QM_INLINE void unpack256(const int qt, const uint8_t *b, __m256i wq[8], __m256i 
     }
 }
 
+/* Integer part: sub-block j goes to chain j % NC of its row (NC chains per row keep the multipliers
+ * busy when R is small; integer sums are exact, so NC changes no bits). Sub-blocks outer, rows inner:
+ * the R rows are independent instruction streams. */
 QM_INLINE void s_row256(const int qt, const int bb, const uint8_t *w, int64_t nb, const xq256 *x, int64_t xrow,
                         const int R, float *y, int64_t ldy) {
+    enum { NCMAX = 4 };
+    const int NC = R >= 4 ? 1 : R == 2 ? 2 : 4;
     __m256 acc[MR];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i wq[8], sc[8], mins;
+        __m256i wq[8], sc[8], mins, is[MR][NCMAX];
         float d, dmin;
         unpack256(qt, w + b * bb, wq, sc, &mins, &d, &dmin);
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < NC; c++) is[r][c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++)
+            for (int r = 0; r < R; r++)
+                is[r][j % NC] = dot_scaled(is[r][j % NC], wq[j],
+                                           _mm256_loadu_si256((const __m256i *)(x[r * xrow + b].q + 32 * j)), sc[j]);
         for (int r = 0; r < R; r++) {
             const xq256 *xb = x + r * xrow + b;
-            __m256i is = _mm256_setzero_si256();
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++)
-                is = dot_scaled(is, wq[j], _mm256_loadu_si256((const __m256i *)(xb->q + 32 * j)), sc[j]);
-            const __m256i ms = _mm256_madd_epi16(*&mins, _mm256_loadu_si256((const __m256i *)xb->bsum));
+            for (int c = 1; c < NC; c++) is[r][0] = _mm256_add_epi32(is[r][0], is[r][c]);
+            const __m256i ms = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)xb->bsum));
             if (qt == QT_Q6_K) {   /* same d for the offset term: one conversion */
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(is, ms)), _mm256_set1_ps(d * xb->d), acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(is[r][0], ms)), _mm256_set1_ps(d * xb->d), acc[r]);
             } else {
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(d * xb->d), acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[r][0]), _mm256_set1_ps(d * xb->d), acc[r]);
                 acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_set1_ps(dmin * xb->d), acc[r]);
             }
         }
