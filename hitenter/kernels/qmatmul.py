@@ -1,15 +1,112 @@
 """y = x W^T on GGUF blocks: the native kernel where it loads, else the torch reference.
 
-Contract (both paths): x fp32 `[M, K]` (contiguous), w a BlockWeight `[N, K]` -> fp32 `[M, N]`.
-Batch invariance: a row's result never depends on M (the native kernel fixes each row's reduction
-order; the reference path is only used when the kernel is absent, for the whole process).
+Contract (both paths): x fp32 `[M, K]` (rows contiguous; a row stride is allowed), w a BlockWeight
+`[N, K]` -> fp32 `[M, N]` (or written into `out`). Batch invariance: a row's result never depends
+on M, on the tiling or on the thread count (the native kernel fixes each output's reduction order;
+the reference path is only used when the kernel is absent, for the whole process).
+
+Native library (csrc/qmatmul.c): built on first use (hitenter.kernels.build), loaded once per process.
+* HITENTER_QMATMUL=0: never load it (reference path, no warning).
+* HITENTER_QMATMUL_ISA=auto|avx512|avx2|generic: force a variant (built with -mno-avx512f, ...), so
+  the AVX2 and plain-C paths can be tested on an AVX-512 machine.
+Threads: the kernel's OpenMP team uses torch.get_num_threads() threads, read on every call.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
+import os
+import threading
+from pathlib import Path
+
 import torch
 
 from hitenter.kernels.blocks import BlockWeight
+from hitenter.kernels.build import BuildError, load_library
+
+log = logging.getLogger(__name__)
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+ISA_FLAGS: dict[str, list[str]] = {
+    "auto": [], "avx512": [], "avx2": ["-mno-avx512f"],
+    "generic": ["-mno-avx512f", "-mno-avx2", "-DQM_GENERIC"],
+}
+ISA_NAMES = {0: "generic", 1: "avx2", 2: "avx512vnni"}
+# -ffp-contract=off: fused multiply-adds only where the source asks, identically in every inlined copy
+FLAGS = ["-ffp-contract=off"]
+
+_lock = threading.Lock()
+_fn: ctypes._CFuncPtr | None = None      # qm_matmul, None when not loaded
+_isa: str | None = None
+_supported: frozenset[int] = frozenset()
+_tried = False
+
+
+def _load() -> None:
+    global _fn, _isa, _supported, _tried
+    if _tried:
+        return
+    with _lock:
+        if _tried:
+            return
+        try:
+            if os.environ.get("HITENTER_QMATMUL", "1") == "0":
+                log.info("HITENTER_QMATMUL=0: quantized matmuls use the torch reference path")
+                return
+            isa = os.environ.get("HITENTER_QMATMUL_ISA", "auto")
+            if isa not in ISA_FLAGS:
+                raise ValueError(f"HITENTER_QMATMUL_ISA={isa!r}: expected one of {sorted(ISA_FLAGS)}")
+            try:
+                lib = load_library(f"qmatmul-{isa}", CSRC / "qmatmul.c", FLAGS + ISA_FLAGS[isa],
+                                   sorted(CSRC.glob("qm_*.h")))
+            except BuildError as e:
+                log.warning("native quantized matmul unavailable, using the slow torch reference path: %s", e)
+                return
+            p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+            fn = lib.qm_matmul
+            fn.restype = i32
+            fn.argtypes = [i32, p, i64, i64, i64, p, i64, i64, p, i64, i32]
+            lib.qm_isa.restype = i32
+            lib.qm_supported.restype = i32
+            lib.qm_supported.argtypes = [i32]
+            _isa = ISA_NAMES[lib.qm_isa()]
+            if isa == "avx512" and _isa != "avx512vnni":
+                log.warning("HITENTER_QMATMUL_ISA=avx512 but this CPU/compiler gives %s", _isa)
+            _supported = frozenset(t for t in range(64) if lib.qm_supported(t))
+            _fn = fn
+        finally:
+            _tried = True
+
+
+def native_available() -> bool:
+    """True when the compiled quantized-matmul library is loaded (one warning when it cannot)."""
+    _load()
+    return _fn is not None
+
+
+def native_isa() -> str | None:
+    """Which variant is loaded: 'avx512vnni', 'avx2', 'generic', or None."""
+    _load()
+    return _isa
+
+
+def _reset_for_tests() -> None:
+    """Forget the loaded library so the next call re-reads the environment (tests only)."""
+    global _fn, _isa, _supported, _tried
+    with _lock:
+        _fn, _isa, _supported, _tried = None, None, frozenset(), False
+
+
+def _check(x: torch.Tensor, w: BlockWeight, out: torch.Tensor | None) -> None:
+    if not isinstance(w, BlockWeight):
+        raise TypeError(f"qmatmul: w must be a BlockWeight, got {type(w).__name__}")
+    if x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu":
+        raise ValueError(f"qmatmul: x must be a 2-D fp32 CPU tensor, got {x.dtype} {tuple(x.shape)} on {x.device}")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"qmatmul: x has K={x.shape[1]} but the {w.type_name} weight {w.shape} expects {w.shape[1]}")
+    if out is not None and (out.dtype != torch.float32 or tuple(out.shape) != (x.shape[0], w.shape[0])):
+        raise ValueError(f"qmatmul: out must be fp32 {(x.shape[0], w.shape[0])}, got {out.dtype} {tuple(out.shape)}")
 
 
 def reference_qmatmul(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
@@ -17,11 +114,24 @@ def reference_qmatmul(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
     return x.float() @ w.dequantize().t()
 
 
-def native_available() -> bool:
-    """True when the compiled quantized-matmul library is loaded (filled in by the kernel build)."""
-    return False
-
-
-def qmatmul(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
-    """fp32 `[M, N]` = x `[M, K]` @ w^T."""
-    return reference_qmatmul(x, w)
+def qmatmul(x: torch.Tensor, w: BlockWeight, out: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 `[M, N]` = x `[M, K]` @ w^T (into `out` if given: fp32 `[M, N]`, rows contiguous)."""
+    _check(x, w, out)
+    _load()
+    if _fn is None or w.qtype not in _supported:
+        y = reference_qmatmul(x, w)
+        return y if out is None else out.copy_(y)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if out is None:
+        out = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32)
+    elif out.stride(1) != 1:
+        raise ValueError("qmatmul: out rows must be contiguous (out.stride(1) == 1)")
+    data = w.data
+    if data.stride(1) != 1:
+        data = data.contiguous()
+    rc = _fn(w.qtype, x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), data.data_ptr(), w.shape[0],
+             data.stride(0), out.data_ptr(), out.stride(0), torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"qmatmul: native kernel failed (code {rc}) on {w.type_name} {w.shape}, x {tuple(x.shape)}")
+    return out

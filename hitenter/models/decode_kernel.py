@@ -10,7 +10,8 @@ stay on the GEMM path. The class of a row depends on its position only, never on
 row gets the same bits however prompts are chunked, batched, cached or recomputed after preemption
 (attention.py's batch-invariance contract).
 
-Build: `cc -O3 -march=native -fopenmp -shared` into $HITENTER_HOME/kernels (~/.cache/hitenter), keyed by the source, the flags and this CPU's flags; about a second, once per machine.
+Build: hitenter.kernels.build (cc -O3 -march=native -fopenmp, cached in $HITENTER_HOME/kernels keyed by the
+source, the flags and this CPU's flags); about a second, once per machine.
 Where no C compiler is found, or HITENTER_DECODE_KERNEL=0, `load()` returns None and every row takes
 the torch path (the whole engine then consistently uses it).
 """
@@ -18,55 +19,24 @@ the torch path (the whole engine then consistently uses it).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
 import torch
 
-from hitenter.models.registry import hitenter_home
+from hitenter.kernels.build import BuildError, load_library
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "decode_attention.c"
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 MAX_GROUP = 16      # query heads per KV head the kernel supports
 MAX_HEAD_DIM = 256
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
-
-
-def _cpu_key() -> str:
-    try:
-        flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
-    except OSError:
-        flags = ""
-    return hashlib.sha256(flags.encode()).hexdigest()[:12]
-
-
-def _build(cc: str) -> Path:
-    src = SOURCE.read_bytes()
-    key = hashlib.sha256(src + " ".join([cc] + FLAGS).encode() + _cpu_key().encode()).hexdigest()[:16]
-    out = hitenter_home() / "kernels" / f"decode_attention-{key}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)   # build aside, then rename: safe across processes
-    os.close(fd)
-    try:
-        subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], check=True, capture_output=True, timeout=120)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
 
 
 def load() -> ctypes.CDLL | None:
@@ -78,15 +48,10 @@ def load() -> ctypes.CDLL | None:
         _tried = True
         if os.environ.get("HITENTER_DECODE_KERNEL", "1") == "0":
             return None
-        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-        if cc is None:
-            log.warning("no C compiler found: attention runs on the torch path only")
-            return None
         try:
-            lib = ctypes.CDLL(str(_build(cc)))
-        except (OSError, subprocess.SubprocessError) as e:
-            detail = getattr(e, "stderr", b"") or b""
-            log.warning("decode attention kernel unavailable (%s): torch path only. %s", e, detail.decode()[-500:])
+            lib = load_library("decode_attention", SOURCE, [])
+        except BuildError as e:
+            log.warning("decode attention kernel unavailable: torch path only. %s", e)
             return None
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.decode_attention.restype = i32

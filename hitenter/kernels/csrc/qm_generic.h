@@ -1,0 +1,102 @@
+/* Plain-C kernels (any CPU; also the HITENTER_QMATMUL_ISA=generic variant). Each output (m, n) is a
+ * fixed sequential fp32 sum over the blocks of the row, whatever R is: batch invariant. */
+#ifndef QM_GENERIC_H
+#define QM_GENERIC_H
+
+#include "qm_common.h"
+
+/* legacy block -> signed ints e[32] (offset applied), its scale d and min m (0 for *_0 types) */
+static inline void g_decode32(int qt, const uint8_t *b, int e[32], float *d, float *m) {
+    *d = qm_h2f(b);
+    *m = (qt == QT_Q4_1 || qt == QT_Q5_1) ? qm_h2f(b + 2) : 0.0f;
+    if (qt == QT_Q8_0) {
+        for (int j = 0; j < 32; j++) e[j] = (int8_t)b[2 + j];
+        return;
+    }
+    const int five = (qt == QT_Q5_0 || qt == QT_Q5_1);
+    const uint8_t *qs = b + (qt == QT_Q4_0 ? 2 : qt == QT_Q4_1 ? 4 : qt == QT_Q5_0 ? 6 : 8);
+    uint32_t qh = 0;
+    if (five) memcpy(&qh, qs - 4, 4);
+    const int off = (qt == QT_Q4_0) ? 8 : (qt == QT_Q5_0) ? 16 : 0;
+    for (int j = 0; j < 16; j++) {
+        e[j] = (qs[j] & 15) + (five ? (int)((qh >> j) & 1) << 4 : 0) - off;
+        e[j + 16] = (qs[j] >> 4) + (five ? (int)((qh >> (j + 16)) & 1) << 4 : 0) - off;
+    }
+}
+
+static void g_row32(int qt, int bbytes, const uint8_t *w, int64_t nb, const xq32 *x, int64_t xrow, int R,
+                    float *y, int64_t ldy) {
+    for (int r = 0; r < R; r++) {
+        const xq32 *xr = x + r * xrow;
+        float acc = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            int e[32];
+            float d, m;
+            g_decode32(qt, w + b * bbytes, e, &d, &m);
+            int32_t s = 0;
+            for (int j = 0; j < 32; j++) s += e[j] * xr[b].q[j];
+            acc += (float)s * (d * xr[b].d);
+            acc += m * xr[b].s;
+        }
+        y[r * ldy] = acc;
+    }
+}
+
+/* K block -> ints e[256] (Q6_K offset applied), per-16 scales sc, per-16 mins mn, d and dmin */
+static inline void g_decode256(int qt, const uint8_t *b, int e[256], int sc[16], int mn[16], float *d,
+                               float *dmin) {
+    if (qt == QT_Q6_K) {
+        *d = qm_h2f(b + 208);
+        *dmin = 0.0f;
+        for (int g = 0; g < 16; g++) { sc[g] = (int8_t)b[192 + g]; mn[g] = 0; }
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+            int *o = e + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                o[l] = ((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32;
+                o[l + 32] = ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                o[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                o[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            }
+        }
+        return;
+    }
+    *d = qm_h2f(b);
+    *dmin = qm_h2f(b + 2);
+    uint32_t u[4];
+    qm_k4_scales(b + 4, u);
+    const uint8_t *s8 = (const uint8_t *)u;
+    for (int g = 0; g < 16; g++) { sc[g] = s8[g / 2]; mn[g] = s8[8 + g / 2]; }
+    const int five = (qt == QT_Q5_K);
+    const uint8_t *qh = b + 16, *qs = b + (five ? 48 : 16);
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            e[64 * c + l] = (qs[32 * c + l] & 15) + (five ? ((qh[l] >> (2 * c)) & 1) << 4 : 0);
+            e[64 * c + 32 + l] = (qs[32 * c + l] >> 4) + (five ? ((qh[l] >> (2 * c + 1)) & 1) << 4 : 0);
+        }
+}
+
+static void g_row256(int qt, int bbytes, const uint8_t *w, int64_t nb, const xq256 *x, int64_t xrow, int R,
+                     float *y, int64_t ldy) {
+    for (int r = 0; r < R; r++) {
+        const xq256 *xr = x + r * xrow;
+        float acc = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            int e[256], sc[16], mn[16];
+            float d, dmin;
+            g_decode256(qt, w + b * bbytes, e, sc, mn, &d, &dmin);
+            int32_t is = 0, ms = 0;
+            for (int g = 0; g < 16; g++) {
+                int32_t s = 0;
+                for (int j = 0; j < 16; j++) s += e[16 * g + j] * xr[b].q[16 * g + j];
+                is += sc[g] * s;
+                ms += mn[g] * xr[b].bsum[g];
+            }
+            acc += (float)is * (d * xr[b].d);
+            acc -= (float)ms * (dmin * xr[b].d);
+        }
+        y[r * ldy] = acc;
+    }
+}
+
+#endif

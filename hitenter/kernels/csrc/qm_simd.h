@@ -1,0 +1,208 @@
+/* AVX2 / AVX512-VNNI kernels on 256-bit vectors (Zen 4 splits 512-bit ops in two anyway, and
+ * AVX512VL gives the 256-bit VNNI forms plus 32 registers).
+ *
+ * Integer part: weights unpacked to unsigned bytes (Q8_0: |w| with the sign moved onto x), dotted
+ * with the int8 activations by dpbusd (VNNI) or maddubs+madd (AVX2); both give the same exact int32
+ * lanes. Float part: per block, acc[8 lanes] = fma(float(int lanes), d_w * d_x, acc), lanes summed
+ * in a fixed order at the end of the row. Nothing depends on R (rows done together) or on which
+ * thread runs the row, so every output is batch invariant; built with -ffp-contract=off so the
+ * compiler cannot fuse differently in different inlined copies. */
+#ifndef QM_SIMD_H
+#define QM_SIMD_H
+
+#include <immintrin.h>
+#include "qm_common.h"
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#define QM_VNNI 1
+#else
+#define QM_VNNI 0
+#endif
+
+#define QM_INLINE static inline __attribute__((always_inline))
+#define MR 8    /* most activation rows per weight-row pass */
+
+QM_INLINE float s_h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+QM_INLINE __m256i dot_u8s8(__m256i w, __m256i x) {   /* 8 x int32: sums of 4 byte products */
+#if QM_VNNI
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+#endif
+}
+
+QM_INLINE __m256i dot_scaled(__m256i acc, __m256i w, __m256i x, __m256i sc16) {  /* acc += pairs * sc */
+#if QM_VNNI
+    return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(w, x), sc16);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), sc16));
+#endif
+}
+
+QM_INLINE __m256i bits_to_0x10(uint32_t qh) {   /* byte j = 0x10 where bit j of qh is set */
+#if QM_VNNI
+    return _mm256_maskz_set1_epi8((__mmask32)qh, 0x10);
+#else
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
+    v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
+#endif
+}
+
+QM_INLINE float hsum8(__m256 v) {   /* fixed order: (lo + hi), then pairs, then the last two */
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* legacy block -> 32 weight bytes (unsigned, offset not applied; Q8_0 signed), scale d, and the
+ * coefficient cw of the activation block sum s (offset -8/-16 times d, or the min m) */
+QM_INLINE __m256i unpack32(const int qt, const uint8_t *b, float *d, float *cw) {
+    *d = s_h2f(b);
+    if (qt == QT_Q8_0) {
+        *cw = 0.0f;
+        return _mm256_loadu_si256((const __m256i *)(b + 2));
+    }
+    const int off = qt == QT_Q4_0 ? 2 : qt == QT_Q4_1 ? 4 : qt == QT_Q5_0 ? 6 : 8;
+    const __m128i q = _mm_loadu_si128((const __m128i *)(b + off));
+    __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(15));
+    if (qt == QT_Q5_0 || qt == QT_Q5_1) {
+        uint32_t qh;
+        memcpy(&qh, b + off - 4, 4);
+        v = _mm256_or_si256(v, bits_to_0x10(qh));
+    }
+    *cw = qt == QT_Q4_0 ? -8.0f * *d : qt == QT_Q5_0 ? -16.0f * *d : s_h2f(b + 2);
+    return v;
+}
+
+/* one legacy block against R rows, into accumulator slot `slot` of each row */
+QM_INLINE void s_blk32(const int qt, const uint8_t *wb, const xq32 *x, int64_t xrow, const int R, __m256 acc[][2],
+                       float accs[][2], const int slot) {
+    float d, cw;
+    const __m256i wq = unpack32(qt, wb, &d, &cw);
+    const __m256i wabs = qt == QT_Q8_0 ? _mm256_sign_epi8(wq, wq) : wq;
+    for (int r = 0; r < R; r++) {
+        const xq32 *xb = x + r * xrow;
+        __m256i xv = _mm256_loadu_si256((const __m256i *)xb->q);
+        if (qt == QT_Q8_0) xv = _mm256_sign_epi8(xv, wq);
+        const __m256i s = dot_u8s8(wabs, xv);
+        acc[r][slot] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * xb->d), acc[r][slot]);
+        if (qt != QT_Q8_0) accs[r][slot] += cw * xb->s;
+    }
+}
+
+/* Even and odd blocks go to two accumulators (two fma chains in flight for a single row); the split
+ * is by block index, the same for every R, so the sum order never changes. */
+QM_INLINE void s_row32(const int qt, const int bb, const uint8_t *w, int64_t nb, const xq32 *x, int64_t xrow,
+                       const int R, float *y, int64_t ldy) {
+    __m256 acc[MR][2];
+    float accs[MR][2];
+    for (int r = 0; r < R; r++) {
+        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        accs[r][0] = accs[r][1] = 0.0f;
+    }
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        s_blk32(qt, w + b * bb, x + b, xrow, R, acc, accs, 0);
+        s_blk32(qt, w + (b + 1) * bb, x + b + 1, xrow, R, acc, accs, 1);
+    }
+    if (b < nb) s_blk32(qt, w + b * bb, x + b, xrow, R, acc, accs, 0);
+    for (int r = 0; r < R; r++) y[r * ldy] = hsum8(_mm256_add_ps(acc[r][0], acc[r][1])) + (accs[r][0] + accs[r][1]);
+}
+
+/* K block -> 8 x 32 weight bytes, the per-16 scale of each (int16 lanes matching maddubs pairs),
+ * the per-16 min multipliers (Q6_K: 32 * scale, the offset), d and dmin */
+QM_INLINE void unpack256(const int qt, const uint8_t *b, __m256i wq[8], __m256i sc[8], __m256i *mins, float *d,
+                         float *dmin) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    if (qt == QT_Q6_K) {
+        *d = *dmin = s_h2f(b + 208);
+        const __m128i s8 = _mm_loadu_si128((const __m128i *)(b + 192));
+        *mins = _mm256_slli_epi16(_mm256_cvtepi8_epi16(s8), 5);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m256i q0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+            const __m256i q1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+            const __m256i hh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+            wq[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(q0, m4), _mm256_slli_epi16(_mm256_and_si256(hh, _mm256_set1_epi8(3)), 4));
+            wq[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(q1, m4), _mm256_slli_epi16(_mm256_and_si256(hh, _mm256_set1_epi8(12)), 2));
+            wq[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), m4), _mm256_and_si256(hh, _mm256_set1_epi8(48)));
+            wq[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), m4),
+                                            _mm256_and_si256(_mm256_srli_epi16(hh, 2), _mm256_set1_epi8(48)));
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const long long g = 8 * h + 2 * k;
+                const __m128i shuf = _mm_set_epi64x(0x0101010101010101LL * (g + 1), 0x0101010101010101LL * g);
+                sc[4 * h + k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s8, shuf));
+            }
+        }
+        return;
+    }
+    *d = s_h2f(b);
+    *dmin = s_h2f(b + 2);
+    uint32_t u[4];
+    qm_k4_scales(b + 4, u);
+    const __m128i m8 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)u[3], (int)u[2]));
+    *mins = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
+    const uint8_t *s8 = (const uint8_t *)u;
+    const int five = qt == QT_Q5_K;
+    __m256i hh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b + (five ? 48 : 16) + 32 * c));
+        wq[2 * c] = _mm256_and_si256(q, m4);
+        wq[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if (five) {   /* bit 2c of qh[l] is bit 4 of element l of sub-block 2c, bit 2c+1 of 2c+1 */
+            const __m256i x10 = _mm256_set1_epi8(0x10);
+            wq[2 * c] = _mm256_or_si256(wq[2 * c], _mm256_and_si256(_mm256_slli_epi16(hh, 4), x10));
+            wq[2 * c + 1] = _mm256_or_si256(wq[2 * c + 1], _mm256_and_si256(_mm256_slli_epi16(hh, 3), x10));
+            hh = _mm256_srli_epi16(hh, 2);
+        }
+        sc[2 * c] = _mm256_set1_epi16(s8[2 * c]);
+        sc[2 * c + 1] = _mm256_set1_epi16(s8[2 * c + 1]);
+    }
+}
+
+/* Integer part: sub-block j goes to chain j % NC of its row (NC chains per row keep the multipliers
+ * busy when R is small; integer sums are exact, so NC changes no bits). Sub-blocks outer, rows inner:
+ * the R rows are independent instruction streams. */
+QM_INLINE void s_row256(const int qt, const int bb, const uint8_t *w, int64_t nb, const xq256 *x, int64_t xrow,
+                        const int R, float *y, int64_t ldy) {
+    enum { NCMAX = 4 };
+    const int NC = R >= 4 ? 1 : R == 2 ? 2 : 4;
+    __m256 acc[MR];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i wq[8], sc[8], mins, is[MR][NCMAX];
+        float d, dmin;
+        unpack256(qt, w + b * bb, wq, sc, &mins, &d, &dmin);
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < NC; c++) is[r][c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++)
+            for (int r = 0; r < R; r++)
+                is[r][j % NC] = dot_scaled(is[r][j % NC], wq[j],
+                                           _mm256_loadu_si256((const __m256i *)(x[r * xrow + b].q + 32 * j)), sc[j]);
+        for (int r = 0; r < R; r++) {
+            const xq256 *xb = x + r * xrow + b;
+            for (int c = 1; c < NC; c++) is[r][0] = _mm256_add_epi32(is[r][0], is[r][c]);
+            const __m256i ms = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)xb->bsum));
+            if (qt == QT_Q6_K) {   /* same d for the offset term: one conversion */
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(is[r][0], ms)), _mm256_set1_ps(d * xb->d), acc[r]);
+            } else {
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[r][0]), _mm256_set1_ps(d * xb->d), acc[r]);
+                acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_set1_ps(dmin * xb->d), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) y[r * ldy] = hsum8(acc[r]);
+}
+
+#endif

@@ -1,0 +1,174 @@
+/* y[M, N] = x[M, K] W[N, K]^T with W in GGUF blocks (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K).
+ *
+ * x is quantized once per call to int8 blocks (32 per fp32 scale for the legacy types, 256 with
+ * 16-element sums for the K types), then integer dot products run per weight block.
+ * Threads split N into contiguous ranges; each thread walks its weight rows once per tile of MT
+ * activation rows (M <= MT: every weight byte is streamed from memory once), and each weight row is
+ * unpacked in registers once per MR activation rows. Every (m, n) output is the same function of
+ * (row m of x, row n of W) whatever M, the tiling or the thread count: batch invariant.
+ *
+ * ISA: chosen at compile time (-march=native, or forced down with -mno-avx512f / -DQM_GENERIC). */
+#include <stdlib.h>
+#include <math.h>
+#include <omp.h>
+
+#include "qm_common.h"
+
+#if !defined(QM_GENERIC) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "qm_simd.h"
+#define QM_ISA (QM_VNNI ? 2 : 1)
+#else
+#include "qm_generic.h"
+#define QM_ISA 0
+#endif
+
+#define MT 64   /* activation rows per pass over a thread's weights (64 x K int8 stays in L2) */
+
+typedef void (*row_fn)(const uint8_t *w, int64_t nb, const void *x, int64_t xrow, int R, float *y, int64_t ldy);
+
+#if QM_ISA
+/* one instance per (type, R in 8/4/2/1): R must be a constant for the accumulators to live in registers */
+#define DEF_ROW(name, kern, xt, qt, bb)                                                                   \
+    static void name(const uint8_t *w, int64_t nb, const void *xv, int64_t xrow, int R, float *y,          \
+                     int64_t ldy) {                                                                        \
+        const xt *x = (const xt *)xv;                                                                      \
+        if (R == 8) kern(qt, bb, w, nb, x, xrow, 8, y, ldy);                                               \
+        else if (R == 4) kern(qt, bb, w, nb, x, xrow, 4, y, ldy);                                          \
+        else if (R == 2) kern(qt, bb, w, nb, x, xrow, 2, y, ldy);                                          \
+        else kern(qt, bb, w, nb, x, xrow, 1, y, ldy);                                                      \
+    }
+#else
+#define DEF_ROW(name, kern, xt, qt, bb)                                                                   \
+    static void name(const uint8_t *w, int64_t nb, const void *xv, int64_t xrow, int R, float *y,          \
+                     int64_t ldy) {                                                                        \
+        kern(qt, bb, w, nb, (const xt *)xv, xrow, R, y, ldy);                                              \
+    }
+#define s_row32 g_row32
+#define s_row256 g_row256
+#endif
+
+DEF_ROW(row_q4_0, s_row32, xq32, QT_Q4_0, B_Q4_0)
+DEF_ROW(row_q4_1, s_row32, xq32, QT_Q4_1, B_Q4_1)
+DEF_ROW(row_q5_0, s_row32, xq32, QT_Q5_0, B_Q5_0)
+DEF_ROW(row_q5_1, s_row32, xq32, QT_Q5_1, B_Q5_1)
+DEF_ROW(row_q8_0, s_row32, xq32, QT_Q8_0, B_Q8_0)
+DEF_ROW(row_q4_k, s_row256, xq256, QT_Q4_K, B_Q4_K)
+DEF_ROW(row_q5_k, s_row256, xq256, QT_Q5_K, B_Q5_K)
+DEF_ROW(row_q6_k, s_row256, xq256, QT_Q6_K, B_Q6_K)
+
+/* activation quantization: round to nearest (even) of x / (amax / 127) */
+static void quant_row32(const float *x, int64_t nb, xq32 *o) {
+    for (int64_t b = 0; b < nb; b++, x += 32) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int s = 0;
+        for (int j = 0; j < 32; j++) { o[b].q[j] = (int8_t)lrintf(x[j] * id); s += o[b].q[j]; }
+        o[b].d = d;
+        o[b].s = d * (float)s;
+    }
+}
+
+static void quant_row256(const float *x, int64_t nb, xq256 *o) {
+    for (int64_t b = 0; b < nb; b++, x += 256) {
+        float amax = 0.0f;
+        for (int j = 0; j < 256; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int j = 0; j < 256; j++) o[b].q[j] = (int8_t)lrintf(x[j] * id);
+        for (int g = 0; g < 16; g++) {
+            int s = 0;
+            for (int j = 0; j < 16; j++) s += o[b].q[16 * g + j];
+            o[b].bsum[g] = (int16_t)s;
+        }
+        o[b].d = amax / 127.0f;
+        o[b].pad = 0.0f;
+    }
+}
+
+static int type_info(int qt, int *elems, int *bytes, row_fn *fn) {
+    *elems = 32;
+    switch (qt) {
+    case QT_Q4_0: *bytes = B_Q4_0; *fn = row_q4_0; return 0;
+    case QT_Q4_1: *bytes = B_Q4_1; *fn = row_q4_1; return 0;
+    case QT_Q5_0: *bytes = B_Q5_0; *fn = row_q5_0; return 0;
+    case QT_Q5_1: *bytes = B_Q5_1; *fn = row_q5_1; return 0;
+    case QT_Q8_0: *bytes = B_Q8_0; *fn = row_q8_0; return 0;
+    }
+    *elems = 256;
+    switch (qt) {
+    case QT_Q4_K: *bytes = B_Q4_K; *fn = row_q4_k; return 0;
+    case QT_Q5_K: *bytes = B_Q5_K; *fn = row_q5_k; return 0;
+    case QT_Q6_K: *bytes = B_Q6_K; *fn = row_q6_k; return 0;
+    }
+    return -1;
+}
+
+int qm_isa(void) { return QM_ISA; }   /* 0 generic, 1 AVX2, 2 AVX512-VNNI */
+
+int qm_supported(int qt) {
+    int e, b;
+    row_fn f;
+    return type_info(qt, &e, &b, &f) == 0;
+}
+
+static void quant_rows(int elems, const float *x, int64_t ldx, int64_t nb, char *xq, size_t xrow_bytes, int64_t m0,
+                       int64_t m1) {
+    for (int64_t m = m0; m < m1; m++) {
+        if (elems == 32) quant_row32(x + m * ldx, nb, (xq32 *)(xq + m * xrow_bytes));
+        else quant_row256(x + m * ldx, nb, (xq256 *)(xq + m * xrow_bytes));
+    }
+}
+
+/* the rows [n0, n1) of y for all M rows: tiles of MT activation rows, runs of 8/4/2/1 */
+static void run_range(row_fn fn, const uint8_t *w, int64_t ldw, int64_t nb, const char *xq, size_t xrow_bytes,
+                      int64_t M, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+    for (int64_t mt = 0; mt < M; mt += MT) {
+        const int64_t mend = mt + MT < M ? mt + MT : M;
+        for (int64_t n = n0; n < n1; n++) {
+            for (int64_t m = mt; m < mend;) {
+                const int64_t left = mend - m;
+                const int R = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+                fn(w + n * ldw, nb, xq + m * xrow_bytes, nb, R, y + m * ldy + n, ldy);
+                m += R;
+            }
+        }
+    }
+}
+
+/* returns 0, -1 (unsupported type), -2 (K not a whole number of blocks / bad sizes), -3 (no memory) */
+int qm_matmul(int qt, const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int64_t N,
+              int64_t ldw, float *y, int64_t ldy, int nthreads) {
+    int elems, bytes;
+    row_fn fn;
+    if (type_info(qt, &elems, &bytes, &fn)) return -1;
+    if (K <= 0 || K % elems || M < 0 || N < 0 || ldx < K || ldy < N || ldw < K / elems * bytes) return -2;
+    if (M == 0 || N == 0) return 0;
+    const int64_t nb = K / elems;
+    const size_t xrow_bytes = (size_t)nb * (elems == 32 ? sizeof(xq32) : sizeof(xq256));
+    char *xq = aligned_alloc(64, (M * xrow_bytes + 63) / 64 * 64);
+    if (!xq) return -3;
+    /* small products are not worth waking threads for */
+    const int nt = (double)M * N * K < 2e5 || nthreads < 1 ? 1 : nthreads;
+    /* Chunks of weight rows handed out dynamically: on a shared, oversubscribed machine a thread that
+     * is descheduled leaves its work to the others instead of stalling the call at the barrier.
+     * Which thread computes a row changes nothing in its result. */
+    const int64_t chunk = N / (nt * 16) > 16 ? (N / (nt * 16) + 3) / 4 * 4 : 16;
+    const int64_t nchunks = (N + chunk - 1) / chunk;
+    int64_t next = 0;
+    if (M < 4 * nt) quant_rows(elems, x, ldx, nb, xq, xrow_bytes, 0, M);
+#pragma omp parallel num_threads(nt)
+    {
+        if (M >= 4 * nt) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t m = 0; m < M; m += 4) quant_rows(elems, x, ldx, nb, xq, xrow_bytes, m, m + 4 < M ? m + 4 : M);
+        }
+        for (;;) {
+            const int64_t c = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+            if (c >= nchunks) break;
+            const int64_t n0 = c * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+            run_range(fn, w, ldw, nb, xq, xrow_bytes, M, n0, n1, y, ldy);
+        }
+    }
+    free(xq);
+    return 0;
+}
