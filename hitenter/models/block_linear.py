@@ -1,7 +1,7 @@
 """Linear and embedding modules over GGUF block weights (hitenter/kernels), fp32 activations.
 
-* `BlockLinear(parts, bias)`: y = [qmatmul(x, p) for p in parts] concatenated along the output dim,
-  + bias. One part per run of a single block type: a fused projection whose pieces share a type is
+* `BlockLinear(parts, bias)`: y = [qmatmul(x, p) for p in parts] side by side along the output dim
+  (each part writes its columns of one output), + bias. One part per run of a single block type: a fused projection whose pieces share a type is
   one `qmatmul` call over their concatenated rows; a Q4_K_M file that stores attn_v in Q6_K beside
   Q4_K attn_q/attn_k gets two calls (Q+K, then V) whose outputs are concatenated.
 * `BlockEmbedding(w)`: token ids -> fp32 rows, dequantizing only the looked-up rows (gguf's reference
@@ -81,8 +81,14 @@ class BlockLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float().contiguous()
-        ys = [qmatmul(x, p) for p in self.parts]
-        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
+        if len(self.parts) == 1:
+            y = qmatmul(x, self.parts[0])
+        else:   # each part writes its own columns of one output (no concatenation copy)
+            y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+            start = 0
+            for p in self.parts:
+                qmatmul(x, p, out=y[:, start:start + p.shape[0]])
+                start += p.shape[0]
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:

@@ -54,20 +54,23 @@ def _permute_for_gguf(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-# K-quant blocks: (offset of the f16 super-block scale d, offset of dmin or None, its value) and a d that
-# keeps the random weights small (|w| < ~0.1): gguf-py cannot quantize these types, so the tests write
-# random valid blocks (random nibbles and sub-block scales, fixed f16 super-block scales)
-_KQUANT_SCALES = {"Q4_K": (0, 2, 1e-4), "Q5_K": (0, 2, 5e-5), "Q6_K": (208, None, 1e-5)}
+# K-quant blocks: gguf-py cannot quantize these types, so the tests write random valid blocks: random
+# quants, and scales chosen so the weights are small and centred like real ones. Q4_K / Q5_K store
+# w = d * sc * q - dmin * m per sub-block; the 12 packed 6-bit (sc, m) bytes all equal to 0x11 * v give
+# sc == m in every sub-block, so dmin = d * (q_max / 2) centres w = d * sc * (q - q_max / 2). Q6_K's
+# w = d * sc * (q - 32) with signed int8 sc is centred already. Values: (offset of d, d, dmin / d).
+_KQUANT_SCALES = {"Q4_K": (0, 2e-4, 7.5), "Q5_K": (0, 1e-4, 15.5), "Q6_K": (208, 2e-5, None)}
 
 
 def random_kquant(qtype: gguf.GGMLQuantizationType, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
     """Random valid `rows x cols` blocks of a K-quant type (`uint8 [rows, cols / 256 * block_bytes]`)."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
-    d_at, dmin_at, d = _KQUANT_SCALES[qtype.name]
+    d_at, d, dmin_ratio = _KQUANT_SCALES[qtype.name]
     raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
     raw[..., d_at:d_at + 2] = np.array([d], np.float16).view(np.uint8)
-    if dmin_at is not None:
-        raw[..., dmin_at:dmin_at + 2] = np.array([d / 2], np.float16).view(np.uint8)
+    if dmin_ratio is not None:   # Q4_K / Q5_K: d, dmin, scales[12], ...
+        raw[..., 2:4] = np.array([d * dmin_ratio], np.float16).view(np.uint8)
+        raw[..., 4:16] = (0x11 * rng.integers(1, 16, size=(rows, cols // block, 1))).astype(np.uint8)
     return raw.reshape(rows, -1)
 
 
