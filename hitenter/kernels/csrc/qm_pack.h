@@ -14,7 +14,7 @@
 
 #define PN 8          /* weight rows per packed group (the int32 lanes) */
 #define PG 4          /* packed groups per pass (32 weight rows share each activation load) */
-#define PR 4          /* activation rows per microkernel call */
+#define PR 8          /* activation rows per microkernel call */
 #define PACK_MIN_M 16
 
 typedef struct {
@@ -130,7 +130,8 @@ QM_INLINE void p_kern(const int qt, const pblock *p, int64_t nb, const xq256 *x,
     }                                                                                                      \
     static void name##_kern(const pblock *p, int64_t nb, const xq256 *x, int64_t xrow, int R, float *y,   \
                             int64_t ldy, int nvalid) {                                                    \
-        if (R == 4) p_kern(qt, p, nb, x, xrow, 4, y, ldy, nvalid);                                        \
+        if (R == 8) p_kern(qt, p, nb, x, xrow, 8, y, ldy, nvalid);                                        \
+        else if (R == 4) p_kern(qt, p, nb, x, xrow, 4, y, ldy, nvalid);                                      \
         else if (R == 2) p_kern(qt, p, nb, x, xrow, 2, y, ldy, nvalid);                                   \
         else p_kern(qt, p, nb, x, xrow, 1, y, ldy, nvalid);                                               \
     }
@@ -153,7 +154,7 @@ static void run_packed(pack_fn pack, pkern_fn kern, const uint8_t *w, int64_t ld
             pack(w + (s + ng * PN) * ldw, ldw, rows[ng], nb, buf + ng * nb);
         }
         for (int64_t m = 0; m < M;) {
-            const int R = M - m >= 4 ? 4 : M - m >= 2 ? 2 : 1;
+            const int R = M - m >= 8 ? 8 : M - m >= 4 ? 4 : M - m >= 2 ? 2 : 1;
             for (int g = 0; g < ng; g++)
                 kern(buf + g * nb, nb, xq + m * nb, nb, R, y + m * ldy + s + g * PN, ldy, rows[g]);
             m += R;
