@@ -178,7 +178,7 @@ int qm_matmul(int qt, const float *x, int64_t M, int64_t K, int64_t ldx, const u
     int64_t next = 0;
     int failed = 0;
     if (M < 4 * nt) quant_rows(elems, x, ldx, nb, xq, xrow_bytes, 0, M);
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (nt > 1)
     {
         if (M >= 4 * nt) {
 #pragma omp for schedule(dynamic, 1)
