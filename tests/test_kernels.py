@@ -117,6 +117,10 @@ def test_forced_isa_variants_match_reference(isa: str, reload_kernels: pytest.Mo
     assert qm_mod.native_isa() == isa
     for qtype in ALL:
         run_against_reference(qtype, [1, 5, 9, 70])
+        n, k = shape_for(qtype)
+        w = random_weight(qtype, n, k, seed=2)
+        x = torch.randn(20, k, generator=torch.Generator().manual_seed(4))
+        assert torch.equal(qmatmul(x, w)[17:18], qmatmul(x[17:18], w)), f"{isa} {w.type_name}: batch variant"
 
 
 @pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)

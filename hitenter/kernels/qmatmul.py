@@ -99,13 +99,15 @@ def _reset_for_tests() -> None:
 
 
 def _check(x: torch.Tensor, w: BlockWeight, out: torch.Tensor | None) -> None:
+    """Raise a clear error for anything the kernel (or the reference) cannot take. A few attribute reads:
+    this runs on every decode-step matmul."""
     if not isinstance(w, BlockWeight):
         raise TypeError(f"qmatmul: w must be a BlockWeight, got {type(w).__name__}")
-    if x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu":
+    if x.dtype is not torch.float32 or x.dim() != 2 or not x.is_cpu:
         raise ValueError(f"qmatmul: x must be a 2-D fp32 CPU tensor, got {x.dtype} {tuple(x.shape)} on {x.device}")
     if x.shape[1] != w.shape[1]:
         raise ValueError(f"qmatmul: x has K={x.shape[1]} but the {w.type_name} weight {w.shape} expects {w.shape[1]}")
-    if out is not None and (out.dtype != torch.float32 or tuple(out.shape) != (x.shape[0], w.shape[0])):
+    if out is not None and (out.dtype is not torch.float32 or out.shape != (x.shape[0], w.shape[0])):
         raise ValueError(f"qmatmul: out must be fp32 {(x.shape[0], w.shape[0])}, got {out.dtype} {tuple(out.shape)}")
 
 
@@ -117,7 +119,8 @@ def reference_qmatmul(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
 def qmatmul(x: torch.Tensor, w: BlockWeight, out: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 `[M, N]` = x `[M, K]` @ w^T (into `out` if given: fp32 `[M, N]`, rows contiguous)."""
     _check(x, w, out)
-    _load()
+    if not _tried:
+        _load()
     if _fn is None or w.qtype not in _supported:
         y = reference_qmatmul(x, w)
         return y if out is None else out.copy_(y)

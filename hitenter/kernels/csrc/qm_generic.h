@@ -3,6 +3,7 @@
 #ifndef QM_GENERIC_H
 #define QM_GENERIC_H
 
+#include <math.h>
 #include "qm_common.h"
 
 /* legacy block -> signed ints e[32] (offset applied), its scale d and min m (0 for *_0 types) */
@@ -92,8 +93,12 @@ static void g_row256(int qt, int bbytes, const uint8_t *w, int64_t nb, const xq2
                 is += sc[g] * s;
                 ms += mn[g] * xr[b].bsum[g];
             }
-            acc += (float)is * (d * xr[b].d);
-            acc -= (float)ms * (dmin * xr[b].d);
+            if (qt == QT_Q6_K) {   /* the same float steps as the SIMD kernels (k_step) */
+                acc = fmaf((float)(is - ms), d * xr[b].d, acc);
+            } else {
+                acc = fmaf((float)is, d * xr[b].d, acc);
+                acc = fmaf(-(float)ms, dmin * xr[b].d, acc);
+            }
         }
         y[r * ldy] = acc;
     }

@@ -11,6 +11,7 @@
 #define QM_SIMD_H
 
 #include <immintrin.h>
+#include <math.h>
 #include "qm_common.h"
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
@@ -170,6 +171,23 @@ QM_INLINE void unpack256(const int qt, const uint8_t *b, __m256i wq[8], __m256i 
     }
 }
 
+QM_INLINE int32_t hsum_i32(__m256i v) {   /* exact: integer adds */
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* K types, canonical float part (shared with the packed GEMM, qm_pack.h): per block, in block order,
+ *   acc = fma(float(I), d * dx, acc); acc = fma(-float(Mn), dmin * dx, acc)       (Q4_K, Q5_K)
+ *   acc = fma(float(I - Mn), d * dx, acc)                                         (Q6_K)
+ * with I = sum_g sc_g (q . x)_g and Mn = sum_g mn_g bsum_g the block's exact integer sums. */
+QM_INLINE float k_step(const int qt, float acc, int32_t I, int32_t Mn, float d, float dmin, float dx) {
+    if (qt == QT_Q6_K) return fmaf((float)(I - Mn), d * dx, acc);
+    acc = fmaf((float)I, d * dx, acc);
+    return fmaf(-(float)Mn, dmin * dx, acc);
+}
+
 /* Integer part: sub-block j goes to chain j % NC of its row (NC chains per row keep the multipliers
  * busy when R is small; integer sums are exact, so NC changes no bits). Sub-blocks outer, rows inner:
  * the R rows are independent instruction streams. */
@@ -177,8 +195,8 @@ QM_INLINE void s_row256(const int qt, const int bb, const uint8_t *w, int64_t nb
                         const int R, float *y, int64_t ldy) {
     enum { NCMAX = 4 };
     const int NC = R >= 4 ? 1 : R == 2 ? 2 : 4;
-    __m256 acc[MR];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    float acc[MR];
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         __m256i wq[8], sc[8], mins, is[MR][NCMAX];
         float d, dmin;
@@ -194,15 +212,68 @@ QM_INLINE void s_row256(const int qt, const int bb, const uint8_t *w, int64_t nb
             const xq256 *xb = x + r * xrow + b;
             for (int c = 1; c < NC; c++) is[r][0] = _mm256_add_epi32(is[r][0], is[r][c]);
             const __m256i ms = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)xb->bsum));
-            if (qt == QT_Q6_K) {   /* same d for the offset term: one conversion */
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(is[r][0], ms)), _mm256_set1_ps(d * xb->d), acc[r]);
-            } else {
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[r][0]), _mm256_set1_ps(d * xb->d), acc[r]);
-                acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_set1_ps(dmin * xb->d), acc[r]);
+            if (qt == QT_Q6_K) {   /* I - Mn is exact: one reduction */
+                acc[r] = k_step(qt, acc[r], hsum_i32(_mm256_sub_epi32(is[r][0], ms)), 0, d, dmin, xb->d);
+            } else {               /* both sums in one reduction: lanes [I I Mn Mn] */
+                __m256i h = _mm256_hadd_epi32(is[r][0], ms);
+                __m128i t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+                acc[r] = k_step(qt, acc[r], _mm_cvtsi128_si32(t), _mm_extract_epi32(t, 2), d, dmin, xb->d);
             }
         }
     }
-    for (int r = 0; r < R; r++) y[r * ldy] = hsum8(acc[r]);
+    for (int r = 0; r < R; r++) y[r * ldy] = acc[r];
+}
+
+/* Activation quantization, the same values as the scalar quant_row* (amax is exact; x * id and the
+ * round-to-nearest-even conversion are the same fp32 operations), 32 floats at a time. */
+QM_INLINE float s_amax(const float *x, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* 32 floats -> 32 int8 at out; returns the sums of the first and second 16 in s16[0..1] */
+QM_INLINE void s_quant32(const float *x, float id, int8_t *out, int32_t s16[2]) {
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), vid));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), vid));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), vid));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), vid));
+    s16[0] = hsum_i32(_mm256_add_epi32(i0, i1));
+    s16[1] = hsum_i32(_mm256_add_epi32(i2, i3));
+    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    _mm256_storeu_si256((__m256i *)out, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+static void quant_row32(const float *x, int64_t nb, xq32 *o) {
+    for (int64_t b = 0; b < nb; b++, x += 32) {
+        const float amax = s_amax(x, 32);
+        const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int32_t s16[2];
+        s_quant32(x, id, o[b].q, s16);
+        o[b].d = d;
+        o[b].s = d * (float)(s16[0] + s16[1]);
+    }
+}
+
+static void quant_row256(const float *x, int64_t nb, xq256 *o) {
+    for (int64_t b = 0; b < nb; b++, x += 256) {
+        const float amax = s_amax(x, 256);
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int j = 0; j < 8; j++) {
+            int32_t s16[2];
+            s_quant32(x + 32 * j, id, o[b].q + 32 * j, s16);
+            o[b].bsum[2 * j] = (int16_t)s16[0];
+            o[b].bsum[2 * j + 1] = (int16_t)s16[1];
+        }
+        o[b].d = amax / 127.0f;
+        o[b].pad = 0.0f;
+    }
 }
 
 #endif

@@ -16,6 +16,7 @@
 
 #if !defined(QM_GENERIC) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "qm_simd.h"
+#include "qm_pack.h"
 #define QM_ISA (QM_VNNI ? 2 : 1)
 #else
 #include "qm_generic.h"
@@ -56,6 +57,18 @@ DEF_ROW(row_q4_k, s_row256, xq256, QT_Q4_K, B_Q4_K)
 DEF_ROW(row_q5_k, s_row256, xq256, QT_Q5_K, B_Q5_K)
 DEF_ROW(row_q6_k, s_row256, xq256, QT_Q6_K, B_Q6_K)
 
+#if QM_ISA
+static int packed_fns(int qt, pack_fn *pack, pkern_fn *kern) {
+    switch (qt) {
+    case QT_Q4_K: *pack = pk_q4_k_pack; *kern = pk_q4_k_kern; return 1;
+    case QT_Q5_K: *pack = pk_q5_k_pack; *kern = pk_q5_k_kern; return 1;
+    case QT_Q6_K: *pack = pk_q6_k_pack; *kern = pk_q6_k_kern; return 1;
+    }
+    return 0;
+}
+#endif
+
+#if !QM_ISA
 /* activation quantization: round to nearest (even) of x / (amax / 127) */
 static void quant_row32(const float *x, int64_t nb, xq32 *o) {
     for (int64_t b = 0; b < nb; b++, x += 32) {
@@ -84,6 +97,7 @@ static void quant_row256(const float *x, int64_t nb, xq256 *o) {
         o[b].pad = 0.0f;
     }
 }
+#endif
 
 static int type_info(int qt, int *elems, int *bytes, row_fn *fn) {
     *elems = 32;
@@ -152,23 +166,45 @@ int qm_matmul(int qt, const float *x, int64_t M, int64_t K, int64_t ldx, const u
     /* Chunks of weight rows handed out dynamically: on a shared, oversubscribed machine a thread that
      * is descheduled leaves its work to the others instead of stalling the call at the barrier.
      * Which thread computes a row changes nothing in its result. */
-    const int64_t chunk = N / (nt * 16) > 16 ? (N / (nt * 16) + 3) / 4 * 4 : 16;
+    int packed = 0;
+#if QM_ISA
+    pack_fn pack = NULL;
+    pkern_fn kern = NULL;
+    packed = M >= PACK_MIN_M && packed_fns(qt, &pack, &kern);
+#endif
+    const int64_t unit = packed ? 32 : 4, want = N / (nt * (packed ? 8 : 16));
+    const int64_t chunk = want > unit ? (want + unit - 1) / unit * unit : (packed ? 32 : 16);
     const int64_t nchunks = (N + chunk - 1) / chunk;
     int64_t next = 0;
+    int failed = 0;
     if (M < 4 * nt) quant_rows(elems, x, ldx, nb, xq, xrow_bytes, 0, M);
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (nt > 1)
     {
         if (M >= 4 * nt) {
 #pragma omp for schedule(dynamic, 1)
             for (int64_t m = 0; m < M; m += 4) quant_rows(elems, x, ldx, nb, xq, xrow_bytes, m, m + 4 < M ? m + 4 : M);
         }
+        void *buf = NULL;
+#if QM_ISA
+        if (packed && !(buf = aligned_alloc(64, (size_t)PG * nb * sizeof(pblock)))) {
+            __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+        }
+#endif
         for (;;) {
             const int64_t c = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
             if (c >= nchunks) break;
             const int64_t n0 = c * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+#if QM_ISA
+            if (packed) {
+                if (buf) run_packed(pack, kern, w, ldw, nb, (const xq256 *)xq, M, n0, n1, y, ldy, buf);
+                continue;
+            }
+#endif
             run_range(fn, w, ldw, nb, xq, xrow_bytes, M, n0, n1, y, ldy);
         }
+        free(buf);
     }
+    if (failed) { free(xq); return -3; }
     free(xq);
     return 0;
 }

@@ -1,0 +1,159 @@
+"""Native GGUF-block matmul (hitenter.kernels.qmatmul) on the real model shapes, in one run:
+
+    .venv/bin/python bench/qmatmul.py [--threads 2] [--pool-mb 256] [--quick]
+
+GEMV (M=1): effective GB/s = weight bytes / time, cycling through copies of the model's tensors of that
+shape whose total (--pool-mb) is far above the last-level cache, so every call streams from DRAM; the
+percentage is of torch's read bandwidth measured in the same run (sum of a 1 GiB fp32 tensor).
+GEMM (M=512, prefill): GFLOP/s = 2 M N K / time, beside torch bf16 F.linear on the same shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import emit_json, table  # noqa: E402
+
+MODELS = Path.home() / ".cache" / "hitenter" / "models"
+# (model, tensor name suffix, label): one row per distinct shape/type of the decoder
+SHAPES = [("qwen2.5-coder-1.5b-instruct", "attn_q.weight", "q/o 1536x1536"),
+          ("qwen2.5-coder-1.5b-instruct", "attn_k.weight", "k 256x1536"),
+          ("qwen2.5-coder-1.5b-instruct", "attn_v.weight", "v 256x1536"),
+          ("qwen2.5-coder-1.5b-instruct", "ffn_up.weight", "up/gate 8960x1536"),
+          ("qwen2.5-coder-1.5b-instruct", "ffn_down.weight", "down 1536x8960"),
+          ("qwen2.5-coder-1.5b-instruct", "output.weight", "head 151936x1536"),
+          ("smollm2-135m-instruct", "attn_q.weight", "q/o 576x576"),
+          ("smollm2-135m-instruct", "attn_k.weight", "k/v 192x576"),
+          ("smollm2-135m-instruct", "ffn_up.weight", "up/gate 1536x576"),
+          ("smollm2-135m-instruct", "ffn_down.weight", "down 576x1536"),
+          ("smollm2-135m-instruct", "token_embd.weight", "head 49152x576")]
+
+
+def cpu_info() -> tuple[str, str]:
+    text = Path("/proc/cpuinfo").read_text()
+    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "?")
+    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
+    keep = [f for f in flags if f.startswith(("avx", "fma", "f16c", "amx"))]
+    return model, " ".join(keep)
+
+
+def best_time(fn: Callable[[], object], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def read_bandwidth() -> float:
+    """GB/s of torch summing a 1 GiB fp32 tensor (the roofline the GEMV is compared to)."""
+    a = torch.ones(256 * 1024 * 1024)
+    a.sum()
+    gbs = a.numel() * 4 / best_time(a.sum, 5) / 1e9
+    del a
+    return gbs
+
+
+def load_weights(model: str, suffix: str) -> list:
+    import gguf
+
+    from hitenter.kernels import block_weight_from_gguf
+
+    reader = gguf.GGUFReader(MODELS / f"{model}.gguf")
+    return [block_weight_from_gguf(t) for t in reader.tensors if t.name.split(".", 2)[-1] == suffix
+            or t.name == suffix]
+
+
+def weight_pool(ws: list, pool_bytes: int) -> list:
+    """Copies of the layers' tensors (cycled) until the pool exceeds pool_bytes: no call hits cache."""
+    from hitenter.kernels import BlockWeight
+
+    pool, total, i = [], 0, 0
+    while total < pool_bytes or not pool:
+        w = ws[i % len(ws)]
+        pool.append(BlockWeight(w.data.clone(), w.qtype, w.shape) if len(ws) * w.nbytes() < pool_bytes else w)
+        total += w.nbytes()
+        i += 1
+    return pool
+
+
+def gemv(pool: list, reps: int) -> float:
+    """GB/s streaming every weight of the pool once per repetition with M=1."""
+    from hitenter.kernels import qmatmul
+
+    x = torch.randn(1, pool[0].shape[1])
+    outs = [torch.empty(1, w.shape[0]) for w in pool]
+    for w, o in zip(pool, outs, strict=True):
+        qmatmul(x, w, out=o)
+
+    def once() -> None:
+        for w, o in zip(pool, outs, strict=True):
+            qmatmul(x, w, out=o)
+    return sum(w.nbytes() for w in pool) / best_time(once, reps) / 1e9
+
+
+def gemm(w, m: int, reps: int) -> tuple[float, float]:
+    """GFLOP/s of qmatmul and of torch bf16 F.linear, [m, K] x [N, K]^T."""
+    from hitenter.kernels import qmatmul
+
+    n, k = w.shape
+    flops = 2.0 * m * n * k
+    x = torch.randn(m, k)
+    out = torch.empty(m, n)
+    qmatmul(x, w, out=out)
+    q = flops / best_time(lambda: qmatmul(x, w, out=out), reps) / 1e9
+    xb, wb = x.bfloat16(), torch.randn(n, k, dtype=torch.bfloat16)
+    F.linear(xb, wb)
+    b = flops / best_time(lambda: F.linear(xb, wb), reps) / 1e9
+    return q, b
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pool-mb", type=int, default=256)
+    ap.add_argument("--m", type=int, default=512)
+    ap.add_argument("--quick", action="store_true", help="skip the GEMMs of the two vocabulary heads")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    from hitenter.kernels.qmatmul import native_isa
+
+    model, flags = cpu_info()
+    print(f"CPU: {model} ({os.cpu_count()} cpus); flags: {flags}")
+    print(f"qmatmul variant: {native_isa()}, threads {a.threads}, load average {os.getloadavg()[0]:.1f}")
+    bw = read_bandwidth()
+    print(f"torch read bandwidth (sum of 1 GiB fp32, {a.threads} threads): {bw:.1f} GB/s")
+    rows, result = [], {}
+    for mdl, suffix, label in SHAPES:
+        if not (MODELS / f"{mdl}.gguf").exists():
+            continue
+        ws = load_weights(mdl, suffix)
+        if not ws:
+            continue
+        w = ws[0]
+        gbs = gemv(weight_pool(ws, a.pool_mb << 20), reps=3)
+        head = w.shape[0] > 40000
+        q, b = (float("nan"), float("nan")) if a.quick and head else gemm(w, a.m, 1 if head else 3)
+        name = f"{mdl.split('-')[0]} {label}"
+        rows.append([name, w.type_name, gbs, 100 * gbs / bw, q, b, q / b])
+        result[name] = {"type": w.type_name, "gemv_gbs": gbs, "gemv_pct_bw": 100 * gbs / bw, "gemm_gflops": q,
+                        "bf16_gflops": b}
+        print(table(rows[-1:], ["shape", "type", "M=1 GB/s", "% bw", f"M={a.m} GF/s", "bf16 GF/s", "ratio"])
+              .splitlines()[-1], flush=True)
+    print()
+    print(table(rows, ["shape", "type", "M=1 GB/s", "% bw", f"M={a.m} GF/s", "bf16 GF/s", "ratio"]))
+    emit_json("qmatmul", {"threads": a.threads, "read_gbs": bw, "isa": native_isa(), "rows": result})
+
+
+if __name__ == "__main__":
+    main()

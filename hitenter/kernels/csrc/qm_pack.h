@@ -1,0 +1,165 @@
+/* Packed GEMM for the K types (prefill, M >= PACK_MIN_M): 8 weight rows are unpacked once per call
+ * into an interleaved layout whose 8 int32 lanes are 8 output columns, so the weight scales, mins
+ * and d are plain vectors across lanes and no horizontal sums are needed: per 4 activation bytes one
+ * broadcast and one dpbusd for 8 outputs. Unpacking is amortized over all M rows.
+ *
+ * Bits: each (m, n) lane takes exactly the integer sums I and Mn of the row path and the same float
+ * steps (k_step in qm_simd.h), in block order, so the packed and the row path agree bitwise and the
+ * result of a row never depends on M (tested). */
+#ifndef QM_PACK_H
+#define QM_PACK_H
+
+#include <stdlib.h>
+#include "qm_simd.h"
+
+#define PN 8          /* weight rows per packed group (the int32 lanes) */
+#define PG 4          /* packed groups per pass (32 weight rows share each activation load) */
+#define PR 8          /* activation rows per microkernel call */
+#define PACK_MIN_M 16
+
+typedef struct {
+    uint8_t q[64][32];    /* [dword e4 of the block][lane n * 4 + byte]: weights unsigned */
+    int32_t sc[16][PN];   /* scale of group g per lane (32-element groups for Q4_K/Q5_K, 16 for Q6_K) */
+    int32_t mn[8][PN];    /* int16 pairs (mn_2i, mn_2i+1) of the per-16 min multipliers per lane */
+    float d[PN], dmin[PN];
+} pblock;
+
+QM_INLINE __m256i dpbusd_acc(__m256i acc, __m256i w, __m256i x) {
+#if QM_VNNI
+    return _mm256_dpbusd_epi32(acc, w, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+#endif
+}
+
+QM_INLINE __m256i dpwssd_acc(__m256i acc, __m256i a, __m256i b) {
+#if QM_VNNI
+    return _mm256_dpwssd_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
+/* rows [0, nrows) of w (nrows <= PN; missing lanes are zero) -> nb packed blocks */
+static void pack8(const int qt, const int bb, const uint8_t *w, int64_t ldw, int nrows, int64_t nb, pblock *p) {
+    memset(p, 0, (size_t)nb * sizeof(pblock));
+    for (int n = 0; n < nrows; n++) {
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = w + n * ldw + b * bb;
+            __m256i wq[8], sc[8], mins;
+            float d, dmin;
+            uint8_t e[256];
+            int16_t mn16[16];
+            unpack256(qt, blk, wq, sc, &mins, &d, &dmin);
+            for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(e + 32 * j), wq[j]);
+            _mm256_storeu_si256((__m256i *)mn16, mins);
+            pblock *pb = p + b;
+            for (int e4 = 0; e4 < 64; e4++) memcpy(&pb->q[e4][4 * n], e + 4 * e4, 4);
+            if (qt == QT_Q6_K) {
+                for (int g = 0; g < 16; g++) pb->sc[g][n] = (int8_t)blk[192 + g];
+            } else {
+                uint32_t u[4];
+                qm_k4_scales(blk + 4, u);
+                for (int g = 0; g < 8; g++) pb->sc[g][n] = ((const uint8_t *)u)[g];
+            }
+            for (int i = 0; i < 8; i++)
+                pb->mn[i][n] = (int32_t)((uint32_t)(uint16_t)mn16[2 * i] | ((uint32_t)(uint16_t)mn16[2 * i + 1] << 16));
+            pb->d[n] = d;
+            pb->dmin[n] = dmin;
+        }
+    }
+}
+
+/* y[r, 0..nvalid) for R activation rows against one packed group */
+QM_INLINE void p_kern(const int qt, const pblock *p, int64_t nb, const xq256 *x, int64_t xrow, const int R,
+                      float *y, int64_t ldy, int nvalid) {
+    const int GS = qt == QT_Q6_K ? 4 : 8;    /* dwords per scale group */
+    __m256 acc[PR];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const pblock *pb = p + b;
+        __m256i I[PR], Mn[PR];
+        for (int r = 0; r < R; r++) I[r] = Mn[r] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int g = 0; g < 64 / GS; g++) {
+            __m256i t[PR];
+            for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int k = 0; k < GS; k++) {
+                const int e4 = g * GS + k;
+                const __m256i wv = _mm256_load_si256((const __m256i *)pb->q[e4]);
+                for (int r = 0; r < R; r++) {
+                    int32_t xv;
+                    memcpy(&xv, x[r * xrow + b].q + 4 * e4, 4);
+                    t[r] = dpbusd_acc(t[r], wv, _mm256_set1_epi32(xv));
+                }
+            }
+            const __m256i s = _mm256_load_si256((const __m256i *)pb->sc[g]);
+            for (int r = 0; r < R; r++) I[r] = _mm256_add_epi32(I[r], _mm256_mullo_epi32(t[r], s));
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            const __m256i mv = _mm256_load_si256((const __m256i *)pb->mn[i]);
+            for (int r = 0; r < R; r++) {
+                int32_t bs;
+                memcpy(&bs, x[r * xrow + b].bsum + 2 * i, 4);
+                Mn[r] = dpwssd_acc(Mn[r], mv, _mm256_set1_epi32(bs));
+            }
+        }
+        const __m256 dv = _mm256_load_ps(pb->d), dmv = _mm256_load_ps(pb->dmin);
+        for (int r = 0; r < R; r++) {   /* k_step, lane-wise */
+            const __m256 dx = _mm256_set1_ps(x[r * xrow + b].d);
+            if (qt == QT_Q6_K) {
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(I[r], Mn[r])), _mm256_mul_ps(dv, dx), acc[r]);
+            } else {
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_mul_ps(dv, dx), acc[r]);
+                acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(Mn[r]), _mm256_mul_ps(dmv, dx), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float tmp[PN];
+        _mm256_storeu_ps(tmp, acc[r]);
+        memcpy(y + r * ldy, tmp, (size_t)nvalid * sizeof(float));
+    }
+}
+
+#define DEF_PACKED(name, qt, bb)                                                                          \
+    static void name##_pack(const uint8_t *w, int64_t ldw, int nrows, int64_t nb, pblock *p) {           \
+        pack8(qt, bb, w, ldw, nrows, nb, p);                                                              \
+    }                                                                                                      \
+    static void name##_kern(const pblock *p, int64_t nb, const xq256 *x, int64_t xrow, int R, float *y,   \
+                            int64_t ldy, int nvalid) {                                                    \
+        if (R == 8) p_kern(qt, p, nb, x, xrow, 8, y, ldy, nvalid);                                        \
+        else if (R == 4) p_kern(qt, p, nb, x, xrow, 4, y, ldy, nvalid);                                      \
+        else if (R == 2) p_kern(qt, p, nb, x, xrow, 2, y, ldy, nvalid);                                   \
+        else p_kern(qt, p, nb, x, xrow, 1, y, ldy, nvalid);                                               \
+    }
+
+DEF_PACKED(pk_q4_k, QT_Q4_K, B_Q4_K)
+DEF_PACKED(pk_q5_k, QT_Q5_K, B_Q5_K)
+DEF_PACKED(pk_q6_k, QT_Q6_K, B_Q6_K)
+
+typedef void (*pack_fn)(const uint8_t *w, int64_t ldw, int nrows, int64_t nb, pblock *p);
+typedef void (*pkern_fn)(const pblock *p, int64_t nb, const xq256 *x, int64_t xrow, int R, float *y, int64_t ldy,
+                         int nvalid);
+
+/* rows [n0, n1) of y for all M rows through the packed path; buf holds PG * nb pblocks */
+static void run_packed(pack_fn pack, pkern_fn kern, const uint8_t *w, int64_t ldw, int64_t nb, const xq256 *xq,
+                       int64_t M, int64_t n0, int64_t n1, float *y, int64_t ldy, pblock *buf) {
+    for (int64_t s = n0; s < n1; s += PG * PN) {
+        int ng = 0, rows[PG];
+        for (; ng < PG && s + ng * PN < n1; ng++) {
+            rows[ng] = n1 - (s + ng * PN) < PN ? (int)(n1 - (s + ng * PN)) : PN;
+            pack(w + (s + ng * PN) * ldw, ldw, rows[ng], nb, buf + ng * nb);
+        }
+        for (int64_t m = 0; m < M;) {
+            const int R = M - m >= 8 ? 8 : M - m >= 4 ? 4 : M - m >= 2 ? 2 : 1;
+            for (int g = 0; g < ng; g++)
+                kern(buf + g * nb, nb, xq + m * nb, nb, R, y + m * ldy + s + g * PN, ldy, rows[g]);
+            m += R;
+        }
+    }
+}
+
+#endif
