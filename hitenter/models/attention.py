@@ -65,6 +65,9 @@ class AttentionMetadata:
     # per sequence, the first position whose row is a generation row for the fused kernel (the prompt
     # length - 1); None: all rows take the GEMM path
     kernel_from: list[int] | None = None
+    # the engine's kernel plan decided at load whether the fused kernel runs (hitenter/models/plan.py);
+    # None (a caller without a plan): checked per call with decode_kernel.supports
+    use_kernel: bool | None = None
     _plans: dict[tuple[int, int, bool], list[_Group]] = field(default_factory=dict, repr=False, compare=False)
     _kernel_rows: list[_KernelRows | None] = field(default_factory=list, repr=False, compare=False)
 
@@ -94,10 +97,11 @@ class AttentionMetadata:
             return n
         return min(n, max(0, self.kernel_from[i] - (self.seq_lens[i] - n)))
 
-    def kernel_rows(self) -> _KernelRows | None:
-        """The step's generation rows and their key ranges / block tables (built once; None if none)."""
+    def kernel_rows(self, num_blocks: int) -> _KernelRows | None:
+        """The step's generation rows and their key ranges / block tables (built and checked once against
+        a cache of `num_blocks` blocks; None if none)."""
         if not self._kernel_rows:
-            self._kernel_rows.append(_build_kernel_rows(self))
+            self._kernel_rows.append(_build_kernel_rows(self, num_blocks))
         return self._kernel_rows[0]
 
 
@@ -139,7 +143,7 @@ class _KernelRows:
     all_rows: bool
 
 
-def _build_kernel_rows(meta: AttentionMetadata) -> _KernelRows | None:
+def _build_kernel_rows(meta: AttentionMetadata, num_blocks: int) -> _KernelRows | None:
     rows: list[int] = []
     ctx: list[int] = []
     starts: list[int] = []
@@ -159,6 +163,7 @@ def _build_kernel_rows(meta: AttentionMetadata) -> _KernelRows | None:
         flat.extend(table)
     if not rows:
         return None
+    decode_kernel.check_rows(ctx, flat, num_blocks)
     as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
     return _KernelRows(as_long(rows), as_long(ctx), as_long(starts), as_long(flat),
                        all_rows=rows == list(range(qsl[-1])))
@@ -274,8 +279,9 @@ def paged_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Attenti
     t, nh, d = q.shape
     kvh = kv_cache_layer.shape[1]
     g = nh // kvh
-    use_kernel = meta.kernel_from is not None and decode_kernel.supports(kv_cache_layer, nh, q.dtype)
-    kr = meta.kernel_rows() if use_kernel else None
+    use_kernel = meta.kernel_from is not None and (
+        meta.use_kernel if meta.use_kernel is not None else decode_kernel.supports(kv_cache_layer, nh, q.dtype))
+    kr = meta.kernel_rows(kv_cache_layer.shape[2]) if use_kernel else None
     if kr is not None and kr.all_rows:   # a pure decode step: the kernel only
         return decode_kernel.decode_attention(q, kv_cache_layer, kr.ctx, kr.starts, kr.tables, scale)
     # per KV head, rows t*G + h of the step's queries, plus one zero row for padding

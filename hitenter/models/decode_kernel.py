@@ -104,6 +104,16 @@ def supports(kv_cache_layer: torch.Tensor, num_heads: int, q_dtype: torch.dtype)
             and load() is not None)
 
 
+def check_rows(ctx: list[int], tables: list[int], num_blocks: int) -> None:
+    """The kernel's inputs for one step, checked once (the C code trusts them): every row sees >= 1 key,
+    every block id is in 0..num_blocks-1. ValueError otherwise."""
+    if min(ctx) < 1:
+        raise ValueError(f"decode_attention: a row sees {min(ctx)} keys (>= 1 needed)")
+    if tables and (min(tables) < 0 or max(tables) >= num_blocks):
+        bad = next(b for b in tables if not 0 <= b < num_blocks)
+        raise ValueError(f"decode_attention: block id {bad} outside the cache's {num_blocks} blocks")
+
+
 def decode_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, ctx_lens: torch.Tensor,
                      table_starts: torch.Tensor, tables: torch.Tensor, scale: float) -> torch.Tensor:
     """Attention of rows q `[R, H, D]` (row r sees keys 0..ctx_lens[r]-1 of the blocks
@@ -114,6 +124,8 @@ def decode_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, ctx_lens: to
     if lib is None:
         raise RuntimeError("decode attention kernel is not available")
     q = q.contiguous()
+    if q.dtype != kv_cache_layer.dtype or not kv_cache_layer.is_contiguous():
+        raise ValueError(f"decode_attention: query {q.dtype} / cache {kv_cache_layer.dtype}, contiguous cache needed")
     r, h, d = q.shape
     _, kvh, nb, bs, _ = kv_cache_layer.shape
     out = torch.empty_like(q)
@@ -121,6 +133,8 @@ def decode_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, ctx_lens: to
                               int(kv_cache_layer.dtype == torch.bfloat16), r, ctx_lens.data_ptr(),
                               table_starts.data_ptr(), tables.data_ptr(), h, kvh, nb, bs, d, scale,
                               torch.get_num_threads())
+    if rc == -2:
+        raise ValueError("decode_attention: a row with ctx < 1")
     if rc != 0:
         raise ValueError(f"decode_attention: unsupported shape (heads {h}, kv heads {kvh}, head_dim {d})")
     return out
