@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any
 
+
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     """One flag per EngineConfig option (hitenter/config.py: the fields, their help and choices)."""
     from hitenter.config import option_fields

@@ -22,8 +22,14 @@ def tok(tiny_llama_path):
 
 def _setup(tok, params, rid="r"):
     finished = []
-    op = OutputProcessor(tok, lambda r, st: finished.append((r, st)))
     reqs = make_requests(rid, [5, 6], params, params.max_tokens or 50, frozenset({2}), None)
+    by_id = {r.request_id: r for r in reqs}
+
+    def finish(r, status):      # what the engine does: the scheduler ends the request
+        finished.append((r, status))
+        by_id[r].status = status
+
+    op = OutputProcessor(tok, finish)
     op.add(op.new_group(rid, None, [5, 6], params, reqs))
     return op, reqs, finished
 
@@ -85,3 +91,20 @@ def test_n_group_outputs_and_finish(tok):
     outs = op.process([b.request_id], StepSample([[2]], [[None]]))
     assert outs[0].finished and outs[0].outputs[1].token_ids == [101, 2]
     assert outs[0].request_id == "r" and "r" not in op.groups and not op.seqs
+
+
+def test_detokenizer_window_keeps_long_outputs_exact(tok):
+    """The detokenizer trims emitted text out of its live window: long outputs and late stops stay exact."""
+    from hitenter.tokenizer.detokenizer import TRIM_CHARS, IncrementalDetokenizer
+
+    body = "".join(f"word{i} " for i in range(3 * TRIM_CHARS // 6))
+    text = body + "the END here"
+    d = IncrementalDetokenizer(tok.token_bytes, tok.is_special, SamplingParams(stop=["e END", "zz"]))
+    deltas, stop = [], None
+    for t in _ids(tok, text):
+        out = d.add(t)
+        deltas.append(out.text)
+        if out.stop_string:
+            stop = out.stop_string
+            break
+    assert stop == "e END" and "".join(deltas) == d.text == body + "th" and d._head

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from hitenter.engine.scheduler import SchedulerOutput
 from hitenter.models.attention import AttentionMetadata
+
+if TYPE_CHECKING:
+    from hitenter.models.plan import KernelPlan
 
 
 @dataclass

@@ -12,7 +12,6 @@ from typing import Any
 import torch
 
 from hitenter.config import SpeculativeConfig
-
 from hitenter.engine.spec.decoder import SpecDecoder, SpecDecodeStats, spec_request_stats
 from hitenter.engine.spec.proposers import DraftModelProposer, NgramProposer
 from hitenter.engine.spec.rejection import greedy_accept, point_mass, rejection_sample
