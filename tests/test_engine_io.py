@@ -120,3 +120,22 @@ def test_the_kernel_plan_is_decided_once(tiny_llama_path, monkeypatch):
     assert built == [1] and checks == []          # no per-layer, per-step kernel check
     assert eng.plan is eng.runner.plan and eng.plan.attention_kernel == (decode_kernel.load() is not None)
     assert "attention kernel" in eng.plan.describe()
+
+
+def test_kernel_inputs_are_checked():
+    """Block ids and context lengths are checked once per step in Python; the C code refuses ctx < 1 too."""
+    import torch
+
+    from hitenter.models import decode_kernel
+
+    with pytest.raises(ValueError, match="block id 9 outside"):
+        decode_kernel.check_rows([1, 2], [0, 9], 8)
+    with pytest.raises(ValueError, match="sees 0 keys"):
+        decode_kernel.check_rows([0], [0], 8)
+    if decode_kernel.load() is None:
+        return
+    cache, q = torch.zeros(2, 2, 4, 4, 16), torch.randn(1, 4, 16)
+    one = lambda *v: torch.tensor(v, dtype=torch.long)  # noqa: E731
+    assert torch.isfinite(decode_kernel.decode_attention(q, cache, one(3), one(0), one(1), 0.25)).all()
+    with pytest.raises(ValueError, match="ctx < 1"):
+        decode_kernel.decode_attention(q, cache, one(0), one(0), one(1), 0.25)

@@ -25,11 +25,16 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from hitenter.models.registry import hitenter_home
+
+if TYPE_CHECKING:
+    from hitenter.models.attention import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
@@ -138,3 +143,41 @@ def decode_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, ctx_lens: to
     if rc != 0:
         raise ValueError(f"decode_attention: unsupported shape (heads {h}, kv heads {kvh}, head_dim {d})")
     return out
+
+
+@dataclass
+class KernelRows:
+    """Generation rows of a step for decode_kernel: row r is flat row rows[r], sees ctx[r] keys, and its
+    block table is tables[starts[r]:]; `all_rows` when they are exactly rows 0..T-1 in order."""
+
+    rows: torch.Tensor
+    ctx: torch.Tensor
+    starts: torch.Tensor
+    tables: torch.Tensor
+    all_rows: bool
+
+
+def build_kernel_rows(meta: AttentionMetadata, num_blocks: int) -> KernelRows | None:
+    rows: list[int] = []
+    ctx: list[int] = []
+    starts: list[int] = []
+    flat: list[int] = []
+    qsl = meta.query_start_loc
+    for i, seq_len in enumerate(meta.seq_lens):
+        a, b = qsl[i], qsl[i + 1]
+        g = meta.gemm_rows(i, True)
+        if g == b - a:
+            continue
+        start = seq_len - (b - a)
+        table = meta.table(i)
+        for j in range(g, b - a):
+            rows.append(a + j)
+            ctx.append(start + j + 1)
+            starts.append(len(flat))
+        flat.extend(table)
+    if not rows:
+        return None
+    check_rows(ctx, flat, num_blocks)
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
+    return KernelRows(as_long(rows), as_long(ctx), as_long(starts), as_long(flat),
+                       all_rows=rows == list(range(qsl[-1])))
