@@ -12,7 +12,9 @@ the engine. Other threads
   too, see hitenter/engine/snapshot.py). ``run_locked(fn, *args)`` is kept for old callers: it takes
   no lock and runs ``fn`` at once, with the engine argument replaced by a ``SnapshotView`` of the
   latest snapshot (the engine's attribute names over published values).
-None of these waits on a step. A failure inside a step is delivered to every in-flight stream as an
+None of these waits on a step. (One exception, bounded: the first block-map read after a quiet spell
+of KV_VIEW_TTL_S waits for the next publication, at most the end of the running step; while the
+playground's event stream is subscribed the map is published after every step.) A failure inside a step is delivered to every in-flight stream as an
 exception and those requests are aborted (their KV blocks freed); the loop keeps serving new requests.
 """
 
@@ -156,7 +158,7 @@ class AsyncLLMEngine:
             if eng.inbox or eng.has_unfinished_requests():
                 self._step()
                 continue
-            eng.publish_snapshot()
+            eng.publish_snapshot(idle=True)
             eng.inbox.wake.wait(IDLE_WAIT_S)
 
     def _step(self) -> None:

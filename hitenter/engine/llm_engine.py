@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -68,6 +69,7 @@ class LLMEngine:
         self.trace_requests: set[str] = set()     # request ids whose sampling trace is wanted
         self.last_traces: dict[str, object] = {}
         self._kv_view_until = 0.0
+        self._published = threading.Condition()
         self._snapshot = take_snapshot(self.scheduler, self.kv_manager, 0, True)
 
     # ---- requests (prepare / submit / request_abort / snapshot: any thread) --------------------------------
@@ -103,10 +105,17 @@ class LLMEngine:
         """Queue an abort (applied, blocks freed, at the top of the next step)."""
         self.inbox.put_abort(request_id)
 
-    def snapshot(self, kv_blocks: bool = False) -> EngineSnapshot:
-        """The state published after the last step; ``kv_blocks``: also publish the block map for a while."""
-        if kv_blocks:
-            self._kv_view_until = time.monotonic() + KV_VIEW_TTL_S
+    def snapshot(self, kv_blocks: bool = False, wait_s: float = 1.0) -> EngineSnapshot:
+        """The state published after the last step. ``kv_blocks``: the block map is wanted (published after
+        every step for KV_VIEW_TTL_S from now, and always while an event subscriber listens); only when
+        the latest snapshot has none (the first read after a quiet spell) this waits for the next
+        publication, at most ``wait_s`` (an idle engine publishes within IDLE_WAIT_S)."""
+        if not kv_blocks:
+            return self._snapshot
+        self._kv_view_until = time.monotonic() + KV_VIEW_TTL_S
+        with self._published:
+            if self._snapshot.kv_blocks is None:
+                self._published.wait_for(lambda: self._snapshot.kv_blocks is not None, wait_s)
         return self._snapshot
 
     # ---- requests (engine thread) ----------------------------------------------------------------------
@@ -247,10 +256,16 @@ class LLMEngine:
             self._publish(sched, ran, new_tokens, done, kv_events, t0)
         self.publish_snapshot()
 
-    def publish_snapshot(self) -> None:
-        """Engine thread: replace the published snapshot (the block map only while someone reads it)."""
-        self._snapshot = take_snapshot(self.scheduler, self.kv_manager, self.step_counter,
-                                       time.monotonic() < self._kv_view_until)
+    def publish_snapshot(self, idle: bool = False) -> None:
+        """Engine thread: replace the published snapshot (the block map only while someone reads it).
+        ``idle``: only when a reader waits for a block map."""
+        blocks = self.events.active or time.monotonic() < self._kv_view_until
+        if idle and (not blocks or self._snapshot.kv_blocks is not None):
+            return
+        snap = take_snapshot(self.scheduler, self.kv_manager, self.step_counter, blocks)
+        with self._published:
+            self._snapshot = snap
+            self._published.notify_all()
 
     def _publish(self, sched: SchedulerOutput, ran: ModelRunnerOutput, new_tokens: dict[str, list[int]],
                  finished: list[tuple[str, str]], kv_events: list[object], t0: float) -> None:
