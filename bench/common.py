@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 
@@ -16,12 +14,6 @@ def machine() -> dict[str, Any]:
 
     return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": platform.python_version(), "machine": platform.machine()}
-
-
-def best_of(fn: Callable[[], float], repeats: int) -> tuple[float, list[float]]:
-    """Run fn (which returns a rate) `repeats` times; return the median and all values."""
-    vals = [fn() for _ in range(repeats)]
-    return statistics.median(vals), vals
 
 
 def percentile(xs: list[float], q: float) -> float:

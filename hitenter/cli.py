@@ -1,4 +1,4 @@
-"""hitenter run | chat | serve | pull | models | tokenize"""
+"""hitenter run | chat | serve | pull | models | plan | tokenize"""
 
 from __future__ import annotations
 
@@ -8,41 +8,34 @@ import sys
 import time
 from typing import Any
 
-ENGINE_FLAGS = [
-    ("--max-model-len", int, "context window to serve (default: the model's, capped at 8192)"),
-    ("--max-num-seqs", int, "most requests running at once (default 64)"),
-    ("--max-num-batched-tokens", int, "token budget of one engine step (default 2048)"),
-    ("--kv-cache-memory", int, "bytes of KV cache (default: a share of RAM)"),
-    ("--block-size", int, "tokens per KV block (default 16)"),
-    ("--num-threads", int, "torch threads (default: torch's choice)"),
-    ("--speculative-model", str, "draft model sharing the target's tokenizer (speculative decoding)"),
-    ("--speculative-method", str, "'ngram' (prompt lookup, no draft model) or 'draft_model'"),
-    ("--num-speculative-tokens", int, "tokens drafted per step when speculating (default 4)"),
-    ("--tensor-parallel-size", int, "processes to shard every layer across (torch.distributed; default 1)"),
-    ("--quantization", str, "weights kept as none (the format --dtype picks, default), gguf (the file's own "
-                            "blocks, what --dtype auto picks), int8 or int4 (torch's kernels, hitenter/quant)"),
-    ("--disaggregate", str, "'prefill=1,decode=1': prompts prefilled in a separate worker process (default off)"),
-]
-
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", default=None, help="known name, path to a .gguf, or hf:owner/repo/file.gguf")
-    for flag, typ, help_ in ENGINE_FLAGS:
-        p.add_argument(flag, type=typ, default=None, help=help_)
-    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false", default=True)
-    p.add_argument("--no-batch-invariant", dest="batch_invariant", action="store_false", default=True,
-                   help="drop the row padding that makes results bitwise batch invariant (faster lone decode)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="auto (default): the GGUF's own quantized blocks, fp32 activations; float32: every "
-                        "weight dequantized (HF-exact reference); bfloat16: dequantized to bf16")
+    """One flag per EngineConfig option (hitenter/config.py: the fields, their help and choices)."""
+    from hitenter.config import option_fields
+
+    for _, f in option_fields():
+        meta = f.metadata
+        if meta.get("cli") is False:
+            continue
+        flag = meta.get("flag") or "--" + f.name.replace("_", "-")
+        default = f.default
+        if f.type == "bool":     # a switch that turns the default off
+            p.add_argument(flag, dest=f.name, action="store_false" if default else "store_true", default=default,
+                           help=f"turn off: {meta['help']}" if default else meta["help"])
+            continue
+        typ = int if f.type.startswith("int") else str
+        names = [flag, "-m"] if f.name == "model" else [flag]
+        p.add_argument(*names, dest=f.name, type=typ, default=None, choices=meta.get("choices"),
+                       help=meta["help"] + (f" (default {default})" if default is not None else ""))
 
 
 def _engine_kwargs(a: argparse.Namespace) -> dict[str, Any]:
-    kw = {f[2:].replace("-", "_"): getattr(a, f[2:].replace("-", "_")) for f, _, _ in ENGINE_FLAGS}
+    """The engine options the flags set (model excluded), validated: a bad value fails here."""
+    from hitenter.config import EngineConfig, option_fields
+
+    kw = {f.name: getattr(a, f.name) for _, f in option_fields() if hasattr(a, f.name) and f.name != "model"}
     kw = {k: v for k, v in kw.items() if v is not None}
-    kw["enable_prefix_caching"] = a.enable_prefix_caching
-    kw["dtype"] = a.dtype
-    kw["batch_invariant"] = a.batch_invariant
+    EngineConfig.from_options(a.model, **kw)
     return kw
 
 
@@ -144,6 +137,18 @@ def cmd_models(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(a: argparse.Namespace) -> int:
+    """Load the model as `run` would and print the kernel plan (hitenter/models/plan.py)."""
+    from hitenter.engine.llm_engine import LLMEngine
+
+    eng = LLMEngine(a.model, **_engine_kwargs(a))
+    print(eng.plan.describe() if eng.plan is not None else "no plan")
+    close = getattr(eng.runner, "close", None)
+    if close is not None:
+        close()
+    return 0
+
+
 def cmd_tokenize(a: argparse.Namespace) -> int:
     from hitenter.models.registry import resolve_model
     from hitenter.tokenizer.bpe import Tokenizer
@@ -187,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_pull)
     p = sub.add_parser("models", help="list known models")
     p.set_defaults(fn=cmd_models)
+    p = sub.add_parser("plan", help="load a model and show its kernel plan (which numeric path rows take)")
+    _add_engine_flags(p)
+    p.set_defaults(fn=cmd_plan)
     p = sub.add_parser("tokenize", help="show the tokens of a text")
     p.add_argument("text")
     p.add_argument("--model", "-m", default=None)

@@ -1,17 +1,55 @@
 """Frozen, validated configuration dataclasses.
 
-ModelConfig comes from a GGUF file's metadata (see hitenter.models.gguf.model_config_from_metadata);
-CacheConfig and SchedulerConfig are the engine's limits, spelled like vLLM's options.
+ModelConfig comes from a GGUF file's metadata (see hitenter.models.gguf.model_config_from_metadata).
+EngineConfig is everything a user can set on an engine, in parts named like vLLM's (LoadConfig is
+vLLM's ModelConfig: that name is taken here by the architecture), each option spelled like vLLM's:
+
+    EngineConfig(load=LoadConfig(model=..., dtype=..., quantization=...), cache=CacheConfig(...),
+                 scheduler=SchedulerConfig(...), speculative=SpeculativeConfig(...), parallel=ParallelConfig(...))
+
+Every option is a field listed once, with its help text in the field's metadata: ``EngineConfig.
+from_options(**flat)`` builds one from flat keyword arguments (``LLM(...)``, ``LLMEngine(...)``, the
+server), and the CLI derives its flags from the same fields (``option_fields()``). A bad value raises
+ValueError naming the field, a misspelled option TypeError listing the known ones.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = (None, "gguf", "int8", "int4")
+SPEC_METHODS = ("ngram", "draft_model")
+DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 
 
 def _require(cond: bool, field: str, msg: str) -> None:
     if not cond:
         raise ValueError(f"{field}: {msg}")
+
+
+def _opt(default: Any, help: str, **meta: Any) -> Any:
+    """A user option: its default and the help text the CLI shows (``flag``: a custom CLI spelling)."""
+    return field(default=default, metadata={"help": help, **meta})
+
+
+def _check_int(obj: Any, name: str, lo: int, hi: int | None = None, optional: bool = False) -> None:
+    v = getattr(obj, name)
+    if v is None and optional:
+        return
+    _require(isinstance(v, int) and not isinstance(v, bool), name, f"must be an integer, got {v!r}")
+    _require(v >= lo and (hi is None or v <= hi), name,
+             f"must be >= {lo}" + (f" and <= {hi}" if hi is not None else "") + f", got {v}")
+
+
+def _check_bool(obj: Any, name: str) -> None:
+    _require(isinstance(getattr(obj, name), bool), name, f"must be true or false, got {getattr(obj, name)!r}")
+
+
+def _check_choice(obj: Any, name: str, choices: tuple[Any, ...]) -> None:
+    _require(getattr(obj, name) in choices, name, f"must be one of {list(choices)}, got {getattr(obj, name)!r}")
 
 
 @dataclass(frozen=True)
@@ -44,30 +82,139 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
-class CacheConfig:
-    block_size: int = 16
-    kv_cache_memory: int | None = None   # bytes; None = a default share of RAM (see engine)
-    enable_prefix_caching: bool = True
+class LoadConfig:
+    """Which model and how its weights are held (vLLM's ModelConfig options)."""
+
+    model: str | None = _opt(None, "known name, path to a .gguf, or hf:owner/repo/file.gguf", flag="--model")
+    dtype: str = _opt("auto", "weights: auto = the GGUF's own quantized blocks with fp32 activations "
+                            "(hitenter/models/formats.py); float32 = every weight dequantized (the HF-exact "
+                            "reference); bfloat16 = dequantized to bf16", choices=DTYPES)
+    quantization: str | None = _opt(None, "weights kept in memory as gguf blocks, int8 or int4 (hitenter/quant)",
+                                    choices=QUANTIZATIONS[1:])
+    num_threads: int | None = _opt(None, "torch threads (default: torch's choice)")
+    batch_invariant: bool = _opt(True, "pad rows so results are bitwise batch invariant", flag="--no-batch-invariant")
 
     def __post_init__(self) -> None:
-        _require(self.block_size > 0 and self.block_size <= 1024, "block_size",
-                 f"must be in 1..1024, got {self.block_size}")
-        if self.kv_cache_memory is not None:
-            _require(self.kv_cache_memory > 0, "kv_cache_memory", f"must be > 0 bytes, got {self.kv_cache_memory}")
+        _require(self.model is None or isinstance(self.model, str), "model", f"must be a string, got {self.model!r}")
+        _check_choice(self, "dtype", DTYPES)
+        _check_choice(self, "quantization", QUANTIZATIONS)
+        _check_int(self, "num_threads", 1, optional=True)
+        _check_bool(self, "batch_invariant")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = _opt(16, "tokens per KV block")
+    kv_cache_memory: int | None = _opt(None, "bytes of KV cache (default: a share of RAM)")
+    enable_prefix_caching: bool = _opt(True, "reuse the KV of shared prompt prefixes",
+                                       flag="--no-enable-prefix-caching")
+
+    def __post_init__(self) -> None:
+        _check_int(self, "block_size", 1, 1024)
+        _check_int(self, "kv_cache_memory", 1, optional=True)
+        _check_bool(self, "enable_prefix_caching")
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 8192
-    max_queued_requests: int | None = None   # None = unbounded waiting queue (the server sets a bound)
+    max_num_seqs: int = _opt(64, "most requests running at once")
+    max_num_batched_tokens: int = _opt(2048, "token budget of one engine step")
+    max_model_len: int | None = _opt(None, "context window to serve (default: the model's, capped at 8192)")
+    max_queued_requests: int | None = _opt(None, "most requests waiting (default: unbounded)", cli=False)
 
     def __post_init__(self) -> None:
-        _require(self.max_num_seqs > 0, "max_num_seqs", f"must be > 0, got {self.max_num_seqs}")
-        _require(self.max_num_batched_tokens > 0, "max_num_batched_tokens",
-                 f"must be > 0, got {self.max_num_batched_tokens}")
-        _require(self.max_model_len > 1, "max_model_len", f"must be > 1, got {self.max_model_len}")
-        if self.max_queued_requests is not None:
-            _require(self.max_queued_requests >= 0, "max_queued_requests",
-                     f"must be >= 0, got {self.max_queued_requests}")
+        _check_int(self, "max_num_seqs", 1)
+        _check_int(self, "max_num_batched_tokens", 1)
+        _check_int(self, "max_model_len", 2, optional=True)
+        _check_int(self, "max_queued_requests", 0, optional=True)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (hitenter/engine/spec). ``speculative_model`` "ngram" / "[ngram]" selects
+    prompt lookup; a model alone selects "draft_model"; ``method`` is None when speculation is off."""
+
+    speculative_model: str | None = _opt(None, "draft model sharing the target's tokenizer")
+    speculative_method: str | None = _opt(None, "'ngram' (prompt lookup, no draft model) or 'draft_model'",
+                                          choices=SPEC_METHODS)
+    num_speculative_tokens: int | None = _opt(None, "tokens drafted per step when speculating (default 4)")
+
+    def __post_init__(self) -> None:
+        model, method, k = self.speculative_model, self.speculative_method, self.num_speculative_tokens
+        if model in ("ngram", "[ngram]"):
+            model, method = None, method or "ngram"
+        if method is None and model:
+            method = "draft_model"
+        if method is None:
+            _require(k is None, "num_speculative_tokens", "needs speculative_model or speculative_method")
+        else:
+            _require(method in SPEC_METHODS, "speculative_method", f"must be one of {list(SPEC_METHODS)}, got {method!r}")
+            _require(method != "ngram" or not model, "speculative_model", "not used with speculative_method='ngram'")
+            _require(method != "draft_model" or bool(model), "speculative_model",
+                     "required for speculative_method='draft_model'")
+            k = DEFAULT_NUM_SPECULATIVE_TOKENS if k is None else k
+        object.__setattr__(self, "speculative_model", model)
+        object.__setattr__(self, "speculative_method", method)
+        object.__setattr__(self, "num_speculative_tokens", k)
+        _check_int(self, "num_speculative_tokens", 1, optional=True)
+
+    @property
+    def enabled(self) -> bool:
+        return self.speculative_method is not None
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = _opt(1, "processes to shard every layer across (torch.distributed)")
+    disaggregate: str | None = _opt(None, "'prefill=1,decode=1': prompts prefilled in a separate worker process")
+
+    def __post_init__(self) -> None:
+        _check_int(self, "tensor_parallel_size", 1)
+        _require(self.disaggregate is None or isinstance(self.disaggregate, str), "disaggregate",
+                 f"must be a string like 'prefill=1,decode=1', got {self.disaggregate!r}")
+
+
+SECTIONS = {"load": LoadConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
+            "speculative": SpeculativeConfig, "parallel": ParallelConfig}
+
+
+def option_fields() -> list[tuple[str, dataclasses.Field[Any]]]:
+    """(section, field) of every engine option, in declaration order (the CLI's flags come from these)."""
+    return [(s, f) for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    load: LoadConfig = field(default_factory=LoadConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self) -> None:
+        tp, quant = self.parallel.tensor_parallel_size, self.load.quantization
+        _require(quant is None or tp == 1, "quantization",
+                 "quantized weights with tensor_parallel_size > 1 are not supported yet")
+
+    @classmethod
+    def from_options(cls, model: str | None = None, **options: Any) -> EngineConfig:
+        """From flat keyword options (vLLM's names). None means "the default" for every option."""
+        parts: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+        where = {f.name: s for s, f in option_fields()}
+        unknown = sorted(set(options) - set(where))
+        if unknown:
+            raise TypeError(f"unknown engine option(s) {unknown}; known: {sorted(where)}")
+        if model is not None:
+            options["model"] = model
+        for name, value in options.items():
+            if value is not None:
+                parts[where[name]][name] = value
+        return cls(**{s: SECTIONS[s](**kw) for s, kw in parts.items()})
+
+    def options(self) -> dict[str, Any]:
+        """The flat options (every field, defaults included)."""
+        return {f.name: getattr(getattr(self, s), f.name) for s, f in option_fields()}
+
+    def replace(self, **options: Any) -> EngineConfig:
+        """A copy with some flat options changed (validated again)."""
+        return EngineConfig.from_options(**{**self.options(), **options})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hitenter.config import EngineConfig
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.outputs import RequestOutput
 from hitenter.sampling_params import SamplingParams
@@ -17,15 +18,13 @@ class LLM:
     """A model and its serving engine in this process.
 
     ``LLM()`` loads the default model (pulled when missing); ``LLM("path/to/model.gguf")``,
-    ``LLM("hf:owner/repo/file.gguf")`` and known names work too. Keyword arguments are the
-    engine's limits: kv_cache_memory, max_model_len, max_num_seqs, max_num_batched_tokens,
-    block_size, enable_prefix_caching, dtype ("auto": the GGUF's own blocks; "float32", "bfloat16":
-    dequantized), quantization ("gguf", "int8", "int4"), num_threads, tensor_parallel_size,
-    disaggregate ("prefill=1,decode=1": prompts prefilled in a worker process, hitenter/distributed/disagg.py).
+    ``LLM("hf:owner/repo/file.gguf")`` and known names work too. Keyword arguments are the engine's
+    options (every field of hitenter.config.EngineConfig: max_model_len, max_num_seqs, kv_cache_memory,
+    dtype, quantization, ...), or pass ``config=EngineConfig(...)``.
     """
 
-    def __init__(self, model: str | None = None, **engine_options: Any) -> None:
-        self.engine = LLMEngine(model, **engine_options)
+    def __init__(self, model: str | None = None, config: EngineConfig | None = None, **engine_options: Any) -> None:
+        self.engine = LLMEngine(model, config, **engine_options)
         self.tokenizer = self.engine.tokenizer
         self.model_config = self.engine.model_config
 
@@ -59,12 +58,13 @@ class LLM:
         if len(plist) != len(prompts):
             raise ValueError(f"params: got {len(plist)} SamplingParams for {len(prompts)} prompts")
         eng = self.engine
-        for p, sp in zip(prompts, plist, strict=True):     # validate all first: nothing half-queued
-            eng.resolve_max_tokens(len(eng.encode_prompt(p)), sp)
+        # validate and tokenize all first (once each): nothing half-queued
+        pending = [eng.prepare_request(None, p, sp) for p, sp in zip(prompts, plist, strict=True)]
         ids: list[str] = []
         try:
-            for p, sp in zip(prompts, plist, strict=True):
-                ids.append(eng.add_request(None, p, sp))
+            for pr in pending:
+                eng.admit(pr)
+                ids.append(pr.request_id)
             final: dict[str, RequestOutput] = {}
             while len(final) < len(ids):
                 for out in eng.step():

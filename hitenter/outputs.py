@@ -2,12 +2,68 @@
 
 Fields are cumulative (``text``, ``token_ids``); the ``delta_*`` fields hold what this step added,
 which is what a streaming client sends on.
+
+The engine builds an output every step, so its cumulative fields (``text``, ``token_ids``, ``logprobs``,
+``metrics.token_times``) may be given as a ``Prefix`` / ``Joined`` of the engine's append-only lists: a
+step then costs nothing per token already produced, and the copy (a plain list / str, the same value
+as before) is made on first read, by the reader, once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+
+class Prefix:
+    """The first ``n`` items of an append-only list, copied on first read."""
+
+    __slots__ = ("src", "n")
+
+    def __init__(self, src: list[Any], n: int) -> None:
+        self.src, self.n = src, n
+
+    def get(self) -> list[Any]:
+        return self.src[:self.n]
+
+
+class Joined(Prefix):
+    """``"".join`` of the first ``n`` strings of an append-only list of pieces, made on first read."""
+
+    __slots__ = ()
+
+    def get(self) -> str:  # type: ignore[override]
+        return "".join(self.src[:self.n])
+
+
+_EMPTY = object()
+_REQUIRED = object()
+
+
+class _Lazy:
+    """A dataclass field that may hold a Prefix / Joined: replaced by its value on first read.
+    ``default`` is the field's default (``list``: a fresh empty list per instance)."""
+
+    def __init__(self, default: Any) -> None:
+        self.default = default
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = "_lazy_" + name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            if self.default is _REQUIRED:
+                raise AttributeError(self.slot)   # dataclasses: the field has no default
+            return _EMPTY if self.default is list else self.default
+        v = obj.__dict__[self.slot]
+        if isinstance(v, Prefix):
+            v = obj.__dict__[self.slot] = v.get()
+        elif v is _EMPTY:
+            v = obj.__dict__[self.slot] = []
+        return v
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[self.slot] = value
 
 
 @dataclass
@@ -29,11 +85,11 @@ class PositionLogprobs:
 @dataclass
 class CompletionOutput:
     index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
+    text: str = _Lazy("")  # type: ignore[assignment]
+    token_ids: list[int] = _Lazy(list)  # type: ignore[assignment]
     finish_reason: str | None = None          # "stop" | "length" | "abort" | None while running
     stop_reason: int | str | None = None      # matched stop string or stop token id
-    logprobs: list[PositionLogprobs] | None = None
+    logprobs: list[PositionLogprobs] | None = _Lazy(None)  # type: ignore[assignment]
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
     delta_logprobs: list[PositionLogprobs] | None = None
@@ -54,7 +110,7 @@ class RequestMetricsSnapshot:
     arrival_time: float
     queue_time: float | None
     time_to_first_token: float | None
-    token_times: list[float]
+    token_times: list[float] = _Lazy(_REQUIRED)  # type: ignore[assignment]
     finished_time: float | None
     num_preemptions: int
 

@@ -17,12 +17,13 @@ from hitenter.engine.request import Request, RequestStatus
 from hitenter.engine.scheduler import Scheduler, SchedulerOutput
 from hitenter.errors import ContextOverflowError, QueueFullError
 from hitenter.kv_cache.manager import KVCacheManager
+from hitenter.sampling_params import SamplingParams
 
 VOCAB = 40
 
 
 def req(rid: str, prompt: list[int], max_tokens: int = 4) -> Request:
-    return Request(rid, list(prompt), None, max_tokens)  # type: ignore[arg-type]
+    return Request(rid, list(prompt), SamplingParams(max_tokens=max_tokens), max_tokens)
 
 
 def make(num_blocks: int = 64, block_size: int = 4, max_batched: int = 64, max_seqs: int = 8,
@@ -65,12 +66,12 @@ def step(s: Scheduler, runner: MockRunner) -> tuple[SchedulerOutput, dict[str, l
     assert len(out.scheduled) <= cfg.max_num_seqs and s.num_running <= cfg.max_num_seqs
     assert len({x.request.request_id for x in out.scheduled}) == len(out.scheduled)
     sampled = runner.run(out)
-    s.update(out, sampled)
+    finished = s.update(out, sampled)     # the scheduler decides token stops (here: max_tokens)
+    for r in finished:
+        assert r.status is RequestStatus.FINISHED_LENGTH and r.num_output_tokens == r.max_tokens
     for rid in sampled:
         r = s.get_request(rid)
-        assert r is not None
-        if r.num_output_tokens >= r.max_tokens:
-            s.finish_request(rid, RequestStatus.FINISHED_LENGTH)
+        assert r is None or r.num_output_tokens < r.max_tokens
     s.kv.check_invariants()
     return out, sampled
 

@@ -1,10 +1,21 @@
 """AsyncLLMEngine: one engine loop in a background thread, each request an async stream of outputs.
 
-The loop thread owns stepping; callers add and abort under the same lock, so validation errors
-(ValueError, ContextOverflowError, QueueFullError) are raised to the caller synchronously, before
-any stream starts. Torch releases the GIL inside kernels, so an asyncio server stays responsive.
-A failure inside a step is delivered to every in-flight stream as an exception and those requests
-are aborted (their KV blocks freed); the loop keeps serving new requests.
+No lock is shared with the loop (vLLM v1's engine-core busy loop is the model): the loop thread owns
+the engine. Other threads
+- add: ``add_request`` validates and tokenizes in the caller's thread (ValueError, ContextOverflowError,
+  QueueFullError are raised there, before any stream starts), then puts the request in the engine's
+  inbox; the loop admits it at the top of its next step (a refusal then, e.g. an id in use, arrives on
+  the stream as the exception);
+- abort: ``abort`` queues it; the loop applies it, freeing the blocks, at the top of its next step;
+- read state: ``snapshot()`` is the ``EngineSnapshot`` published after every step (queue lengths, KV
+  usage, prefix-cache hit rate, scheduler stats; with ``snapshot(kv_blocks=True)`` the KV block map
+  too, see hitenter/engine/snapshot.py). ``run_locked(fn, *args)`` is kept for old callers: it takes
+  no lock and runs ``fn`` at once, with the engine argument replaced by a ``SnapshotView`` of the
+  latest snapshot (the engine's attribute names over published values).
+None of these waits on a step. (One exception, bounded: the first block-map read after a quiet spell
+of KV_VIEW_TTL_S waits for the next publication, at most the end of the running step; while the
+playground's event stream is subscribed the map is published after every step.) A failure inside a step is delivered to every in-flight stream as an
+exception and those requests are aborted (their KV blocks freed); the loop keeps serving new requests.
 """
 
 from __future__ import annotations
@@ -16,11 +27,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from hitenter.engine.llm_engine import LLMEngine
+from hitenter.engine.snapshot import EngineSnapshot, SnapshotView
 from hitenter.errors import QueueFullError
 from hitenter.outputs import RequestOutput
 from hitenter.sampling_params import SamplingParams
 
 log = logging.getLogger("hitenter.engine")
+
+IDLE_WAIT_S = 0.05
 
 
 class EngineDeadError(RuntimeError):
@@ -37,10 +51,10 @@ class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine, max_queued_requests: int | None = None) -> None:
         self.engine = engine
         self.max_queued_requests = max_queued_requests
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
         self._streams: dict[str, _Stream] = {}
+        self._streams_lock = threading.Lock()     # guards _streams only; never held across a step
+        self._stop = threading.Event()
+        engine.on_reject = self._reject
         self._thread = threading.Thread(target=self._run, name="hitenter-engine", daemon=True)
         self._thread.start()
 
@@ -50,18 +64,23 @@ class AsyncLLMEngine:
                     ) -> tuple[str, asyncio.Queue[RequestOutput | BaseException]]:
         """Queue a request; returns its id and the queue its outputs arrive on. Raises on bad input.
 
-        Callable from a worker thread when ``loop`` (the loop that will read the queue) is given, so
-        an event loop never blocks on the engine lock while a step runs."""
+        Never waits on a step. Callable from a worker thread when ``loop`` (the loop that will read the
+        queue) is given."""
         loop = loop or asyncio.get_running_loop()
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        with self._lock:
-            if self.max_queued_requests is not None and self.engine.scheduler.num_waiting >= self.max_queued_requests:
+        eng = self.engine
+        pending = eng.prepare_request(request_id, prompt, params)
+        rid = pending.request_id
+        with self._streams_lock:
+            waiting = eng.snapshot().num_waiting + eng.inbox.num_adds
+            if self.max_queued_requests is not None and waiting >= self.max_queued_requests:
                 raise QueueFullError(
-                    f"the waiting queue is full ({self.engine.scheduler.num_waiting} requests waiting, "
+                    f"the waiting queue is full ({waiting} requests waiting, "
                     f"max_queued_requests={self.max_queued_requests}); retry later")
-            rid = self.engine.add_request(request_id, prompt, params)
+            if rid in self._streams:
+                raise ValueError(f"request_id: {rid!r} is already in use")
             self._streams[rid] = _Stream(loop, q)
-        self._wake.set()
+        eng.submit(pending)
         return rid, q
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
@@ -83,23 +102,31 @@ class AsyncLLMEngine:
                 self.abort(rid)
 
     def abort(self, request_id: str) -> None:
-        with self._lock:
-            self.engine.abort(request_id)
+        """Queue the abort (applied at the top of the next step); never waits on a step."""
+        with self._streams_lock:
             self._streams.pop(request_id, None)
+        self.engine.request_abort(request_id)
+
+    def snapshot(self, kv_blocks: bool = False) -> EngineSnapshot:
+        """The engine state published after the last step (see the module docstring)."""
+        return self.engine.snapshot(kv_blocks)
 
     def run_locked(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
-        """Run fn with the engine lock held (for reads of engine state that must be consistent)."""
-        with self._lock:
-            return fn(*args, **kwargs)
+        """Compatibility: ``fn(*args)`` now, no lock; an engine argument becomes a SnapshotView."""
+        if any(a is self.engine for a in args):
+            view = SnapshotView(self.engine, self.engine.snapshot(kv_blocks=True))
+            args = tuple(view if a is self.engine else a for a in args)
+        return fn(*args, **kwargs)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        self._wake.set()
+        self.engine.inbox.wake.set()
         self._thread.join(timeout)
-        with self._lock:
-            for rid in list(self._streams):
-                self.engine.abort(rid)
+        with self._streams_lock:
+            rids = list(self._streams)
             self._streams.clear()
+        for rid in rids:     # the loop has stopped (else it applies them)
+            (self.engine.request_abort if self._thread.is_alive() else self.engine.abort)(rid)
         close = getattr(self.engine.runner, "close", None)   # tensor-parallel workers, if any
         if close is not None:
             close()
@@ -108,32 +135,42 @@ class AsyncLLMEngine:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
-    # ---- loop -------------------------------------------------------------------------------
+    # ---- loop (engine thread) -------------------------------------------------------------------
     def _deliver(self, rid: str, item: RequestOutput | BaseException) -> None:
-        st = self._streams.get(rid)
+        with self._streams_lock:
+            st = self._streams.get(rid)
+            if st is not None and (isinstance(item, BaseException) or item.finished):
+                self._streams.pop(rid, None)
         if st is None:
             return
-        if isinstance(item, BaseException) or item.finished:
-            self._streams.pop(rid, None)
         try:
             st.loop.call_soon_threadsafe(st.queue.put_nowait, item)
         except RuntimeError:       # the caller's event loop is closed: nobody is listening
             self.engine.abort(rid)
 
+    def _reject(self, rid: str, exc: BaseException) -> None:
+        self._deliver(rid, exc)
+
     def _run(self) -> None:
+        eng = self.engine
         while not self._stop.is_set():
-            with self._lock:
-                busy = self.engine.has_unfinished_requests()
-                if busy:
-                    try:
-                        for out in self.engine.step():
-                            self._deliver(out.request_id, out)
-                    except Exception as e:   # a real internal error: fail the in-flight requests, keep serving
-                        log.exception("engine step failed")
-                        err = EngineDeadError(f"internal engine error: {type(e).__name__}: {e}")
-                        for rid in list(self._streams):
-                            self.engine.abort(rid)
-                            self._deliver(rid, err)
-            if not busy:
-                self._wake.wait(0.05)
-                self._wake.clear()
+            eng.inbox.wake.clear()
+            if eng.inbox or eng.has_unfinished_requests():
+                self._step()
+                continue
+            eng.publish_snapshot(idle=True)
+            eng.inbox.wake.wait(IDLE_WAIT_S)
+
+    def _step(self) -> None:
+        eng = self.engine
+        try:
+            for out in eng.step():
+                self._deliver(out.request_id, out)
+        except Exception as e:   # a real internal error: fail the in-flight requests, keep serving
+            log.exception("engine step failed")
+            err = EngineDeadError(f"internal engine error: {type(e).__name__}: {e}")
+            with self._streams_lock:
+                rids = list(self._streams)
+            for rid in rids:
+                eng.abort(rid)
+                self._deliver(rid, err)

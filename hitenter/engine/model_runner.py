@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from hitenter.engine.scheduler import SchedulerOutput
 from hitenter.models.attention import AttentionMetadata
+
+if TYPE_CHECKING:
+    from hitenter.models.plan import KernelPlan
 
 
 @dataclass
@@ -35,6 +39,7 @@ class ModelRunner:
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.workspace: dict[torch.dtype, torch.Tensor] = {}   # attention scratch reused across steps
+        self.plan: KernelPlan | None = None   # set by engine_setup; None: attention checks its kernel per call
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -54,8 +59,7 @@ class ModelRunner:
         for sr in out.scheduled:
             req = sr.request
             start, n = sr.num_computed_tokens, sr.num_new_tokens
-            toks = req.all_token_ids
-            input_ids.extend(toks[start:start + n])
+            input_ids.extend(req.token_slice(start, start + n))
             pos = range(start, start + n)
             positions.extend(pos)
             table = sr.block_ids
@@ -76,6 +80,7 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.long),
             block_size=bs,
             kernel_from=kernel_from,
+            use_kernel=None if self.plan is None else self.plan.attention_kernel,
             workspace=self.workspace,
         )
         t0 = time.perf_counter()

@@ -69,7 +69,8 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
-    extra: dict[str, Any] = field(default_factory=dict)   # per-request state of other parts (generator, detok)
+    extra: dict[str, Any] = field(default_factory=dict)   # per-request state of other parts (spec stats, ...)
+    generator: Any = None                 # torch.Generator of a seeded / random request; None when greedy
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -86,7 +87,20 @@ class Request:
 
     @property
     def all_token_ids(self) -> list[int]:
+        """A new list (prompt + outputs + drafts): for tests and tools; the step uses ``token_slice``."""
         return self.prompt_token_ids + self.output_token_ids + self.spec_token_ids
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """``all_token_ids[start:end]`` without concatenating the three lists (cost: end - start)."""
+        out: list[int] = []
+        for part in (self.prompt_token_ids, self.output_token_ids, self.spec_token_ids):
+            n = len(part)
+            if start < n and end > 0:
+                out.extend(part[max(start, 0):min(end, n)])
+            start, end = start - n, end - n
+            if end <= 0:
+                break
+        return out
 
     @property
     def is_finished(self) -> bool:

@@ -182,12 +182,17 @@ class Sampler:
 
     def __init__(self, chain: Sequence[LogitsProcessor] | None = None, trace_top_n: int = TRACE_TOP_N) -> None:
         self.chain = list(chain) if chain is not None else default_chain()
+        self._plain_fast = chain is None    # the default chain leaves plain greedy rows alone
         self.trace_top_n = trace_top_n
 
     def __call__(self, logits: Tensor, meta: SamplingMetadata, trace: bool = False) -> SamplerOutput:
         n, v = logits.shape
         if n != len(meta.params):
             raise ValueError(f"logits: has {n} rows, metadata has {len(meta.params)}")
+        if self._plain_fast and not trace and all(_plain_greedy(p) for p in meta.params):
+            # no processor touches a plain greedy row: its argmax is the raw logits' (no chain, no copy)
+            tokens = logits.argmax(dim=-1)
+            return SamplerOutput(tokens.tolist(), self._logprobs(logits, tokens, meta.params), None)
         batch = BatchState(meta.params, meta.prompt_token_ids, meta.output_token_ids, meta.stop_token_ids)
         x, stages = run_chain(self.chain, logits, batch, record=trace)
 
@@ -206,13 +211,7 @@ class Sampler:
             tokens[sample] = torch.nan_to_num(probs / q, nan=-1.0).argmax(dim=-1)
         token_list = tokens.tolist()
 
-        lp_rows = [i for i, p in enumerate(meta.params) if p.logprobs is not None]
-        logprobs: list[TokenLogprobs | None] = [None] * n
-        if lp_rows:
-            lps = torch.log_softmax(logits[lp_rows].to(torch.float32), dim=-1)
-            ks = [meta.params[i].logprobs or 0 for i in lp_rows]
-            for i, lp in zip(lp_rows, _batch_logprobs(lps, tokens[lp_rows], ks), strict=True):
-                logprobs[i] = lp
+        logprobs = self._logprobs(logits, tokens, meta.params)
 
         traces: list[SamplingTrace] | None = None
         if trace:
@@ -232,6 +231,23 @@ class Sampler:
                     draw = DrawTrace("greedy", token_list[i], seed)
                 traces.append(SamplingTrace(cand.tolist(), view.row(i, cand), draw))
         return SamplerOutput(token_list, logprobs, traces)
+
+    @staticmethod
+    def _logprobs(logits: Tensor, tokens: Tensor, params: Sequence[SamplingParams]) -> list[TokenLogprobs | None]:
+        """Raw-distribution logprobs, computed only for the rows that asked."""
+        lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        logprobs: list[TokenLogprobs | None] = [None] * len(params)
+        if lp_rows:
+            lps = torch.log_softmax(logits[lp_rows].to(torch.float32), dim=-1)
+            ks = [params[i].logprobs or 0 for i in lp_rows]
+            for i, lp in zip(lp_rows, _batch_logprobs(lps, tokens[lp_rows], ks), strict=True):
+                logprobs[i] = lp
+        return logprobs
+
+
+def _plain_greedy(p: SamplingParams) -> bool:
+    """Greedy and untouched by every processor of the default chain (penalties, bias, min_tokens)."""
+    return p.is_greedy and not p.has_penalties and not p.logit_bias and not p.min_tokens
 
 
 def _top_exact(lp: Tensor, k: int) -> list[tuple[int, float, int]]:

@@ -17,9 +17,10 @@ Contracts:
 - A waiting request that does not fit stays at the head of the queue: no one jumps ahead (FCFS).
 - ``add_request`` rejects a request that could never fit the KV cache alone (ContextOverflowError),
   so the queue cannot deadlock.
-- ``update`` advances num_computed_tokens, appends sampled tokens (caught-up requests only) and
-  caches newly full verified blocks. Stop checks are the engine's: it calls ``finish_request``,
-  which frees blocks at once (also for aborts, waiting or running).
+- ``update`` advances num_computed_tokens, appends sampled tokens (caught-up requests only), decides
+  token stops (EOS, stop token ids, max_tokens: hitenter/engine/stopping.py) and caches newly full
+  verified blocks. A stop frees the request's blocks at once, like ``finish_request`` (aborts, and the
+  output processor's stop strings).
 - Drafted tokens (``request.spec_token_ids``) must be scored in one pass: the drafts that do not fit
   the token budget are dropped, and drafts are dropped before anyone is preempted for blocks.
   ``update`` takes the ``1 + accepted`` tokens of a speculating request, rolls
@@ -36,10 +37,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hitenter.config import SchedulerConfig
 from hitenter.engine.request import Request, RequestStatus
+from hitenter.engine.stopping import StopResult, check_token_stop
 from hitenter.errors import ContextOverflowError, QueueFullError
 from hitenter.kv_cache.events import KVEvent
 from hitenter.kv_cache.manager import KVCacheManager
@@ -211,29 +214,48 @@ class Scheduler:
         self._num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def update(self, out: SchedulerOutput, sampled: dict[str, list[int]]) -> None:
-        """Apply a step's results: computed tokens, sampled tokens, newly full verified blocks.
+    def update(self, out: SchedulerOutput, sampled: Mapping[str, Sequence[int]]) -> list[Request]:
+        """Apply a step's results: computed tokens, sampled tokens, token stops, newly full verified blocks.
 
-        Requests finished (e.g. aborted) since ``schedule()`` are skipped. A token for a request that
-        did not catch up is a caller bug (ValueError).
+        Each sampled token is appended and checked in order (``check_token_stop``: EOS, stop ids,
+        max_tokens); a stop ends the request there (later tokens of a speculative run are dropped) and
+        frees its blocks. Returns the requests finished here. Requests finished (e.g. aborted) since
+        ``schedule()`` are skipped. A token for a request that did not catch up is a caller bug (ValueError).
         """
+        finished: list[Request] = []
         for sr in out.scheduled:
             req = sr.request
             if req.status is not RequestStatus.RUNNING or self.requests.get(req.request_id) is not req:
                 continue
-            caught_up = sr.caught_up
             tokens = sampled.get(req.request_id, ())
-            if tokens and not caught_up:
+            if tokens and not sr.caught_up:
                 raise ValueError(f"request {req.request_id!r} got a token but did not catch up")
             if len(tokens) > len(req.spec_token_ids) + 1:
                 raise ValueError(f"request {req.request_id!r} got more tokens than its drafts + 1")
             rejected = len(req.spec_token_ids) + 1 - len(tokens) if tokens else 0
             req.num_computed_tokens = sr.num_computed_tokens + sr.num_new_tokens - rejected
             req.spec_token_ids.clear()
-            req.output_token_ids.extend(tokens)
+            stop = self._append(req, tokens)
             if rejected:
                 self.kv.trim(req, req.num_tokens)
-            self.kv.cache_blocks(req, req.num_computed_tokens)
+            self.kv.cache_blocks(req, min(req.num_computed_tokens, req.num_tokens))
+            if stop is not None:
+                req.stop_reason = stop[1]
+                self.finish_request(req.request_id, RequestStatus.FINISHED_LENGTH if stop[0] == "length"
+                                    else RequestStatus.FINISHED_STOPPED)
+                finished.append(req)
+        return finished
+
+    @staticmethod
+    def _append(req: Request, tokens: Sequence[int]) -> StopResult | None:
+        """Append tokens in order up to the first that stops the request (its stop, or None)."""
+        out, params = req.output_token_ids, req.sampling_params
+        for tok in tokens:
+            out.append(tok)
+            stop = check_token_stop(tok, len(out), params, req.eos_token_ids, req.max_tokens)
+            if stop is not None:
+                return stop
+        return None
 
     def finish_request(self, request_id: str, status: RequestStatus) -> None:
         """Finish (stop / length / abort) a waiting or running request and free its blocks now.

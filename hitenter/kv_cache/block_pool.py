@@ -147,17 +147,6 @@ class BlockPool:
         self.cached[block_hash] = block_id
         return True
 
-    def cache_full_blocks(self, block_ids: Sequence[int], block_hashes: Sequence[BlockHash],
-                          token_ids: Sequence[Sequence[int]], parent_hash: BlockHash | None) -> list[int]:
-        """Register a chain of full blocks (``parent_hash`` is the first one's parent). Returns the ids registered."""
-        done: list[int] = []
-        parent = parent_hash
-        for bid, h, toks in zip(block_ids, block_hashes, token_ids, strict=True):
-            if self.cache_full_block(bid, h, toks, parent):
-                done.append(bid)
-            parent = h
-        return done
-
     def reset_prefix_cache(self) -> bool:
         """Forget every hash (e.g. after a weight change). Only when no block is in use; returns success."""
         if len(self.free_queue) != self.num_blocks:

@@ -94,13 +94,12 @@ class KVCacheManager:
         """
         if not self.enable_prefix_caching or self._tables.get(request.request_id):
             return [], 0
-        tokens = request.all_token_ids
         bs = self.block_size
-        max_blocks = max(len(tokens) - 1, 0) // bs
+        max_blocks = max(request.num_tokens - 1, 0) // bs
         hits: list[int] = []
         parent: BlockHash | None = None
         for i in range(max_blocks):
-            chunk = tokens[i * bs:(i + 1) * bs]
+            chunk = request.token_slice(i * bs, (i + 1) * bs)
             h = self.hash_fn(parent, chunk)
             bid = self.pool.get_cached_block(h, chunk, parent)
             if bid is None:
@@ -164,12 +163,11 @@ class KVCacheManager:
         n_full = min(num_verified_tokens // self.block_size, len(table))
         if n_full <= len(hashes):
             return
-        tokens = request.all_token_ids
         bs = self.block_size
         new_cached: list[int] = []
         for i in range(len(hashes), n_full):
             parent = hashes[-1] if hashes else None
-            chunk = tokens[i * bs:(i + 1) * bs]
+            chunk = request.token_slice(i * bs, (i + 1) * bs)
             h = self.hash_fn(parent, chunk)
             if self.pool.cache_full_block(table[i], h, chunk, parent):
                 new_cached.append(table[i])

@@ -65,8 +65,10 @@ class AttentionMetadata:
     # per sequence, the first position whose row is a generation row for the fused kernel (the prompt
     # length - 1); None: all rows take the GEMM path
     kernel_from: list[int] | None = None
+    # the fused kernel runs: decided at load by the kernel plan (models/plan.py); None: checked per call
+    use_kernel: bool | None = None
     _plans: dict[tuple[int, int, bool], list[_Group]] = field(default_factory=dict, repr=False, compare=False)
-    _kernel_rows: list[_KernelRows | None] = field(default_factory=list, repr=False, compare=False)
+    _kernel_rows: list[decode_kernel.KernelRows | None] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
@@ -94,10 +96,11 @@ class AttentionMetadata:
             return n
         return min(n, max(0, self.kernel_from[i] - (self.seq_lens[i] - n)))
 
-    def kernel_rows(self) -> _KernelRows | None:
-        """The step's generation rows and their key ranges / block tables (built once; None if none)."""
+    def kernel_rows(self, num_blocks: int) -> decode_kernel.KernelRows | None:
+        """The step's generation rows and their key ranges / block tables (built and checked once against
+        a cache of `num_blocks` blocks; None if none)."""
         if not self._kernel_rows:
-            self._kernel_rows.append(_build_kernel_rows(self))
+            self._kernel_rows.append(decode_kernel.build_kernel_rows(self, num_blocks))
         return self._kernel_rows[0]
 
 
@@ -125,43 +128,6 @@ class _Group:
         if key not in self._flat:
             self._flat[key] = (torch.arange(planes)[:, None] * num_blocks + self.blocks[None, :]).reshape(-1)
         return self._flat[key]
-
-
-@dataclass
-class _KernelRows:
-    """Generation rows of a step for decode_kernel: row r is flat row rows[r], sees ctx[r] keys, and its
-    block table is tables[starts[r]:]; `all_rows` when they are exactly rows 0..T-1 in order."""
-
-    rows: torch.Tensor
-    ctx: torch.Tensor
-    starts: torch.Tensor
-    tables: torch.Tensor
-    all_rows: bool
-
-
-def _build_kernel_rows(meta: AttentionMetadata) -> _KernelRows | None:
-    rows: list[int] = []
-    ctx: list[int] = []
-    starts: list[int] = []
-    flat: list[int] = []
-    qsl = meta.query_start_loc
-    for i, seq_len in enumerate(meta.seq_lens):
-        a, b = qsl[i], qsl[i + 1]
-        g = meta.gemm_rows(i, True)
-        if g == b - a:
-            continue
-        start = seq_len - (b - a)
-        table = meta.table(i)
-        for j in range(g, b - a):
-            rows.append(a + j)
-            ctx.append(start + j + 1)
-            starts.append(len(flat))
-        flat.extend(table)
-    if not rows:
-        return None
-    as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
-    return _KernelRows(as_long(rows), as_long(ctx), as_long(starts), as_long(flat),
-                       all_rows=rows == list(range(qsl[-1])))
 
 
 def _round_up(n: int, m: int) -> int:
@@ -274,8 +240,9 @@ def paged_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Attenti
     t, nh, d = q.shape
     kvh = kv_cache_layer.shape[1]
     g = nh // kvh
-    use_kernel = meta.kernel_from is not None and decode_kernel.supports(kv_cache_layer, nh, q.dtype)
-    kr = meta.kernel_rows() if use_kernel else None
+    use_kernel = meta.kernel_from is not None and (
+        meta.use_kernel if meta.use_kernel is not None else decode_kernel.supports(kv_cache_layer, nh, q.dtype))
+    kr = meta.kernel_rows(kv_cache_layer.shape[2]) if use_kernel else None
     if kr is not None and kr.all_rows:   # a pure decode step: the kernel only
         return decode_kernel.decode_attention(q, kv_cache_layer, kr.ctx, kr.starts, kr.tables, scale)
     # per KV head, rows t*G + h of the step's queries, plus one zero row for padding

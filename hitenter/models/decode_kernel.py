@@ -22,11 +22,16 @@ import ctypes
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from hitenter.kernels.build import BuildError, load_library
+
+if TYPE_CHECKING:
+    from hitenter.models.attention import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +74,16 @@ def supports(kv_cache_layer: torch.Tensor, num_heads: int, q_dtype: torch.dtype)
             and load() is not None)
 
 
+def check_rows(ctx: list[int], tables: list[int], num_blocks: int) -> None:
+    """The kernel's inputs for one step, checked once (the C code trusts them): every row sees >= 1 key,
+    every block id is in 0..num_blocks-1. ValueError otherwise."""
+    if min(ctx) < 1:
+        raise ValueError(f"decode_attention: a row sees {min(ctx)} keys (>= 1 needed)")
+    if tables and (min(tables) < 0 or max(tables) >= num_blocks):
+        bad = next(b for b in tables if not 0 <= b < num_blocks)
+        raise ValueError(f"decode_attention: block id {bad} outside the cache's {num_blocks} blocks")
+
+
 def decode_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, ctx_lens: torch.Tensor,
                      table_starts: torch.Tensor, tables: torch.Tensor, scale: float) -> torch.Tensor:
     """Attention of rows q `[R, H, D]` (row r sees keys 0..ctx_lens[r]-1 of the blocks
@@ -79,6 +94,8 @@ def decode_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, ctx_lens: to
     if lib is None:
         raise RuntimeError("decode attention kernel is not available")
     q = q.contiguous()
+    if q.dtype != kv_cache_layer.dtype or not kv_cache_layer.is_contiguous():
+        raise ValueError(f"decode_attention: query {q.dtype} / cache {kv_cache_layer.dtype}, contiguous cache needed")
     r, h, d = q.shape
     _, kvh, nb, bs, _ = kv_cache_layer.shape
     out = torch.empty_like(q)
@@ -86,6 +103,46 @@ def decode_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, ctx_lens: to
                               int(kv_cache_layer.dtype == torch.bfloat16), r, ctx_lens.data_ptr(),
                               table_starts.data_ptr(), tables.data_ptr(), h, kvh, nb, bs, d, scale,
                               torch.get_num_threads())
+    if rc == -2:
+        raise ValueError("decode_attention: a row with ctx < 1")
     if rc != 0:
         raise ValueError(f"decode_attention: unsupported shape (heads {h}, kv heads {kvh}, head_dim {d})")
     return out
+
+
+@dataclass
+class KernelRows:
+    """Generation rows of a step for decode_kernel: row r is flat row rows[r], sees ctx[r] keys, and its
+    block table is tables[starts[r]:]; `all_rows` when they are exactly rows 0..T-1 in order."""
+
+    rows: torch.Tensor
+    ctx: torch.Tensor
+    starts: torch.Tensor
+    tables: torch.Tensor
+    all_rows: bool
+
+
+def build_kernel_rows(meta: AttentionMetadata, num_blocks: int) -> KernelRows | None:
+    rows: list[int] = []
+    ctx: list[int] = []
+    starts: list[int] = []
+    flat: list[int] = []
+    qsl = meta.query_start_loc
+    for i, seq_len in enumerate(meta.seq_lens):
+        a, b = qsl[i], qsl[i + 1]
+        g = meta.gemm_rows(i, True)
+        if g == b - a:
+            continue
+        start = seq_len - (b - a)
+        table = meta.table(i)
+        for j in range(g, b - a):
+            rows.append(a + j)
+            ctx.append(start + j + 1)
+            starts.append(len(flat))
+        flat.extend(table)
+    if not rows:
+        return None
+    check_rows(ctx, flat, num_blocks)
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
+    return KernelRows(as_long(rows), as_long(ctx), as_long(starts), as_long(flat),
+                       all_rows=rows == list(range(qsl[-1])))

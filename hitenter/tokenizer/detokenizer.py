@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 from hitenter.sampling_params import SamplingParams
 
+TRIM_CHARS = 512      # the live text window is trimmed when this much emitted text is out of reach
+
 
 @dataclass(frozen=True)
 class DetokDelta:
@@ -46,6 +48,10 @@ class IncrementalDetokenizer:
         self._include_stop = params.include_stop_str_in_output
         self._min_tokens = params.min_tokens
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        # the text is _head (emitted, beyond any stop match's reach: never looked at again) + _text, so a
+        # token costs the same however long the output is (see _trim)
+        self._head: list[str] = []
+        self._keep = max((len(x) for x in self._stops), default=1) - 1   # chars a new match may reach back
         self._text = ""
         self._emitted = 0             # characters of _text already emitted
         self.token_ids: list[int] = []
@@ -55,7 +61,7 @@ class IncrementalDetokenizer:
     @property
     def text(self) -> str:
         """The output text decoded so far (truncated at a matched stop string)."""
-        return self._text
+        return "".join(self._head) + self._text
 
     @property
     def held(self) -> str:
@@ -82,7 +88,17 @@ class IncrementalDetokenizer:
                 self.finished = True
                 return DetokDelta(self._take(cut), stop, "")
         end = len(self._text) - self._held_len()
-        return DetokDelta(self._take(max(end, self._emitted)), None, self._text[max(end, self._emitted):])
+        delta = DetokDelta(self._take(max(end, self._emitted)), None, self._text[max(end, self._emitted):])
+        self._trim()
+        return delta
+
+    def _trim(self) -> None:
+        """Move emitted text that no future stop match can reach into _head (in chunks: amortized O(1))."""
+        cut = min(self._emitted, len(self._text) - self._keep)
+        if cut >= TRIM_CHARS:
+            self._head.append(self._text[:cut])
+            self._text = self._text[cut:]
+            self._emitted -= cut
 
     def flush(self) -> str:
         """End of generation without a stop string: release the held text and any tail bytes."""

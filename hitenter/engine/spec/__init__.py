@@ -1,9 +1,8 @@
 """Speculative decoding with identical output: a proposer guesses k tokens, the target scores them in
 one pass, greedy acceptance / modified rejection sampling keeps exactly the target's output.
 
-Engine options: ``speculative_model`` (a draft model sharing the target's tokenizer; "ngram" or
-"[ngram]" also select prompt lookup), ``speculative_method`` ("ngram" | "draft_model"),
-``num_speculative_tokens`` (K, default 4).
+Engine options: ``SpeculativeConfig`` in hitenter/config.py (``speculative_model``, ``speculative_method``,
+``num_speculative_tokens``), validated there.
 """
 
 from __future__ import annotations
@@ -12,16 +11,13 @@ from typing import Any
 
 import torch
 
+from hitenter.config import SpeculativeConfig
 from hitenter.engine.spec.decoder import SpecDecoder, SpecDecodeStats, spec_request_stats
 from hitenter.engine.spec.proposers import DraftModelProposer, NgramProposer
 from hitenter.engine.spec.rejection import greedy_accept, point_mass, rejection_sample
 
 __all__ = ["SpecDecoder", "SpecDecodeStats", "spec_request_stats", "build_spec_decoder", "check_vocab_compatible",
            "NgramProposer", "DraftModelProposer", "rejection_sample", "greedy_accept", "point_mass"]
-
-SPEC_OPTIONS = ("speculative_model", "speculative_method", "num_speculative_tokens")
-DEFAULT_NUM_SPECULATIVE_TOKENS = 4
-
 
 def check_vocab_compatible(target_tok: Any, draft_tok: Any, target_vocab: int, draft_vocab: int,
                            draft_name: str) -> None:
@@ -39,31 +35,16 @@ def check_vocab_compatible(target_tok: Any, draft_tok: Any, target_vocab: int, d
                              "the target's tokenizer")
 
 
-def build_spec_decoder(opts: dict[str, Any], tokenizer: Any, vocab_size: int, max_model_len: int,
-                       num_blocks: int, block_size: int, dtype: torch.dtype) -> SpecDecoder | None:
-    """The engine's SpecDecoder from its options, or None when speculation is off."""
-    model = opts.get("speculative_model")
-    method = opts.get("speculative_method")
-    k = opts.get("num_speculative_tokens")
-    if model in ("ngram", "[ngram]"):
-        model, method = None, method or "ngram"
-    if method is None and model:
-        method = "draft_model"
+def build_spec_decoder(cfg: SpeculativeConfig, tokenizer: Any, vocab_size: int, max_model_len: int,
+                       num_blocks: int, block_size: int, dtype: torch.dtype, load_dtype: str = "auto",
+                       quantization: str | None = None) -> SpecDecoder | None:
+    """The engine's SpecDecoder from its (validated) speculative options, or None when speculation is off."""
+    method, model, k = cfg.speculative_method, cfg.speculative_model, cfg.num_speculative_tokens
     if method is None:
-        if k is not None:
-            raise ValueError("num_speculative_tokens: needs speculative_model or speculative_method")
         return None
-    if method not in ("ngram", "draft_model"):
-        raise ValueError(f"speculative_method: must be 'ngram' or 'draft_model', got {method!r}")
-    k = DEFAULT_NUM_SPECULATIVE_TOKENS if k is None else int(k)
-    if k < 1:
-        raise ValueError(f"num_speculative_tokens: must be >= 1, got {k}")
+    assert k is not None
     if method == "ngram":
-        if model:
-            raise ValueError("speculative_model: not used with speculative_method='ngram'")
         return SpecDecoder(NgramProposer(), k, method)
-    if not model:
-        raise ValueError("speculative_model: required for speculative_method='draft_model'")
     from hitenter.engine.model_runner import ModelRunner
     from hitenter.kv_cache.manager import KVCacheManager
     from hitenter.models.attention import allocate_kv_caches
@@ -74,12 +55,11 @@ def build_spec_decoder(opts: dict[str, Any], tokenizer: Any, vocab_size: int, ma
     path = str(resolve_model(model))
     # the draft takes the target's dtype option ("auto": the GGUF's blocks with fp32 activations, like the
     # target's; int8/int4 targets keep a dense draft in the activation dtype)
-    draft_dtype = opts.get("dtype") or "auto"
-    net, cfg = load_model(path, dtype=draft_dtype if (opts.get("quantization") or "none") in ("none", "gguf") else dtype)
-    check_vocab_compatible(tokenizer, Tokenizer.from_gguf(path), vocab_size, cfg.vocab_size, model)
-    if cfg.context_length < max_model_len:
+    net, mcfg = load_model(path, dtype=load_dtype if (quantization or "none") in ("none", "gguf") else dtype)
+    check_vocab_compatible(tokenizer, Tokenizer.from_gguf(path), vocab_size, mcfg.vocab_size, model)
+    if mcfg.context_length < max_model_len:
         raise ValueError(f"speculative_model: {model!r} has a context of {cfg.context_length} tokens, less than "
                          f"max_model_len={max_model_len}")
     kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False)   # the target's token capacity
-    runner = ModelRunner(net, allocate_kv_caches(cfg, num_blocks, block_size, dtype), block_size)
+    runner = ModelRunner(net, allocate_kv_caches(mcfg, num_blocks, block_size, dtype), block_size)
     return SpecDecoder(DraftModelProposer(runner, kv), k, method)

@@ -86,8 +86,7 @@ class SpecDecoder:
         self._probs.pop(request_id, None)
         self.proposer.release(request_id)
 
-    def propose(self, running: Sequence[Request], generators: dict[str, torch.Generator | None],
-                sampler: Sampler) -> None:
+    def propose(self, running: Sequence[Request], sampler: Sampler) -> None:
         live = {r.request_id for r in running if r.status is RequestStatus.RUNNING}
         for rid in [r for r in self.proposer.request_ids if r not in live]:
             self.release(rid)   # preempted or finished: its draft state goes
@@ -100,7 +99,7 @@ class SpecDecoder:
                 ks.append(k)
         if not reqs:
             return
-        drafts = self.proposer.propose(reqs, ks, sampler.chain, [generators.get(r.request_id) for r in reqs])
+        drafts = self.proposer.propose(reqs, ks, sampler.chain, [r.generator for r in reqs])
         for r, d in zip(reqs, drafts, strict=True):
             r.spec_token_ids = list(d.token_ids)
             self._probs[r.request_id] = d.probs

@@ -148,7 +148,7 @@ static void item_vec(const void *q, void *out, const void *kv, int bf16, int64_t
     }
     for (int g = 0; g < G; g++) {
         char *op = (char *)out + ((r * H + h * G + g) * D) * es;
-        float inv = 1.f / l[g];
+        float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;   /* ctx == 0: no keys, a zero row (never NaN) */
         for (int i = 0; i < NV; i++) {
             v16 x = acc[g][i] * inv;
             if (bf16) {
@@ -165,6 +165,8 @@ int decode_attention(const void *q, void *out, const void *kv, int bf16, int64_t
                      const int64_t *table_start, const int64_t *tables, int H, int KVH, int64_t NB, int BS,
                      int D, float scale, int nthreads) {
     if (H % KVH || H / KVH > MAXG || D % 16 || D / 16 > MAXNV || BS <= 0) return -1;
+    for (int64_t r = 0; r < R; r++)
+        if (ctx[r] < 1) return -2;      /* the Python wrapper checks too (decode_kernel.check_rows) */
     #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
     for (int64_t i = 0; i < R * KVH; i++) {
         int64_t r = i / KVH; int h = (int)(i % KVH);

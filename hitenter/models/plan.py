@@ -1,0 +1,98 @@
+"""The kernel plan: which numeric path every row takes, decided once at load and printed once.
+
+Five inputs used to decide it in four places (the packed-vs-plain GEMM probe in linear.py, the attention
+row padding probe in row_invariance.py, the fused attention kernel check re-run per layer per step, the
+``batch_invariant`` flag, the HITENTER_DECODE_KERNEL variable). They are now read here, at load, from
+the CPU (probes), the weights (which linear layers are dense) and the options, into one frozen
+``KernelPlan`` the engine holds (``LLMEngine.plan``) and the runner consults each step (the attention
+kernel decision travels to every layer in ``AttentionMetadata.use_kernel``: no per-layer re-check).
+
+``hitenter plan --model X`` prints it; the engine logs it at INFO when it starts.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from hitenter.models import decode_kernel
+from hitenter.models.attention import KEY_TILE, ROW_MULTIPLE
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    dtype: str                    # compute dtype of the dense weights and the KV cache
+    dense_gemm: str               # "packed" (oneDNN, packed at load) | "plain" (F.linear) | "none" (no dense linears)
+    dense_gemm_why: str
+    row_multiple: int             # dense GEMM rows padded to this multiple (1: no padding)
+    attention_row_multiple: int   # attention's GEMM query rows padded to this multiple
+    attention_kernel: bool        # generation rows take the fused paged kernel (csrc/decode_attention.c)
+    attention_kernel_why: str
+    batch_invariant: bool         # the option as asked
+    quant_kernel: str = "none"    # the native quantized-matmul kernel (hitenter/kernels), filled when wired
+
+    def describe(self) -> str:
+        return "\n".join([
+            f"dtype              {self.dtype}",
+            f"dense GEMM         {self.dense_gemm} ({self.dense_gemm_why})",
+            f"row padding        {self.row_multiple} (batch_invariant={self.batch_invariant})",
+            f"attention padding  {self.attention_row_multiple}",
+            f"attention kernel   {'on' if self.attention_kernel else 'off'} ({self.attention_kernel_why})",
+            f"quant kernel       {self.quant_kernel}",
+        ])
+
+
+def _attention_kernel(kv_cache_layer: torch.Tensor | None, num_heads: int, dtype: torch.dtype) -> tuple[bool, str]:
+    if os.environ.get("HITENTER_DECODE_KERNEL", "1") == "0":
+        return False, "HITENTER_DECODE_KERNEL=0"
+    if kv_cache_layer is None:
+        return False, "no local KV cache (the workers hold it)"
+    if decode_kernel.load() is None:
+        return False, "not built (no C compiler, or the build failed: see the log)"
+    if not decode_kernel.supports(kv_cache_layer, num_heads, dtype):
+        _, kvh, _, _, d = kv_cache_layer.shape
+        return False, f"unsupported shape or dtype (head_dim {d}, {num_heads} heads / {kvh} KV heads, {dtype})"
+    return True, "generation rows read the paged cache in place"
+
+
+def _dense_gemm(model: torch.nn.Module, dtype: torch.dtype) -> tuple[str, str]:
+    from hitenter.models.linear import Linear, packed_rows_invariant
+
+    dense = [m for m in model.modules() if isinstance(m, Linear)]
+    if not dense:
+        return "none", "no dense linear layers"
+    packed = sum(m.packed is not None for m in dense)
+    if packed == len(dense):
+        return "packed", f"oneDNN packed GEMM, {dtype} rows invariant at multiples of {ROW_MULTIPLE}"
+    if packed == 0:
+        return "plain", ("F.linear: oneDNN's packed GEMM is unavailable or not row invariant here"
+                         if not packed_rows_invariant(dtype) else "F.linear")
+    return "mixed", f"{packed} of {len(dense)} layers packed"
+
+
+def build_plan(model: torch.nn.Module, kv_caches: list[torch.Tensor], dtype: torch.dtype,
+               batch_invariant: bool) -> KernelPlan:
+    """The plan of a loaded model (probes are cached per dtype: computed once per process)."""
+    cfg = getattr(model, "config", None)
+    dense, why = _dense_gemm(model, dtype)
+    if cfg is None:   # a model without GEMMs of its own (the trigram toy)
+        return KernelPlan(str(dtype).removeprefix("torch."), dense, why, 1, 1, False, "no attention",
+                          batch_invariant)
+    from hitenter.models.row_invariance import attention_row_multiple
+
+    layers = getattr(model, "layers", None)
+    heads = cfg.num_heads
+    if layers is not None and len(layers) and hasattr(layers[0], "num_heads"):
+        heads = layers[0].num_heads    # this rank's heads under tensor parallelism
+    use, kwhy = _attention_kernel(kv_caches[0] if kv_caches else None, heads, dtype)
+    rows = ROW_MULTIPLE if batch_invariant and getattr(model, "dense_gemms", False) else 1
+    return KernelPlan(str(dtype).removeprefix("torch."), dense, why, rows,
+                      attention_row_multiple(dtype, cfg.head_dim, KEY_TILE), use, kwhy, batch_invariant)
+
+
+def apply_plan(model: torch.nn.Module, plan: KernelPlan) -> None:
+    """Set the model's padding flag from the plan (the one place it is set)."""
+    if hasattr(model, "batch_invariant"):
+        model.batch_invariant = plan.batch_invariant
