@@ -83,6 +83,9 @@ class LLMEngine:
         self.kv_manager.on_event = self._kv_events.append
         self.trace_requests: set[str] = set()     # request ids whose sampling trace is wanted
         self.last_traces: dict[str, object] = {}
+        # The playground's hook: the raw logits row of each traced request's latest sampled step (its
+        # first row when speculating), kept so sliders can re-shape it without a model run. Consumers pop.
+        self.last_logits: dict[str, object] = {}
 
     # ---- requests -------------------------------------------------------------------------
     def make_request_id(self) -> str:
@@ -202,6 +205,8 @@ class LLMEngine:
                 new_tokens[rid] = sampled.token_ids[i]
                 if sampled.trace is not None and sampled.trace[i] is not None and rid in self.trace_requests:
                     self.last_traces[rid] = sampled.trace[i]
+                if rid in self.trace_requests and ran.logits is not None:
+                    self.last_logits[rid] = ran.logits[sum(ran.num_rows[:i]) if ran.num_rows else i].clone()
         self.scheduler.update(sched, new_tokens)
         now = time.monotonic()
         touched: dict[str, _Group] = {}
