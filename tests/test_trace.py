@@ -76,6 +76,7 @@ def real_model(name: str) -> Path:
 @pytest.mark.parametrize("name", ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"])
 def test_real_trace_equals_engine_and_hf(name: str) -> None:
     transformers = pytest.importorskip("transformers", reason="HF transformers is the reference here")
+    pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF")
     path = real_model(name)
     eng = LLMEngine(str(path), **ENGINE_OPTS)
     ids = eng.tokenizer.encode(BANK)
