@@ -59,7 +59,7 @@ class Playground:
             if bad:
                 raise HTTPException(400, f"prompt_ids: {bad[:4]} outside the vocabulary [0, {eng.model_config.vocab_size})")
             return eng.encode_prompt(list(body.prompt_ids)), False
-        if body.chat:
+        if body.chat and not hasattr(eng.parts.model, "lookup"):   # the trigram toy never saw a chat template
             try:
                 ids = eng.tokenizer.apply_chat_template([{"role": "user", "content": body.text}], tokenize=True)
                 return list(ids), True
