@@ -3,7 +3,6 @@ Fixtures come from test_playground.py (the tiny llama model and the trigram toy 
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -126,7 +125,7 @@ def test_no_sideways_scroll_at_420px(server, browser) -> None:  # noqa: F811
     for view in ("#view-story", "#view-dash"):
         if page.locator(view).count():
             page.click(view)
-            page.wait_for_selector(f"body[data-inside-ready]:not([data-inside-ready=''])", timeout=20000)
+            page.wait_for_selector("body[data-inside-ready]:not([data-inside-ready=''])", timeout=20000)
         page.wait_for_timeout(200)
         width = page.evaluate("() => document.documentElement.scrollWidth")
         assert width <= 420, (view, width)

@@ -14,7 +14,15 @@ from hitenter.engine.async_engine import AsyncLLMEngine
 from hitenter.engine.events import EngineEvent
 from hitenter.errors import ContextOverflowError, HitenterError
 from hitenter.sampling_params import SamplingParams
-from hitenter.server.playground_util import MAX_LOGIT_ROWS, _clean, _output_event, entropy_bits, kv_state, piece, sse
+from hitenter.server.playground_util import (
+    MAX_LOGIT_ROWS,
+    _clean,
+    _output_event,
+    entropy_bits,
+    kv_state,
+    piece,
+    sse,
+)
 
 
 class GenerateStream:

@@ -21,8 +21,22 @@ import torch
 from fastapi import APIRouter, HTTPException, Request
 
 from hitenter.models.attention import KEY_TILE
-from hitenter.models.trace import Trace, logit_lens, nearest_tokens, trace_forward, trace_with_generation, traceable
-from hitenter.server.playground_models import MAX_TRACE_TOKENS, CompareBody, RopeBody, TraceBody, TraceQuery, parse
+from hitenter.models.trace import (
+    Trace,
+    logit_lens,
+    nearest_tokens,
+    trace_forward,
+    trace_with_generation,
+    traceable,
+)
+from hitenter.server.playground_models import (
+    MAX_TRACE_TOKENS,
+    CompareBody,
+    RopeBody,
+    TraceBody,
+    TraceQuery,
+    parse,
+)
 from hitenter.server.playground_util import piece
 
 if TYPE_CHECKING:
