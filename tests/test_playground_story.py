@@ -48,7 +48,7 @@ def check_step(pg, key: str, eng, ref) -> None:
         assert float(d(pg, "#embedding", "norm")) == pytest.approx(float(ref.embeddings[3].norm()), rel=1e-3)
     elif key == "positions":
         assert int(d(pg, "#rope", "pairs")) == eng.model_config.head_dim // 2
-    elif key == "attention":
+    elif key == "attention" and len(ids) > 2:
         pg.click("#attn-heads button[data-head='1']")
         pg.locator("#attn-layer").fill("1")
         pg.dispatch_event("#attn-layer", "change")
@@ -106,5 +106,61 @@ def test_story_walks_prompt_to_batching(browser, server) -> None:  # noqa: F811
     pg.screenshot(path=str(STORY_SHOTS / "dashboard.png"), full_page=True)
     pg.click("#view-story")
     assert pg.is_visible("#story") and pg.is_hidden("main")
+    assert not pg.errors, pg.errors
+    pg.close()
+
+
+SMOLLM2 = Path.home() / ".cache" / "hitenter" / "models" / "smollm2-135m-instruct.gguf"
+
+
+@pytest.fixture(scope="module")
+def real_server():
+    """The playground on SmolLM2 (the default model), for the story on real weights."""
+    if not SMOLLM2.exists():
+        pytest.skip(f"{SMOLLM2} is not cached")
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from hitenter.engine.llm_engine import LLMEngine
+    from hitenter.server.api import create_app
+
+    eng = LLMEngine(str(SMOLLM2), max_model_len=512, kv_cache_memory=1 << 26)
+    app = create_app(eng, "smollm2")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    while not srv.started:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", {"smollm2": eng}
+    srv.should_exit = True
+    th.join(10)
+
+
+@pytest.mark.slow
+def test_story_on_smollm2_and_the_bank_comparison(browser, real_server) -> None:  # noqa: F811
+    global STORY_SHOTS
+    pg = new_page(browser, real_server)
+    pg.fill("#max_tokens", "12")
+    pg.fill("#prompt", "What is the capital of France?")
+    pg.press("#prompt", "Enter")
+    finished(pg)
+    pg.wait_for_function("() => document.body.dataset.insideReady", timeout=60000)
+    STORY_SHOTS, tiny_shots = STORY_SHOTS.parent / "story-smollm2", STORY_SHOTS
+    try:
+        walk_story(pg, real_server[1]["smollm2"])
+    finally:
+        STORY_SHOTS = tiny_shots
+    pg.click("#story-rail li[data-key='attention']")
+    pg.click("#btn-compare")
+    pg.wait_for_selector("#compare", timeout=60000)
+    first, last = float(d(pg, "#compare", "first")), float(d(pg, "#compare", "last"))
+    assert first == pytest.approx(1.0, abs=1e-4) and last < 0.95     # same row, then pulled apart by context
+    pg.locator("#p-attn").screenshot(path=str(STORY_SHOTS.parent / "story-smollm2" / "bank-compare.png"))
     assert not pg.errors, pg.errors
     pg.close()

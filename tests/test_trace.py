@@ -93,3 +93,12 @@ def test_real_trace_equals_engine_and_hf(name: str) -> None:
     torch.testing.assert_close(tr.hidden[:-1], ref_hidden[:-1], atol=2e-3, rtol=1e-3)
     torch.testing.assert_close(tr.final_normed, ref_hidden[-1], atol=2e-3, rtol=1e-3)
     torch.testing.assert_close(tr.logits, out.logits[0], atol=2e-3, rtol=1e-3)
+
+
+def test_llm_trace_delegates_to_the_engines_model(tiny_llama_path: Path) -> None:
+    from hitenter.llm import LLM
+
+    llm = LLM(str(tiny_llama_path), **ENGINE_OPTS)
+    tr = llm.trace([5, 70, 100, 33], max_new_tokens=2)
+    assert tr.token_ids[:4] == [5, 70, 100, 33] and len(tr.generated) == 2
+    torch.testing.assert_close(tr.logits[3], trace_forward(llm.engine.runner.model, [5, 70, 100, 33]).logits[-1])

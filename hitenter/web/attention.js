@@ -69,7 +69,7 @@ export async function renderCompare(body, model) {
   clear(body, el("p", { id: "compare", dataset: { first: r.cos[0], last } },
     el("b", {}, `“${r.word}” in two sentences: `), `cosine of its two hidden vectors is ${r.cos[0].toFixed(3)} at the embedding `
       + `(the same row), ${last.toFixed(3)} after the last layer: attention has mixed in “deposit money” in one and “river” in the other.`),
-  lineChart(r.cos.map((y, l) => [l, y]), { label: "layer", yMin: Math.min(0, ...r.cos), yMax: 1, h: 100 }),
+  lineChart(r.cos.map((y, l) => [l, y]), { label: "layer", yMin: Math.max(0, Math.min(...r.cos) - 0.05), yMax: 1, h: 100 }),
   r.looks.map((lk) => el("div", {}, el("p", { class: "note" }, `last layer, mean over heads: where “${r.word}” looks`),
     traceTokens({ pieces: lk.pieces, num_prompt: lk.pieces.length }, { sel: lk.at, weights: lk.probs }))));
 }

@@ -20,7 +20,7 @@ export async function renderResidual(body, S, index = null) {
       style: { height: `${(100 * n) / max}%` } })));
   const rows = r.top.map((top, l) => el("tr", { dataset: { layer: l, top: top[0].piece.id } },
     el("td", {}, l === 0 ? "embedding" : `layer ${l}`),
-    top.slice(0, 3).map((t) => el("td", {}, el("code", {}, t.piece.special ? t.piece.text : visible(t.piece.text)), " ", pct(t.p)))));
+    top.slice(0, 3).map((t) => el("td", { style: { background: `rgba(47,111,222,${(0.45 * t.p).toFixed(3)})` } }, el("code", {}, t.piece.special ? t.piece.text : visible(t.piece.text)), " ", pct(t.p)))));
   clear(body, live("the residual stream x after each layer; the lens is the model's own final norm + LM head"),
     el("p", { class: "note" }, "Each layer reads the stream, computes something (attention, then an MLP) and adds it back: "
       + "x ← x + attention(x), x ← x + mlp(x). Click a token to follow it."),

@@ -109,6 +109,7 @@ export function storyMode(root, S, onShow) {
     count.textContent = ` ${i + 1} / ${STEPS.length} `;
     prev.disabled = i === 0;
     next.disabled = i === STEPS.length - 1;
+    document.querySelectorAll(".sliders input").forEach((inp) => inp.classList.toggle("focus", inp.id === `slider-${s.key}`));
     rail.querySelectorAll("li").forEach((li, j) => { li.className = j === i ? "on" : j < i ? "done" : ""; });
     onShow(s);
   }
