@@ -78,3 +78,33 @@ def test_trace_routes_draw_the_models_own_numbers(client) -> None:
     assert rope["decay"][0] == pytest.approx(1.0) and len(rope["angles"]) == 4
     fast = c.get("/playground/api/fast", params={"model": "tiny"}).json()
     assert fast["weight_bytes"] > 0 and fast["bandwidth"] > 0 and fast["key_tile"] > 0
+
+
+def test_get_routes_without_a_model_are_404_not_422(client) -> None:
+    c, _ = client
+    for path in ("/kv", "/fast", "/events"):
+        assert c.get("/playground/api" + path).status_code == 404
+
+
+def sse_events(c, body: dict) -> list[dict]:
+    import json
+
+    with c.stream("POST", "/playground/api/generate", json=body) as r:
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+
+
+def test_speculative_steps_show_their_accepted_tokens(tiny_llama_path) -> None:
+    eng = LLMEngine(str(tiny_llama_path), speculative_method="ngram", num_speculative_tokens=3, **OPTS)
+    app = FastAPI()
+    app.include_router(make_playground_router({"spec": AsyncLLMEngine(eng)}))
+    with TestClient(app) as c:
+        fast = c.get("/playground/api/fast", params={"model": "spec"}).json()
+        assert fast["spec"] == {"method": "ngram", "k": 3}
+        ids = [5, 70, 100, 33, 5, 70, 100, 33, 5, 70, 100, 33, 5, 70]
+        evs = sse_events(c, {"model": "spec", "prompt_ids": ids, "params": {"temperature": 0, "max_tokens": 24,
+                                                                             "ignore_eos": True}})
+    steps = [e for e in evs if e["type"] == "step" and e.get("token")]
+    out = [e for e in evs if e["type"] == "output"][-1]
+    shown = [t["id"] for s in steps for t in [s["token"], *s["more"]]]
+    assert shown == out["token_ids"] and sum(s["accepted"] for s in steps) == len(out["token_ids"])
+    assert max(s["accepted"] for s in steps) > 1          # some step emitted drafted tokens the model accepted

@@ -104,7 +104,7 @@ def _info_routes(router: APIRouter, pg: Playground) -> None:
                 "count": len(ids), "max_model_len": eng.max_model_len}
 
     @router.get("/kv")
-    async def kv(model: str) -> dict[str, Any]:
+    async def kv(model: str | None = None) -> dict[str, Any]:
         ae = pg.engine_of(model)
         return await asyncio.to_thread(ae.run_locked, kv_state, ae.engine)
 
@@ -136,7 +136,7 @@ def _sampling_routes(router: APIRouter, pg: Playground) -> None:
 
 def _events_route(router: APIRouter, pg: Playground) -> None:
     @router.get("/events")
-    async def events(model: str) -> StreamingResponse:
+    async def events(model: str | None = None) -> StreamingResponse:
         """Every engine step of one model (batch, preemptions, timings) and the KV block map."""
         ae = pg.engine_of(model)
         eng = ae.engine

@@ -58,7 +58,9 @@ class GenerateStream:
             while len(self.rows) > MAX_LOGIT_ROWS:
                 self.rows.popitem(last=False)
             item["entropy"] = entropy_bits(logits)
-        item.update(index=index, token=piece(tok, mine.sampled), accepted=len(mine.tokens))
+        # speculative decoding: several tokens in one step (the accepted drafts, then one of the model's own)
+        item.update(index=index, token=piece(tok, mine.sampled), accepted=len(mine.tokens) or 1,
+                    more=[piece(tok, t) for t in mine.tokens[1:]])
         self.tokens.extend(mine.tokens or [mine.sampled])
 
     def on_step(self, ev: EngineEvent) -> None:

@@ -194,7 +194,7 @@ def _model_routes(router: APIRouter, T: Traces) -> None:
                           for tr, i, ids in out]}
 
     @router.get("/fast")
-    async def fast(model: str) -> dict[str, Any]:
+    async def fast(model: str | None = None) -> dict[str, Any]:
         eng = T.pg.engine_of(model).engine
         net = eng.runner.model
         wb = int(net.weight_bytes()) if hasattr(net, "weight_bytes") else 0

@@ -21,7 +21,10 @@ export function renderFast(body, f, run, eng) {
         el("b", {}, `${ceiling.toFixed(0)} tokens/s`), " for one request",
       itl ? ` (this run: ${(1 / itl).toFixed(0)} tokens/s)` : "")),
       el("tr", {}, el("th", {}, "attention"), el("td", {}, `the ${ctx} keys in ${tiles} tile(s) of ${f.key_tile}: each tile updates a running max and sum `
-        + "(online softmax), so the full row of scores is never stored")),
+        + "(online softmax), so the full row of scores is never stored",
+      el("div", { class: "keytiles", id: "fast-tiles" }, Array.from({ length: Math.min(tiles, 24) }, (_, i) => el("div", {
+        title: `keys ${i * f.key_tile}–${Math.min(ctx, (i + 1) * f.key_tile) - 1}` },
+      el("i", { style: { width: `${(100 * Math.min(f.key_tile, Math.max(0, ctx - i * f.key_tile))) / f.key_tile}%` } })))))),
       el("tr", {}, el("th", {}, "speculation"), el("td", { id: "fast-spec" }, f.spec
         ? [`${f.spec.method}, ${f.spec.k} drafted per step; tokens accepted per step: `, el("b", {}, accepted.join(" ") || "–")]
         : "off on this server (start it with a draft model to see drafted and accepted tokens)")),

@@ -20,6 +20,8 @@ export function consume(run, ev) {
     run.steps.push(ev);
     if (ev.token) run.tokens.push({ piece: ev.token, rid: run.rid, index: ev.index, trace: ev.trace, entropy: ev.entropy,
       lookup: ev.lookup, lookupPieces: ev.lookup_pieces });
+    (ev.more || []).forEach((p, j) => run.tokens.push({ piece: p, rid: run.rid, index: ev.index + j + 1, trace: null,
+      speculated: true }));     // the same step's further tokens (speculative decoding): no trace of their own
   } else if (ev.type === "output") {
     run.text = run.textBase + ev.text;
     run.heldBack = ev.held_back;
