@@ -14,7 +14,7 @@ MAX_PROMPT_IDS = 4096          # prompt given as ids
 MAX_TOKENS = 1024              # max_tokens of a playground request
 MAX_BURST = 32                 # burst: concurrent requests
 MAX_OTHERS = 16                # determinism: requests beside the measured one
-MAX_TRACE_TOKENS = 48          # trace: prompt (+ generated) tokens; attention is [layers, heads, T, T]
+MAX_TRACE_TOKENS = 96          # trace: prompt (+ generated) tokens; attention is [layers, heads, T, T]
 MAX_TRACE_NEW = 8              # trace: greedy tokens generated after the prompt
 
 B = TypeVar("B", bound=BaseModel)
