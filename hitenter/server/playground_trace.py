@@ -68,6 +68,7 @@ class Traces:
         self.pg = pg
         self.kept: OrderedDict[str, tuple[str, Trace]] = OrderedDict()
         self.norms: dict[int, torch.Tensor] = {}
+        self.one_at_a_time = asyncio.Semaphore(1)    # traced forwards share the CPU with the engine: one at once
 
     def model_of(self, name: str | None) -> Any:
         model = self.pg.engine_of(name).engine.runner.model
@@ -116,8 +117,9 @@ def _make_routes(router: APIRouter, T: Traces) -> None:
         ids, _ = T.pg.prompt_ids_of(eng, body)
         if not ids or len(ids) + body.generate > MAX_TRACE_TOKENS:
             raise HTTPException(400, f"trace: {len(ids)} prompt tokens (+{body.generate}); 1 to {MAX_TRACE_TOKENS} are traced")
-        tr = await asyncio.to_thread(trace_with_generation, model, ids, body.generate,
-                                     frozenset(eng.tokenizer.eog_token_ids))
+        async with T.one_at_a_time:
+            tr = await asyncio.to_thread(trace_with_generation, model, ids, body.generate,
+                                         frozenset(eng.tokenizer.eog_token_ids))
         return summary(T.keep(str(body.model), tr), tr, eng)
 
     @router.post("/trace/attention")
@@ -185,7 +187,8 @@ def _model_routes(router: APIRouter, T: Traces) -> None:
             at = [i for i, t in enumerate(ids) if tok.decode([t]).strip() == body.word]
             if not at:
                 raise HTTPException(400, f"compare: {body.word!r} is not one token of {text!r}")
-            tr = await asyncio.to_thread(trace_forward, model, ids)
+            async with T.one_at_a_time:
+                tr = await asyncio.to_thread(trace_forward, model, ids)
             out.append((tr, at[-1], ids))
         (ta, ia, _), (tb, ib, _) = out
         cos = torch.cosine_similarity(ta.hidden[:, ia], tb.hidden[:, ib], dim=-1)
