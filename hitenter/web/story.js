@@ -57,6 +57,18 @@ export const STEPS = [
       + "step: continuous batching. Send a burst and watch the requests join and leave the batch." },
 ];
 
+// The pipeline at a glance (drawn above every step, the current stage lit): which box each step is about.
+const FLOW = [["text", ["prompt"]], ["tokenizer", ["tokens"]], ["ids", ["ids"]], ["embedding", ["embeddings"]],
+  ["+ position", ["positions"]], ["N × (attention + MLP)", ["attention", "layers"]], ["LM head", ["logits"]],
+  ["softmax", ["softmax"]], ["sampler", ["temperature", "top_k", "top_p", "draw"]], ["next token ↺", ["loop", "prefill", "stops"]],
+  ["batch", ["batching"]]];
+
+function flow(key) {
+  return el("div", { class: "flow", id: "story-flow" }, FLOW.map(([name, keys], i) => [
+    i ? el("span", { class: "arrow" }, "→") : null,
+    el("span", { class: `box ${keys.includes(key) ? "on" : ""}`, dataset: { keys: keys.join(" ") } }, name)]));
+}
+
 function customBody(kind, S) {
   const run = S.run, tr = S.trace;
   if (kind === "prompt") {
@@ -81,7 +93,9 @@ export function storyMode(root, S, onShow) {
   const prev = el("button", { id: "story-prev", onclick: () => show(S.story - 1) }, "← back");
   const next = el("button", { id: "story-next", onclick: () => show(S.story + 1) }, "next →");
   const count = el("span", { class: "note", id: "story-count" });
-  clear(root, rail, el("div", { class: "stage" }, el("div", { class: "stagehead" }, title, el("div", {}, prev, count, next)), text, stage));
+  const flowSlot = el("div");
+  clear(root, rail, el("div", { class: "stage" }, flowSlot, el("div", { class: "stagehead" }, title, el("div", {}, prev, count, next)),
+    text, stage));
   STEPS.forEach((s, i) => rail.append(el("li", { dataset: { i, key: s.key }, onclick: () => show(i) }, el("span", {}, i + 1), s.title)));
 
   function putBack() {
@@ -102,6 +116,7 @@ export function storyMode(root, S, onShow) {
       homes.set(id, mark);
       stage.append(sec);
     }
+    clear(flowSlot, flow(s.key));
     title.textContent = `${i + 1} · ${s.title}`;
     text.textContent = s.text;
     root.dataset.step = s.key;
