@@ -77,6 +77,14 @@ class LLM:
                 eng.abort(rid)
         return [final[rid] for rid in ids]
 
+    def trace(self, prompt: Prompt, max_new_tokens: int = 0) -> Any:
+        """One traced forward of this engine's model (embeddings, hidden states, attention probabilities,
+        rotary angles, logits), outside the scheduler and KV cache; see hitenter/models/trace.py."""
+        from hitenter.models.trace import trace_with_generation
+        eng = self.engine
+        return trace_with_generation(eng.runner.model, eng.encode_prompt(prompt), max_new_tokens,
+                                     frozenset(eng.tokenizer.eog_token_ids))
+
     def chat(self, conversations: list[Message] | Sequence[list[Message]],
              params: SamplingParams | Sequence[SamplingParams] | None = None,
              add_generation_prompt: bool = True, **kwargs: Any) -> list[RequestOutput]:

@@ -69,6 +69,7 @@ def page(server, browser):
     pg.on("pageerror", lambda e: errors.append(str(e)))
     pg.goto(server[0] + "/")
     pg.wait_for_selector("body[data-ready=true]", timeout=20000)
+    pg.click("#view-dash")                 # the page opens in story mode; these tests use the dashboard
     yield pg
     pg.close()
     assert not errors, errors

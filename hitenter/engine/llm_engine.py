@@ -71,6 +71,9 @@ class LLMEngine:
         self._kv_view_until = 0.0
         self._published = threading.Condition()
         self._snapshot = take_snapshot(self.scheduler, self.kv_manager, 0, True)
+        # The playground's hook: the raw logits row of each traced request's latest sampled step (its
+        # first row when speculating), kept so sliders can re-shape it without a model run. Consumers pop.
+        self.last_logits: dict[str, object] = {}
 
     # ---- requests (prepare / submit / request_abort / snapshot: any thread) --------------------------------
     def make_request_id(self) -> str:
@@ -223,6 +226,10 @@ class LLMEngine:
             for rid, tr in zip(ran.sample_request_ids, sampled.trace, strict=True):
                 if tr is not None and rid in self.trace_requests:
                     self.last_traces[rid] = tr
+        if self.trace_requests and ran.logits is not None:
+            for i, rid in enumerate(ran.sample_request_ids):
+                if rid in self.trace_requests:
+                    self.last_logits[rid] = ran.logits[sum(ran.num_rows[:i]) if ran.num_rows else i].clone()
         return dict(zip(ran.sample_request_ids, sampled.token_ids, strict=True))
 
     def _finish(self, request_id: str, status: RequestStatus) -> None:

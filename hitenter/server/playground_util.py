@@ -1,5 +1,5 @@
-"""Helpers of the playground API: SSE framing, token pieces, entropy, the logits tap and the
-page's view of a RequestOutput."""
+"""Helpers of the playground API: SSE framing, token pieces, entropy, the KV map and the page's view
+of a RequestOutput."""
 
 from __future__ import annotations
 
@@ -46,31 +46,14 @@ def entropy_bits(logits: torch.Tensor) -> float:
     return float(-(p[p > 0] * torch.log2(p[p > 0])).sum())
 
 
-class _LogitsTap:
-    """Keeps the raw logits row of every traced step so the sliders can re-shape it without the model.
-
-    The engine does not keep logits, so this wraps ``runner.execute`` once per engine (suggested
-    engine patch: store ``last_logits[rid]`` next to ``last_traces``)."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine, self.latest = engine, {}
-        orig = engine.runner.execute
-
-        def execute(sched: Any) -> Any:
-            out = orig(sched)
-            if out.logits is not None and engine.trace_requests:
-                for i, rid in enumerate(out.sample_request_ids):
-                    if rid in engine.trace_requests:
-                        self.latest[rid] = out.logits[i].clone()
-            return out
-
-        engine.runner.execute = execute
-
-    @classmethod
-    def of(cls, engine: Any) -> _LogitsTap:
-        if getattr(engine, "_playground_tap", None) is None:
-            engine._playground_tap = cls(engine)
-        return engine._playground_tap
+def kv_state(eng: Any) -> dict[str, Any]:
+    """The whole paged cache (call with the engine lock held): blocks that are not pristine-free."""
+    kv = eng.kv_manager
+    snap = kv.snapshot()
+    return {"num_blocks": kv.num_blocks, "block_size": kv.block_size, "num_free": kv.num_free_blocks,
+            "blocks": [[b.block_id, b.ref_cnt, list(b.owners), b.hashed] for b in snap
+                       if b.owners or b.hashed or b.ref_cnt],
+            "free_order": list(kv.pool.free_queue)[:64], "step_counter": eng.step_counter}
 
 
 def _output_event(tok: Any, out: Any, params: SamplingParams, t0: float) -> dict[str, Any]:
@@ -85,6 +68,9 @@ def _output_event(tok: Any, out: Any, params: SamplingParams, t0: float) -> dict
     m = out.metrics
     if m is not None:
         ev.update(ttft=m.time_to_first_token, itl=m.inter_token_latencies, num_preemptions=m.num_preemptions)
+    last = c.token_ids[-1] if c.token_ids else None
+    if c.finish_reason == "stop" and c.stop_reason is None and last in tok.eog_token_ids:
+        ev["end_token"] = piece(tok, last)             # stopped on the model's end token (stop_reason is None)
     if c.finished and isinstance(c.stop_reason, str):      # which tokens the stop string spans
         ends = [len(tok.decode(c.token_ids[: i + 1], skip_special_tokens=params.skip_special_tokens))
                 for i in range(len(c.token_ids))]

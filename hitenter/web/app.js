@@ -1,18 +1,22 @@
 // The playground page: wires the prompt box to the engine's streams and redraws the panels.
 // State lives in `S`; every panel is a pure function of it (see the panel modules).
 import { getJSON, postJSON, streamPost, engineEvents } from "./api.js";
-import { el, clear, visible, pct, live } from "./util.js";
+import { el, clear, visible, pct, live, sequencer } from "./util.js";
 import { renderTokens } from "./tokens.js";
 import { renderDistribution, renderSliders, reshape, renderDice } from "./dist.js";
 import { renderLoop, renderBranch, renderStop } from "./loop.js";
 import { renderTimeline } from "./timeline.js";
 import { kvPanel, renderRequestKV, renderBlockMap } from "./kvmap.js";
-import { breakPanel, renderOverflow, determinismPanel, renderDeterminism, renderTrigram, renderInspector } from "./extras.js";
+import { breakPanel, renderRejected, determinismPanel, renderDeterminism, renderTrigram, renderInspector } from "./extras.js";
+import { newRun as makeRun, consume } from "./runs.js";
+import { inside, traceNow, renderInside } from "./views.js";
+import { renderFast } from "./fast.js";
 
 const $ = (id) => document.getElementById(id);
 const body = (id) => $(id).querySelector(".body");
 const S = { models: [], eng: { kv: null, steps: [], preempted: [] }, es: null, run: null, prev: null, branch: null,
-  tri: null, triSel: null, abort: null, sel: null, sampling: { temperature: 0.8, top_k: -1, top_p: 1, min_p: 0 } };
+  tri: null, triSel: null, abort: null, sel: null, sampling: { temperature: 0.8, top_k: -1, top_p: 1, min_p: 0 },
+  trace: null, story: 0, fast: null, sliders: {} };
 window.playground = S;                       // for the curious (and the tests): the page's whole state
 
 const model = () => $("model").value;
@@ -23,41 +27,12 @@ function params(extra = {}) {
     stop: stop ? [stop] : null, ignore_eos: $("ignore_eos").checked, ...extra };
 }
 const status = (text) => { $("status").textContent = text; };
-
-function newRun(name, mode, p, text) {
-  const m = S.models.find((x) => x.name === name);
-  return { model: name, mode, params: p, promptText: text, rid: null, prompt_ids: null, pieces: [], tokens: [], steps: [],
-    text: "", textBase: "", heldBack: "", finish: null, stopReason: null, stopSpan: null, ttft: null, itl: [], cached: null,
-    error: null, blockSize: m.block_size, bytesPerToken: m.kv_bytes_per_token, templateUsed: false, maxModelLen: m.max_model_len };
-}
-
-// Fold one event of a /generate stream into a run.
-function consume(run, ev) {
-  if (ev.type === "start") {
-    run.rid = ev.request_id;
-    if (!run.prompt_ids) Object.assign(run, { prompt_ids: ev.prompt_ids, pieces: ev.pieces, templateUsed: ev.template_used });
-    if (run.mode === "step") run.steps = [];
-    run.textBase = run.text;
-    run.base = run.tokens.length;
-  } else if (ev.type === "step") {
-    run.steps.push(ev);
-    if (ev.token) run.tokens.push({ piece: ev.token, rid: run.rid, index: ev.index, trace: ev.trace, entropy: ev.entropy,
-      lookup: ev.lookup, lookupPieces: ev.lookup_pieces });
-  } else if (ev.type === "output") {
-    run.text = run.textBase + ev.text;
-    run.heldBack = ev.held_back;
-    Object.assign(run, { ttft: ev.ttft, itl: ev.itl, cached: ev.num_cached_tokens });
-    if (ev.finished) {
-      const budgetLeft = run.params.max_tokens - run.tokens.length;
-      if (run.mode !== "step" || ev.finish_reason === "stop" || budgetLeft <= 0) {
-        run.finish = ev.finish_reason;
-        run.stopReason = ev.stop_reason;
-      }
-      if (ev.stop_span) run.stopSpan = ev.stop_span.map((i) => i + run.base);
-    }
-  } else if (ev.type === "error") {
-    run.error = ev;
-  }
+const newRun = (name, mode, p, text) => makeRun(S.models, name, mode, p, text);
+// Set a sampler slider from code: its value, its readout and the params, as if it had been dragged.
+function setSlider(name, v) {
+  const input = $(`slider-${name}`);
+  input.value = v;
+  input.dispatchEvent(new Event("input"));
 }
 
 let pending = false;
@@ -84,6 +59,7 @@ function render() {
     }
     renderTrigram(body("p-trigram"), S.tri, S.triSel, (i) => { S.triSel = i; render(); });
     renderBlockMap(S.kvNodes.map, S.eng, run && run.rid);
+    renderFast(body("p-fast"), S.fast, run, S.eng);
   });
 }
 
@@ -92,13 +68,14 @@ async function go(run, reqBody, { keep = false } = {}) {
   const ctrl = new AbortController();
   S.abort = ctrl;
   if (!keep) { S.prev = S.run; S.run = run; S.sel = null; S.reshaped = false; S.branch = null; }
-  S.lastBody = reqBody;
+  run.bodies.push(reqBody);
   $("btn-pause").disabled = false;
   status("running…");
   try {
     await streamPost("/generate", reqBody, (ev) => {
       consume(run, ev);
-      if (ev.type === "error") renderOverflow(S.breakOut, ev);
+      if (ev.type === "error") renderRejected(S.breakOut, ev);
+      else if (ev.type === "start") clear(S.breakOut);        // an old rejection does not outlive a good run
       render();
     }, ctrl.signal);
     status(run.error ? "rejected" : `done: ${run.finish || "paused"}`);
@@ -113,7 +90,9 @@ async function go(run, reqBody, { keep = false } = {}) {
 function start(p = params()) {
   const text = $("prompt").value;
   const run = newRun(model(), "stream", p, text);
-  const done = go(run, { model: run.model, text, chat: $("chat").checked, params: p });
+  const done = go(run, { model: run.model, text, chat: $("chat").checked && !info().trigram, params: p });
+  S.modelName = run.model;
+  traceNow(S, { model: run.model, text, chat: $("chat").checked }).then(() => renderInside(S));
   if (info().trigram) { S.tri = run; S.triSel = null; }
   const tri = S.models.find((m) => m.trigram);
   if ($("with_trigram").checked && tri && tri.name !== run.model) {
@@ -148,13 +127,15 @@ function pause() {
 }
 
 async function replay() {
-  if (!S.lastBody || !S.run) return;
   const before = S.run;
+  if (!before || !before.bodies.length) return;
   const run = newRun(before.model, before.mode, before.params, before.promptText);
-  await go(run, S.lastBody);
-  const same = JSON.stringify(before.tokens.map((t) => t.piece.id)) === JSON.stringify(run.tokens.map((t) => t.piece.id));
-  clear(S.replayNode, el("p", { id: "replay", dataset: { match: same, seed: run.params.seed } }, same
-    ? el("span", { class: "ok" }, `replayed with seed ${run.params.seed}: identical ${run.tokens.length} token ids`)
+  S.prev = S.run; S.run = run; S.sel = null; S.reshaped = false; S.branch = null;
+  for (const b of before.bodies) await go(run, b, { keep: true });     // a Step run: its requests, in order
+  const ids = (r) => JSON.stringify(r.tokens.map((t) => t.piece.id));
+  const same = ids(before) === ids(run);
+  clear(S.replayNode, el("p", { id: "replay", dataset: { match: same, seed: run.params.seed, requests: before.bodies.length } }, same
+    ? el("span", { class: "ok" }, `replayed ${before.bodies.length} request(s) with seed ${run.params.seed}: identical ${run.tokens.length} token ids`)
     : el("span", { class: "err" }, "replay differs (was the seed changed, or the seed empty?)")));
 }
 
@@ -191,19 +172,21 @@ async function branch(i, alt) {
 }
 
 // The sliders re-shape the selected step's cached logits (no model run) and set the next request's params.
-let reshaping = false;
+// Every move sends a request; only the answer to the latest one is drawn (answers can arrive out of order).
+const latestReshape = sequencer();
 async function refineSelected() {
   const run = S.run;
   const tok = run && run.tokens[S.sel ?? run.tokens.length - 1];
-  if (!tok || !tok.rid || reshaping) return;
-  reshaping = true;
+  if (!tok || !tok.rid) return;
+  const sent = { ...S.sampling };
   try {
-    const d = await reshape(run.model, tok, S.sampling);
+    const d = await latestReshape(() => reshape(run.model, tok, sent));
+    if (!d) return;
     S.reshaped = true;
-    renderDistribution(S.distNode, d, { chosen: tok.piece.id, reshaped: true,
-      label: `step ${run.tokens.indexOf(tok)} re-shaped with temperature ${S.sampling.temperature}, top_k ${S.sampling.top_k}, `
-        + `top_p ${S.sampling.top_p}, min_p ${S.sampling.min_p}${d.greedy ? " (temperature 0 is greedy: the filters are skipped, argmax wins)" : ""}` });
-  } catch (e) { status(e.message); } finally { reshaping = false; }
+    renderDistribution(S.distNode, d, { chosen: tok.piece.id, reshaped: true, params: sent,
+      label: `step ${run.tokens.indexOf(tok)} re-shaped with temperature ${sent.temperature}, top_k ${sent.top_k}, `
+        + `top_p ${sent.top_p}, min_p ${sent.min_p}${d.greedy ? " (temperature 0 is greedy: the filters are skipped, argmax wins)" : ""}` });
+  } catch (e) { status(e.message); }
 }
 
 async function preview() {
@@ -232,7 +215,7 @@ async function init() {
   const sliders = el("div", { class: "sliders" });
   S.distNode = el("div", { id: "dist" });
   clear(distBody, sliders, S.distNode);
-  renderSliders(sliders, S.sampling, () => refineSelected());
+  S.sliders = renderSliders(sliders, S.sampling, () => refineSelected());
   const dice = el("div", { class: "dice" });
   S.replayNode = el("div");
   clear(body("p-dice"), dice, S.replayNode);
@@ -240,7 +223,7 @@ async function init() {
   S.kvNodes = kvPanel(body("p-kv"), (n) => postJSON("/burst", { model: model(), n,
     text: $("prompt").value, chat: $("chat").checked, max_tokens: Number($("max_tokens").value) }));
   S.breakOut = breakPanel(body("p-break"), {
-    ignoreEos: () => { S.sampling.temperature = 0; $("slider-temperature").value = 0; $("ignore_eos").checked = true;
+    ignoreEos: () => { setSlider("temperature", 0); $("ignore_eos").checked = true;
       $("max_tokens").value = 40; return start(); },
     overflow: () => start(params({ max_tokens: info().max_model_len })),
   });
@@ -257,11 +240,14 @@ async function init() {
   let timer = null;
   $("prompt").addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(preview, 250); });
   $("chat").addEventListener("change", preview);
-  $("model").addEventListener("change", () => { connect(); preview(); });
+  $("model").addEventListener("change", () => { connect(); preview();
+    getJSON(`/fast?model=${encodeURIComponent(model())}`).then((f) => { S.fast = f; render(); }); });
   $("btn-step").addEventListener("click", step);
   $("btn-pause").addEventListener("click", pause);
   $("btn-replay").addEventListener("click", replay);
   connect();
+  inside(S, { $, body, render });
+  getJSON(`/fast?model=${encodeURIComponent(model())}`).then((f) => { S.fast = f; render(); }).catch((e) => status(e.message));
   await preview();
   document.body.dataset.ready = "true";
 }

@@ -6,7 +6,7 @@ const SHOW = 15;   // candidate rows drawn (the engine traces the top 50)
 const STAGES = ["raw", "temperature", "top_k", "top_p", "min_p"];
 
 // Draw the stages of one step: `d` = {candidates: [piece], stages: [{name, probs, kept, num_kept}], entropy?}
-export function renderDistribution(body, d, { chosen = null, reshaped = false, entropy = null, label = "" } = {}) {
+export function renderDistribution(body, d, { chosen = null, reshaped = false, entropy = null, label = "", params = null } = {}) {
   const stages = d.stages.filter((s) => STAGES.includes(s.name));
   const last = d.stages[d.stages.length - 1];
   const head = el("tr", {}, el("th", {}, "token"), stages.map((s) => el("th", {}, s.name === "raw" ? "raw p" : `after ${s.name}`)),
@@ -23,7 +23,8 @@ export function renderDistribution(body, d, { chosen = null, reshaped = false, e
   clear(body,
     live(reshaped ? "reshape_distribution() on the step's cached logits (no model run)" : "the sampler's trace of this step"),
     label ? el("p", { class: "note" }, label) : null,
-    el("table", { id: "dist-table", dataset: { reshaped, kept: last.num_kept } }, head, rows),
+    el("table", { id: "dist-table", dataset: { reshaped, kept: last.num_kept, temperature: params ? params.temperature : "",
+      topK: params ? params.top_k : "", topP: params ? params.top_p : "" } }, head, rows),
     el("p", { class: "note" }, `${last.num_kept} tokens of the vocabulary still possible after the chain; greyed rows were cut.`),
     ent ? el("p", { id: "entropy", dataset: { raw: ent[0], final: ent[ent.length - 1] } },
       `entropy: ${ent[0].toFixed(2)} bits raw → ${ent[ent.length - 1].toFixed(2)} bits after the chain`) : null);

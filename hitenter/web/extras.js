@@ -6,7 +6,7 @@ export function breakPanel(body, actions) {
   const out = el("div", { id: "break-out" });
   clear(body, live("the engine's answers to requests built to fail"),
     el("p", {}, el("button", { id: "btn-ignore-eos", onclick: actions.ignoreEos }, "Ignore the end token"),
-      " greedy (temperature 0) with ignore_eos: nothing stops it but the budget; the loop it falls into is outlined in panel 4."),
+      " greedy (temperature 0) with ignore_eos: nothing stops it but the budget. Panel 4 says whether it fell into a repeating loop within the budget (and outlines it)."),
     el("p", {}, el("button", { id: "btn-overflow", onclick: actions.overflow }, "Overflow the context window"),
       " ask for max_tokens = the whole window on top of the prompt."),
     el("p", {}, el("b", {}, "Overrule one token: "), "click any generated token in panel 4 and pick another; every token after it changes (panel 5)."),
@@ -14,7 +14,14 @@ export function breakPanel(body, actions) {
   return out;
 }
 
-export function renderOverflow(node, ev) {
+// A refused request: a context overflow shows its arithmetic; any other refusal just its reason.
+export function renderRejected(node, ev) {
+  if (!ev.overflow) {
+    clear(node, el("div", { id: "rejected", dataset: { kind: ev.kind, stepsBefore: ev.step_counter, stepsAfter: ev.step_counter_after ?? "" } },
+      el("p", { class: "err" }, `rejected (${ev.kind}): ${ev.error}`),
+      el("p", { class: "note" }, "The engine refused the request before running it; nothing was queued.")));
+    return;
+  }
   clear(node, el("div", { id: "overflow", dataset: { nPrompt: ev.n_prompt_tokens, nCtx: ev.n_ctx, maxTokens: ev.max_tokens ?? "",
     stepsBefore: ev.step_counter, stepsAfter: ev.step_counter_after } },
   el("p", { class: "err" }, `rejected (${ev.kind}): ${ev.error}`),

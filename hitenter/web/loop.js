@@ -41,12 +41,15 @@ export function genChips(tokens, { onPick, cycle = null, span = null, mark = nul
 export function renderLoop(body, run, onPick) {
   const ids = run.tokens.map((t) => t.piece.id);
   const cycle = run.params.ignore_eos && run.finish ? findCycle(ids) : null;
+  const noCycle = run.params.ignore_eos && run.finish && !cycle
+    ? el("p", { class: "note", id: "no-cycle", dataset: { n: ids.length } }, `no repeating loop in these ${ids.length} tokens: `
+      + "greedy decoding ran to the budget without repeating itself (a larger max_tokens may show one).") : null;
   clear(body, live("one RequestOutput per engine step; colours = p of the chosen token"),
     el("p", { class: "note" }, `mode: ${run.mode} · ${run.tokens.length} tokens generated · each token is one more trip through the model`),
     el("div", { class: "row gen", id: "gen-tokens", dataset: { ids: JSON.stringify(ids), finish: run.finish || "" } },
       genChips(run.tokens, { onPick, cycle, span: run.stopSpan })),
     cycle ? el("p", { class: "err", id: "cycle", dataset: { len: cycle.len, start: cycle.start } },
-      `repeating cycle: ${cycle.len} token(s) repeated from token ${cycle.start} on`) : null,
+      `repeating cycle: ${cycle.len} token(s) repeated from token ${cycle.start} on`) : noCycle,
     el("pre", { id: "gen-text" }, run.text + (run.heldBack ? `⟨held back: ${run.heldBack}⟩` : "")),
     el("p", { class: "note" }, "Hover a token for the alternatives; click it to branch (panel 5)."));
 }
@@ -73,11 +76,15 @@ export function renderStop(body, run, eog) {
   const max = run.params.max_tokens || 0;
   const last = run.tokens[n - 1];
   let endInfo = null;
-  if (run.finish === "stop" && typeof run.stopReason === "number" && last && last.trace) {
-    const i = last.trace.candidate_ids.indexOf(run.stopReason);
-    const piece = eog.find((p) => p.id === run.stopReason) || last.piece;
-    endInfo = el("p", { id: "end-token", dataset: { id: run.stopReason, p: i >= 0 ? last.trace.stages[0].probs[i] : "" } },
-      "the end token ", tokenChip(piece), ` was sampled with p = ${pct(i >= 0 ? last.trace.stages[0].probs[i] : null)}`);
+  // an end token: stop_reason is null (the server names it in end_token); a stop_token_ids hit: its id
+  const endId = run.endToken ? run.endToken.id : typeof run.stopReason === "number" ? run.stopReason : null;
+  if (run.finish === "stop" && endId !== null) {
+    const i = last && last.trace ? last.trace.candidate_ids.indexOf(endId) : -1;
+    const piece = run.endToken || eog.find((p) => p.id === endId) || last.piece;
+    const p = i >= 0 ? last.trace.stages[0].probs[i] : null;
+    endInfo = el("p", { id: "end-token", dataset: { id: endId, p: p ?? "" } },
+      run.endToken ? "stopped on the model's end-of-generation token " : "stopped on a stop token ", tokenChip(piece),
+      p === null ? "" : `, sampled with p = ${pct(p)}`, ": the model itself said it was done.");
   }
   clear(body, live("finish_reason / stop_reason of the RequestOutput"),
     el("p", { id: "finish", dataset: { reason: run.finish || "", stop: run.stopReason ?? "" } },

@@ -45,11 +45,35 @@ export function bytes(n) {
   return `${(n / (1 << 20)).toFixed(2)} MiB`;
 }
 
-// A stable colour per request id (so one request has the same colour on every panel).
-export function colourOf(id) {
-  let h = 0;
-  for (const ch of String(id)) h = (h * 31 + ch.charCodeAt(0)) >>> 0;
-  return `hsl(${h % 360} 65% 62%)`;
+// A stable colour per request id (so one request has the same colour on every panel). FNV-1a then a
+// golden-angle spread: ids that differ in one character (pg-…1, pg-…2) land far apart on the wheel.
+export function hueOf(id) {
+  let h = 0x811c9dc5;
+  for (const ch of String(id)) { h ^= ch.charCodeAt(0); h = Math.imul(h, 0x01000193) >>> 0; }
+  h ^= h >>> 15; h = Math.imul(h, 0x2c1b3c6d) >>> 0; h ^= h >>> 12;
+  return Math.round(((h >>> 0) * 137.508) % 360);
+}
+export const colourOf = (id) => `hsl(${hueOf(id)} 65% 62%)`;
+
+// Diverging colour for a signed value scaled to [-1, 1]: blue (negative), white (0), red (positive).
+export function divColour(v) {
+  const a = Math.max(-1, Math.min(1, v));
+  const l = 100 - 45 * Math.abs(a);
+  return a < 0 ? `hsl(215 75% ${l}%)` : `hsl(5 75% ${l}%)`;
+}
+
+// Sequential colour for a weight in [0, 1] (attention): white -> deep blue.
+export const seqColour = (w) => `hsl(222 80% ${Math.round(100 - 62 * Math.max(0, Math.min(1, w)))}%)`;
+
+// A request sequencer: `latest(fn)` runs fn() and resolves only if no later call started meanwhile
+// (so a slow answer to an old slider position never overwrites a newer one).
+export function sequencer() {
+  let n = 0;
+  return async (fn) => {
+    const mine = ++n;
+    const r = await fn();
+    return mine === n ? r : undefined;
+  };
 }
 
 // Colour for a probability: red (unlikely) -> green (likely).

@@ -1,0 +1,140 @@
+"""One traced forward of the engine's own model: everything the playground draws "inside the model".
+
+``trace_forward(model, ids)`` runs the same modules the engine runs (``engine.runner.model``: its
+embedding, each layer's norms and fused projections, its RoPE table, the final norm and the LM head,
+same weights, same dtype) but on its own, with no KV cache, no scheduler and no paging: the engine's
+state is never touched, so untraced requests are not slowed by it (beyond sharing the CPU).
+
+Attention is computed explicitly, in fp32, as ``softmax(Q K^T / sqrt(d) + causal mask) V`` so that the
+probabilities exist to be drawn (the engine's paged kernel never materialises them). The rest runs in
+the model's dtype through the model's own modules. Agreement: tests/test_trace.py (the engine's logits,
+and HF transformers' ``output_attentions`` / ``output_hidden_states`` in fp32 eager).
+
+``hidden[l]`` is the residual stream *before* layer ``l`` (``hidden[0]`` = the token embeddings,
+``hidden[L]`` = after the last layer, before the final norm). HF's last ``hidden_states`` entry is the
+final norm of ``hidden[L]``; ``Trace.final_normed`` holds that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.nn import functional as F
+
+
+@dataclass
+class Trace:
+    token_ids: list[int]                  # prompt ids, then any generated ids
+    num_prompt: int
+    embeddings: torch.Tensor              # [T, dim] the embedding rows of the tokens
+    hidden: torch.Tensor                  # [layers + 1, T, dim] residual stream before each layer / at the end
+    attentions: torch.Tensor              # [layers, heads, T, T] softmax probabilities (query, key)
+    angles: torch.Tensor                  # [T, head_dim / 2] rotary angle (radians) of each dimension pair
+    inv_freq: torch.Tensor                # [head_dim / 2] radians per position of each pair
+    final_normed: torch.Tensor            # [T, dim] the final norm of hidden[-1]
+    logits: torch.Tensor                  # [T, vocab] fp32
+    generated: list[int] = field(default_factory=list)
+
+
+def traceable(model: object) -> bool:
+    """True for the engine's transformer (LlamaModel, single process); False e.g. for the trigram toy."""
+    return all(hasattr(model, a) for a in ("embed", "layers", "norm", "rope", "compute_logits")) \
+        and getattr(model, "tp", None) is None
+
+
+def _attention(layer: torch.nn.Module, rope: torch.nn.Module, x: torch.Tensor,
+               cos_sin: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's attention block on the whole sequence: (output [T, dim] in x's dtype, probs [H, T, T])."""
+    d, t = layer.cfg.head_dim, x.shape[0]
+    qkv = layer.qkv(layer.attn_norm(x))
+    qk = rope.rotate(qkv[:, :layer.q_size + layer.kv_size].view(t, -1, d), cos_sin)
+    q = qk[:, :layer.num_heads].float().transpose(0, 1)                     # [H, T, d]
+    k = qk[:, layer.num_heads:].float().transpose(0, 1)                     # [Hkv, T, d]
+    v = qkv[:, layer.q_size + layer.kv_size:].view(t, layer.num_kv_heads, d).float().transpose(0, 1)
+    group = layer.num_heads // layer.num_kv_heads                           # GQA: each K/V head serves a group
+    k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+    scores = q @ k.transpose(1, 2) * layer.scale
+    mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+    probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+    o = (probs @ v).transpose(0, 1).reshape(t, -1).to(x.dtype)
+    return layer.o_proj(o), probs
+
+
+@torch.inference_mode()
+def trace_forward(model: torch.nn.Module, token_ids: list[int], num_prompt: int | None = None) -> Trace:
+    """The traced forward of ``token_ids`` through ``model`` (see the module doc)."""
+    if not traceable(model):
+        raise ValueError("trace: this model is not a traceable transformer (the trigram toy, or tensor-parallel)")
+    if not token_ids:
+        raise ValueError("trace: no tokens")
+    ids = torch.tensor(token_ids, dtype=torch.long)
+    pos = torch.arange(len(token_ids), dtype=torch.long)
+    x = model.embed(ids)
+    emb = x.float().clone()
+    cos_sin = model.rope.table(pos, x.dtype)
+    hidden, attns = [emb], []
+    for layer in model.layers:
+        a, probs = _attention(layer, model.rope, x, cos_sin)
+        x = x + a
+        gate, up = layer.gate_up(layer.ffn_norm(x)).chunk(2, dim=-1)
+        x = x + layer.down(F.silu(gate) * up)
+        hidden.append(x.float().clone())
+        attns.append(probs)
+    normed = model.norm(x)
+    logits = model.compute_logits(normed)
+    inv_freq = model.rope.inv_freq.float()
+    return Trace(list(token_ids), len(token_ids) if num_prompt is None else num_prompt, emb,
+                 torch.stack(hidden), torch.stack(attns), torch.outer(pos.float(), inv_freq), inv_freq,
+                 normed.float(), logits.float())
+
+
+def trace_with_generation(model: torch.nn.Module, prompt_ids: list[int], max_new_tokens: int = 0,
+                          stop_ids: frozenset[int] = frozenset()) -> Trace:
+    """Trace the prompt, then (optionally) continue greedily for up to ``max_new_tokens`` tokens and trace
+    the whole sequence, so the generated tokens' attention to the prompt is drawn too."""
+    ids = list(prompt_ids)
+    tr = trace_forward(model, ids)
+    new: list[int] = []
+    for _ in range(max_new_tokens):
+        nxt = int(tr.logits[-1].argmax())
+        new.append(nxt)
+        if nxt in stop_ids:
+            break
+        tr = trace_forward(model, ids + new, num_prompt=len(ids))
+    if new and len(tr.token_ids) < len(ids) + len(new):
+        tr = trace_forward(model, ids + new, num_prompt=len(ids))
+    tr.generated = new
+    return tr
+
+
+def logit_lens(model: torch.nn.Module, hidden: torch.Tensor, top: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    """If we stopped at each layer: final norm + LM head on ``hidden`` [L + 1, dim] -> (probs, ids) [L + 1, top]."""
+    with torch.inference_mode():
+        logits = model.compute_logits(model.norm(hidden.to(model.dtype))).float()
+        p = torch.softmax(logits, -1)
+        return p.topk(top, dim=-1)
+
+
+def embedding_table(model: torch.nn.Module) -> torch.Tensor:
+    """The real token embedding table [V, dim] (fp32 view where the model keeps one)."""
+    w = getattr(model.embed, "weight", None)
+    if isinstance(w, torch.Tensor):
+        return w
+    return model.embed(torch.arange(model.config.vocab_size))
+
+
+def nearest_tokens(model: torch.nn.Module, vec: torch.Tensor, top: int = 8,
+                   cache: dict[int, torch.Tensor] | None = None) -> tuple[list[int], list[float]]:
+    """Tokens whose embedding rows are nearest to ``vec`` by cosine similarity."""
+    table = embedding_table(model)
+    key = id(model)
+    norms = cache.get(key) if cache is not None else None
+    if norms is None:
+        norms = table.float().norm(dim=-1).clamp_min(1e-12)
+        if cache is not None:
+            cache[key] = norms
+    with torch.inference_mode():
+        cos = (table.float() @ vec.float()) / (norms * vec.float().norm().clamp_min(1e-12))
+        val, idx = cos.topk(top)
+    return idx.tolist(), val.tolist()

@@ -1,0 +1,216 @@
+"""The playground's "inside the model" routes: traced forwards of the served model (hitenter/models/trace.py)
+and what the panels draw from them. A trace runs in a worker thread on the model's weights, outside the
+engine's lock, scheduler and KV cache: requests that are not traced are not held up by it.
+
+POST /trace makes one (prompt <= MAX_TRACE_TOKENS tokens) and returns its id and summaries; the other
+routes read a kept trace (the last MAX_TRACES) by id: /trace/attention (one layer, all heads),
+/trace/embedding, /trace/lens (residual norms and the logit lens), /trace/logits; /trace/rope and
+/trace/compare need only a model; /fast is the "how it goes fast" panel's numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import OrderedDict
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+import torch
+from fastapi import APIRouter, HTTPException, Request
+
+from hitenter.models.attention import KEY_TILE
+from hitenter.models.trace import (
+    Trace,
+    logit_lens,
+    nearest_tokens,
+    trace_forward,
+    trace_with_generation,
+    traceable,
+)
+from hitenter.server.playground_models import (
+    MAX_TRACE_TOKENS,
+    CompareBody,
+    RopeBody,
+    TraceBody,
+    TraceQuery,
+    parse,
+)
+from hitenter.server.playground_util import piece
+
+if TYPE_CHECKING:
+    from hitenter.server.playground import Playground
+
+MAX_TRACES = 8
+
+
+def r4(x: torch.Tensor) -> Any:
+    """A tensor as nested lists rounded to 4 decimals (JSON size)."""
+    return (x.float() * 1e4).round().div(1e4).tolist()
+
+
+@cache
+def copy_bandwidth() -> float:
+    """Measured memory bandwidth of this machine in bytes/s (one 64 MiB copy: read + write), once."""
+    a = torch.empty(16 << 20, dtype=torch.float32)
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        b.copy_(a)
+        best = min(best, time.perf_counter() - t)
+    return 2 * a.numel() * 4 / best
+
+
+class Traces:
+    def __init__(self, pg: Playground) -> None:
+        self.pg = pg
+        self.kept: OrderedDict[str, tuple[str, Trace]] = OrderedDict()
+        self.norms: dict[int, torch.Tensor] = {}
+        self.one_at_a_time = asyncio.Semaphore(1)    # traced forwards share the CPU with the engine: one at once
+
+    def model_of(self, name: str | None) -> Any:
+        model = self.pg.engine_of(name).engine.runner.model
+        if not traceable(model):
+            raise HTTPException(400, f"model {name!r}: not a transformer that can be traced (the trigram toy?)")
+        return model
+
+    def get(self, trace_id: str) -> tuple[str, Trace, Any]:
+        if trace_id not in self.kept:
+            raise HTTPException(404, "no such trace (only the last few are kept): make one with POST /trace")
+        name, tr = self.kept[trace_id]
+        return name, tr, self.pg.engine_of(name).engine
+
+    def keep(self, name: str, tr: Trace) -> str:
+        tid = f"tr-{uuid.uuid4().hex[:10]}"
+        self.kept[tid] = (name, tr)
+        while len(self.kept) > MAX_TRACES:
+            self.kept.popitem(last=False)
+        return tid
+
+
+def summary(tid: str, tr: Trace, eng: Any) -> dict[str, Any]:
+    cfg, tok = eng.model_config, eng.tokenizer
+    p = torch.softmax(tr.logits[-1], -1)
+    top_p, top_i = p.topk(10)
+    return {"trace_id": tid, "pieces": [piece(tok, t) for t in tr.token_ids], "num_prompt": tr.num_prompt,
+            "generated": tr.generated, "layers": cfg.num_layers, "heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads,
+            "head_dim": cfg.head_dim, "dim": cfg.hidden_size, "vocab": cfg.vocab_size,
+            "norms": r4(tr.hidden.norm(dim=-1)),
+            "next": [{"piece": piece(tok, int(i)), "p": float(q), "logit": float(tr.logits[-1, i])}
+                     for q, i in zip(top_p, top_i, strict=True)]}
+
+
+def _index(tr: Trace, i: int) -> int:
+    if i >= len(tr.token_ids):
+        raise HTTPException(400, f"index: {i} is past the last token ({len(tr.token_ids) - 1})")
+    return i
+
+
+def _make_routes(router: APIRouter, T: Traces) -> None:
+    @router.post("/trace")
+    async def trace(request: Request) -> dict[str, Any]:
+        body = await parse(request, TraceBody)
+        model = T.model_of(body.model)
+        eng = T.pg.engine_of(body.model).engine
+        ids, _ = T.pg.prompt_ids_of(eng, body)
+        if not ids or len(ids) + body.generate > MAX_TRACE_TOKENS:
+            raise HTTPException(400, f"trace: {len(ids)} prompt tokens (+{body.generate}); 1 to {MAX_TRACE_TOKENS} are traced")
+        async with T.one_at_a_time:
+            tr = await asyncio.to_thread(trace_with_generation, model, ids, body.generate,
+                                         frozenset(eng.tokenizer.eog_token_ids))
+        return summary(T.keep(str(body.model), tr), tr, eng)
+
+    @router.post("/trace/attention")
+    async def attention(request: Request) -> dict[str, Any]:
+        q = await parse(request, TraceQuery)
+        _, tr, _ = T.get(q.trace_id)
+        if q.layer >= tr.attentions.shape[0]:
+            raise HTTPException(400, f"layer: {q.layer} >= {tr.attentions.shape[0]} layers")
+        return {"layer": q.layer, "probs": r4(tr.attentions[q.layer])}
+
+    @router.post("/trace/embedding")
+    async def embedding(request: Request) -> dict[str, Any]:
+        q = await parse(request, TraceQuery)
+        _, tr, eng = T.get(q.trace_id)
+        i = _index(tr, q.index)
+        vec = tr.embeddings[i]
+        ids, sims = await asyncio.to_thread(nearest_tokens, eng.runner.model, vec, 8, T.norms)
+        return {"index": i, "piece": piece(eng.tokenizer, tr.token_ids[i]), "vector": r4(vec), "norm": float(vec.norm()),
+                "nearest": [{"piece": piece(eng.tokenizer, t), "cos": s} for t, s in zip(ids, sims, strict=True)]}
+
+    @router.post("/trace/lens")
+    async def lens(request: Request) -> dict[str, Any]:
+        q = await parse(request, TraceQuery)
+        _, tr, eng = T.get(q.trace_id)
+        i = _index(tr, q.index)
+        probs, ids = await asyncio.to_thread(logit_lens, eng.runner.model, tr.hidden[:, i])
+        return {"index": i, "norms": r4(tr.hidden[:, i].norm(dim=-1)),
+                "top": [[{"piece": piece(eng.tokenizer, int(t)), "p": float(p)} for p, t in zip(pr, row, strict=True)]
+                        for pr, row in zip(probs, ids, strict=True)]}
+
+    @router.post("/trace/logits")
+    async def logits(request: Request) -> dict[str, Any]:
+        q = await parse(request, TraceQuery)
+        _, tr, eng = T.get(q.trace_id)
+        row = tr.logits[_index(tr, q.index)]
+        top_l, top_i = row.topk(12)
+        t = max(q.temperature, 1e-4)
+        p1, pt = torch.softmax(row, -1), torch.softmax(row / t, -1)
+        return {"index": q.index, "temperature": q.temperature, "logsumexp": float(torch.logsumexp(row, -1)),
+                "rows": [{"piece": piece(eng.tokenizer, int(i)), "logit": float(v), "p": float(p1[i]), "p_t": float(pt[i])}
+                         for v, i in zip(top_l, top_i, strict=True)]}
+
+
+def _model_routes(router: APIRouter, T: Traces) -> None:
+    @router.post("/trace/rope")
+    async def rope(request: Request) -> dict[str, Any]:
+        """RoPE of the real model: each dimension pair's angle per position, and how the score of a
+        query and key that are the same vector falls off with their distance (mean of cos(d * theta_i))."""
+        body = await parse(request, RopeBody)
+        inv = T.model_of(body.model).rope.inv_freq.float()
+        d = torch.arange(body.max_distance + 1, dtype=torch.float32)
+        return {"inv_freq": inv.tolist(), "head_dim": 2 * inv.numel(),
+                "angles": r4(torch.outer(torch.arange(body.positions, dtype=torch.float32), inv)),
+                "decay": r4(torch.cos(torch.outer(d, inv)).mean(-1))}
+
+    @router.post("/trace/compare")
+    async def compare(request: Request) -> dict[str, Any]:
+        """The same word in two sentences: cosine of its hidden states layer by layer (identical at the
+        embedding, pulled apart by attention to its context), and where it looks in the last layer."""
+        body = await parse(request, CompareBody)
+        model, eng = T.model_of(body.model), T.pg.engine_of(body.model).engine
+        tok, out = eng.tokenizer, []
+        for text in (body.a, body.b):
+            ids = tok.encode(text)[:MAX_TRACE_TOKENS]
+            at = [i for i, t in enumerate(ids) if tok.decode([t]).strip() == body.word]
+            if not at:
+                raise HTTPException(400, f"compare: {body.word!r} is not one token of {text!r}")
+            async with T.one_at_a_time:
+                tr = await asyncio.to_thread(trace_forward, model, ids)
+            out.append((tr, at[-1], ids))
+        (ta, ia, _), (tb, ib, _) = out
+        cos = torch.cosine_similarity(ta.hidden[:, ia], tb.hidden[:, ib], dim=-1)
+        return {"word": body.word, "cos": r4(cos),
+                "looks": [{"pieces": [piece(tok, t) for t in ids], "at": i, "probs": r4(tr.attentions[-1, :, i, :i + 1].mean(0))}
+                          for tr, i, ids in out]}
+
+    @router.get("/fast")
+    async def fast(model: str | None = None) -> dict[str, Any]:
+        eng = T.pg.engine_of(model).engine
+        net = eng.runner.model
+        wb = int(net.weight_bytes()) if hasattr(net, "weight_bytes") else 0
+        kv_tok = eng.model_config.kv_bytes_per_token(eng.runner.kv_caches[0].element_size())
+        layer = getattr(net, "layers", [None])[0]
+        spec = eng.spec
+        return {"weight_format": f"{type(getattr(layer, 'qkv', net)).__name__} · {getattr(net, 'dtype', '')}".replace("torch.", ""),
+                "weight_bytes": wb, "kv_bytes_per_token": kv_tok, "bandwidth": await asyncio.to_thread(copy_bandwidth),
+                "key_tile": KEY_TILE, "max_model_len": eng.max_model_len,
+                "spec": None if spec is None else {"method": spec.method, "k": spec.k}}
+
+
+def trace_routes(router: APIRouter, pg: Playground) -> None:
+    T = Traces(pg)
+    _make_routes(router, T)
+    _model_routes(router, T)

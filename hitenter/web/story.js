@@ -1,0 +1,132 @@
+// Story mode: the journey of one prompt in the order the articles tell it, one step at a time. Each step
+// is a short explanation plus the live panel(s) that show it; the panels are the dashboard's own sections,
+// moved onto the stage while their step is shown and put back afterwards (so they stay live).
+import { el, clear, visible } from "./util.js";
+
+export const STEPS = [
+  { key: "prompt", title: "You hit Enter", panels: [], custom: "prompt",
+    text: "Your text goes to the engine as one request. With the chat template ticked it is first wrapped in the "
+      + "conversation format the model was trained on: role markers and special tokens you never typed." },
+  { key: "tokens", title: "Text becomes tokens", panels: ["p-tokens"],
+    text: "The tokenizer cuts the text into pieces from a fixed vocabulary: common words are one piece, rare ones "
+      + "several, and a leading space is part of the piece. The model only ever sees these pieces." },
+  { key: "ids", title: "Tokens become numbers", panels: [], custom: "ids",
+    text: "Each piece is replaced by its number in the vocabulary. From here on the prompt is a short list of "
+      + "integers; everything after this is arithmetic on them." },
+  { key: "embeddings", title: "Numbers become vectors", panels: ["p-embed"],
+    text: "Each id selects one row of a learned table: a vector of a few hundred numbers. Tokens used alike end up "
+      + "with similar rows, which is why the nearest rows of a word are often its variants." },
+  { key: "positions", title: "Where each token sits", panels: ["p-rope"],
+    text: "A set of vectors has no order. Rotary position embedding turns each pair of numbers in a query and a key "
+      + "by an angle that grows with the position, so their dot product depends on how far apart they are." },
+  { key: "attention", title: "Tokens look at each other", panels: ["p-attn"],
+    text: "In every layer each token scores all earlier tokens (query · key / √d), softmax turns the scores into "
+      + "weights, and it takes the weighted mix of their values. This is how “bank” learns which bank you mean." },
+  { key: "layers", title: "Layer after layer", panels: ["p-resid"],
+    text: "A layer is attention followed by a small MLP, each adding its result onto a running vector (the residual "
+      + "stream). Stacked dozens of times, the last token's vector becomes a description of what should come next." },
+  { key: "logits", title: "One score per token", panels: ["p-logits"],
+    text: "The final vector is compared with every row of the output table: one raw score, a logit, for every token "
+      + "in the vocabulary. Higher means more likely, but these are not probabilities yet." },
+  { key: "softmax", title: "Scores become probabilities", panels: ["p-logits"],
+    text: "Softmax exponentiates each logit and divides by the sum, so the numbers are positive and add up to 1. "
+      + "Moving the temperature here rescales the logits before that step." },
+  { key: "temperature", title: "Temperature", panels: ["p-dist"],
+    text: "The sampler divides the logits by the temperature: below 1 the favourite gets more of the mass, above 1 "
+      + "the tail gets more. Temperature 0 means no dice at all: the top token is taken. Drag the slider." },
+  { key: "top_k", title: "Top-k", panels: ["p-dist"],
+    text: "Top-k keeps only the k most likely tokens and shares the probability among them; everything else is cut "
+      + "(greyed rows). It removes the long tail of unlikely tokens in one stroke." },
+  { key: "top_p", title: "Top-p", panels: ["p-dist"],
+    text: "Top-p keeps the smallest set of best tokens whose probabilities add up to p. When the model is sure, that "
+      + "is one or two tokens; when it hesitates, many." },
+  { key: "draw", title: "The draw", panels: ["p-dice"],
+    text: "Now the dice: with the request's own seed the sampler picks one token in proportion to what is left. "
+      + "The same seed gives the same token, which is what Replay checks." },
+  { key: "loop", title: "The loop and the KV cache", panels: ["p-loop", "p-kv"],
+    text: "The chosen token is appended and the model runs again for the next one. It does not redo the prompt: the "
+      + "keys and values of every earlier token were kept in the KV cache, block by block." },
+  { key: "prefill", title: "Prefill, then decode", panels: ["p-timeline"],
+    text: "The first step reads the whole prompt at once (prefill: many tokens, heavy arithmetic). Each later step "
+      + "reads one new token (decode: light arithmetic, but all the weights are read again)." },
+  { key: "stops", title: "When it stops", panels: ["p-stop"],
+    text: "Generation ends on the model's end token, on a stop string you gave, or when max_tokens runs out. "
+      + "Text that might be the start of a stop string is held back until it is decided." },
+  { key: "batching", title: "Many requests at once", panels: ["p-kv", "p-fast"],
+    text: "A decode step reads all the weights to produce one token, so the server lets many requests share each "
+      + "step: continuous batching. Send a burst and watch the requests join and leave the batch." },
+];
+
+// The pipeline at a glance (drawn above every step, the current stage lit): which box each step is about.
+const FLOW = [["text", ["prompt"]], ["tokenizer", ["tokens"]], ["ids", ["ids"]], ["embedding", ["embeddings"]],
+  ["+ position", ["positions"]], ["N × (attention + MLP)", ["attention", "layers"]], ["LM head", ["logits"]],
+  ["softmax", ["softmax"]], ["sampler", ["temperature", "top_k", "top_p", "draw"]], ["next token ↺", ["loop", "prefill", "stops"]],
+  ["batch", ["batching"]]];
+
+function flow(key) {
+  return el("div", { class: "flow", id: "story-flow" }, FLOW.map(([name, keys], i) => [
+    i ? el("span", { class: "arrow" }, "→") : null,
+    el("span", { class: `box ${keys.includes(key) ? "on" : ""}`, dataset: { keys: keys.join(" ") } }, name)]));
+}
+
+function customBody(kind, S) {
+  const run = S.run, tr = S.trace;
+  if (kind === "prompt") {
+    const text = document.getElementById("prompt").value;
+    return el("div", { class: "bigprompt", id: "story-prompt" }, el("div", { class: "quote" }, text || "(empty)"),
+      el("p", { class: "note" }, `${text.length} characters · chat template ${document.getElementById("chat").checked ? "on" : "off"}`
+        + (run && run.prompt_ids ? ` · sent as ${run.prompt_ids.length} tokens` : "")));
+  }
+  const pieces = tr ? tr.pieces : run && run.pieces ? run.pieces : [];
+  return el("div", { class: "ids", id: "story-ids", dataset: { ids: JSON.stringify(pieces.map((p) => p.id)) } },
+    pieces.length ? pieces.map((p) => el("div", { class: "idcard" }, el("code", {}, p.special ? p.text : visible(p.text)), el("b", {}, p.id)))
+      : el("p", { class: "note" }, "Press Enter first."));
+}
+
+// Mount story mode into `root`; `onShow(step)` lets the page refresh a panel when its step is shown.
+export function storyMode(root, S, onShow) {
+  const homes = new Map();
+  const rail = el("ol", { class: "rail", id: "story-rail" });
+  const title = el("h2", { id: "story-title" });
+  const text = el("p", { id: "story-text", class: "storytext" });
+  const stage = el("div", { id: "story-panels" });
+  const prev = el("button", { id: "story-prev", onclick: () => show(S.story - 1) }, "← back");
+  const next = el("button", { id: "story-next", onclick: () => show(S.story + 1) }, "next →");
+  const count = el("span", { class: "note", id: "story-count" });
+  const flowSlot = el("div");
+  clear(root, rail, el("div", { class: "stage" }, flowSlot, el("div", { class: "stagehead" }, title, el("div", {}, prev, count, next)),
+    text, stage));
+  STEPS.forEach((s, i) => rail.append(el("li", { dataset: { i, key: s.key }, onclick: () => show(i) }, el("span", {}, i + 1), s.title)));
+
+  function putBack() {
+    for (const [id, mark] of homes) mark.parentNode.insertBefore(document.getElementById(id), mark);
+    homes.clear();
+  }
+  function show(i) {
+    i = Math.max(0, Math.min(STEPS.length - 1, i));
+    S.story = i;
+    const s = STEPS[i];
+    putBack();
+    clear(stage);
+    if (s.custom) stage.append(customBody(s.custom, S));
+    for (const id of s.panels) {
+      const sec = document.getElementById(id);
+      const mark = document.createComment(id);
+      sec.parentNode.insertBefore(mark, sec);
+      homes.set(id, mark);
+      stage.append(sec);
+    }
+    clear(flowSlot, flow(s.key));
+    title.textContent = `${i + 1} · ${s.title}`;
+    text.textContent = s.text;
+    root.dataset.step = s.key;
+    root.dataset.index = i;
+    count.textContent = ` ${i + 1} / ${STEPS.length} `;
+    prev.disabled = i === 0;
+    next.disabled = i === STEPS.length - 1;
+    document.querySelectorAll(".sliders input").forEach((inp) => inp.classList.toggle("focus", inp.id === `slider-${s.key}`));
+    rail.querySelectorAll("li").forEach((li, j) => { li.className = j === i ? "on" : j < i ? "done" : ""; });
+    onShow(s);
+  }
+  return { show, putBack, refresh: () => show(S.story ?? 0) };
+}

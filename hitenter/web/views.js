@@ -1,0 +1,73 @@
+// The two views (story mode and the free-form dashboard) and the traced forward behind the
+// "inside the model" panels: one POST /trace per Enter, then each panel asks for its slice.
+import { el, clear, live } from "./util.js";
+import { postJSON } from "./api.js";
+import { renderEmbedding, renderRope } from "./inside.js";
+import { renderAttention, renderCompare } from "./attention.js";
+import { renderResidual, renderLogits } from "./residual.js";
+import { storyMode } from "./story.js";
+
+const INSIDE = ["p-embed", "p-rope", "p-attn", "p-resid", "p-logits"];
+let H = null;          // the page's helpers: $, body, render
+let story = null;
+const node = (id) => (id === "p-attn" ? H.body(id).querySelector(".attn") : H.body(id));
+
+// Trace the prompt on the engine's model (outside its scheduler). Sets S.trace, or S.traceError.
+export async function traceNow(S, req) {
+  const mine = (S.traceSeq = (S.traceSeq || 0) + 1);
+  try {
+    const tr = await postJSON("/trace", req);
+    if (mine !== S.traceSeq) return;
+    Object.assign(S, { trace: tr, traceError: null, embSel: null, lensSel: null, attn: null });
+  } catch (e) {
+    if (mine !== S.traceSeq) return;
+    Object.assign(S, { trace: null, traceError: e.message.replace(/^[^{]*\{"detail":"?|"?\}$/g, "") });
+  }
+}
+
+function traceMissing(S) {
+  for (const id of INSIDE) {
+    clear(node(id), live("a traced forward of the engine's model"), el("p", { class: "note trace-missing" },
+      S.traceError ? `no trace: ${S.traceError}` : "Press Enter to trace the prompt."));
+  }
+}
+
+export async function renderInside(S) {
+  if (!H) return;
+  document.body.dataset.traced = S.trace ? S.trace.trace_id : "";
+  if (!S.trace) { traceMissing(S); return; }
+  const jobs = [renderEmbedding(node("p-embed"), S), renderRope(node("p-rope"), S),
+    renderAttention(node("p-attn"), S), renderResidual(node("p-resid"), S), renderLogits(node("p-logits"), S)];
+  await Promise.all(jobs.map((j) => j.catch((e) => console.warn(e))));
+  document.body.dataset.insideReady = S.trace.trace_id;
+  if (story) story.refresh();
+}
+
+function setView(view) {
+  document.body.dataset.view = view;
+  H.$("story").hidden = view !== "story";
+  H.$("view-story").classList.toggle("on", view === "story");
+  H.$("view-dash").classList.toggle("on", view === "dashboard");
+  if (view === "story") story.refresh();
+  else story.putBack();
+  H.render();
+}
+
+export function inside(S, helpers) {
+  H = helpers;
+  const attnBody = H.body("p-attn");
+  const compareOut = el("div", { id: "compare-out" });
+  clear(attnBody, el("div", { class: "attn" }), el("p", {},
+    el("button", { id: "btn-compare", onclick: () => renderCompare(compareOut, S.modelName || H.$("model").value) },
+      "Compare “bank”"), " I went to the bank to deposit money · I sat by the river bank"), compareOut);
+  traceMissing(S);
+  story = storyMode(H.$("story"), S, () => H.render());
+  H.$("view-story").addEventListener("click", () => setView("story"));
+  H.$("view-dash").addEventListener("click", () => setView("dashboard"));
+  document.addEventListener("keydown", (e) => {
+    if (document.body.dataset.view !== "story" || e.target.closest("textarea, input, select")) return;
+    if (e.key === "ArrowRight") story.show(S.story + 1);
+    if (e.key === "ArrowLeft") story.show(S.story - 1);
+  });
+  setView("story");
+}

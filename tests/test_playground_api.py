@@ -1,0 +1,110 @@
+"""The playground API without a browser: bodies validated (400, never 500), bounds, and the trace routes
+on the tiny model (their numbers against hitenter/models/trace.py directly)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from hitenter.engine.async_engine import AsyncLLMEngine
+from hitenter.engine.llm_engine import LLMEngine
+from hitenter.models.trace import trace_forward
+from hitenter.server.playground import make_playground_router
+
+OPTS = dict(kv_cache_memory=64 * 4 * 512, block_size=4, max_model_len=128, max_num_batched_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def client(tiny_llama_path):
+    eng = LLMEngine(str(tiny_llama_path), **OPTS)
+    tri = LLMEngine("trigram", kv_cache_memory=1 << 16, block_size=4)
+    engines = {"tiny": AsyncLLMEngine(eng), "trigram": AsyncLLMEngine(tri)}
+    app = FastAPI()
+    app.include_router(make_playground_router(engines))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c, eng
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/burst", {"model": "tiny", "n": "abc"}),
+    ("/burst", {"model": "tiny", "n": 10_000}),
+    ("/reshape", {"model": "tiny", "request_id": "x", "index": "abc"}),
+    ("/generate", {"model": "tiny", "prompt_ids": [10**9]}),
+    ("/generate", {"model": "tiny", "text": "hi", "params": {"max_tokens": "many"}}),
+    ("/generate", {"model": "tiny", "text": "hi", "params": {"max_tokens": 10**6}}),
+    ("/generate", {"model": "tiny", "text": "hi", "params": {"temperature": -1}}),
+    ("/determinism", {"model": "tiny", "others": 99}),
+    ("/tokenize", {"model": "tiny", "text": "x" * 100_000}),
+    ("/trace", {"model": "tiny", "text": "hi", "generate": "x"}),
+    ("/trace", {"model": "tiny", "text": "word " * 200, "chat": False}),
+    ("/trace", {"model": "trigram", "text": "hi"}),
+    ("/trace/attention", {"trace_id": 5}),
+    ("/trace/rope", {"model": "tiny", "positions": -3}),
+])
+def test_bad_bodies_are_400(client, path: str, body: object) -> None:
+    c, _ = client
+    r = c.post("/playground/api" + path, json=body)
+    assert r.status_code == 400, (r.status_code, r.text)
+    assert r.json()["detail"]
+
+
+def test_not_json_and_not_an_object_are_400(client) -> None:
+    c, _ = client
+    assert c.post("/playground/api/burst", content=b"{nope", headers={"content-type": "application/json"}).status_code == 400
+    assert c.post("/playground/api/burst", json=[1, 2]).status_code == 400
+
+
+def test_trace_routes_draw_the_models_own_numbers(client) -> None:
+    c, eng = client
+    r = c.post("/playground/api/trace", json={"model": "tiny", "text": "the bank by the river", "chat": False})
+    assert r.status_code == 200, r.text
+    s = r.json()
+    ids = [p["id"] for p in s["pieces"]]
+    ref = trace_forward(eng.runner.model, ids)
+    assert len(s["norms"]) == s["layers"] + 1 and len(s["norms"][0]) == len(ids)
+    att = c.post("/playground/api/trace/attention", json={"trace_id": s["trace_id"], "layer": 1}).json()
+    torch.testing.assert_close(torch.tensor(att["probs"]), ref.attentions[1], atol=1e-4, rtol=0)
+    emb = c.post("/playground/api/trace/embedding", json={"trace_id": s["trace_id"], "index": 2}).json()
+    assert emb["nearest"][0]["piece"]["id"] == ids[2] and abs(emb["nearest"][0]["cos"] - 1) < 1e-4
+    lens = c.post("/playground/api/trace/lens", json={"trace_id": s["trace_id"], "index": len(ids) - 1}).json()
+    assert lens["top"][-1][0]["piece"]["id"] == int(ref.logits[-1].argmax())
+    lg = c.post("/playground/api/trace/logits", json={"trace_id": s["trace_id"], "index": len(ids) - 1,
+                                                       "temperature": 0.5}).json()
+    assert lg["rows"][0]["logit"] == pytest.approx(float(ref.logits[-1].max()), abs=1e-4)
+    assert c.post("/playground/api/trace/lens", json={"trace_id": s["trace_id"], "index": 999}).status_code == 400
+    rope = c.post("/playground/api/trace/rope", json={"model": "tiny", "positions": 4, "max_distance": 8}).json()
+    assert rope["decay"][0] == pytest.approx(1.0) and len(rope["angles"]) == 4
+    fast = c.get("/playground/api/fast", params={"model": "tiny"}).json()
+    assert fast["weight_bytes"] > 0 and fast["bandwidth"] > 0 and fast["key_tile"] > 0
+
+
+def test_get_routes_without_a_model_are_404_not_422(client) -> None:
+    c, _ = client
+    for path in ("/kv", "/fast", "/events"):
+        assert c.get("/playground/api" + path).status_code == 404
+
+
+def sse_events(c, body: dict) -> list[dict]:
+    import json
+
+    with c.stream("POST", "/playground/api/generate", json=body) as r:
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+
+
+def test_speculative_steps_show_their_accepted_tokens(tiny_llama_path) -> None:
+    eng = LLMEngine(str(tiny_llama_path), speculative_method="ngram", num_speculative_tokens=3, **OPTS)
+    app = FastAPI()
+    app.include_router(make_playground_router({"spec": AsyncLLMEngine(eng)}))
+    with TestClient(app) as c:
+        fast = c.get("/playground/api/fast", params={"model": "spec"}).json()
+        assert fast["spec"] == {"method": "ngram", "k": 3}
+        ids = [5, 70, 100, 33, 5, 70, 100, 33, 5, 70, 100, 33, 5, 70]
+        evs = sse_events(c, {"model": "spec", "prompt_ids": ids, "params": {"temperature": 0, "max_tokens": 24,
+                                                                             "ignore_eos": True}})
+    steps = [e for e in evs if e["type"] == "step" and e.get("token")]
+    out = [e for e in evs if e["type"] == "output"][-1]
+    shown = [t["id"] for s in steps for t in [s["token"], *s["more"]]]
+    assert shown == out["token_ids"] and sum(s["accepted"] for s in steps) == len(out["token_ids"])
+    assert max(s["accepted"] for s in steps) > 1          # some step emitted drafted tokens the model accepted

@@ -1,0 +1,166 @@
+"""Story mode and the inside-the-model panels in a real headless Chromium against the real server, and
+one browser check per fixed playground bug (each fails on the code before its fix).
+
+Screenshots of every story step land in test-output/story/ (look at them). Fixtures come from
+test_playground.py (the same server: the tiny llama model and the trigram toy).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_playground import ARGS, CHROMIUM, browser, enter, finished, gen_ids, server  # noqa: F401
+
+from hitenter.models.trace import trace_forward
+
+STORY_SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "story"
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's /usr/bin/chromium")
+KEYS = ["prompt", "tokens", "ids", "embeddings", "positions", "attention", "layers", "logits", "softmax", "temperature",
+        "top_k", "top_p", "draw", "loop", "prefill", "stops", "batching"]
+PANELS = {"tokens": "p-tokens", "embeddings": "p-embed", "positions": "p-rope", "attention": "p-attn", "layers": "p-resid",
+          "logits": "p-logits", "temperature": "p-dist", "draw": "p-dice", "loop": "p-loop", "prefill": "p-timeline",
+          "stops": "p-stop", "batching": "p-fast"}
+
+
+def new_page(browser, server, width: int = 1400):  # noqa: F811
+    pg = browser.new_page(viewport={"width": width, "height": 1000})
+    pg.errors = []
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    pg.goto(server[0] + "/")
+    pg.wait_for_selector("body[data-ready=true]", timeout=20000)
+    return pg
+
+
+def d(pg, sel: str, attr: str) -> str:
+    return pg.get_attribute(sel, f"data-{attr}")
+
+
+def check_step(pg, key: str, eng, ref) -> None:
+    """One story step's live panel, against hitenter/models/trace.py run here on the same engine's model."""
+    ids = ref.token_ids if ref is not None else []
+    if key == "embeddings":
+        pg.locator("#p-embed .tracetoks .tok").nth(3).click()
+        pg.wait_for_selector("#embedding[data-index='3']")
+        assert json.loads(d(pg, "#embedding", "nearest"))[0] == ids[3]
+        assert float(d(pg, "#embedding", "norm")) == pytest.approx(float(ref.embeddings[3].norm()), rel=1e-3)
+    elif key == "positions":
+        assert int(d(pg, "#rope", "pairs")) == eng.model_config.head_dim // 2
+    elif key == "attention" and len(ids) > 2:
+        pg.click("#attn-heads button[data-head='1']")
+        pg.locator("#attn-layer").fill("1")
+        pg.dispatch_event("#attn-layer", "change")
+        pg.wait_for_selector("#attn-heat[data-layer='1'][data-head='1']")
+        q = len(ids) - 2
+        pg.hover(f"#attn-heat .qlab[data-q='{q}']")
+        pg.wait_for_selector(f"#attn-focus[data-q='{q}']")
+        row = pg.eval_on_selector_all(f"#attn-heat .cell[data-q='{q}']", "cs => cs.map(c => +c.dataset.p)")
+        torch.testing.assert_close(torch.tensor(row), ref.attentions[1, 1, q], atol=1e-4, rtol=0)
+        assert int(d(pg, "#attn-focus", "top")) == int(ref.attentions[1, 1, q].argmax())
+        pg.click("#btn-compare")                          # the tiny vocabulary has no " bank": a clear refusal
+        pg.wait_for_selector("#compare, #compare-error")
+    elif key == "layers":
+        assert len(json.loads(d(pg, "#resid-norms", "norms"))) == eng.model_config.num_layers + 1
+        assert pg.locator("#lens tr[data-layer]").count() == eng.model_config.num_layers + 1
+        top = int(pg.get_attribute(f"#lens tr[data-layer='{eng.model_config.num_layers}']", "data-top"))
+        assert top == int(ref.logits[-1].argmax())
+    elif key == "softmax":
+        pg.locator("#logit-temp").fill("0.5")
+        pg.wait_for_selector("#logits[data-temperature='0.5']")
+        assert pg.inner_text("#logit-temp-value") == "0.5"
+        first = float(pg.get_attribute("#logits tr[data-id]", "data-logit"))
+        assert first == pytest.approx(float(ref.logits[-1].max()), abs=1e-3)
+    elif key == "batching":
+        pg.click("#btn-burst")
+        pg.wait_for_function("() => [...document.querySelectorAll('#batchstrip .batchcol')].some(c => +c.dataset.size >= 2)")
+
+
+def walk_story(pg, eng) -> None:
+    STORY_SHOTS.mkdir(parents=True, exist_ok=True)
+    ref = None
+    for i, key in enumerate(KEYS):
+        pg.wait_for_selector(f"#story[data-step='{key}']")
+        if key in PANELS:
+            assert pg.locator(f"#story-panels > #{PANELS[key]}").count() == 1, key
+        if key == "ids":
+            ref = trace_forward(eng.runner.model, json.loads(d(pg, "#story-ids", "ids")))
+        check_step(pg, key, eng, ref)
+        pg.screenshot(path=str(STORY_SHOTS / f"{i + 1:02d}-{key}.png"))
+        if i < len(KEYS) - 1:
+            pg.click("#story-next")
+    assert pg.is_disabled("#story-next")
+
+
+def test_story_walks_prompt_to_batching(browser, server) -> None:  # noqa: F811
+    pg = new_page(browser, server)
+    pg.fill("#prompt", "the deploy failed on the")
+    pg.press("#prompt", "Enter")
+    finished(pg)
+    pg.wait_for_function("() => document.body.dataset.insideReady")
+    walk_story(pg, server[1]["tiny"])
+    pg.click("#view-dash")
+    assert pg.is_visible("#p-attn") and pg.is_visible("#p-fast") and pg.is_hidden("#story")
+    assert float(d(pg, "#fast", "bandwidth")) > 0 and int(d(pg, "#fast", "weight-bytes")) > 0
+    pg.screenshot(path=str(STORY_SHOTS / "dashboard.png"), full_page=True)
+    pg.click("#view-story")
+    assert pg.is_visible("#story") and pg.is_hidden("main")
+    assert not pg.errors, pg.errors
+    pg.close()
+
+
+SMOLLM2 = Path.home() / ".cache" / "hitenter" / "models" / "smollm2-135m-instruct.gguf"
+
+
+@pytest.fixture(scope="module")
+def real_server():
+    """The playground on SmolLM2 (the default model), for the story on real weights."""
+    if not SMOLLM2.exists():
+        pytest.skip(f"{SMOLLM2} is not cached")
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from hitenter.engine.llm_engine import LLMEngine
+    from hitenter.server.api import create_app
+
+    eng = LLMEngine(str(SMOLLM2), max_model_len=512, kv_cache_memory=1 << 26)
+    app = create_app(eng, "smollm2")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    while not srv.started:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", {"smollm2": eng}
+    srv.should_exit = True
+    th.join(10)
+
+
+@pytest.mark.slow
+def test_story_on_smollm2_and_the_bank_comparison(browser, real_server) -> None:  # noqa: F811
+    global STORY_SHOTS
+    pg = new_page(browser, real_server)
+    pg.fill("#max_tokens", "12")
+    pg.fill("#prompt", "What is the capital of France?")
+    pg.press("#prompt", "Enter")
+    finished(pg)
+    pg.wait_for_function("() => document.body.dataset.insideReady", timeout=60000)
+    STORY_SHOTS, tiny_shots = STORY_SHOTS.parent / "story-smollm2", STORY_SHOTS
+    try:
+        walk_story(pg, real_server[1]["smollm2"])
+    finally:
+        STORY_SHOTS = tiny_shots
+    pg.click("#story-rail li[data-key='attention']")
+    pg.click("#btn-compare")
+    pg.wait_for_selector("#compare", timeout=60000)
+    first, last = float(d(pg, "#compare", "first")), float(d(pg, "#compare", "last"))
+    assert first == pytest.approx(1.0, abs=1e-4) and last < 0.95     # same row, then pulled apart by context
+    pg.locator("#p-attn").screenshot(path=str(STORY_SHOTS.parent / "story-smollm2" / "bank-compare.png"))
+    assert not pg.errors, pg.errors
+    pg.close()
