@@ -62,7 +62,9 @@ def test_hitenter_serve_subprocess(served_subprocess: str) -> None:
     with pytest.raises(openai.BadRequestError) as ei:
         client.completions.create(model="tiny-sub", prompt="hi " * 200, max_tokens=4)
     assert ei.value.body["n_ctx"] == 128  # type: ignore[index]
-    assert "hitenter:request_success_total" in httpx.get(url + "/metrics").text
+    assert httpx.get(url + "/metrics").status_code == 401        # behind the key by default
+    auth = {"Authorization": "Bearer k-123"}
+    assert "hitenter:request_success_total" in httpx.get(url + "/metrics", headers=auth).text
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,8 @@ def test_401_without_or_with_wrong_key(server: LiveServer) -> None:
     _err(httpx.get(server.url + "/v1/models"), 401)
     assert _post(server, "/v1/completions", body).status_code == 200
     assert httpx.get(server.url + "/health").status_code == 200         # open
-    assert httpx.get(server.url + "/metrics").status_code == 200        # open
+    _err(httpx.get(server.url + "/metrics"), 401)                       # behind the key unless --metrics-public
+    assert httpx.get(server.url + "/metrics", headers=AUTH).status_code == 200
 
 
 def test_404_unknown_model(server: LiveServer) -> None:

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -14,19 +13,18 @@ from typing import Any
 
 import uvicorn
 
+from hitenter.server.http import uvicorn_config
+from hitenter.testing.net import free_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["LiveServer", "free_port", "live_server", "wait_until"]
 
 
 class LiveServer:
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, header_timeout: float = 10.0) -> None:
         self.app = app
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+        config = uvicorn_config(app, "127.0.0.1", self.port, header_timeout, log_level="warning", lifespan="on",
                                 timeout_graceful_shutdown=3)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -46,8 +44,8 @@ class LiveServer:
 
 
 @contextmanager
-def live_server(app: Any) -> Iterator[LiveServer]:
-    srv = LiveServer(app).start()
+def live_server(app: Any, header_timeout: float = 10.0) -> Iterator[LiveServer]:
+    srv = LiveServer(app, header_timeout).start()
     try:
         yield srv
     finally:

@@ -1,8 +1,9 @@
 """OpenAI-compatible request schemas and the response pieces built from engine outputs.
 
-Requests ignore unknown fields (``extra="ignore"``) like vLLM and OpenAI. Sampling fields are kept
-loosely typed here; :class:`hitenter.sampling_params.SamplingParams` does the real validation and
-its ``ValueError`` messages start with the field name, which becomes the error's ``param``.
+Requests ignore unknown fields (``extra="ignore"``) like vLLM and OpenAI. Integers and floats are
+never booleans (``Int``/``Float``: ``true`` is refused, not read as 1); roles are the four OpenAI
+chat roles. Ranges are left to :class:`hitenter.sampling_params.SamplingParams`, whose ``ValueError``
+messages start with the field name, which becomes the error's ``param``.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from hitenter.sampling_params import SamplingParams
 
@@ -30,15 +31,22 @@ class APIError(Exception):
     """An error with an HTTP status, rendered as ``{"error": {message, type, param, code, **extra}}``."""
 
     TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-             405: "MethodNotAllowedError", 429: "RateLimitError", 500: "InternalServerError",
-             501: "NotImplementedError", 503: "ServiceUnavailableError"}
+             405: "MethodNotAllowedError", 408: "RequestTimeoutError", 413: "RequestTooLargeError",
+             429: "RateLimitError", 500: "InternalServerError", 501: "NotImplementedError",
+             503: "ServiceUnavailableError"}
+    HEADERS = {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": "1"}}
 
-    def __init__(self, status: int, message: str, param: str | None = None, **extra: Any) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 headers: dict[str, str] | None = None, **extra: Any) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.headers = {**self.HEADERS.get(status, {}), **(headers or {})}
         self.extra = extra
+
+    def response(self) -> JSONResponse:
+        return SafeJSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
     def body(self) -> dict[str, Any]:
         err: dict[str, Any] = {"message": self.message, "type": self.TYPES.get(self.status, "APIError"),
@@ -67,6 +75,29 @@ def validation_error(exc: RequestValidationError) -> APIError:
     return APIError(400, msgs, param)
 
 
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorBody(BaseModel):
+    """Every error response: vLLM's shape."""
+    error: ErrorDetail
+
+
+def _no_bool(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise ValueError("must be a number, not a boolean")
+    return v
+
+
+Int = Annotated[int, BeforeValidator(_no_bool)]
+Float = Annotated[float, BeforeValidator(_no_bool)]
+Role = Literal["system", "user", "assistant", "tool"]
+
+
 class _Base(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -77,21 +108,21 @@ class StreamOptions(_Base):
 
 class _SamplingRequest(_Base):
     model: str | None = None
-    n: int = 1
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    seed: int | None = None
+    n: Int = 1
+    temperature: Float | None = None
+    top_p: Float | None = None
+    top_k: Int | None = None
+    min_p: Float | None = None
+    presence_penalty: Float | None = None
+    frequency_penalty: Float | None = None
+    repetition_penalty: Float | None = None
+    logit_bias: dict[str, Float] | None = None
+    seed: Int | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    max_tokens: int | None = None
+    stop_token_ids: list[Int] | None = None
+    max_tokens: Int | None = None
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: Int = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     stream: bool = False
@@ -118,11 +149,11 @@ class _SamplingRequest(_Base):
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = None
+    prompt: str | list[str] | list[Int] | list[list[Int]]
+    logprobs: Int | None = None
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: Int | None = None
 
     def to_sampling_params(self) -> SamplingParams:
         if self.suffix:
@@ -151,7 +182,7 @@ class ContentPart(_Base):
 
 
 class ChatMessage(_Base):
-    role: str
+    role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
@@ -172,8 +203,8 @@ class ChatMessage(_Base):
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
-    max_completion_tokens: int | None = None
+    top_logprobs: Int | None = None
+    max_completion_tokens: Int | None = None
     add_generation_prompt: bool = True
 
     def to_sampling_params(self) -> SamplingParams:
@@ -205,7 +236,7 @@ class TokenizeRequest(_Base):
 
 class DetokenizeRequest(_Base):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[Int]
 
 
 # ---- responses ---------------------------------------------------------------------------------
