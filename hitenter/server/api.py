@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hitenter.engine.async_engine import AsyncLLMEngine
 from hitenter.engine.llm_engine import LLMEngine
@@ -80,8 +81,28 @@ def _mount_playground(app: FastAPI, engines: dict[str, AsyncLLMEngine], guarded:
     except ImportError:           # the playground is optional
         return
     app.include_router(make_playground_router(engines), **guarded)       # its API: behind the key
-    if (WEB_DIR / "index.html").exists():
-        app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="playground")    # last: catches the rest
+    if (WEB_DIR / "index.html").exists():     # last: catches the rest
+        app.mount("/", _StaticOr405(app, StaticFiles(directory=WEB_DIR, html=True)), name="playground")
+
+
+class _StaticOr405:
+    """The page's files, except that an API path asked with the wrong method gets 405 with ``Allow``
+    (under a catch-all mount Starlette would answer it 404 from the static files)."""
+
+    def __init__(self, app: FastAPI, static: ASGIApp) -> None:
+        self.app, self.static = app, static
+        self._methods: dict[str, list[str]] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._methods is None:
+            paths = self.app.openapi()["paths"]
+            self._methods = {p: sorted(m.upper() for m in ops) for p, ops in paths.items()}
+        allowed = self._methods.get(scope.get("root_path", "") + scope["path"]) or self._methods.get(scope["path"])
+        if scope["type"] == "http" and allowed:
+            err = P.APIError(405, "Method Not Allowed", headers={"Allow": ", ".join(allowed)})
+            await err.response()(scope, receive, send)
+            return
+        await self.static(scope, receive, send)
 
 
 def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,

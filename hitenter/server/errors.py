@@ -46,7 +46,10 @@ async def _invalid(_: Request, exc: Exception) -> JSONResponse:
 async def _http(_: Request, exc: Exception) -> JSONResponse:
     """Starlette's own errors (404 path, 405 method with its ``Allow`` header, a router's HTTPException)."""
     assert isinstance(exc, StarletteHTTPException)
-    return P.APIError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {})).response()
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers.setdefault("Allow", "GET, HEAD")    # the static files' 405 (routes send their own Allow)
+    return P.APIError(exc.status_code, str(exc.detail), headers=headers).response()
 
 
 def install_error_handlers(app: FastAPI) -> None:
