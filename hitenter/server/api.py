@@ -70,7 +70,34 @@ def create_app(engine: LLMEngine | AsyncLLMEngine, served_model_name: str | None
     app.include_router(routes_admin.metrics_router, **({} if metrics_public else guarded))
     if playground:
         _mount_playground(app, {m.name: m.engine for m in models.values()}, guarded)
+    _schema_for_served(app, state.roles(), min(m.engine.engine.model_config.vocab_size for m in models.values()))
     return app
+
+
+def _schema_for_served(app: FastAPI, roles: list[str], vocab: int) -> None:
+    """What the schema can say about the served models: the chat roles every template supports, and
+    token ids below the smallest vocabulary (the static bound is 2**31)."""
+    build = app.openapi
+
+    def bound_ids(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("exclusiveMaximum") == P.TOKEN_ID_LIMIT:
+                node["exclusiveMaximum"] = vocab
+            for v in node.values():
+                bound_ids(v)
+        elif isinstance(node, list):
+            for v in node:
+                bound_ids(v)
+
+    def openapi() -> dict[str, Any]:
+        schema = build()
+        components = schema.get("components", {}).get("schemas", {})
+        role = components.get("ChatMessage", {}).get("properties", {}).get("role")
+        if role is not None:
+            role["enum"] = roles
+        bound_ids(components)
+        return schema
+    app.openapi = openapi    # type: ignore[method-assign]
 
 
 def _mount_playground(app: FastAPI, engines: dict[str, AsyncLLMEngine], guarded: dict[str, Any]) -> None:
@@ -80,7 +107,8 @@ def _mount_playground(app: FastAPI, engines: dict[str, AsyncLLMEngine], guarded:
         from hitenter.server.playground import WEB_DIR, make_playground_router
     except ImportError:           # the playground is optional
         return
-    app.include_router(make_playground_router(engines), **guarded)       # its API: behind the key
+    responses = {**error_responses(400, 404, 413, 429), **guarded.get("responses", {})}
+    app.include_router(make_playground_router(engines), **{**guarded, "responses": responses})  # behind the key
     if (WEB_DIR / "index.html").exists():     # last: catches the rest
         app.mount("/", _StaticOr405(app, StaticFiles(directory=WEB_DIR, html=True)), name="playground")
 

@@ -57,6 +57,29 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_middleware(CatchAllMiddleware)
+    _openapi_with_our_errors(app)
+
+
+def _openapi_with_our_errors(app: FastAPI) -> None:
+    """FastAPI documents its 422 validation body on every route; ours is a 400 with the error body."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            ref = {"$ref": "#/components/schemas/ErrorBody"}
+            for item in schema.get("paths", {}).values():
+                for op in item.values():
+                    responses = op.get("responses", {})
+                    if responses.pop("422", None) is not None:
+                        responses.setdefault("400", {"description": _DESCRIPTIONS[400],
+                                                     "content": {"application/json": {"schema": ref}}})
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for name in ("HTTPValidationError", "ValidationError"):
+                components.pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+    app.openapi = openapi    # type: ignore[method-assign]
 
 
 class CatchAllMiddleware:

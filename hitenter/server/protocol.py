@@ -13,11 +13,12 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
+from annotated_types import Interval, MaxLen, MinLen
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Strict, StringConstraints
 
-from hitenter.sampling_params import SamplingParams
+from hitenter.sampling_params import MAX_LOGPROBS, SamplingParams
 
 
 class SafeJSONResponse(JSONResponse):
@@ -93,9 +94,30 @@ def _no_bool(v: Any) -> Any:
     return v
 
 
-Int = Annotated[int, BeforeValidator(_no_bool)]
-Float = Annotated[float, BeforeValidator(_no_bool)]
+_NO_BOOL = BeforeValidator(_no_bool)
+MAX_N = 128          # most completions one request may ask for (n x prompts)
+# Constraints sit before the bool check so that the JSON schema states them (minimum, maximum).
+Int = Annotated[int, _NO_BOOL]
+Float = Annotated[float, _NO_BOOL]
+Bool = Annotated[bool, Strict()]      # true/false only, not 0/1 or "yes"
+TOKEN_ID_LIMIT = 2**31               # the schema states the served vocabulary instead (api._schema_for_served)
+TokenId = Annotated[int, Interval(ge=0, lt=TOKEN_ID_LIMIT), _NO_BOOL]
+Count = Annotated[int, Interval(ge=1, le=MAX_N), _NO_BOOL]
+PositiveInt = Annotated[int, Interval(ge=1), _NO_BOOL]
+NonNegInt = Annotated[int, Interval(ge=0), _NO_BOOL]
+TopK = Annotated[int, Interval(ge=-1), _NO_BOOL]
+Seed = Annotated[int, Interval(ge=-(2**63), le=2**64 - 1), _NO_BOOL]
+NLogprobs = Annotated[int, Interval(ge=0, le=MAX_LOGPROBS), _NO_BOOL]
+Temperature = Annotated[float, Interval(ge=0, le=2), _NO_BOOL]
+TopP = Annotated[float, Interval(gt=0, le=1), _NO_BOOL]
+Fraction = Annotated[float, Interval(ge=0, le=1), _NO_BOOL]
+Penalty = Annotated[float, Interval(ge=-2, le=2), _NO_BOOL]
+PositiveFloat = Annotated[float, Interval(gt=0), _NO_BOOL]
+Bias = Annotated[float, Interval(ge=-100, le=100), _NO_BOOL]
+TokenKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,10}$")]
+NonEmpty = Annotated[str, MinLen(1)]
 Role = Literal["system", "user", "assistant", "tool"]
+MAX_N = 128          # most completions one request may ask for (n x prompts)
 
 
 class _Base(BaseModel):
@@ -103,29 +125,29 @@ class _Base(BaseModel):
 
 
 class StreamOptions(_Base):
-    include_usage: bool = False
+    include_usage: Bool = False
 
 
 class _SamplingRequest(_Base):
     model: str | None = None
-    n: Int = 1
-    temperature: Float | None = None
-    top_p: Float | None = None
-    top_k: Int | None = None
-    min_p: Float | None = None
-    presence_penalty: Float | None = None
-    frequency_penalty: Float | None = None
-    repetition_penalty: Float | None = None
-    logit_bias: dict[str, Float] | None = None
-    seed: Int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[Int] | None = None
-    max_tokens: Int | None = None
-    ignore_eos: bool = False
-    min_tokens: Int = 0
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
-    stream: bool = False
+    n: Count = 1
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: Fraction | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: PositiveFloat | None = None
+    logit_bias: dict[TokenKey, Bias] | None = None
+    seed: Seed | None = None
+    stop: NonEmpty | list[NonEmpty] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    max_tokens: PositiveInt | None = None
+    ignore_eos: Bool = False
+    min_tokens: NonNegInt = 0
+    include_stop_str_in_output: Bool = False
+    skip_special_tokens: Bool = True
+    stream: Bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
 
@@ -149,19 +171,20 @@ class _SamplingRequest(_Base):
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: str | list[str] | list[Int] | list[list[Int]]
-    logprobs: Int | None = None
-    echo: bool = False
-    suffix: str | None = None
-    best_of: Int | None = None
+    prompt: NonEmpty | Annotated[list[NonEmpty], MinLen(1)] | Annotated[list[TokenId], MinLen(1)] \
+        | Annotated[list[Annotated[list[TokenId], MinLen(1)]], MinLen(1)]
+    logprobs: NLogprobs | None = None
+    echo: Bool = False
+    suffix: Annotated[str, MaxLen(0)] | None = None
+    best_of: Count | None = None
 
     def to_sampling_params(self) -> SamplingParams:
         if self.suffix:
-            raise APIError(501, "suffix: is not supported", "suffix")
+            raise APIError(400, "suffix: is not supported", "suffix")
         if self.best_of is not None and self.best_of != self.n:
-            raise APIError(501, "best_of: only best_of == n is supported", "best_of")
+            raise APIError(400, "best_of: only best_of == n is supported", "best_of")
         if self.echo and self.logprobs is not None:
-            raise APIError(501, "echo: echo with logprobs (prompt logprobs) is not supported", "echo")
+            raise APIError(400, "echo: echo with logprobs (prompt logprobs) is not supported", "echo")
         max_tokens = 16 if self.max_tokens is None else self.max_tokens   # OpenAI's legacy default
         return SamplingParams(**self.sampling_kwargs(), max_tokens=max_tokens, logprobs=self.logprobs)
 
@@ -177,8 +200,8 @@ class CompletionRequest(_SamplingRequest):
 
 
 class ContentPart(_Base):
-    type: str
-    text: str | None = None
+    type: Literal["text"]
+    text: str
 
 
 class ChatMessage(_Base):
@@ -201,11 +224,11 @@ class ChatMessage(_Base):
 
 
 class ChatCompletionRequest(_SamplingRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
-    logprobs: bool = False
-    top_logprobs: Int | None = None
-    max_completion_tokens: Int | None = None
-    add_generation_prompt: bool = True
+    messages: Annotated[list[ChatMessage], MinLen(1)]
+    logprobs: Bool = False
+    top_logprobs: NLogprobs | None = None
+    max_completion_tokens: PositiveInt | None = None
+    add_generation_prompt: Bool = True
 
     def to_sampling_params(self) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
@@ -228,15 +251,18 @@ class ChatCompletionRequest(_SamplingRequest):
 
 
 class TokenizeRequest(_Base):
+    """Exactly one of ``prompt`` or ``messages`` (neither may be null)."""
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"oneOf": [{"required": ["prompt"]},
+                                                                        {"required": ["messages"]}]})
     model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
-    add_generation_prompt: bool = True
+    prompt: str = None                                                 # type: ignore[assignment]
+    messages: Annotated[list[ChatMessage], MinLen(1)] = None           # type: ignore[assignment]
+    add_generation_prompt: Bool = True
 
 
 class DetokenizeRequest(_Base):
     model: str | None = None
-    tokens: list[Int]
+    tokens: list[TokenId]
 
 
 # ---- responses ---------------------------------------------------------------------------------

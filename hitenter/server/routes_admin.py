@@ -16,8 +16,8 @@ health_router = APIRouter()
 metrics_router = APIRouter()
 
 
-@health_router.get("/health", responses={200: {"description": "every engine loop is running"},
-                                         **error_responses(503)})
+@health_router.get("/health", response_class=Response,
+                   responses={200: {"description": "every engine loop is running (empty body)"}, **error_responses(503)})
 async def health(state: State) -> Response:
     if all(m.engine.is_alive for m in state.models.values()):
         return Response(status_code=200)

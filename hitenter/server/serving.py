@@ -21,7 +21,6 @@ from hitenter.server.sse import DONE, Handle, RequestStreams, abort_soon, add_re
 from hitenter.server.state import ServedModel, ServerState
 
 log = logging.getLogger("hitenter.server")
-MAX_N = 128          # most completions one request may ask for (n x prompts)
 Streamer = Callable[[AsyncIterator[tuple[int, RequestOutput]]], AsyncIterator[dict[str, Any]]]
 Builder = Callable[[list[RequestOutput]], dict[str, Any]]
 
@@ -31,8 +30,8 @@ def params_of(req: P.CompletionRequest | P.ChatCompletionRequest, n_prompts: int
         params = req.to_sampling_params()
     except (ValueError, OverflowError, TypeError) as e:
         raise P.APIError(400, str(e), P.param_of(str(e))) from e
-    if params.n * n_prompts > MAX_N:
-        raise P.APIError(400, f"n: at most {MAX_N} completions per request (n x prompts)", "n")
+    if params.n * n_prompts > P.MAX_N:
+        raise P.APIError(400, f"n: at most {P.MAX_N} completions per request (n x prompts)", "n")
     return params
 
 

@@ -58,6 +58,11 @@ class ServerState:
     def default(self) -> ServedModel:
         return next(iter(self.models.values()))
 
+    def roles(self) -> list[str]:
+        """Chat roles every served model accepts ('tool' only where the chat template knows it)."""
+        tool = all(supports_tool(m) for m in self.models.values())
+        return ["system", "user", "assistant"] + (["tool"] if tool else [])
+
     def model_for(self, name: str | None) -> ServedModel:
         if not name:
             return self.default
@@ -93,10 +98,13 @@ async def encode(m: ServedModel, prompt: str | list[int], param: str) -> list[in
         raise P.APIError(400, f"{param}: could not be tokenized: {e}", param) from e
 
 
+def supports_tool(m: ServedModel) -> bool:
+    return "tool" in (getattr(m.tokenizer, "chat_template", None) or "")
+
+
 def _role_problem(m: ServedModel, messages: list[dict[str, Any]]) -> P.APIError | None:
-    template = getattr(m.tokenizer, "chat_template", None) or ""
     for i, msg in enumerate(messages):
-        if msg["role"] == "tool" and "tool" not in template:
+        if msg["role"] == "tool" and not supports_tool(m):
             return P.APIError(400, f"messages.{i}.role: this model's chat template has no 'tool' role",
                               f"messages.{i}.role")
     return None
