@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -25,41 +24,16 @@ from pathlib import Path
 
 import httpx
 
-from hitenter.testing.net import free_port
+from hitenter.testing.serve import serve_subprocess
 
-REPO = Path(__file__).resolve().parents[1]
 KEY = "sk-reliability"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @contextmanager
 def served(model: str, extra: list[str]) -> Iterator[tuple[str, int]]:
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "hitenter.cli", "serve", "--model", model, "--port", str(port), "--api-key", KEY,
-           "--extra-model", "none", *extra]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"the server exited: {proc.stderr.read() if proc.stderr else ''}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("the server did not come up")
-            time.sleep(0.3)
+    with serve_subprocess(["--model", model, "--api-key", KEY, "--extra-model", "none", *extra]) as (url, proc):
         yield url, proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def rss_mb(pid: int) -> float:
@@ -96,8 +70,11 @@ def schemathesis(url: str, examples: int, out: Path) -> dict[str, object]:
            "--exclude-path", "/playground/api/events",        # an endless event stream by design
            "--report", "ndjson", "--report-ndjson-path", str(report)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    tail = "\n".join(proc.stdout.strip().splitlines()[-40:])
-    return {"exit": proc.returncode, "summary": tail}
+    lines = proc.stdout.strip().splitlines()
+    failures = [ln[:240] for ln in lines if ln.startswith("___") or ln.startswith("- ST") or ln.startswith("    `{")]
+    summary = lines[lines.index(next(ln for ln in lines if "SUMMARY" in ln)):] if any("SUMMARY" in ln for ln in lines) \
+        else lines[-40:]
+    return {"exit": proc.returncode, "summary": "\n".join(failures + summary)}
 
 
 def main() -> int:

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from test_server_util import LiveServer, live_server
+from test_server_util import LiveServer, assert_error, live_server
 
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.server.api import create_app
@@ -45,13 +45,7 @@ def server(app: Any) -> Iterator[LiveServer]:
         yield srv
 
 
-def _err(r: httpx.Response, status: int, param: str | None = None) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    e = r.json()["error"]
-    assert set(e) >= {"message", "type", "param", "code"} and e["code"] == status and e["message"]
-    if param is not None:
-        assert e["param"] == param, e
-    return e
+_err = assert_error
 
 
 def test_every_guarded_route_needs_the_key(client: TestClient) -> None:

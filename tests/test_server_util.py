@@ -11,12 +11,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import uvicorn
 
 from hitenter.server.http import uvicorn_config
 from hitenter.testing.net import free_port
 
-__all__ = ["LiveServer", "free_port", "live_server", "wait_until"]
+__all__ = ["LiveServer", "assert_error", "free_port", "live_server", "wait_until"]
+
+
+def assert_error(r: httpx.Response, status: int, param: str | None = None) -> dict[str, Any]:
+    """``r`` is an error with this status in vLLM's shape (and this ``param`` when given); its body."""
+    assert r.status_code == status, r.text
+    e: dict[str, Any] = r.json()["error"]
+    assert set(e) >= {"message", "type", "param", "code"} and e["code"] == status and e["message"]
+    if param is not None:
+        assert e["param"] == param, e
+    return e
 
 
 class LiveServer:

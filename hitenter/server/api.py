@@ -48,6 +48,8 @@ def create_app(engine: LLMEngine | AsyncLLMEngine, served_model_name: str | None
     for name, e in (extra_engines or {}).items():
         models[name] = _served(name, e, max_queued_requests)
     state = ServerState(models, ServerMetrics(list(models)), allow_special_tokens_in_content)
+    for m in models.values():
+        _ = m.max_prompt_chars     # now, not on the first request's event loop (Qwen's 151k vocabulary: ~1 s)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

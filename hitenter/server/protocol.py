@@ -170,7 +170,14 @@ class _SamplingRequest(_Base):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+def _requires(field: str, value: Any, then: dict[str, Any]) -> dict[str, Any]:
+    """JSON Schema for a rule between fields: when ``field`` is ``value``, ``then`` holds."""
+    return {"if": {"properties": {field: value}, "required": [field]}, "then": {"properties": then}}
+
+
 class CompletionRequest(_SamplingRequest):
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_requires(
+        "echo", {"const": True}, {"logprobs": {"type": "null"}}))     # echo with logprobs: not supported
     prompt: NonEmpty | Annotated[list[NonEmpty], MinLen(1)] | Annotated[list[TokenId], MinLen(1)] \
         | Annotated[list[Annotated[list[TokenId], MinLen(1)]], MinLen(1)]
     logprobs: NLogprobs | None = None
@@ -224,6 +231,8 @@ class ChatMessage(_Base):
 
 
 class ChatCompletionRequest(_SamplingRequest):
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_requires(
+        "top_logprobs", {"type": "integer"}, {"logprobs": {"const": True}}))
     messages: Annotated[list[ChatMessage], MinLen(1)]
     logprobs: Bool = False
     top_logprobs: NLogprobs | None = None
