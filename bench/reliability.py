@@ -69,7 +69,7 @@ def schemathesis(url: str, examples: int, out: Path) -> dict[str, object]:
            "--checks", "all", "--request-timeout", "30", "--seed", "1", "--max-failures", "200",
            "--exclude-path", "/playground/api/events",        # an endless event stream by design
            "--report", "ndjson", "--report-ndjson-path", str(report)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out)     # its .schemathesis cache: there
     lines = proc.stdout.strip().splitlines()
     failures = [ln[:240] for ln in lines if ln.startswith("___") or ln.startswith("- ST") or ln.startswith("    `{")]
     summary = lines[lines.index(next(ln for ln in lines if "SUMMARY" in ln)):] if any("SUMMARY" in ln for ln in lines) \

@@ -106,7 +106,7 @@ Count = Annotated[int, Interval(ge=1, le=MAX_N), _NO_BOOL]
 PositiveInt = Annotated[int, Interval(ge=1), _NO_BOOL]
 NonNegInt = Annotated[int, Interval(ge=0), _NO_BOOL]
 TopK = Annotated[int, Interval(ge=-1), _NO_BOOL]
-Seed = Annotated[int, Interval(ge=-(2**63), le=2**64 - 1), _NO_BOOL]
+Seed = Annotated[int, Interval(ge=-(2**63), le=2**63), _NO_BOOL]    # bounds exact as JSON numbers (doubles)
 NLogprobs = Annotated[int, Interval(ge=0, le=MAX_LOGPROBS), _NO_BOOL]
 Temperature = Annotated[float, Interval(ge=0, le=2), _NO_BOOL]
 TopP = Annotated[float, Interval(gt=0, le=1), _NO_BOOL]
