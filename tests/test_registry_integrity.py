@@ -32,7 +32,7 @@ def cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path.parent.mkdir(parents=True)
     path.write_bytes(PAYLOAD)
     assert resolve_model("fake-cached") == path
-    assert path.with_name(path.name + ".sha256").is_file()
+    assert path.with_name(path.name + ".verified").is_file() and path.with_name(path.name + ".sha256").is_file()
     return path
 
 
@@ -67,12 +67,12 @@ def test_unwritable_cache_without_the_file(tmp_path: Path, monkeypatch: pytest.M
 
 def test_read_only_cache_without_sidecar_rehashes(cached: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stale sidecar that cannot be rewritten: the file is hashed and served, no OSError escapes."""
-    side = cached.with_name(cached.name + ".sha256")
+    side = cached.with_name(cached.name + ".verified")
     side.write_text("stale\n")
     real_write = Path.write_text
 
     def read_only(self: Path, *a: object, **k: object) -> int:
-        if self == side:
+        if self.parent == side.parent:
             raise PermissionError(13, "Read-only file system", str(self))
         return real_write(self, *a, **k)   # type: ignore[arg-type]
     monkeypatch.setattr(Path, "write_text", read_only)

