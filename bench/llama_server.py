@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,11 +23,7 @@ from typing import IO
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from hitenter.testing.net import free_port
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

@@ -114,8 +114,21 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
     extra = ["trigram"] if a.extra_model is None else [m for m in a.extra_model if m != "none"]
     serve(model=a.model, host=a.host, port=a.port, api_key=a.api_key, served_model_name=a.served_model_name,
-          max_queued_requests=a.max_queued_requests, extra_models=extra, **_engine_kwargs(a))
+          max_queued_requests=a.max_queued_requests, extra_models=extra, max_body_bytes=a.max_body_bytes,
+          header_timeout=a.header_timeout, metrics_public=a.metrics_public,
+          allow_special_tokens_in_content=a.allow_special_tokens_in_content, **_engine_kwargs(a))
     return 0
+
+
+def _server_guard_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-body-bytes", type=int, default=4 << 20,
+                   help="largest request body accepted; larger ones get 413 before parsing (default 4 MiB)")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a client has to send a request's headers before 408 and close (default 10)")
+    p.add_argument("--metrics-public", action="store_true",
+                   help="serve /metrics without the --api-key (default: behind it)")
+    p.add_argument("--allow-special-tokens-in-content", action="store_true",
+                   help="trusted callers only: special-token text in chat messages becomes control tokens")
 
 
 def cmd_pull(a: argparse.Namespace) -> int:
@@ -186,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--max-queued-requests", type=int, default=256)
     p.add_argument("--extra-model", action="append", help="also serve this model (repeatable; default: the playground's trigram toy model; 'none' for none)")
+    _server_guard_flags(p)
     p.set_defaults(fn=cmd_serve)
     p = sub.add_parser("pull", help="download a known model into the cache")
     p.add_argument("name", nargs="?")

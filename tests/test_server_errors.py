@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_server_util import LiveServer, live_server, wait_until
+from test_server_util import LiveServer, assert_error, live_server, wait_until
 
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.server.api import create_app
@@ -31,13 +31,7 @@ def server(engine: LLMEngine) -> Iterator[LiveServer]:
         yield srv
 
 
-def _err(r: httpx.Response, status: int, param: str | None = None) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    e = r.json()["error"]
-    assert set(e) >= {"message", "type", "param", "code"} and e["code"] == status and e["message"]
-    if param is not None:
-        assert e["param"] == param, e
-    return e
+_err = assert_error
 
 
 def _post(srv: LiveServer, path: str, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -51,7 +45,8 @@ def test_401_without_or_with_wrong_key(server: LiveServer) -> None:
     _err(httpx.get(server.url + "/v1/models"), 401)
     assert _post(server, "/v1/completions", body).status_code == 200
     assert httpx.get(server.url + "/health").status_code == 200         # open
-    assert httpx.get(server.url + "/metrics").status_code == 200        # open
+    _err(httpx.get(server.url + "/metrics"), 401)                       # behind the key unless --metrics-public
+    assert httpx.get(server.url + "/metrics", headers=AUTH).status_code == 200
 
 
 def test_404_unknown_model(server: LiveServer) -> None:

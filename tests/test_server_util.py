@@ -5,28 +5,37 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import uvicorn
 
+from hitenter.server.http import uvicorn_config
+from hitenter.testing.net import free_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["LiveServer", "assert_error", "free_port", "live_server", "wait_until"]
+
+
+def assert_error(r: httpx.Response, status: int, param: str | None = None) -> dict[str, Any]:
+    """``r`` is an error with this status in vLLM's shape (and this ``param`` when given); its body."""
+    assert r.status_code == status, r.text
+    e: dict[str, Any] = r.json()["error"]
+    assert set(e) >= {"message", "type", "param", "code"} and e["code"] == status and e["message"]
+    if param is not None:
+        assert e["param"] == param, e
+    return e
 
 
 class LiveServer:
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, header_timeout: float = 10.0) -> None:
         self.app = app
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+        config = uvicorn_config(app, "127.0.0.1", self.port, header_timeout, log_level="warning", lifespan="on",
                                 timeout_graceful_shutdown=3)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -46,8 +55,8 @@ class LiveServer:
 
 
 @contextmanager
-def live_server(app: Any) -> Iterator[LiveServer]:
-    srv = LiveServer(app).start()
+def live_server(app: Any, header_timeout: float = 10.0) -> Iterator[LiveServer]:
+    srv = LiveServer(app, header_timeout).start()
     try:
         yield srv
     finally:

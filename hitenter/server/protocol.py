@@ -1,8 +1,9 @@
 """OpenAI-compatible request schemas and the response pieces built from engine outputs.
 
-Requests ignore unknown fields (``extra="ignore"``) like vLLM and OpenAI. Sampling fields are kept
-loosely typed here; :class:`hitenter.sampling_params.SamplingParams` does the real validation and
-its ``ValueError`` messages start with the field name, which becomes the error's ``param``.
+Requests ignore unknown fields (``extra="ignore"``) like vLLM and OpenAI. Integers and floats are
+never booleans (``Int``/``Float``: ``true`` is refused, not read as 1); roles are the four OpenAI
+chat roles. Ranges are left to :class:`hitenter.sampling_params.SamplingParams`, whose ``ValueError``
+messages start with the field name, which becomes the error's ``param``.
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from annotated_types import Interval, MaxLen, MinLen
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Strict, StringConstraints
 
-from hitenter.sampling_params import SamplingParams
+from hitenter.sampling_params import MAX_LOGPROBS, SamplingParams
 
 
 class SafeJSONResponse(JSONResponse):
@@ -30,15 +32,22 @@ class APIError(Exception):
     """An error with an HTTP status, rendered as ``{"error": {message, type, param, code, **extra}}``."""
 
     TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-             405: "MethodNotAllowedError", 429: "RateLimitError", 500: "InternalServerError",
-             501: "NotImplementedError", 503: "ServiceUnavailableError"}
+             405: "MethodNotAllowedError", 408: "RequestTimeoutError", 413: "RequestTooLargeError",
+             429: "RateLimitError", 500: "InternalServerError", 501: "NotImplementedError",
+             503: "ServiceUnavailableError"}
+    HEADERS = {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": "1"}}
 
-    def __init__(self, status: int, message: str, param: str | None = None, **extra: Any) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 headers: dict[str, str] | None = None, **extra: Any) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.headers = {**self.HEADERS.get(status, {}), **(headers or {})}
         self.extra = extra
+
+    def response(self) -> JSONResponse:
+        return SafeJSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
     def body(self) -> dict[str, Any]:
         err: dict[str, Any] = {"message": self.message, "type": self.TYPES.get(self.status, "APIError"),
@@ -67,34 +76,78 @@ def validation_error(exc: RequestValidationError) -> APIError:
     return APIError(400, msgs, param)
 
 
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorBody(BaseModel):
+    """Every error response: vLLM's shape."""
+    error: ErrorDetail
+
+
+def _no_bool(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise ValueError("must be a number, not a boolean")
+    return v
+
+
+_NO_BOOL = BeforeValidator(_no_bool)
+MAX_N = 128          # most completions one request may ask for (n x prompts)
+# Constraints sit before the bool check so that the JSON schema states them (minimum, maximum).
+Int = Annotated[int, _NO_BOOL]
+Float = Annotated[float, _NO_BOOL]
+Bool = Annotated[bool, Strict()]      # true/false only, not 0/1 or "yes"
+TOKEN_ID_LIMIT = 2**31               # the schema states the served vocabulary instead (api._schema_for_served)
+TokenId = Annotated[int, Interval(ge=0, lt=TOKEN_ID_LIMIT), _NO_BOOL]
+Count = Annotated[int, Interval(ge=1, le=MAX_N), _NO_BOOL]
+PositiveInt = Annotated[int, Interval(ge=1), _NO_BOOL]
+NonNegInt = Annotated[int, Interval(ge=0), _NO_BOOL]
+TopK = Annotated[int, Interval(ge=-1), _NO_BOOL]
+Seed = Annotated[int, Interval(ge=-(2**63), le=2**63), _NO_BOOL]    # bounds exact as JSON numbers (doubles)
+NLogprobs = Annotated[int, Interval(ge=0, le=MAX_LOGPROBS), _NO_BOOL]
+Temperature = Annotated[float, Interval(ge=0, le=2), _NO_BOOL]
+TopP = Annotated[float, Interval(gt=0, le=1), _NO_BOOL]
+Fraction = Annotated[float, Interval(ge=0, le=1), _NO_BOOL]
+Penalty = Annotated[float, Interval(ge=-2, le=2), _NO_BOOL]
+PositiveFloat = Annotated[float, Interval(gt=0), _NO_BOOL]
+Bias = Annotated[float, Interval(ge=-100, le=100), _NO_BOOL]
+TokenKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,10}$")]
+NonEmpty = Annotated[str, MinLen(1)]
+Role = Literal["system", "user", "assistant", "tool"]
+MAX_N = 128          # most completions one request may ask for (n x prompts)
+
+
 class _Base(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
 class StreamOptions(_Base):
-    include_usage: bool = False
+    include_usage: Bool = False
 
 
 class _SamplingRequest(_Base):
     model: str | None = None
-    n: int = 1
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    max_tokens: int | None = None
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
-    stream: bool = False
+    n: Count = 1
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: Fraction | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: PositiveFloat | None = None
+    logit_bias: dict[TokenKey, Bias] | None = None
+    seed: Seed | None = None
+    stop: NonEmpty | list[NonEmpty] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    max_tokens: PositiveInt | None = None
+    ignore_eos: Bool = False
+    min_tokens: NonNegInt = 0
+    include_stop_str_in_output: Bool = False
+    skip_special_tokens: Bool = True
+    stream: Bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
 
@@ -117,20 +170,28 @@ class _SamplingRequest(_Base):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+def _requires(field: str, value: Any, then: dict[str, Any]) -> dict[str, Any]:
+    """JSON Schema for a rule between fields: when ``field`` is ``value``, ``then`` holds."""
+    return {"if": {"properties": {field: value}, "required": [field]}, "then": {"properties": then}}
+
+
 class CompletionRequest(_SamplingRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = None
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_requires(
+        "echo", {"const": True}, {"logprobs": {"type": "null"}}))     # echo with logprobs: not supported
+    prompt: NonEmpty | Annotated[list[NonEmpty], MinLen(1)] | Annotated[list[TokenId], MinLen(1)] \
+        | Annotated[list[Annotated[list[TokenId], MinLen(1)]], MinLen(1)]
+    logprobs: NLogprobs | None = None
+    echo: Bool = False
+    suffix: Annotated[str, MaxLen(0)] | None = None
+    best_of: Count | None = None
 
     def to_sampling_params(self) -> SamplingParams:
         if self.suffix:
-            raise APIError(501, "suffix: is not supported", "suffix")
+            raise APIError(400, "suffix: is not supported", "suffix")
         if self.best_of is not None and self.best_of != self.n:
-            raise APIError(501, "best_of: only best_of == n is supported", "best_of")
+            raise APIError(400, "best_of: only best_of == n is supported", "best_of")
         if self.echo and self.logprobs is not None:
-            raise APIError(501, "echo: echo with logprobs (prompt logprobs) is not supported", "echo")
+            raise APIError(400, "echo: echo with logprobs (prompt logprobs) is not supported", "echo")
         max_tokens = 16 if self.max_tokens is None else self.max_tokens   # OpenAI's legacy default
         return SamplingParams(**self.sampling_kwargs(), max_tokens=max_tokens, logprobs=self.logprobs)
 
@@ -146,12 +207,12 @@ class CompletionRequest(_SamplingRequest):
 
 
 class ContentPart(_Base):
-    type: str
-    text: str | None = None
+    type: Literal["text"]
+    text: str
 
 
 class ChatMessage(_Base):
-    role: str
+    role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
@@ -170,11 +231,13 @@ class ChatMessage(_Base):
 
 
 class ChatCompletionRequest(_SamplingRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
-    logprobs: bool = False
-    top_logprobs: int | None = None
-    max_completion_tokens: int | None = None
-    add_generation_prompt: bool = True
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_requires(
+        "top_logprobs", {"type": "integer"}, {"logprobs": {"const": True}}))
+    messages: Annotated[list[ChatMessage], MinLen(1)]
+    logprobs: Bool = False
+    top_logprobs: NLogprobs | None = None
+    max_completion_tokens: PositiveInt | None = None
+    add_generation_prompt: Bool = True
 
     def to_sampling_params(self) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
@@ -197,15 +260,18 @@ class ChatCompletionRequest(_SamplingRequest):
 
 
 class TokenizeRequest(_Base):
+    """Exactly one of ``prompt`` or ``messages`` (neither may be null)."""
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"oneOf": [{"required": ["prompt"]},
+                                                                        {"required": ["messages"]}]})
     model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
-    add_generation_prompt: bool = True
+    prompt: str = None                                                 # type: ignore[assignment]
+    messages: Annotated[list[ChatMessage], MinLen(1)] = None           # type: ignore[assignment]
+    add_generation_prompt: Bool = True
 
 
 class DetokenizeRequest(_Base):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 # ---- responses ---------------------------------------------------------------------------------

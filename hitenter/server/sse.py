@@ -9,7 +9,6 @@ that has not finished is aborted, which frees its KV blocks at once.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -81,14 +80,9 @@ class RequestStreams:
 
 # ---- engine calls off the event loop, and client disconnects -----------------------------------
 
-_ADD_TAKES_LOOP = "loop" in inspect.signature(AsyncLLMEngine.add_request).parameters
-
-
 async def add_request(engine: AsyncLLMEngine, prompt: list[int], params: SamplingParams) -> Handle:
-    """``engine.add_request``; off the event loop when the engine supports it (its lock is held for a
-    whole engine step, which would otherwise stall every other stream of this server)."""
-    if not _ADD_TAKES_LOOP:
-        return engine.add_request(prompt, params)
+    """``engine.add_request`` off the event loop (its lock is held for a whole engine step, which
+    would otherwise stall every other stream of this server)."""
     loop = asyncio.get_running_loop()
     fut = asyncio.ensure_future(asyncio.to_thread(engine.add_request, prompt, params, None, loop=loop))
     try:

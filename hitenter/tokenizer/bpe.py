@@ -22,19 +22,18 @@ Contracts:
 
 from __future__ import annotations
 
-import mmap
 import os
-import struct
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tokenizers import Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from hitenter.errors import ModelLoadError
+from hitenter.tokenizer.gguf_meta import read_tokenizer_metadata
+
+__all__ = ["Tokenizer", "bytes_to_unicode", "byte_decoder", "read_tokenizer_metadata"]
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
@@ -77,62 +76,6 @@ _EOG_NAMES = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|
                         "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
                         "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
                         "<｜end▁of▁sentence｜>", "[e~["))
-
-
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-
-
-def read_tokenizer_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """All GGUF key/values (v2/v3, little-endian) as plain Python values, parsed straight from the header.
-
-    Much faster than `gguf.GGUFReader` for 100k-entry string arrays (no per-element numpy views).
-    Raises ModelLoadError for a missing, non-GGUF, truncated or corrupt file.
-    """
-    p = Path(path)
-    try:
-        with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            if mm[:4] != b"GGUF":
-                raise ModelLoadError(f"{p} is not a GGUF file (magic {mm[:4]!r})")
-            version, _n_tensors, n_kv = struct.unpack_from("<IQQ", mm, 4)
-            if version < 2:
-                raise ModelLoadError(f"{p}: GGUF version {version} is too old")
-            off, out = 24, {}
-            unpack = struct.unpack_from
-
-            def string(o: int) -> tuple[str, int]:
-                (n,) = unpack("<Q", mm, o)
-                return mm[o + 8:o + 8 + n].decode("utf-8", "replace"), o + 8 + n
-
-            def value(t: int, o: int) -> tuple[Any, int]:
-                if t == 8:
-                    return string(o)
-                if t in _SCALARS:
-                    return unpack(_SCALARS[t], mm, o)[0], o + struct.calcsize(_SCALARS[t])
-                if t != 9:
-                    raise ValueError(f"unknown value type {t}")
-                et, n = unpack("<IQ", mm, o)
-                o += 12
-                if et in _SCALARS:
-                    dt = np.dtype(_SCALARS[et].replace("?", "u1"))
-                    arr = np.frombuffer(mm, dtype=dt, count=n, offset=o)
-                    return (arr.astype(bool) if et == 7 else arr).tolist(), o + n * dt.itemsize
-                items = []
-                for _ in range(n):
-                    v, o = value(et, o)
-                    items.append(v)
-                return items, o
-
-            for _ in range(n_kv):
-                key, off = string(off)
-                (vt,) = unpack("<I", mm, off)
-                out[key], off = value(vt, off + 4)
-            return out
-    except ModelLoadError:
-        raise
-    except FileNotFoundError:
-        raise ModelLoadError(f"model file not found: {p}") from None
-    except (OSError, ValueError, struct.error, IndexError) as e:
-        raise ModelLoadError(f"{p} is truncated or corrupt: {type(e).__name__}: {e}") from e
 
 
 @lru_cache(maxsize=1)
@@ -283,11 +226,27 @@ class Tokenizer:
             frags = out
         return frags
 
-    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        """Token ids of `text`, special tokens in the text parsed as such; BOS first iff `add_bos` (default: GGUF's)."""
+    def encode(self, text: str, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
+        """Token ids of `text`, special tokens in the text parsed as such (unless not `parse_special`: then
+        `<|im_end|>` is plain text); BOS first iff `add_bos` (default: GGUF's)."""
         if not isinstance(text, str):
             raise TypeError(f"encode() expects str, got {type(text).__name__}")
-        frags = self._partition(text) if text else []
+        return self.encode_segments([(text, parse_special)], add_bos)
+
+    def contains_special(self, text: str) -> bool:
+        """Whether `text` holds the text of a special (control / user-defined) token."""
+        return any(tok in text for tok, _ in self._specials)
+
+    def encode_segments(self, segments: Sequence[tuple[str, bool]], add_bos: bool | None = None) -> list[int]:
+        """Encode the concatenation of `segments`; special-token text is parsed only in those marked True.
+        Adjacent text is BPE-merged as one string, so marking changes ids only where special text is."""
+        frags: list[str | int] = []
+        for text, parse in segments:
+            for f in (self._partition(text) if parse else [text]) if text else []:
+                if isinstance(f, str) and frags and isinstance(frags[-1], str):
+                    frags[-1] += f
+                else:
+                    frags.append(f)
         raw = [f for f in frags if isinstance(f, str)]
         encs = iter(self._hf.encode_batch(raw, add_special_tokens=False) if raw else [])
         ids: list[int] = [self.bos_token_id] if (self.add_bos if add_bos is None else add_bos) else []  # type: ignore[list-item]
@@ -302,12 +261,22 @@ class Tokenizer:
         ).decode("utf-8", errors="replace")
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-                            tokenize: bool = False, **kwargs: Any) -> str | list[int]:
-        """Render `messages` with the GGUF's chat template; token ids (no extra BOS) when `tokenize`."""
-        from hitenter.tokenizer.chat_template import render_chat_template
+                            tokenize: bool = False, special_in_content: bool = False,
+                            **kwargs: Any) -> str | list[int]:
+        """Render `messages` with the GGUF's chat template; token ids (no extra BOS) when `tokenize`.
 
-        text = render_chat_template(
-            self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-            bos_token=self._tokens[self.bos_token_id] if self.bos_token_id is not None else "",
-            eos_token=self._tokens[self.eos_token_id] if self.eos_token_id is not None else "", **kwargs)
-        return self.encode(text, add_bos=False) if tokenize else text
+        Token ids keep message content as plain text: only the template's own markup yields control
+        tokens (a user writing `<|im_end|>` cannot forge a turn), unless `special_in_content` (trusted
+        callers). The text form is the plain rendering either way."""
+        from hitenter.tokenizer.chat_template import render_chat_segments, render_chat_template
+
+        kwargs.setdefault("bos_token", self._tokens[self.bos_token_id] if self.bos_token_id is not None else "")
+        kwargs.setdefault("eos_token", self._tokens[self.eos_token_id] if self.eos_token_id is not None else "")
+        if not tokenize:
+            return render_chat_template(self.chat_template, messages, add_generation_prompt, **kwargs)
+        if special_in_content:
+            text = render_chat_template(self.chat_template, messages, add_generation_prompt, **kwargs)
+            return self.encode(text, add_bos=False)
+        segments = render_chat_segments(self.chat_template, messages, self.contains_special,
+                                        add_generation_prompt, **kwargs)
+        return self.encode_segments(segments, add_bos=False)

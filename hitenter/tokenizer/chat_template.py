@@ -9,12 +9,16 @@ Contracts:
 - Bad input raises ValueError with a clear message: messages not a list, a message not a mapping, a missing or
   non-string role, missing content (allowed only alongside `tool_calls`), no template, or a template that
   calls `raise_exception` / fails to render.
+- `render_chat_segments(...)` renders the same text split into (text, is_markup) pieces, so that message
+  content can be tokenized as plain text: a user's `<|im_end|>` never becomes the control token.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import re
+import secrets
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -104,3 +108,49 @@ def render_chat_template(template: str | None, messages: Any, add_generation_pro
         raise ValueError(f"the chat template rejected these messages: {e}") from e
     except (TypeError, KeyError, AttributeError, IndexError) as e:
         raise ValueError(f"the chat template could not render these messages: {type(e).__name__}: {e}") from e
+
+
+# ---- message content as text: only the template's own markup may produce control tokens ----------
+
+Segment = tuple[str, bool]       # (text, is_markup): markup is tokenized with special tokens parsed
+
+
+def _with_placeholders(msgs: list[dict[str, Any]], needs: Callable[[str], bool],
+                       nonce: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Copies of ``msgs`` whose string contents for which ``needs(content)`` holds are replaced by
+    unique placeholders (private-use characters and a random nonce: no template or user writes them)."""
+    out, real = [], {}
+    for i, m in enumerate(msgs):
+        c = m.get("content")
+        if isinstance(c, str) and needs(c):
+            ph = f"\ue000{nonce}.{i}\ue001"
+            real[ph] = c
+            m = {**m, "content": ph}
+        out.append(m)
+    return out, real
+
+
+def render_chat_segments(template: str | None, messages: Any, needs_protection: Callable[[str], bool],
+                         add_generation_prompt: bool = True, **kwargs: Any) -> list[Segment]:
+    """Render like :func:`render_chat_template`, split into markup and message content.
+
+    Contents for which ``needs_protection`` is true (they contain special-token text) are rendered as
+    placeholders first, and the text around them is the template's markup. The result is checked:
+    putting the real contents back must give exactly the plain rendering; a template that transforms
+    or branches on such a content cannot be split safely and raises ValueError. Contents that need no
+    protection stay inside the markup segments, so their token ids are exactly those of the plain text.
+    """
+    plain = render_chat_template(template, messages, add_generation_prompt, **kwargs)
+    msgs = validate_messages(messages)
+    nonce = secrets.token_hex(6)
+    guarded, real = _with_placeholders(msgs, needs_protection, nonce)
+    if not real:
+        return [(plain, True)]
+    rendered = render_chat_template(template, guarded, add_generation_prompt, **kwargs)
+    parts = re.split(f"(\ue000{nonce}\\.\\d+\ue001)", rendered)
+    segments = [(real[p], False) if p in real else (p, True) for p in parts if p]
+    if "".join(s for s, _ in segments) != plain:
+        raise ValueError("a message content contains special-token text and this model's chat template "
+                         "transforms message content, so it cannot be kept as plain text; remove the "
+                         "special-token text from the message")
+    return segments

@@ -1,0 +1,109 @@
+"""Every error the server answers, in vLLM's shape ``{"error": {message, type, param, code}}``:
+the exception handlers, the catch-all that turns a bug into a 500 without dropping the connection,
+and the error responses declared in the OpenAPI schema."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from hitenter.engine.async_engine import EngineDeadError
+from hitenter.server import protocol as P
+
+log = logging.getLogger("hitenter.server")
+
+_DESCRIPTIONS = {400: "Bad request: a parameter (named in `param`) or the body is invalid",
+                 401: "Missing or wrong API key (`Authorization: Bearer <key>`)",
+                 404: "Unknown model or path", 413: "Request body too large",
+                 429: "Too many queued requests; retry after `Retry-After` seconds"}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for these statuses, each with the error body model."""
+    return {s: {"model": P.ErrorBody, "description": _DESCRIPTIONS.get(s, "Error")} for s in statuses}
+
+
+def internal_message(e: BaseException) -> str:
+    return str(e) if isinstance(e, EngineDeadError) else f"internal error: {type(e).__name__}: {e}"
+
+
+async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, P.APIError)
+    return exc.response()
+
+
+async def _invalid(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return P.validation_error(exc).response()
+
+
+async def _http(_: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own errors (404 path, 405 method with its ``Allow`` header, a router's HTTPException)."""
+    assert isinstance(exc, StarletteHTTPException)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers.setdefault("Allow", "GET, HEAD")    # the static files' 405 (routes send their own Allow)
+    return P.APIError(exc.status_code, str(exc.detail), headers=headers).response()
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(P.APIError, _api_error)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_middleware(CatchAllMiddleware)
+    _openapi_with_our_errors(app)
+
+
+def _openapi_with_our_errors(app: FastAPI) -> None:
+    """FastAPI documents its 422 validation body on every route; ours is a 400 with the error body."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            ref = {"$ref": "#/components/schemas/ErrorBody"}
+            for item in schema.get("paths", {}).values():
+                for op in item.values():
+                    responses = op.get("responses", {})
+                    if responses.pop("422", None) is not None:
+                        responses.setdefault("400", {"description": _DESCRIPTIONS[400],
+                                                     "content": {"application/json": {"schema": ref}}})
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for name in ("HTTPValidationError", "ValidationError"):
+                components.pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+    app.openapi = openapi    # type: ignore[method-assign]
+
+
+class CatchAllMiddleware:
+    """A bug in a route becomes a 500 in our shape and the connection stays usable. (Starlette's
+    ServerErrorMiddleware re-raises after answering, and uvicorn then closes the keep-alive
+    connection: the client's next request on it was reset.)"""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as e:
+            log.exception("internal error")
+            if not started:
+                await P.APIError(500, internal_message(e)).response()(scope, receive, send)

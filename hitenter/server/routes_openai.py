@@ -1,0 +1,53 @@
+"""The OpenAI routes: /v1/completions, /v1/chat/completions, /v1/models. One small function each;
+the shared work is in ``serving`` (engine calls) and ``state`` (models, prompt checks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from hitenter.server import protocol as P
+from hitenter.server.errors import error_responses
+from hitenter.server.serving import params_of, respond, submit
+from hitenter.server.sse import build_chat, build_completion, stream_chat, stream_completion
+from hitenter.server.state import State, chat_ids, encode
+
+router = APIRouter(responses=error_responses(400, 404, 413, 429))
+_OK = {200: {"content": {"application/json": {}, "text/event-stream": {}},
+             "description": "The completion, or with `stream` its server-sent events"}}
+
+
+@router.post("/v1/completions", responses=_OK)
+async def completions(req: P.CompletionRequest, request: Request,
+                      state: State) -> Response:
+    m = state.model_for(req.model)
+    raw = req.prompts()
+    params = params_of(req, len(raw))
+    prompts = [await encode(m, p, "prompt") for p in raw]
+    handles = await submit(m, prompts, params, "prompt")
+    echo = [(p if isinstance(p, str) else m.tokenizer.decode(p)) if req.echo else "" for p in raw]
+    return await respond(request, state, m, handles, req.stream,
+                         lambda s: stream_completion(s, m.name, params.n, echo, req.include_usage),
+                         lambda outs: build_completion(outs, m.name, params.n, echo))
+
+
+@router.post("/v1/chat/completions", responses=_OK)
+async def chat_completions(req: P.ChatCompletionRequest, request: Request,
+                           state: State) -> Response:
+    m = state.model_for(req.model)
+    params = params_of(req, 1)
+    prompt = await chat_ids(state, m, req.message_dicts(), req.add_generation_prompt)
+    handles = await submit(m, [prompt], params, "messages")
+    k, tb = req.top_logprobs or 0, m.tokenizer.token_bytes
+    return await respond(request, state, m, handles, req.stream,
+                         lambda s: stream_chat(s, m.name, params.n, k, tb, req.include_usage),
+                         lambda outs: build_chat(outs, m.name, k, tb))
+
+
+@router.get("/v1/models")
+async def list_models(state: State) -> dict[str, Any]:
+    data = [{"id": m.name, "object": "model", "created": m.created, "owned_by": "hitenter", "root": m.name,
+             "max_model_len": m.max_model_len} for m in state.models.values()]
+    return {"object": "list", "data": data}

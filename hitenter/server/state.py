@@ -1,0 +1,126 @@
+"""What every route shares: the served models, the metrics, the server's options, and the prompt
+checks that run before any tokenizing.
+
+The character bound: a byte-level BPE token decodes to at most ``max_token_bytes`` bytes (the
+longest entry of the vocabulary, special tokens included) and a character is at least one UTF-8
+byte, so a text of ``c`` characters needs at least ``c / max_token_bytes`` tokens. A prompt longer
+than ``max_token_bytes * max_model_len`` characters cannot fit the window whatever it says: it is
+refused at once (400, like a context overflow) instead of spending seconds tokenizing it. The bound
+is exact, never a heuristic: every prompt refused by it would overflow after tokenizing too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from hitenter.engine.async_engine import AsyncLLMEngine
+from hitenter.server import protocol as P
+from hitenter.server.metrics import ServerMetrics
+
+
+@dataclass
+class ServedModel:
+    name: str
+    engine: AsyncLLMEngine
+    owned: bool                      # created here: shut down with the app
+    created: int = field(default_factory=P.now)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.engine.engine.max_model_len)
+
+    @cached_property
+    def max_prompt_chars(self) -> int | None:
+        """Characters beyond which a text cannot fit the window (see the module docstring)."""
+        tok = self.tokenizer
+        if not hasattr(tok, "token_bytes"):
+            return None
+        longest = max((len(tok.token_bytes(i)) for i in range(tok.vocab_size)), default=0)
+        return max(longest, 1) * self.max_model_len
+
+
+@dataclass
+class ServerState:
+    models: dict[str, ServedModel]
+    metrics: ServerMetrics
+    special_in_content: bool = False       # --allow-special-tokens-in-content
+
+    @property
+    def default(self) -> ServedModel:
+        return next(iter(self.models.values()))
+
+    def roles(self) -> list[str]:
+        """Chat roles every served model accepts ('tool' only where the chat template knows it)."""
+        tool = all(supports_tool(m) for m in self.models.values())
+        return ["system", "user", "assistant"] + (["tool"] if tool else [])
+
+    def model_for(self, name: str | None) -> ServedModel:
+        if not name:
+            return self.default
+        if name not in self.models:
+            raise P.APIError(404, f"the model `{name}` does not exist; served: {sorted(self.models)}", "model")
+        return self.models[name]
+
+
+def server_state(request: Request) -> ServerState:
+    return request.app.state.server   # type: ignore[no-any-return]
+
+
+State = Annotated[ServerState, Depends(server_state)]
+
+
+def check_chars(m: ServedModel, n_chars: int, param: str) -> None:
+    bound = m.max_prompt_chars
+    if bound is not None and n_chars > bound:
+        raise P.APIError(400, f"{param}: {n_chars} characters cannot fit the {m.max_model_len}-token context "
+                         f"window of `{m.name}` (at most {bound} characters)", param, n_ctx=m.max_model_len)
+
+
+async def encode(m: ServedModel, prompt: str | list[int], param: str) -> list[int]:
+    if not isinstance(prompt, str):
+        if len(prompt) > m.max_model_len:
+            raise P.APIError(400, f"{param}: {len(prompt)} tokens exceed the context window",
+                             param, n_prompt_tokens=len(prompt), n_ctx=m.max_model_len)
+        return prompt
+    check_chars(m, len(prompt), param)
+    try:
+        return await asyncio.to_thread(m.tokenizer.encode, prompt)
+    except Exception as e:
+        raise P.APIError(400, f"{param}: could not be tokenized: {e}", param) from e
+
+
+def supports_tool(m: ServedModel) -> bool:
+    return "tool" in (getattr(m.tokenizer, "chat_template", None) or "")
+
+
+def _role_problem(m: ServedModel, messages: list[dict[str, Any]]) -> P.APIError | None:
+    for i, msg in enumerate(messages):
+        if msg["role"] == "tool" and not supports_tool(m):
+            return P.APIError(400, f"messages.{i}.role: this model's chat template has no 'tool' role",
+                              f"messages.{i}.role")
+    return None
+
+
+async def chat_ids(state: ServerState, m: ServedModel, messages: list[dict[str, Any]],
+                   add_generation_prompt: bool) -> list[int]:
+    """Token ids of a conversation: message content stays text (see Tokenizer.apply_chat_template)."""
+    check_chars(m, sum(len(x.get("content") or "") for x in messages), "messages")
+    problem = _role_problem(m, messages)
+    if problem is not None:
+        raise problem
+    try:
+        ids = await asyncio.to_thread(m.tokenizer.apply_chat_template, messages,
+                                      add_generation_prompt=add_generation_prompt, tokenize=True,
+                                      special_in_content=state.special_in_content)
+    except Exception as e:   # a template that rejects the conversation (roles, order) is the caller's error
+        raise P.APIError(400, f"messages: the chat template rejected them: {e}", "messages") from e
+    return list(ids)
