@@ -27,18 +27,14 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's /u
 def server(tiny_llama_path):
     """The OpenAI server app with the playground mounted, on a loopback port: (base url, engines)."""
     import uvicorn
-    from fastapi.staticfiles import StaticFiles
 
     from hitenter.engine.llm_engine import LLMEngine
     from hitenter.server.api import create_app
-    from hitenter.server.playground import WEB_DIR, make_playground_router
 
     tiny = LLMEngine(str(tiny_llama_path), **TINY_OPTS)
     tri = LLMEngine("trigram", kv_cache_memory=1 << 16, block_size=4)
-    app = create_app(tiny, "tiny", extra_engines={"trigram": tri})
+    app = create_app(tiny, "tiny", extra_engines={"trigram": tri})   # mounts the playground, as `hitenter serve` does
     engines = {name: m.engine for name, m in app.state.models.items()}
-    app.include_router(make_playground_router(engines))          # how `hitenter serve` mounts it
-    app.mount("/", StaticFiles(directory=WEB_DIR, html=True))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
