@@ -56,7 +56,7 @@ def read_gguf_metadata(reader_or_path: gguf.GGUFReader | str | os.PathLike[str])
     return out
 
 
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2")
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "gemma3")
 
 SUPPORTED_TENSOR_TYPES: frozenset[gguf.GGMLQuantizationType] = frozenset({
     gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16,
@@ -99,7 +99,7 @@ def model_config_from_metadata(meta: dict[str, Any], tensor_names: set[str] | No
         tied = "output.weight" not in tensor_names
         bias = "blk.0.attn_q.bias" in tensor_names
     else:
-        tied, bias = arch == "llama", arch == "qwen2"
+        tied, bias = arch in ("llama", "gemma3"), arch == "qwen2"
     try:
         return ModelConfig(
             architecture=arch,
@@ -116,9 +116,35 @@ def model_config_from_metadata(meta: dict[str, Any], tensor_names: set[str] | No
             tie_word_embeddings=tied,
             attention_bias=bias,
             name=str(meta.get("general.name", "")),
+            **_gemma3_fields(meta, arch, head_dim),
         )
     except ValueError as e:
         raise ModelLoadError(f"GGUF metadata describes an invalid model: {e}") from e
+
+
+# llama.cpp (llama-model.cpp, LLM_ARCH_GEMMA3) hard-codes these when the GGUF does not say otherwise
+GEMMA3_SWA_PATTERN = 6            # 5 local layers, then 1 global
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
+
+
+def _gemma3_fields(meta: dict[str, Any], arch: str, head_dim: int) -> dict[str, Any]:
+    """Gemma 3's extra ModelConfig fields (none for other architectures). llama.cpp's conventions: the
+    attention scale is 1/sqrt(head_dim) (query_pre_attn_scalar == head_dim for all but the 27B model,
+    whose converter writes no key for it either), the local layers use RoPE base 10k."""
+    if arch != "gemma3":
+        return {}
+    scaling = meta.get(f"{arch}.rope.scaling.type")
+    factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0)) if scaling in (None, "linear") else 1.0
+    if scaling not in (None, "none", "linear"):
+        raise ModelLoadError(f"gemma3: RoPE scaling type {scaling!r} is not supported (only linear)")
+    return {
+        "sliding_window": int(_meta_get(meta, f"{arch}.attention.sliding_window")),
+        "sliding_window_pattern": int(meta.get(f"{arch}.attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)),
+        "rope_local_theta": GEMMA3_LOCAL_ROPE_THETA,
+        "rope_scaling_factor": factor or 1.0,
+        "query_pre_attn_scalar": float(meta.get(f"{arch}.attention.query_pre_attn_scalar", head_dim)),
+        "final_logit_softcap": float(meta.get(f"{arch}.final_logit_softcapping", 0.0)),
+    }
 
 
 def load_tensors(reader: gguf.GGUFReader, names: set[str] | None = None) -> dict[str, torch.Tensor]:

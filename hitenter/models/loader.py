@@ -18,6 +18,7 @@ import torch
 from hitenter.config import ModelConfig
 from hitenter.errors import ModelLoadError
 from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
+from hitenter.models import gemma3
 from hitenter.models.llama import LlamaModel, TensorParallel, unpermute_qk
 from hitenter.quant.weights import QUANTIZATIONS, quantize_weights
 
@@ -26,6 +27,8 @@ log = logging.getLogger("hitenter.loader")
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Torch-order shape of every tensor the model needs."""
+    if cfg.architecture == "gemma3":
+        return gemma3.expected_shapes(cfg)
     h, d = cfg.hidden_size, cfg.head_dim
     q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
     shapes: dict[str, tuple[int, ...]] = {
@@ -49,8 +52,9 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32,
-               tp: TensorParallel | None = None, quantization: str = "none") -> tuple[LlamaModel, ModelConfig]:
-    """Load a llama / qwen2 GGUF into an eval-mode LlamaModel. Raises ModelLoadError on any problem.
+               tp: TensorParallel | None = None, quantization: str = "none") -> tuple[Any, ModelConfig]:
+    """Load a llama / qwen2 GGUF into an eval-mode LlamaModel (gemma3: gemma3.Gemma3Model). Raises
+    ModelLoadError on any problem.
 
     With `tp` (a tensor-parallel group, see hitenter/distributed) the model holds only this rank's shard.
     `quantization`: "none" (weights in `dtype`), "int8" or "int4" (see hitenter/quant)."""
@@ -61,7 +65,10 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32,
     if quantization != "none" and tp is not None:
         raise ValueError("quantization: quantized weights with tensor parallelism are not supported yet")
     cfg, weights = load_weights(path, quantization)
-    model = LlamaModel(cfg, weights, dtype, tp)
+    if cfg.architecture == "gemma3" and tp is not None:
+        raise ModelLoadError("tensor parallelism is not supported for gemma3 models yet")
+    model: LlamaModel | gemma3.Gemma3Model = (gemma3.Gemma3Model(cfg, weights, dtype) if cfg.architecture == "gemma3"
+                                              else LlamaModel(cfg, weights, dtype, tp))
     model.eval()
     log.info("loaded %s: %s weights, %.1f MB resident", os.fspath(path),
              dtype if quantization == "none" else quantization, model.weight_bytes() / 1e6)
