@@ -1,6 +1,7 @@
 """hitenter beside llama.cpp (llama-cpp-python) on the same GGUF, same workloads, one invocation.
 
     .venv/bin/python bench/vs_llamacpp.py [--llamacpp-python /path/to/venv/bin/python] [--threads 2]
+        [--model smollm2-135m-instruct gemma-3-270m]   (one report per model; MODELS lists the known ones)
 
 llama-cpp-python is a benchmark-only dependency, never a test one. Build it into its own venv once
 (about 10 minutes on 2 cores):
@@ -24,6 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import FORMATS, emit_json, table  # noqa: E402
+
+MODELS = ("smollm2-135m-instruct", "gemma-3-270m")   # architectures reported beside llama.cpp
 
 LLAMACPP_SCRIPT = r"""
 import json, sys, time
@@ -83,7 +86,7 @@ def hitenter_rates(model: str, decode: int, prefills: list[int], fmt: str) -> tu
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--model", nargs="+", default=[MODELS[0]], help=f"one or more of {MODELS} (or GGUF paths)")
     ap.add_argument("--llamacpp-python", default="/work/venvs/llamacpp/bin/python")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--decode", type=int, default=128)
@@ -96,7 +99,13 @@ def main() -> None:
     from hitenter.models.registry import resolve_model
 
     torch.set_num_threads(a.threads)
-    path = str(resolve_model(a.model))
+    for model in a.model:
+        print(f"== {model}")
+        report(str(resolve_model(model)), a)
+
+
+def report(path: str, a: argparse.Namespace) -> None:
+    """Run both engines on one GGUF and print the table, the roofline card and the JSON line."""
     ours = {fmt: hitenter_rates(path, a.decode, a.prefill, fmt) for fmt in a.formats}
     theirs: dict[str, float] = {}
     if Path(a.llamacpp_python).exists():
@@ -118,7 +127,7 @@ def main() -> None:
               f"{ceil_ours:.0f} tok/s at {a.bandwidth} GB/s; achieved {100 * rates['decode'] / ceil_ours:.0f}%.")
     print(f"The GGUF is {gguf_bytes / 1e6:.0f} MB -> ceiling {ceil_gguf:.0f} tok/s for a quantized reader"
           + (f"; llama.cpp achieves {100 * theirs['decode'] / ceil_gguf:.0f}% of it." if theirs else "."))
-    emit_json("vs_llamacpp", {"hitenter": {f: r for f, (r, _) in ours.items()}, "llamacpp": theirs,
+    emit_json("vs_llamacpp", {"model": Path(path).stem, "hitenter": {f: r for f, (r, _) in ours.items()}, "llamacpp": theirs,
                               "weight_bytes": {f: wb for f, (_, wb) in ours.items()}, "gguf_bytes": gguf_bytes})
 
 

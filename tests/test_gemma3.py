@@ -85,6 +85,19 @@ def test_config_and_layer_pattern(tiny: Gemma3Model) -> None:
     assert [i for i, w in enumerate(layer_windows(big)) if w is None] == [5, 11, 17]   # llama.cpp's globals
 
 
+def test_windowed_kv_bytes_reports_the_saving(tiny: Gemma3Model) -> None:
+    from hitenter.models.gemma3 import windowed_kv_bytes
+
+    cfg = tiny.config   # 4 layers, 2 local with window 8; 2 KV heads x 32 dims x 2 (K, V) x 4 bytes per layer-token
+    per = 2 * 2 * 32 * 4
+    assert windowed_kv_bytes(cfg, 8, 4) == (4 * 8 * per, 4 * 8 * per)        # nothing outside the window yet
+    now, held = windowed_kv_bytes(cfg, 40, 4)
+    assert now == 4 * 40 * per and held == 2 * 40 * per + 2 * (40 - 32) * per   # local layers: 2 of 10 blocks
+    big = cfg.__class__(**{**cfg.__dict__, "num_layers": 18, "sliding_window": 512, "sliding_window_pattern": 6})
+    now, held = windowed_kv_bytes(big, 8192, 16)
+    assert 1 - held / now == pytest.approx(0.78125)   # 15 of 18 layers keep 528 of 8192 tokens
+
+
 def reference_forward(path: Path, ids: list[int]) -> torch.Tensor:
     """An independent float64 Gemma 3 forward over the raw GGUF tensors (HF Gemma3 recipe), logits [T, V]."""
     reader = open_gguf(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from hitenter.engine.scheduler import Scheduler
 from hitenter.engine.spec import SpecDecoder, build_spec_decoder
 from hitenter.kv_cache.manager import KVCacheManager
 
+log = logging.getLogger("hitenter.engine")
 DEFAULT_MAX_MODEL_LEN = 8192
 # Bitwise batch invariance (see models/llama.py). Its cost is measured by bench/batch_invariance.py.
 DEFAULT_BATCH_INVARIANT = True
@@ -132,6 +134,13 @@ def build_engine_parts(model: str | None = None, **kwargs: Any) -> EngineParts:
         bi = kwargs.get("batch_invariant")
         net.batch_invariant = DEFAULT_BATCH_INVARIANT if bi is None else bool(bi)
 
+    if mcfg.sliding_window:   # sliding-window layers keep their old blocks (masked): say what that costs
+        from hitenter.models.gemma3 import windowed_kv_bytes
+
+        now, held = windowed_kv_bytes(mcfg, max_model_len, cache_cfg.block_size, dtype_bytes)
+        log.info("sliding window %d: a %d-token sequence holds %.1f MB of KV; freeing the blocks outside the "
+                 "local layers' windows would leave %.1f MB (%.0f%% less)", mcfg.sliding_window, max_model_len,
+                 now / 1e6, held / 1e6, 100 * (1 - held / now))
     kv_caches = allocate_kv_caches(mcfg, num_blocks, cache_cfg.block_size, dtype) if tp_size == 1 else []
     kv_manager = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching)
     scheduler = Scheduler(sched_cfg, kv_manager)

@@ -43,6 +43,23 @@ def layer_windows(cfg: ModelConfig) -> list[int | None]:
     return [None if p > 0 and (i + 1) % p == 0 else cfg.sliding_window for i in range(cfg.num_layers)]
 
 
+def windowed_kv_bytes(cfg: ModelConfig, num_tokens: int, block_size: int, dtype_bytes: int = 4) -> tuple[int, int]:
+    """(KV bytes one sequence of num_tokens holds now, bytes it would hold if each local layer kept only
+    the blocks its window can still reach) -- the memory a hybrid allocator (vLLM's) would save.
+
+    hitenter keeps one block table for all layers (so prefix caching, preemption and the kernels stay as
+    they are) and masks old keys instead of freeing them; this is the cost of that choice, logged at start."""
+    per_layer_token = 2 * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+    blocks = -(-num_tokens // block_size)
+    now = held = 0
+    for win in layer_windows(cfg):
+        now += blocks * block_size * per_layer_token
+        # the next token's window starts at num_tokens + 1 - win: blocks wholly before it are dead
+        dead = 0 if win is None else max(0, num_tokens + 1 - win) // block_size
+        held += (blocks - dead) * block_size * per_layer_token
+    return now, held
+
+
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Torch-order shape of every tensor a Gemma 3 model needs."""
     h, d, f = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
