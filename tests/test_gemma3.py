@@ -246,3 +246,19 @@ def test_gemma_in_the_engine_with_ngram_speculation() -> None:
     outs = llm.generate([c["prompt_ids"] for c in gold], sp)
     assert [o.token_ids for o in outs] == [c["greedy_ids"][:16] for c in gold]
     assert llm.generate("The capital of France is", sp)[0].text.strip()
+
+
+def test_openai_server_completions_and_chat(tiny_gemma_path: Path) -> None:
+    import httpx
+    from test_server_util import live_server
+
+    from hitenter.engine.llm_engine import LLMEngine
+    from hitenter.server.api import create_app
+
+    with live_server(create_app(LLMEngine(str(tiny_gemma_path)), served_model_name="g")) as srv:
+        body = {"model": "g", "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+        r = httpx.post(srv.url + "/v1/completions", json={**body, "prompt": "Hello world"}, timeout=120)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=120,
+                       json={**body, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
