@@ -78,7 +78,8 @@ def test_vocab_facts_and_token_bytes(gemma_tok: tuple[Tokenizer, dict[str, Any]]
 def test_round_trips_and_bos(gemma_tok: tuple[Tokenizer, dict[str, Any]]) -> None:
     tok, golden = gemma_tok
     for e in golden["tokenize"]:
-        assert tok.decode(tok.encode(e["text"], add_bos=False)) == e["text"]
+        # SentencePiece (and llama.cpp) turn a literal "▁" in the text into a space: the one lossy case
+        assert tok.decode(tok.encode(e["text"], add_bos=False)) == e["text"].replace("\u2581", " ")
     assert tok.encode("hi")[0] == tok.bos_token_id == 2   # Gemma adds BOS by default
 
 
