@@ -16,7 +16,6 @@ Regenerate (a few minutes on 2 cores): .venv/bin/python scripts/make_gemma3_gold
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 

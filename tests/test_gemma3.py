@@ -10,16 +10,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_model import Runner, greedy_batch
 from torch.nn import functional as F
 
 from hitenter import LLM, SamplingParams
 from hitenter.models import decode_kernel
-from hitenter.models.attention import AttentionMetadata, allocate_kv_caches, paged_attention, reference_attention
+from hitenter.models.attention import (
+    AttentionMetadata,
+    allocate_kv_caches,
+    paged_attention,
+    reference_attention,
+)
 from hitenter.models.gemma3 import Gemma3Model, layer_windows
 from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
 from hitenter.models.loader import load_model
 from hitenter.models.registry import hitenter_home
-from test_model import Runner, greedy_batch
 
 GOLDENS = Path(__file__).parent / "goldens"
 GEMMA = hitenter_home() / "models" / "gemma-3-270m.gguf"

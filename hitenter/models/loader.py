@@ -17,8 +17,8 @@ import torch
 
 from hitenter.config import ModelConfig
 from hitenter.errors import ModelLoadError
-from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
 from hitenter.models import gemma3
+from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
 from hitenter.models.llama import LlamaModel, TensorParallel, unpermute_qk
 from hitenter.quant.weights import QUANTIZATIONS, quantize_weights
 
