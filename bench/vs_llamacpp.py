@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import FORMATS, decode_read_bytes, emit_json, rss_bytes, table  # noqa: E402
 
-DEFAULT_MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct"]
+DEFAULT_MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct"]   # gemma-3-270m also runs (--models)
 LLAMACPP_SCRIPT = r"""
 import json, sys, time
 from llama_cpp import Llama

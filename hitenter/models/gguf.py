@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,37 @@ if TYPE_CHECKING:
     from hitenter.config import ModelConfig
 
 
+class FastGGUFReader(gguf.GGUFReader):
+    """gguf.GGUFReader with array fields read in one go: the stock reader makes two numpy memmap views
+    per array element (minutes of start-up for Gemma 3's 262k-token vocabulary on a busy machine); here a
+    numeric array is one view and a string array costs one struct read per string. Same fields, same
+    `contents()`; files in the other byte order take the stock path."""
+
+    def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[int, list[Any], list[int], list[Any]]:
+        vt = gguf.GGUFValueType
+        if raw_type != vt.ARRAY or self.byte_order != "I":
+            return super()._get_field_parts(orig_offs, raw_type)
+        raw_itype = self._get(orig_offs, np.uint32)
+        alen = self._get(orig_offs + 4, np.uint64)
+        itype, n, offs = vt(int(raw_itype[0])), int(alen[0]), orig_offs + 12
+        nptype = self.gguf_scalar_to_np.get(itype)
+        if nptype is not None:
+            arr = self._get(offs, nptype, n)
+            return 12 + int(arr.nbytes), [raw_itype, alen, arr], [2], [vt.ARRAY, itype]
+        if itype != vt.STRING:
+            return super()._get_field_parts(orig_offs, raw_type)
+        buf = np.asarray(self.data)   # a plain ndarray: slicing it skips memmap's per-view bookkeeping
+        mv = memoryview(buf)
+        parts: list[Any] = [raw_itype, alen]
+        idxs: list[int] = []
+        for _ in range(n):
+            (k,) = struct.unpack_from("<Q", mv, offs)
+            parts += [buf[offs:offs + 8].view(np.uint64), buf[offs + 8:offs + 8 + k]]
+            idxs.append(len(parts) - 1)
+            offs += 8 + k
+        return offs - orig_offs, parts, idxs, [vt.ARRAY, vt.STRING]
+
+
 def open_gguf(path: str | os.PathLike[str]) -> gguf.GGUFReader:
     """Open a GGUF file, turning every failure into a ModelLoadError that names the problem."""
     p = Path(path)
@@ -30,7 +62,7 @@ def open_gguf(path: str | os.PathLike[str]) -> gguf.GGUFReader:
     if magic != b"GGUF":
         raise ModelLoadError(f"{p} is not a GGUF file (magic bytes {magic!r}, expected b'GGUF')")
     try:
-        return gguf.GGUFReader(str(p))
+        return FastGGUFReader(str(p))
     except Exception as e:  # the gguf package raises ValueError/IndexError/struct errors on damage
         raise ModelLoadError(f"{p} is truncated or corrupt: {type(e).__name__}: {e}") from e
 
@@ -56,7 +88,7 @@ def read_gguf_metadata(reader_or_path: gguf.GGUFReader | str | os.PathLike[str])
     return out
 
 
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2")
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "gemma3")
 
 SUPPORTED_TENSOR_TYPES: frozenset[gguf.GGMLQuantizationType] = frozenset({
     gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16,
@@ -100,7 +132,7 @@ def model_config_from_metadata(meta: dict[str, Any], tensor_names: set[str] | No
         tied = "output.weight" not in tensor_names
         bias = "blk.0.attn_q.bias" in tensor_names
     else:
-        tied, bias = arch == "llama", arch == "qwen2"
+        tied, bias = arch in ("llama", "gemma3"), arch == "qwen2"
     try:
         return ModelConfig(
             architecture=arch,
@@ -117,9 +149,35 @@ def model_config_from_metadata(meta: dict[str, Any], tensor_names: set[str] | No
             tie_word_embeddings=tied,
             attention_bias=bias,
             name=str(meta.get("general.name", "")),
+            **_gemma3_fields(meta, arch, head_dim),
         )
     except ValueError as e:
         raise ModelLoadError(f"GGUF metadata describes an invalid model: {e}") from e
+
+
+# llama.cpp (llama-model.cpp, LLM_ARCH_GEMMA3) hard-codes these when the GGUF does not say otherwise
+GEMMA3_SWA_PATTERN = 6            # 5 local layers, then 1 global
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
+
+
+def _gemma3_fields(meta: dict[str, Any], arch: str, head_dim: int) -> dict[str, Any]:
+    """Gemma 3's extra ModelConfig fields (none for other architectures). llama.cpp's conventions: the
+    attention scale is 1/sqrt(head_dim) (query_pre_attn_scalar == head_dim for all but the 27B model,
+    whose converter writes no key for it either), the local layers use RoPE base 10k."""
+    if arch != "gemma3":
+        return {}
+    scaling = meta.get(f"{arch}.rope.scaling.type")
+    factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0)) if scaling in (None, "linear") else 1.0
+    if scaling not in (None, "none", "linear"):
+        raise ModelLoadError(f"gemma3: RoPE scaling type {scaling!r} is not supported (only linear)")
+    return {
+        "sliding_window": int(_meta_get(meta, f"{arch}.attention.sliding_window")),
+        "sliding_window_pattern": int(meta.get(f"{arch}.attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)),
+        "rope_local_theta": GEMMA3_LOCAL_ROPE_THETA,
+        "rope_scaling_factor": factor or 1.0,
+        "query_pre_attn_scalar": float(meta.get(f"{arch}.attention.query_pre_attn_scalar", head_dim)),
+        "final_logit_softcap": float(meta.get(f"{arch}.final_logit_softcapping", 0.0)),
+    }
 
 
 def load_tensors(reader: gguf.GGUFReader, names: set[str] | None = None) -> dict[str, torch.Tensor]:

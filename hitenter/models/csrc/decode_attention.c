@@ -9,6 +9,8 @@
    on the other rows, the thread count or the block layout (a key's address is looked up per key), so
    a row's output is the same alone or in any batch. Cache layout: [2, KVH, NB, BS, D], fp32 or bf16;
    q / out: [R, H, D] in the cache dtype. Requires D % 16 == 0, D <= 256, H / KVH <= 16.
+   window > 0 (sliding-window layers): a row sees only its last `window` keys, ctx-window .. ctx-1; the
+   key loop simply starts there (a function of the row's position only, so the bits stay batch invariant). 
    GCC / Clang vector extensions only (no intrinsics); -march=native picks the vector width. */
 #include <stdint.h>
 #include <string.h>
@@ -93,9 +95,9 @@ static inline const char *cache_row(const void *kv, int plane, const int64_t *ta
     return (const char *)kv + ((int64_t)plane * NB * BS + slot) * row_bytes;
 }
 
-/* one (row, kv head): G query heads over `ctx` keys, 16 keys at a time; D = 16 * NV */
-static void item_vec(const void *q, void *out, const void *kv, int bf16, int64_t r, int h, int64_t ctx,
-                     const int64_t *table, int H, int KVH, int64_t NB, int BS, int NV, float scale) {
+/* one (row, kv head): G query heads over keys first .. ctx-1, 16 keys at a time; D = 16 * NV */
+static void item_vec(const void *q, void *out, const void *kv, int bf16, int64_t r, int h, int64_t first,
+                     int64_t ctx, const int64_t *table, int H, int KVH, int64_t NB, int BS, int NV, float scale) {
     int G = H / KVH, D = 16 * NV, es = bf16 ? 2 : 4;
     v16 qv[MAXG][MAXNV], acc[MAXG][MAXNV], kf[16][MAXNV], part[16], prob[MAXG];
     float m[MAXG], l[MAXG];
@@ -105,7 +107,7 @@ static void item_vec(const void *q, void *out, const void *kv, int bf16, int64_t
         m[g] = -INFINITY; l[g] = 0.f;
     }
     const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    for (int64_t k0 = 0; k0 < ctx; k0 += 16) {
+    for (int64_t k0 = first; k0 < ctx; k0 += 16) {
         int n = ctx - k0 < 16 ? (int)(ctx - k0) : 16;
         const char *kp[16], *vp[16];
         for (int j = 0; j < n; j++) {
@@ -163,14 +165,15 @@ static void item_vec(const void *q, void *out, const void *kv, int bf16, int64_t
 
 int decode_attention(const void *q, void *out, const void *kv, int bf16, int64_t R, const int64_t *ctx,
                      const int64_t *table_start, const int64_t *tables, int H, int KVH, int64_t NB, int BS,
-                     int D, float scale, int nthreads) {
+                     int D, float scale, int64_t window, int nthreads) {
     if (H % KVH || H / KVH > MAXG || D % 16 || D / 16 > MAXNV || BS <= 0) return -1;
     for (int64_t r = 0; r < R; r++)
         if (ctx[r] < 1) return -2;      /* the Python wrapper checks too (decode_kernel.check_rows) */
     #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
     for (int64_t i = 0; i < R * KVH; i++) {
         int64_t r = i / KVH; int h = (int)(i % KVH);
-        item_vec(q, out, kv, bf16, r, h, ctx[r], tables + table_start[r], H, KVH, NB, BS, D / 16, scale);
+        int64_t first = window > 0 && ctx[r] > window ? ctx[r] - window : 0;
+        item_vec(q, out, kv, bf16, r, h, first, ctx[r], tables + table_start[r], H, KVH, NB, BS, D / 16, scale);
     }
     return 0;
 }

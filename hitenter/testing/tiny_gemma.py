@@ -1,0 +1,83 @@
+"""A tiny random Gemma 3-shaped GGUF (tests only): tiny_model.py's GPT-2-style vocabulary and chat template,
+Gemma 3 tensors (QK-norm, pre/post norms, GeGLU, tied embedding) and a short sliding window, so that a
+few dozen tokens already run past the local layers' window.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from hitenter.testing.tiny_model import CHATML_TEMPLATE, tiny_vocab
+
+
+def _tokenizer(w: gguf.GGUFWriter) -> int:
+    tokens, types, merges = tiny_vocab()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML_TEMPLATE)
+    return len(tokens)
+
+
+def write_tiny_gemma3(path: str | Path, seed: int = 0, hidden: int = 64, layers: int = 4, heads: int = 4,
+                      kv_heads: int = 2, head_dim: int = 32, ffn: int = 128, window: int = 8, pattern: int = 2,
+                      context_length: int = 256) -> Path:
+    """Write a random Gemma 3 model (layer i global when (i + 1) % pattern == 0, the others see `window`
+    keys) to `path`; return it. All tensors F32."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    arch = "gemma3"
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("tiny-gemma3")
+    w.add_block_count(layers)
+    w.add_context_length(context_length)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_sliding_window(window)
+    w.add_uint32(f"{arch}.attention.sliding_window_pattern", pattern)
+    vocab = _tokenizer(w)
+
+    def add(name: str, arr: np.ndarray) -> None:
+        w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+
+    def normal(*shape: int, std: float) -> np.ndarray:
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:   # stored as 1 + w, like convert_hf_to_gguf
+        return (1.0 + rng.standard_normal(n) * 0.1).astype(np.float32)
+
+    add("token_embd.weight", normal(vocab, hidden, std=0.1))
+    add("output_norm.weight", norm(hidden))
+    for i in range(layers):
+        p = f"blk.{i}."
+        for name in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
+            add(p + name + ".weight", norm(hidden))
+        add(p + "attn_q_norm.weight", norm(head_dim))
+        add(p + "attn_k_norm.weight", norm(head_dim))
+        add(p + "attn_q.weight", normal(heads * head_dim, hidden, std=0.15))
+        add(p + "attn_k.weight", normal(kv_heads * head_dim, hidden, std=0.15))
+        add(p + "attn_v.weight", normal(kv_heads * head_dim, hidden, std=0.1))
+        add(p + "attn_output.weight", normal(hidden, heads * head_dim, std=0.1))
+        add(p + "ffn_gate.weight", normal(ffn, hidden, std=0.1))
+        add(p + "ffn_up.weight", normal(ffn, hidden, std=0.1))
+        add(p + "ffn_down.weight", normal(hidden, ffn, std=0.1))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
