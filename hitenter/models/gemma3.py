@@ -30,9 +30,9 @@ from torch.nn import functional as F
 from hitenter.config import ModelConfig
 from hitenter.models.attention import KEY_TILE, AttentionMetadata, paged_attention, write_kv
 from hitenter.models.linear import Linear
-from hitenter.models.llama import RMSNorm, Rope, make_linear, pad_rows
+from hitenter.models.llama import RMSNorm, Rope, embed_and_head, fused_linear, make_linear, pad_rows
 from hitenter.models.row_invariance import attention_row_multiple
-from hitenter.quant import ExactEmbedding, RescoredHead, cat_rows, quant_linear, weight_bytes
+from hitenter.quant import weight_bytes
 
 
 def layer_windows(cfg: ModelConfig) -> list[int | None]:
@@ -93,10 +93,10 @@ class Gemma3Layer(nn.Module):
         self.post_ffw_norm = RMSNorm(w[p + "post_ffw_norm.weight"], eps, dtype)
         self.q_norm = RMSNorm(w[p + "attn_q_norm.weight"], eps, dtype)
         self.k_norm = RMSNorm(w[p + "attn_k_norm.weight"], eps, dtype)
-        self.qkv = make_linear(cat_rows([w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"]]),
+        self.qkv = fused_linear([w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"]],
                                None, dtype)
         self.o_proj = make_linear(w[p + "attn_output.weight"], None, dtype)
-        self.gate_up = make_linear(cat_rows([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]]), None, dtype)
+        self.gate_up = fused_linear([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]], None, dtype)
         self.down = make_linear(w[p + "ffn_down.weight"], None, dtype)
         self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
         self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
@@ -136,13 +136,7 @@ class Gemma3Model(nn.Module):
     def __init__(self, cfg: ModelConfig, w: dict[str, Any], dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.config, self.dtype, self.tp = cfg, dtype, None
-        head = w["token_embd.weight"] if cfg.tie_word_embeddings else w["output.weight"]
-        if not isinstance(w["token_embd.weight"], torch.Tensor):   # quantized layouts (hitenter/quant)
-            self.head: nn.Module = RescoredHead(quant_linear(head.coarse, None, dtype), head.exact)
-            self.embed: nn.Module = ExactEmbedding(w["token_embd.weight"].exact, dtype)
-        else:
-            self.embed = nn.Embedding.from_pretrained(w["token_embd.weight"].to(dtype), freeze=True)
-            self.head = Linear(self.embed.weight if cfg.tie_word_embeddings else head, None, dtype)
+        self.embed, self.head = embed_and_head(cfg, w, dtype, None)   # dense, GGUF blocks or hitenter/quant
         # HF: hidden_size ** 0.5 rounded to the weight dtype before the multiply
         self.embed_scale = float(torch.tensor(math.sqrt(cfg.hidden_size), dtype=dtype))
         self.windows = layer_windows(cfg)
@@ -152,7 +146,9 @@ class Gemma3Model(nn.Module):
         self.rope_global = _global_rope(cfg, max_pos)
         self.rope_local = Rope(cfg.head_dim, cfg.rope_local_theta, max_pos)
         self.batch_invariant = True   # see llama.LlamaModel
-        self.dense_gemms = any(isinstance(m, Linear) for m in self.modules())
+        self.dense_gemms = any(isinstance(m, Linear) or getattr(m, "needs_row_padding", False)
+                               for m in self.modules())
+        self.weight_format = "dense"   # the loader names the format it built
 
     def _pad(self, x: torch.Tensor) -> torch.Tensor:
         return pad_rows(x) if self.batch_invariant and self.dense_gemms else x

@@ -68,9 +68,6 @@ def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "auto",
     Bad combinations raise ValueError (see hitenter/models/formats.py). With `tp` (a tensor-parallel
     group, see hitenter/distributed) the model holds only this rank's shard, dense."""
     act_dtype, fmt = resolve_format(dtype, quantization, tp is not None)
-    if fmt == "gguf" and read_gguf_metadata(path).get("general.architecture") == "gemma3":
-        fmt = "dense"   # Gemma 3 runs dense fp32 for now (its model is not built on BlockWeight yet)
-        log.info("gemma3: the GGUF blocks are dequantized to dense fp32")
     cfg, weights = load_weights(path, "none" if fmt == "dense" else fmt)
     if cfg.architecture == "gemma3" and tp is not None:
         raise ModelLoadError("tensor parallelism is not supported for gemma3 models yet")
