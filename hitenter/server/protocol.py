@@ -106,7 +106,7 @@ Count = Annotated[int, Interval(ge=1, le=MAX_N), _NO_BOOL]
 PositiveInt = Annotated[int, Interval(ge=1), _NO_BOOL]
 NonNegInt = Annotated[int, Interval(ge=0), _NO_BOOL]
 TopK = Annotated[int, Interval(ge=-1), _NO_BOOL]
-Seed = Annotated[int, Interval(ge=-(2**63), le=2**63), _NO_BOOL]    # bounds exact as JSON numbers (doubles)
+Seed = Annotated[int, Interval(ge=-(2**53), le=2**53), _NO_BOOL]    # integers JSON carries exactly (I-JSON)
 NLogprobs = Annotated[int, Interval(ge=0, le=MAX_LOGPROBS), _NO_BOOL]
 Temperature = Annotated[float, Interval(ge=0, le=2), _NO_BOOL]
 TopP = Annotated[float, Interval(gt=0, le=1), _NO_BOOL]
@@ -170,9 +170,11 @@ class _SamplingRequest(_Base):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-def _requires(field: str, value: Any, then: dict[str, Any]) -> dict[str, Any]:
-    """JSON Schema for a rule between fields: when ``field`` is ``value``, ``then`` holds."""
-    return {"if": {"properties": {field: value}, "required": [field]}, "then": {"properties": then}}
+def _requires(field: str, value: Any, then: dict[str, Any], present: bool = False) -> dict[str, Any]:
+    """JSON Schema for a rule between fields: when ``field`` is ``value``, ``then`` holds (and its
+    fields must be given when ``present``)."""
+    rule: dict[str, Any] = {"properties": then, **({"required": list(then)} if present else {})}
+    return {"if": {"properties": {field: value}, "required": [field]}, "then": rule}
 
 
 class CompletionRequest(_SamplingRequest):
@@ -232,7 +234,7 @@ class ChatMessage(_Base):
 
 class ChatCompletionRequest(_SamplingRequest):
     model_config = ConfigDict(extra="ignore", json_schema_extra=_requires(
-        "top_logprobs", {"type": "integer"}, {"logprobs": {"const": True}}))
+        "top_logprobs", {"type": "integer"}, {"logprobs": {"const": True}}, present=True))
     messages: Annotated[list[ChatMessage], MinLen(1)]
     logprobs: Bool = False
     top_logprobs: NLogprobs | None = None
