@@ -9,7 +9,12 @@ Native library (csrc/qmatmul.c): built on first use (hitenter.kernels.build), lo
 * HITENTER_QMATMUL=0: never load it (reference path, no warning).
 * HITENTER_QMATMUL_ISA=auto|avx512|avx2|generic: force a variant (built with -mno-avx512f, ...), so
   the AVX2 and plain-C paths can be tested on an AVX-512 machine.
-Threads: the kernel's OpenMP team uses torch.get_num_threads() threads, read on every call.
+Threads: the kernel's OpenMP team uses torch.get_num_threads() threads, read on every call (libgomp
+is shared with torch's, so no second thread pool). Zero-copy: x, w.data and `out` are read/written in
+place through their data pointers; no alignment is required, only unit stride along K (x, w) and N
+(out); `out` may be a column slice of a wider buffer (e.g. fused Q/K/V outputs). Paths: M <= 15 rows
+stream each weight row once per 8 activation rows; M >= 16 on Q4_K/Q5_K/Q6_K repacks 8 weight rows at
+a time (a GEMM); both give the same bits for a row.
 """
 
 from __future__ import annotations

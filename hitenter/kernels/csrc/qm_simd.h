@@ -152,7 +152,7 @@ QM_INLINE void unpack256(const int qt, const uint8_t *b, __m256i wq[8], __m256i 
     qm_k4_scales(b + 4, u);
     const __m128i m8 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)u[3], (int)u[2]));
     *mins = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
-    const uint8_t *s8 = (const uint8_t *)u;
+    const __m256i sb = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)u)));
     const int five = qt == QT_Q5_K;
     __m256i hh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
 #pragma GCC unroll 4
@@ -166,8 +166,9 @@ QM_INLINE void unpack256(const int qt, const uint8_t *b, __m256i wq[8], __m256i 
             wq[2 * c + 1] = _mm256_or_si256(wq[2 * c + 1], _mm256_and_si256(_mm256_slli_epi16(hh, 3), x10));
             hh = _mm256_srli_epi16(hh, 2);
         }
-        sc[2 * c] = _mm256_set1_epi16(s8[2 * c]);
-        sc[2 * c + 1] = _mm256_set1_epi16(s8[2 * c + 1]);
+        /* word j of the 8 scales, broadcast by one byte shuffle (not 3 scalar-to-vector ops) */
+        sc[2 * c] = _mm256_shuffle_epi8(sb, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c))));
+        sc[2 * c + 1] = _mm256_shuffle_epi8(sb, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c + 1))));
     }
 }
 

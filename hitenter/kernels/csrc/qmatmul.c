@@ -2,9 +2,10 @@
  *
  * x is quantized once per call to int8 blocks (32 per fp32 scale for the legacy types, 256 with
  * 16-element sums for the K types), then integer dot products run per weight block.
- * Threads split N into contiguous ranges; each thread walks its weight rows once per tile of MT
- * activation rows (M <= MT: every weight byte is streamed from memory once), and each weight row is
- * unpacked in registers once per MR activation rows. Every (m, n) output is the same function of
+ * Threads take chunks of weight rows (dynamically); within a chunk the row path walks the weight
+ * rows once per tile of MT activation rows (M <= MT: every weight byte is streamed from memory
+ * once), unpacking each in registers once per MR activation rows; the K types at M >= 16 take the
+ * packed GEMM instead (qm_pack.h). Every (m, n) output is the same function of
  * (row m of x, row n of W) whatever M, the tiling or the thread count: batch invariant.
  *
  * ISA: chosen at compile time (-march=native, or forced down with -mno-avx512f / -DQM_GENERIC). */
@@ -149,62 +150,75 @@ static void run_range(row_fn fn, const uint8_t *w, int64_t ldw, int64_t nb, cons
     }
 }
 
+typedef struct {   /* one call's work, shared by the threads */
+    row_fn fn;
+    const uint8_t *w;
+    int64_t ldw, nb, M, N, ldy, chunk, nchunks, next;
+    const char *xq;
+    size_t xrow_bytes;
+    float *y;
+    int packed, failed;
+#if QM_ISA
+    pack_fn pack;
+    pkern_fn kern;
+#endif
+} job;
+
+/* one thread: take chunks of weight rows until none is left */
+static void worker(job *j) {
+    void *buf = NULL;
+#if QM_ISA
+    if (j->packed && !(buf = aligned_alloc(64, (size_t)PG * j->nb * sizeof(pblock))))
+        __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+#endif
+    for (;;) {
+        const int64_t c = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (c >= j->nchunks) break;
+        const int64_t n0 = c * j->chunk, n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
+#if QM_ISA
+        if (j->packed) {
+            if (buf) run_packed(j->pack, j->kern, j->w, j->ldw, j->nb, (const xq256 *)j->xq, j->M, n0, n1, j->y, j->ldy, buf);
+            continue;
+        }
+#endif
+        run_range(j->fn, j->w, j->ldw, j->nb, j->xq, j->xrow_bytes, j->M, n0, n1, j->y, j->ldy);
+    }
+    free(buf);
+}
+
 /* returns 0, -1 (unsupported type), -2 (K not a whole number of blocks / bad sizes), -3 (no memory) */
 int qm_matmul(int qt, const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int64_t N,
               int64_t ldw, float *y, int64_t ldy, int nthreads) {
     int elems, bytes;
-    row_fn fn;
-    if (type_info(qt, &elems, &bytes, &fn)) return -1;
+    job j = {0};
+    if (type_info(qt, &elems, &bytes, &j.fn)) return -1;
     if (K <= 0 || K % elems || M < 0 || N < 0 || ldx < K || ldy < N || ldw < K / elems * bytes) return -2;
     if (M == 0 || N == 0) return 0;
-    const int64_t nb = K / elems;
-    const size_t xrow_bytes = (size_t)nb * (elems == 32 ? sizeof(xq32) : sizeof(xq256));
-    char *xq = aligned_alloc(64, (M * xrow_bytes + 63) / 64 * 64);
+    j.w = w, j.ldw = ldw, j.nb = K / elems, j.M = M, j.N = N, j.y = y, j.ldy = ldy;
+    j.xrow_bytes = (size_t)j.nb * (elems == 32 ? sizeof(xq32) : sizeof(xq256));
+    char *xq = aligned_alloc(64, (M * j.xrow_bytes + 63) / 64 * 64);
     if (!xq) return -3;
+    j.xq = xq;
+#if QM_ISA
+    j.packed = M >= PACK_MIN_M && packed_fns(qt, &j.pack, &j.kern);
+#endif
     /* small products are not worth waking threads for */
     const int nt = (double)M * N * K < 2e5 || nthreads < 1 ? 1 : nthreads;
     /* Chunks of weight rows handed out dynamically: on a shared, oversubscribed machine a thread that
      * is descheduled leaves its work to the others instead of stalling the call at the barrier.
      * Which thread computes a row changes nothing in its result. */
-    int packed = 0;
-#if QM_ISA
-    pack_fn pack = NULL;
-    pkern_fn kern = NULL;
-    packed = M >= PACK_MIN_M && packed_fns(qt, &pack, &kern);
-#endif
-    const int64_t unit = packed ? 32 : 4, want = N / (nt * (packed ? 8 : 16));
-    const int64_t chunk = want > unit ? (want + unit - 1) / unit * unit : (packed ? 32 : 16);
-    const int64_t nchunks = (N + chunk - 1) / chunk;
-    int64_t next = 0;
-    int failed = 0;
-    if (M < 4 * nt) quant_rows(elems, x, ldx, nb, xq, xrow_bytes, 0, M);
+    const int64_t unit = j.packed ? 32 : 4, want = N / (nt * (j.packed ? 8 : 16));
+    j.chunk = want > unit ? (want + unit - 1) / unit * unit : (j.packed ? 32 : 16);   /* packed: PG * PN rows */
+    j.nchunks = (N + j.chunk - 1) / j.chunk;
+    if (M < 4 * nt) quant_rows(elems, x, ldx, j.nb, xq, j.xrow_bytes, 0, M);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         if (M >= 4 * nt) {
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t m = 0; m < M; m += 4) quant_rows(elems, x, ldx, nb, xq, xrow_bytes, m, m + 4 < M ? m + 4 : M);
+            for (int64_t m = 0; m < M; m += 4) quant_rows(elems, x, ldx, j.nb, xq, j.xrow_bytes, m, m + 4 < M ? m + 4 : M);
         }
-        void *buf = NULL;
-#if QM_ISA
-        if (packed && !(buf = aligned_alloc(64, (size_t)PG * nb * sizeof(pblock)))) {
-            __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
-        }
-#endif
-        for (;;) {
-            const int64_t c = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
-            if (c >= nchunks) break;
-            const int64_t n0 = c * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
-#if QM_ISA
-            if (packed) {
-                if (buf) run_packed(pack, kern, w, ldw, nb, (const xq256 *)xq, M, n0, n1, y, ldy, buf);
-                continue;
-            }
-#endif
-            run_range(fn, w, ldw, nb, xq, xrow_bytes, M, n0, n1, y, ldy);
-        }
-        free(buf);
+        worker(&j);
     }
-    if (failed) { free(xq); return -3; }
     free(xq);
-    return 0;
+    return j.failed ? -3 : 0;
 }
