@@ -14,6 +14,8 @@ import openai
 import pytest
 from test_server_util import LiveServer, free_port, live_server
 
+pytestmark = pytest.mark.slow     # a server subprocess and the real SmolLM2
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -75,7 +77,6 @@ def smol_server(smollm2_path: Path) -> Iterator[LiveServer]:
         yield srv
 
 
-@pytest.mark.slow
 def test_smollm2_chat(smol_server: LiveServer) -> None:
     client = openai.OpenAI(base_url=smol_server.url + "/v1", api_key="none", max_retries=0, timeout=120)
     model = client.models.list().data[0].id
