@@ -21,6 +21,7 @@ from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = (None, "gguf", "int8", "int4")
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 SPEC_METHODS = ("ngram", "draft_model")
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 
@@ -103,6 +104,11 @@ class LoadConfig:
 
     def __post_init__(self) -> None:
         _require(self.model is None or isinstance(self.model, str), "model", f"must be a string, got {self.model!r}")
+        # old spellings still accepted: torch dtypes, fp32 / bf16 / fp16, quantization "none"
+        dtype = str(self.dtype).removeprefix("torch.")
+        object.__setattr__(self, "dtype", DTYPE_ALIASES.get(dtype, dtype))
+        if self.quantization == "none":
+            object.__setattr__(self, "quantization", None)
         _check_choice(self, "dtype", DTYPES)
         _check_choice(self, "quantization", QUANTIZATIONS)
         _check_int(self, "num_threads", 1, optional=True)

@@ -48,6 +48,7 @@ def test_batch_invariance_32_mixed_requests(llm):
     assert llm.engine.kv_manager.num_free_blocks == llm.engine.parts.num_blocks
 
 
+@pytest.mark.slow
 def test_generation_rows_use_the_fused_kernel(tiny_llama_path, monkeypatch):
     """Decode steps run the fused paged kernel (where it is built), and the torch-only path (kernel off)
     is batch invariant on its own too."""
@@ -93,6 +94,7 @@ def test_prefix_cache_hit_same_tokens_and_reports_cached(llm):
     assert branch.num_cached_tokens == 48
 
 
+@pytest.mark.slow
 def test_preemption_small_kv_budget_same_outputs(tiny_llama_path, llm):
     prompts, params = _prompts(12, seed=5, lo=20, hi=60), _mixed_params(12)
     ref = llm.generate(prompts, params)
@@ -175,6 +177,7 @@ def test_event_stream_matches_engine(llm):
     assert events[-1].num_free_blocks == llm.engine.parts.num_blocks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["int4", "int8", "bfloat16"])
 def test_batch_invariance_other_weight_formats(tmp_path, kind):
     """Quantized models run unpadded (their kernels give a row the same bits for any row count) and bf16

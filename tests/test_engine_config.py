@@ -44,6 +44,13 @@ def test_zero_is_not_the_default():
     assert EngineConfig.from_options(max_num_seqs=None).scheduler.max_num_seqs == 64
 
 
+def test_old_spellings_are_accepted():
+    import torch
+
+    assert LoadConfig(dtype=torch.bfloat16).dtype == "bfloat16" and LoadConfig(dtype="fp32").dtype == "float32"
+    assert LoadConfig(quantization="none").quantization is None
+
+
 def test_unknown_option_is_a_type_error():
     with pytest.raises(TypeError, match="max_num_seq"):
         EngineConfig.from_options(max_num_seq=4)

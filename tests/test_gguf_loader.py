@@ -164,6 +164,7 @@ def test_quantized_tiny_model_loads(tmp_path: Path, quant: str) -> None:
     assert cfg.vocab_size == model.embed.num_embeddings
 
 
+@pytest.mark.slow
 def test_smollm2_config_and_load_time(smollm2_path: Path) -> None:
     import time
 

@@ -20,7 +20,8 @@ SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "playground"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
         "--disable-component-update", "--no-first-run", "--disable-quic"]
 TINY_OPTS = dict(kv_cache_memory=64 * 4 * 512, block_size=4, max_model_len=128, max_num_batched_tokens=16)
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's /usr/bin/chromium")
+pytestmark = [pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's /usr/bin/chromium"),
+              pytest.mark.slow]     # a browser per module: the fast lane (-m "not slow") skips it
 
 
 @pytest.fixture(scope="module")

@@ -158,6 +158,7 @@ def smol_fp32_ppl(smollm2_path: Path, smol_ids: list[int]) -> float:
     return perplexity(load_model(smollm2_path, dtype=torch.float32)[0], smol_ids, 512, PPL_TOKENS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["int8", "int4", "bf16"])
 def test_smollm2_perplexity_within_2_percent(smollm2_path: Path, smol_ids: list[int], smol_fp32_ppl: float,
                                              mode: str) -> None:
@@ -168,6 +169,7 @@ def test_smollm2_perplexity_within_2_percent(smollm2_path: Path, smol_ids: list[
     assert abs(ppl / smol_fp32_ppl - 1) < 0.02, (mode, ppl, smol_fp32_ppl)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_smollm2_next_token_in_fp32_top3(smollm2_path: Path, mode: str) -> None:
     """The quantized model's greedy next token is one of the fp32 model's top 3 on every prompt.
@@ -185,6 +187,7 @@ def test_smollm2_next_token_in_fp32_top3(smollm2_path: Path, mode: str) -> None:
     assert greedy(qm, tok.encode(PROMPTS[0]), 2) == greedy(ref, tok.encode(PROMPTS[0]), 2)
 
 
+@pytest.mark.slow
 def test_smollm2_int4_greedy_agrees_with_fp32(smollm2_path: Path) -> None:
     """int4 (the GGUF's exact Q4_1 weights, bf16 activations, rescored head) continues most prompts
     exactly like the fp32 model over 24 greedy tokens (measured 6/10; int8, requantized per row, 3/10)."""

@@ -12,6 +12,8 @@ from test_server_util import LiveServer, live_server
 
 from hitenter.testing.serve import serve_subprocess
 
+pytestmark = pytest.mark.slow     # a server subprocess and the real SmolLM2
+
 
 @pytest.fixture()
 def served_subprocess(tiny_llama_path: Path) -> Iterator[str]:
@@ -49,7 +51,6 @@ def smol_server(smollm2_path: Path) -> Iterator[LiveServer]:
         yield srv
 
 
-@pytest.mark.slow
 def test_smollm2_chat(smol_server: LiveServer) -> None:
     client = openai.OpenAI(base_url=smol_server.url + "/v1", api_key="none", max_retries=0, timeout=120)
     model = client.models.list().data[0].id
