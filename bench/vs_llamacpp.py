@@ -59,7 +59,6 @@ print(json.dumps(out))
 def hitenter_rates(path: str, fmt: str, decode: int, prefills: list[int]) -> dict[str, object]:
     """One weight format's rates, RSS after load, and weight bytes (resident / read per decode step)."""
     from hitenter import LLM, SamplingParams
-
     from hitenter.models.gguf import model_config_from_metadata, read_gguf_metadata
 
     # a KV cache for llama.cpp's n_ctx=4096 tokens (the engine's default is a share of RAM, which would
