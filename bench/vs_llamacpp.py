@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import FORMATS, decode_read_bytes, emit_json, rss_bytes, table  # noqa: E402
 
+N_CTX = 4096   # llama.cpp's context below, and hitenter's KV cache
 DEFAULT_MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct"]   # gemma-3-270m also runs (--models)
 LLAMACPP_SCRIPT = r"""
 import json, sys, time
@@ -58,9 +59,16 @@ print(json.dumps(out))
 def hitenter_rates(path: str, fmt: str, decode: int, prefills: list[int]) -> dict[str, object]:
     """One weight format's rates, RSS after load, and weight bytes (resident / read per decode step)."""
     from hitenter import LLM, SamplingParams
+    from hitenter.models.gguf import model_config_from_metadata, read_gguf_metadata
 
-    llm = LLM(path, enable_prefix_caching=False, max_num_batched_tokens=max(prefills), **FORMATS[fmt])
-    out: dict[str, object] = {"rss_after_load": rss_bytes()}
+    # a KV cache for llama.cpp's n_ctx=4096 tokens (the engine's default is a share of RAM, which would
+    # dominate the RSS), in the format's activation dtype
+    kv_bytes = model_config_from_metadata(read_gguf_metadata(path)).kv_bytes_per_token(
+        2 if fmt == "bf16" else 4) * N_CTX
+    llm = LLM(path, enable_prefix_caching=False, max_num_batched_tokens=max(prefills), max_model_len=N_CTX,
+              kv_cache_memory=kv_bytes, **FORMATS[fmt])
+    kv = sum(t.numel() * t.element_size() for t in llm.engine.parts.runner.kv_caches)
+    out: dict[str, object] = {"rss_after_load": rss_bytes(), "kv_bytes": kv}
     for n in prefills:
         best = 0.0
         for r in range(3):
@@ -113,10 +121,11 @@ def report(name: str, path: str, ours: dict[str, dict], theirs: dict[str, float]
              r[k] / theirs[k] if k in theirs else float("nan")] for k in keys for fmt, r in ours.items()]
     print(f"\n== {name}")
     print(table(rows, ["workload (tok/s) [hitenter format]", "hitenter", "llama.cpp", "ratio"]))
-    mem = [[label(fmt, r), r["rss_after_load"] / 1e6, r["weight_bytes"] / 1e6] for fmt, r in ours.items()]
+    mem = [[label(fmt, r), r["rss_after_load"] / 1e6, r["weight_bytes"] / 1e6, r["kv_bytes"] / 1e6]
+           for fmt, r in ours.items()]
     if theirs:
-        mem.append(["llama.cpp", theirs["rss_after_load"] / 1e6, float("nan")])
-    print(table(mem, ["engine [format]", "RSS after load (MB)", "weights resident (MB)"]))
+        mem.append(["llama.cpp", theirs["rss_after_load"] / 1e6, float("nan"), float("nan")])
+    print(table(mem, ["engine [format]", "RSS after load (MB)", "weights resident (MB)", f"KV cache, {N_CTX} tokens"]))
     gguf_bytes = Path(path).stat().st_size
     ceil_gguf = a.bandwidth * 1e9 / gguf_bytes
     for fmt, r in ours.items():

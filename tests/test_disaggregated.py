@@ -170,3 +170,17 @@ def test_async_stream_gets_the_error(tiny_llama_path: Path) -> None:
     finally:
         eng.shutdown()
     assert _gone(pids)
+
+
+def test_prefill_worker_loads_the_engines_weight_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GGUF blocks (the default format): the prefill worker runs the same blocks, so its KV is the one the
+    decoding engine would compute (tokens and logprobs bitwise equal to a single engine)."""
+    from hitenter.testing.tiny_model import write_tiny_gguf
+
+    monkeypatch.setenv("HITENTER_GGUF_REFERENCE", "1")   # blocks even without the native kernels
+    path = str(write_tiny_gguf(tmp_path / "q8.gguf", arch="llama", quant="Q8_0"))
+    with LLM(path, **OPTS) as one:
+        assert one.engine.parts.model.weight_format == "gguf"
+        ref = _run(one)
+    with LLM(path, disaggregate=DISAGG, **OPTS) as two:
+        assert _run(two) == ref
