@@ -202,3 +202,17 @@ def test_disabled_by_env(reload_kernels: pytest.MonkeyPatch, caplog: pytest.LogC
     with caplog.at_level(logging.WARNING):
         assert not qm_mod.native_available()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_cached_descriptor_follows_the_weight() -> None:
+    """qmatmul caches a validated descriptor on the BlockWeight; changing the weight's data rebuilds it."""
+    w = random_weight(Q.Q4_1, 24, 96, seed=5)
+    other = random_weight(Q.Q4_1, 24, 96, seed=6)
+    x = torch.randn(3, 96)
+    y1 = qmatmul(x, w)
+    assert torch.equal(qmatmul(x, w), y1)
+    w.data = other.data
+    assert torch.equal(qmatmul(x, w), qmatmul(x, other))
+    assert w == BlockWeight(other.data, other.qtype, other.shape)    # the cache is not a dataclass field
+    row = torch.randn(96, 1).t()                                     # [1, K] with stride (1, 1)
+    assert torch.equal(qmatmul(row, w), qmatmul(row.contiguous(), w))

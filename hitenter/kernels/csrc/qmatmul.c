@@ -186,21 +186,43 @@ static void worker(job *j) {
     free(buf);
 }
 
-/* returns 0, -1 (unsupported type), -2 (K not a whole number of blocks / bad sizes), -3 (no memory) */
-int qm_matmul(int qt, const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int64_t N,
-              int64_t ldw, float *y, int64_t ldy, int nthreads) {
+/* A weight as the hot call sees it: validated once (qm_desc_init), then passed by pointer, so a
+ * decode-step call crosses ctypes with 7 arguments and no weight checks. */
+typedef struct {
+    const uint8_t *w;
+    int64_t N, K, ldw, nb;
+    int32_t qt, elems;
+    row_fn fn;
+} qm_desc;
+
+int64_t qm_desc_size(void) { return (int64_t)sizeof(qm_desc); }
+
+/* returns 0, -1 (unsupported type), -2 (K not a whole number of blocks / bad sizes) */
+int qm_desc_init(qm_desc *d, int qt, const uint8_t *w, int64_t N, int64_t K, int64_t ldw) {
     int elems, bytes;
+    row_fn fn;
+    if (type_info(qt, &elems, &bytes, &fn)) return -1;
+    if (K <= 0 || K % elems || N < 0 || ldw < K / elems * bytes) return -2;
+    d->w = w, d->N = N, d->K = K, d->ldw = ldw, d->nb = K / elems, d->qt = qt, d->elems = elems, d->fn = fn;
+    return 0;
+}
+
+/* y[M, N] (row stride ldy) = x[M, K] (row stride ldx) W^T; 0, -2 (bad sizes), -3 (no memory) */
+int qm_matmul_desc(const qm_desc *d, const float *x, int64_t M, int64_t ldx, float *y, int64_t ldy, int nthreads) {
+    const int elems = d->elems, qt = d->qt;
+    const int64_t N = d->N, K = d->K;
     job j = {0};
-    if (type_info(qt, &elems, &bytes, &j.fn)) return -1;
-    if (K <= 0 || K % elems || M < 0 || N < 0 || ldx < K || ldy < N || ldw < K / elems * bytes) return -2;
+    if (M < 0 || ldx < K || ldy < N) return -2;
     if (M == 0 || N == 0) return 0;
-    j.w = w, j.ldw = ldw, j.nb = K / elems, j.M = M, j.N = N, j.y = y, j.ldy = ldy;
+    j.fn = d->fn, j.w = d->w, j.ldw = d->ldw, j.nb = d->nb, j.M = M, j.N = N, j.y = y, j.ldy = ldy;
     j.xrow_bytes = (size_t)j.nb * (elems == 32 ? sizeof(xq32) : sizeof(xq256));
     char *xq = aligned_alloc(64, (M * j.xrow_bytes + 63) / 64 * 64);
     if (!xq) return -3;
     j.xq = xq;
 #if QM_ISA
     j.packed = M >= PACK_MIN_M && packed_fns(qt, &j.pack, &j.kern);
+#else
+    (void)qt;
 #endif
     /* small products are not worth waking threads for */
     const int nt = (double)M * N * K < 2e5 || nthreads < 1 ? 1 : nthreads;
@@ -221,4 +243,12 @@ int qm_matmul(int qt, const float *x, int64_t M, int64_t K, int64_t ldx, const u
     }
     free(xq);
     return j.failed ? -3 : 0;
+}
+
+/* returns 0, -1 (unsupported type), -2 (K not a whole number of blocks / bad sizes), -3 (no memory) */
+int qm_matmul(int qt, const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int64_t N,
+              int64_t ldw, float *y, int64_t ldy, int nthreads) {
+    qm_desc d;
+    const int rc = qm_desc_init(&d, qt, w, N, K, ldw);
+    return rc ? rc : qm_matmul_desc(&d, x, M, ldx, y, ldy, nthreads);
 }
