@@ -77,19 +77,24 @@ static inline int qm_off32(int qt) { return qt == QT_Q4_0 ? 8 : qt == QT_Q5_0 ? 
 
 /* legacy block -> 32 weight bytes (unsigned, offset not applied; Q8_0 signed as stored), its scale d
  * and min m (0 for the *_0 types) */
-QM_INLINE __m256i unpack32(const int qt, const uint8_t *b, float *d, float *m) {
-    *d = s_h2f(b);
-    *m = qt == QT_Q4_1 || qt == QT_Q5_1 ? s_h2f(b + 2) : 0.0f;
+QM_INLINE __m256i unpack32q(const int qt, const uint8_t *b) {
     if (qt == QT_Q8_0) return _mm256_loadu_si256((const __m256i *)(b + 2));
     const int off = qt == QT_Q4_0 ? 2 : qt == QT_Q4_1 ? 4 : qt == QT_Q5_0 ? 6 : 8;
-    const __m128i q = _mm_loadu_si128((const __m128i *)(b + off));
-    __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(15));
+    /* the 16 bytes in both halves, the high half shifted by 4: low nibbles are elements 0..15 */
+    const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + off)));
+    __m256i v = _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(15));
     if (qt == QT_Q5_0 || qt == QT_Q5_1) {
         uint32_t qh;
         memcpy(&qh, b + off - 4, 4);
         v = _mm256_or_si256(v, bits_to_0x10(qh));
     }
     return v;
+}
+
+QM_INLINE __m256i unpack32(const int qt, const uint8_t *b, float *d, float *m) {
+    *d = s_h2f(b);
+    *m = qt == QT_Q4_1 || qt == QT_Q5_1 ? s_h2f(b + 2) : 0.0f;
+    return unpack32q(qt, b);
 }
 
 /* Legacy types, canonical float part (shared with the packed GEMM, qm_pack.h): block b goes to
@@ -100,9 +105,21 @@ QM_INLINE __m256i unpack32(const int qt, const uint8_t *b, float *d, float *m) {
 QM_INLINE void s_grp32(const int qt, const int bb, const uint8_t *w, int64_t nb, int64_t b0, const int nv,
                        const char *x, int64_t xrow, const int R, __m128 acc[]) {
     __m256i wq[4];
-    float dw[4] = {0, 0, 0, 0}, mw[4] = {0, 0, 0, 0};
-    for (int j = 0; j < 4; j++) wq[j] = j < nv ? unpack32(qt, w + (b0 + j) * bb, dw + j, mw + j) : _mm256_setzero_si256();
-    const __m128 d4 = _mm_setr_ps(dw[0], dw[1], dw[2], dw[3]), m4 = _mm_setr_ps(mw[0], mw[1], mw[2], mw[3]);
+    __m128 d4, m4;
+    if (nv == 4) {   /* the 4 blocks' (d, m) fp16 pairs by one conversion */
+        uint32_t u[4];
+        for (int j = 0; j < 4; j++) memcpy(u + j, w + (b0 + j) * bb, 4);
+        const __m256 f = _mm256_cvtph_ps(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]));
+        const __m128 lo = _mm256_castps256_ps128(f), hi = _mm256_extractf128_ps(f, 1);
+        d4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
+        m4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+        for (int j = 0; j < 4; j++) wq[j] = unpack32q(qt, w + (b0 + j) * bb);
+    } else {
+        float dw[4] = {0, 0, 0, 0}, mw[4] = {0, 0, 0, 0};
+        for (int j = 0; j < 4; j++) wq[j] = j < nv ? unpack32(qt, w + (b0 + j) * bb, dw + j, mw + j) : _mm256_setzero_si256();
+        d4 = _mm_setr_ps(dw[0], dw[1], dw[2], dw[3]);
+        m4 = _mm_setr_ps(mw[0], mw[1], mw[2], mw[3]);
+    }
     __m256i wabs[4];
     if (qt == QT_Q8_0)
         for (int j = 0; j < 4; j++) wabs[j] = _mm256_sign_epi8(wq[j], wq[j]);
