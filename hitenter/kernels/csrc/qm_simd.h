@@ -3,8 +3,8 @@
  *
  * Integer part: weights unpacked to unsigned bytes (Q8_0: |w| with the sign moved onto x), dotted
  * with the int8 activations by dpbusd (VNNI) or maddubs+madd (AVX2); both give the same exact int32
- * lanes. Float part: per block, acc[8 lanes] = fma(float(int lanes), d_w * d_x, acc), lanes summed
- * in a fixed order at the end of the row. Nothing depends on R (rows done together) or on which
+ * lanes. Float part: a fixed per-block scalar sequence on each block's exact integer dot (k_step for
+ * the K types, s_grp32 for the legacy ones), which the packed GEMM (qm_pack.h) repeats lane-wise. Nothing depends on R (rows done together) or on which
  * thread runs the row, so every output is batch invariant; built with -ffp-contract=off so the
  * compiler cannot fuse differently in different inlined copies. */
 #ifndef QM_SIMD_H

@@ -4,8 +4,8 @@
  * 16-element sums for the K types), then integer dot products run per weight block.
  * Threads take chunks of weight rows (dynamically); within a chunk the row path walks the weight
  * rows once per tile of MT activation rows (M <= MT: every weight byte is streamed from memory
- * once), unpacking each in registers once per MR activation rows; the K types at M >= 16 take the
- * packed GEMM instead (qm_pack.h). Every (m, n) output is the same function of
+ * once), unpacking each in registers once per MR activation rows; at M >= 16 every type takes the packed
+ * GEMM instead (qm_pack.h; Q8_0 only with VNNI). Every (m, n) output is the same function of
  * (row m of x, row n of W) whatever M, the tiling or the thread count: batch invariant.
  *
  * ISA: chosen at compile time (-march=native, or forced down with -mno-avx512f / -DQM_GENERIC). */
