@@ -120,20 +120,28 @@ QM_INLINE void s_grp32(const int qt, const int bb, const uint8_t *w, int64_t nb,
         d4 = _mm_setr_ps(dw[0], dw[1], dw[2], dw[3]);
         m4 = _mm_setr_ps(mw[0], mw[1], mw[2], mw[3]);
     }
+    /* Q8_0: with VNNI (exact u8 x s8 sums) the stored bytes + 128, the offset back through c as for the
+     * 4/5-bit types; AVX2's maddubs would saturate there, so |w| with the sign moved onto x instead */
+    const int q8sign = qt == QT_Q8_0 && !QM_VNNI;
     __m256i wabs[4];
-    if (qt == QT_Q8_0)
+    if (q8sign)
         for (int j = 0; j < 4; j++) wabs[j] = _mm256_sign_epi8(wq[j], wq[j]);
+    else if (qt == QT_Q8_0)
+        for (int j = 0; j < 4; j++) wq[j] = _mm256_xor_si256(wq[j], _mm256_set1_epi8((char)0x80));
     for (int r = 0; r < R; r++) {
         const char *xr = x + r * xrow;
         __m256i v[4];
         for (int j = 0; j < 4; j++) {
             __m256i xv = j < nv ? _mm256_loadu_si256((const __m256i *)(xr + 32 * (b0 + j))) : _mm256_setzero_si256();
-            if (qt == QT_Q8_0) v[j] = dot_u8s8(wabs[j], _mm256_sign_epi8(xv, wq[j]));   /* exact w . x, no offset */
+            if (q8sign) v[j] = dot_u8s8(wabs[j], _mm256_sign_epi8(xv, wq[j]));   /* exact w . x, no offset */
             else v[j] = dot_u8s8(wq[j], xv);
         }
-        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        /* the 4 blocks' lane sums (a transpose by unpacks: single-uop ops) */
+        const __m256i a = _mm256_add_epi32(_mm256_unpacklo_epi32(v[0], v[1]), _mm256_unpackhi_epi32(v[0], v[1]));
+        const __m256i c = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2], v[3]), _mm256_unpackhi_epi32(v[2], v[3]));
+        const __m256i h = _mm256_add_epi32(_mm256_unpacklo_epi64(a, c), _mm256_unpackhi_epi64(a, c));
         __m128i I = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-        if (qt != QT_Q8_0) I = _mm_add_epi32(I, _mm_loadu_si128((const __m128i *)(XL_C(xr, nb) + b0)));
+        if (!q8sign) I = _mm_add_epi32(I, _mm_loadu_si128((const __m128i *)(XL_C(xr, nb) + b0)));
         acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(I), _mm_mul_ps(d4, _mm_loadu_ps(XL_D(xr, nb) + b0)), acc[r]);
         if (qt == QT_Q4_1 || qt == QT_Q5_1) acc[r] = _mm_fmadd_ps(m4, _mm_loadu_ps(XL_S(xr, nb) + b0), acc[r]);
     }
