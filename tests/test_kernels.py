@@ -216,3 +216,16 @@ def test_cached_descriptor_follows_the_weight() -> None:
     assert w == BlockWeight(other.data, other.qtype, other.shape)    # the cache is not a dataclass field
     row = torch.randn(96, 1).t()                                     # [1, K] with stride (1, 1)
     assert torch.equal(qmatmul(row, w), qmatmul(row.contiguous(), w))
+
+
+@pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
+def test_packed_gemm_matches_row_path_on_ragged_shapes(qtype: Q) -> None:
+    """M >= 16 takes the packed GEMM: bitwise the row path's result, with N not a multiple of the 8-row
+    groups and (legacy) a block count not a multiple of the 4 partial sums."""
+    k = 576 if qtype in LEGACY else 768                  # 18 legacy blocks (18 % 4 = 2), 3 K blocks
+    w = random_weight(qtype, 37, k, seed=7)
+    x = torch.randn(21, k, generator=torch.Generator().manual_seed(8))
+    y = qmatmul(x, w)
+    check_close(x, w, y)
+    for i in (0, 8, 15, 16, 20):
+        assert torch.equal(y[i:i + 1], qmatmul(x[i:i + 1], w)), f"{w.type_name} row {i}"
