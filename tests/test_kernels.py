@@ -11,9 +11,11 @@ kernel must agree to the slop alone, which catches any wrong scale, offset or ni
 
 from __future__ import annotations
 
+import copy
 import importlib
 import logging
 import os
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -216,6 +218,9 @@ def test_cached_descriptor_follows_the_weight() -> None:
     assert w == BlockWeight(other.data, other.qtype, other.shape)    # the cache is not a dataclass field
     row = torch.randn(96, 1).t()                                     # [1, K] with stride (1, 1)
     assert torch.equal(qmatmul(row, w), qmatmul(row.contiguous(), w))
+    clone = pickle.loads(pickle.dumps(w))                            # e.g. sent to a worker process
+    assert torch.equal(qmatmul(x, clone), qmatmul(x, other))
+    assert torch.equal(qmatmul(x, copy.deepcopy(w)), qmatmul(x, other))
 
 
 @pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)

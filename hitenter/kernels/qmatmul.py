@@ -156,6 +156,10 @@ class _Desc:
             raise RuntimeError(f"qmatmul: the native kernel refuses the {w.type_name} weight {w.shape} (code {rc})")
         self.buf, self.keep, self.addr = buf, data, ctypes.addressof(buf)
 
+    def __reduce__(self) -> tuple:
+        """Pickled/deep-copied as None (it holds raw addresses): the copy builds its own on first use."""
+        return (type(None), ())
+
 
 def _describe(w: BlockWeight) -> _Desc:
     if not isinstance(w, BlockWeight):
