@@ -1,6 +1,6 @@
 """Native GGUF-block matmul (hitenter.kernels.qmatmul) on the real model shapes, in one run:
 
-    .venv/bin/python bench/qmatmul.py [--threads 2] [--pool-mb 256] [--quick] [--cpu-time]
+    .venv/bin/python bench/qmatmul.py [--threads 2] [--pool-mb 256] [--quick] [--cpu-time] [--synthetic]
 
 GEMV (M=1): effective GB/s = weight bytes / time, cycling through copies of the model's tensors of that
 shape whose total (--pool-mb) is far above the last-level cache, so every call streams from DRAM; the
@@ -8,6 +8,9 @@ percentage is of torch's read bandwidth measured in the same run (sum of a 1 GiB
 GEMM (M=512, prefill): GFLOP/s = 2 M N K / time, beside torch bf16 F.linear on the same shape.
 --cpu-time (with --threads 1): time by the thread's CPU clock instead of the wall clock, for a shared,
 oversubscribed machine where wall times mostly measure the other tenants (all columns alike).
+--synthetic: SmolLM2-135M's shapes and types (Q4_1 layers, Q8_0 head) from random weights quantized by
+gguf, for machines without that model cached. Per call: us for a 1-row call on a 576x576 Q4_1 weight
+(tight loop, out=), i.e. mostly the Python + ctypes overhead of a decode-step matmul.
 """
 
 from __future__ import annotations
@@ -38,6 +41,33 @@ SHAPES = [("qwen2.5-coder-1.5b-instruct", "attn_q.weight", "q/o 1536x1536"),
           ("smollm2-135m-instruct", "ffn_up.weight", "up/gate 1536x576"),
           ("smollm2-135m-instruct", "ffn_down.weight", "down 576x1536"),
           ("smollm2-135m-instruct", "token_embd.weight", "head 49152x576")]
+
+
+SYNTHETIC = [("smollm2* q/o 576x576", "Q4_1", 576, 576), ("smollm2* k/v 192x576", "Q4_1", 192, 576),
+             ("smollm2* up/gate 1536x576", "Q4_1", 1536, 576), ("smollm2* down 576x1536", "Q4_1", 576, 1536),
+             ("smollm2* head 49152x576", "Q8_0", 49152, 576)]
+
+
+def synthetic_weight(type_name: str, n: int, k: int):
+    import gguf
+    import numpy as np
+
+    from hitenter.kernels import BlockWeight
+
+    qtype = gguf.GGMLQuantizationType[type_name]
+    x = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32) * 0.02
+    return BlockWeight(torch.from_numpy(np.ascontiguousarray(gguf.quants.quantize(x, qtype))), int(qtype), (n, k))
+
+
+def per_call_us(calls: int = 20000) -> float:
+    """us per qmatmul of 1 row on a 576x576 Q4_1 weight into out= (best of 5 loops)."""
+    from hitenter.kernels import qmatmul
+
+    w = synthetic_weight("Q4_1", 576, 576)
+    x, out = torch.randn(1, 576), torch.empty(1, 576)
+    for _ in range(200):
+        qmatmul(x, w, out=out)
+    return best_time(lambda: [qmatmul(x, w, out=out) for _ in range(calls)], 5) / calls * 1e6
 
 
 def cpu_info() -> tuple[str, str]:
@@ -131,6 +161,7 @@ def main() -> None:
     ap.add_argument("--m", type=int, default=512)
     ap.add_argument("--quick", action="store_true", help="skip the GEMMs of the two vocabulary heads")
     ap.add_argument("--cpu-time", action="store_true", help="thread CPU clock (needs --threads 1)")
+    ap.add_argument("--synthetic", action="store_true", help="also SmolLM2's shapes from random quantized weights")
     a = ap.parse_args()
     if a.cpu_time:
         if a.threads != 1:
@@ -145,18 +176,21 @@ def main() -> None:
           f"clock {'thread CPU' if a.cpu_time else 'wall'}")
     bw = read_bandwidth()
     print(f"torch read bandwidth (sum of 1 GiB fp32, {a.threads} threads): {bw:.1f} GB/s")
+    us = per_call_us()
+    print(f"per call (1 x 576 @ Q4_1 576x576, out=): {us:.2f} us")
     rows, result = [], {}
-    for mdl, suffix, label in SHAPES:
-        if not (MODELS / f"{mdl}.gguf").exists():
-            continue
-        ws = load_weights(mdl, suffix)
+    jobs = [(mdl, suffix, label) for mdl, suffix, label in SHAPES if (MODELS / f"{mdl}.gguf").exists()]
+    if a.synthetic:
+        jobs += [(None, spec, spec[0]) for spec in SYNTHETIC]
+    for mdl, suffix, label in jobs:
+        ws = load_weights(mdl, suffix) if mdl else [synthetic_weight(*suffix[1:])]
         if not ws:
             continue
         w = ws[0]
         gbs = gemv(weight_pool(ws, a.pool_mb << 20), reps=3)
         head = w.shape[0] > 40000
         q, b = (float("nan"), float("nan")) if a.quick and head else gemm(w, a.m, 1 if head else 3)
-        name = f"{mdl.split('-')[0]} {label}"
+        name = f"{mdl.split('-')[0]} {label}" if mdl else label
         rows.append([name, w.type_name, gbs, 100 * gbs / bw, q, b, q / b])
         result[name] = {"type": w.type_name, "gemv_gbs": gbs, "gemv_pct_bw": 100 * gbs / bw, "gemm_gflops": q,
                         "bf16_gflops": b}
@@ -164,7 +198,7 @@ def main() -> None:
               .splitlines()[-1], flush=True)
     print()
     print(table(rows, ["shape", "type", "M=1 GB/s", "% bw", f"M={a.m} GF/s", "bf16 GF/s", "ratio"]))
-    emit_json("qmatmul", {"threads": a.threads, "cpu_time": a.cpu_time, "read_gbs": bw, "isa": native_isa(), "rows": result})
+    emit_json("qmatmul", {"threads": a.threads, "per_call_us": us, "cpu_time": a.cpu_time, "read_gbs": bw, "isa": native_isa(), "rows": result})
 
 
 if __name__ == "__main__":

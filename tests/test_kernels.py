@@ -11,9 +11,11 @@ kernel must agree to the slop alone, which catches any wrong scale, offset or ni
 
 from __future__ import annotations
 
+import copy
 import importlib
 import logging
 import os
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -202,3 +204,33 @@ def test_disabled_by_env(reload_kernels: pytest.MonkeyPatch, caplog: pytest.LogC
     with caplog.at_level(logging.WARNING):
         assert not qm_mod.native_available()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_cached_descriptor_follows_the_weight() -> None:
+    """qmatmul caches a validated descriptor on the BlockWeight; changing the weight's data rebuilds it."""
+    w = random_weight(Q.Q4_1, 24, 96, seed=5)
+    other = random_weight(Q.Q4_1, 24, 96, seed=6)
+    x = torch.randn(3, 96)
+    y1 = qmatmul(x, w)
+    assert torch.equal(qmatmul(x, w), y1)
+    w.data = other.data
+    assert torch.equal(qmatmul(x, w), qmatmul(x, other))
+    assert w == BlockWeight(other.data, other.qtype, other.shape)    # the cache is not a dataclass field
+    row = torch.randn(96, 1).t()                                     # [1, K] with stride (1, 1)
+    assert torch.equal(qmatmul(row, w), qmatmul(row.contiguous(), w))
+    clone = pickle.loads(pickle.dumps(w))                            # e.g. sent to a worker process
+    assert torch.equal(qmatmul(x, clone), qmatmul(x, other))
+    assert torch.equal(qmatmul(x, copy.deepcopy(w)), qmatmul(x, other))
+
+
+@pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
+def test_packed_gemm_matches_row_path_on_ragged_shapes(qtype: Q) -> None:
+    """M >= 16 takes the packed GEMM: bitwise the row path's result, with N not a multiple of the 8-row
+    groups and (legacy) a block count not a multiple of the 4 partial sums."""
+    k = 576 if qtype in LEGACY else 768                  # 18 legacy blocks (18 % 4 = 2), 3 K blocks
+    w = random_weight(qtype, 37, k, seed=7)
+    x = torch.randn(21, k, generator=torch.Generator().manual_seed(8))
+    y = qmatmul(x, w)
+    check_close(x, w, y)
+    for i in (0, 8, 15, 16, 20):
+        assert torch.equal(y[i:i + 1], qmatmul(x[i:i + 1], w)), f"{w.type_name} row {i}"

@@ -13,8 +13,10 @@ Threads: the kernel's OpenMP team uses torch.get_num_threads() threads, read on 
 is shared with torch's, so no second thread pool). Zero-copy: x, w.data and `out` are read/written in
 place through their data pointers; no alignment is required, only unit stride along K (x, w) and N
 (out); `out` may be a column slice of a wider buffer (e.g. fused Q/K/V outputs). Paths: M <= 15 rows
-stream each weight row once per 8 activation rows; M >= 16 on Q4_K/Q5_K/Q6_K repacks 8 weight rows at
-a time (a GEMM); both give the same bits for a row.
+stream each weight row once per 8 activation rows; M >= 16 repacks 8 weight rows at a time (a GEMM;
+all types with AVX512-VNNI, all but Q8_0 with AVX2); both give the same bits for a row.
+Per call: the weight is described to the kernel once (a descriptor cached on the BlockWeight), so a
+call costs a few attribute reads on x/out and one 7-argument ctypes call (~3 us with a tiny kernel).
 """
 
 from __future__ import annotations
@@ -43,13 +45,17 @@ FLAGS = ["-ffp-contract=off"]
 
 _lock = threading.Lock()
 _fn: ctypes._CFuncPtr | None = None      # qm_matmul, None when not loaded
+_fn_desc: ctypes._CFuncPtr | None = None  # qm_matmul_desc
+_desc_init: ctypes._CFuncPtr | None = None
+_desc_size = 0
+_gen = 0                                   # bumped on every (re)load: descriptors of an older library are stale
 _isa: str | None = None
 _supported: frozenset[int] = frozenset()
 _tried = False
 
 
 def _load() -> None:
-    global _fn, _isa, _supported, _tried
+    global _fn, _fn_desc, _desc_init, _desc_size, _gen, _isa, _supported, _tried
     if _tried:
         return
     with _lock:
@@ -72,6 +78,14 @@ def _load() -> None:
             fn = lib.qm_matmul
             fn.restype = i32
             fn.argtypes = [i32, p, i64, i64, i64, p, i64, i64, p, i64, i32]
+            _fn_desc = lib.qm_matmul_desc
+            _fn_desc.restype = i32
+            _fn_desc.argtypes = [p, p, i64, i64, p, i64, i32]
+            _desc_init = lib.qm_desc_init
+            _desc_init.restype = i32
+            _desc_init.argtypes = [p, i32, p, i64, i64, i64]
+            lib.qm_desc_size.restype = i64
+            _desc_size = lib.qm_desc_size()
             lib.qm_isa.restype = i32
             lib.qm_supported.restype = i32
             lib.qm_supported.argtypes = [i32]
@@ -81,6 +95,7 @@ def _load() -> None:
             _supported = frozenset(t for t in range(64) if lib.qm_supported(t))
             _fn = fn
         finally:
+            _gen += 1
             _tried = True
 
 
@@ -98,9 +113,9 @@ def native_isa() -> str | None:
 
 def _reset_for_tests() -> None:
     """Forget the loaded library so the next call re-reads the environment (tests only)."""
-    global _fn, _isa, _supported, _tried
+    global _fn, _fn_desc, _desc_init, _isa, _supported, _tried
     with _lock:
-        _fn, _isa, _supported, _tried = None, None, frozenset(), False
+        _fn, _fn_desc, _desc_init, _isa, _supported, _tried = None, None, None, None, frozenset(), False
 
 
 def _check(x: torch.Tensor, w: BlockWeight, out: torch.Tensor | None) -> None:
@@ -121,25 +136,73 @@ def reference_qmatmul(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
     return x.float() @ w.dequantize().t()
 
 
+class _Desc:
+    """A BlockWeight as the native call sees it, validated once and cached on the weight (`_qm_desc`):
+    the C descriptor (pointer, N, K, row stride, type) in `buf`, passed by address. Stale (rebuilt)
+    when the weight's data, shape or type object changes, or when the library is reloaded."""
+
+    __slots__ = ("addr", "buf", "data", "gen", "k", "keep", "n", "qtype", "shape")
+
+    def __init__(self, w: BlockWeight) -> None:
+        self.data, self.shape, self.qtype, self.gen = w.data, w.shape, w.qtype, _gen
+        self.n, self.k = w.shape
+        self.addr, self.buf, self.keep = 0, None, None
+        if _fn_desc is None or w.qtype not in _supported:
+            return   # reference path
+        data = w.data if w.data.stride(1) == 1 else w.data.contiguous()
+        buf = ctypes.create_string_buffer(_desc_size)
+        rc = _desc_init(buf, w.qtype, data.data_ptr(), self.n, self.k, data.stride(0))
+        if rc != 0:
+            raise RuntimeError(f"qmatmul: the native kernel refuses the {w.type_name} weight {w.shape} (code {rc})")
+        self.buf, self.keep, self.addr = buf, data, ctypes.addressof(buf)
+
+    def __reduce__(self) -> tuple:
+        """Pickled/deep-copied as None (it holds raw addresses): the copy builds its own on first use."""
+        return (type(None), ())
+
+
+def _describe(w: BlockWeight) -> _Desc:
+    if not isinstance(w, BlockWeight):
+        raise TypeError(f"qmatmul: w must be a BlockWeight, got {type(w).__name__}")
+    d = _Desc(w)
+    w._qm_desc = d   # not a dataclass field: no effect on eq/repr/fields
+    return d
+
+
 def qmatmul(x: torch.Tensor, w: BlockWeight, out: torch.Tensor | None = None) -> torch.Tensor:
-    """fp32 `[M, N]` = x `[M, K]` @ w^T (into `out` if given: fp32 `[M, N]`, rows contiguous)."""
-    _check(x, w, out)
+    """fp32 `[M, N]` = x `[M, K]` @ w^T (into `out` if given: fp32 `[M, N]`, rows contiguous).
+
+    The weight is validated once and described to the kernel by a cached descriptor (`w._qm_desc`);
+    each call checks only x and out (a few attribute reads: this runs on every decode-step matmul)."""
     if not _tried:
         _load()
-    if _fn is None or w.qtype not in _supported:
+    d = getattr(w, "_qm_desc", None)
+    if d is None or d.gen != _gen or d.data is not w.data or d.shape is not w.shape or d.qtype != w.qtype:
+        d = _describe(w)
+    if not d.addr:
+        _check(x, w, out)
         y = reference_qmatmul(x, w)
         return y if out is None else out.copy_(y)
-    if x.stride(1) != 1:
+    if x.dtype is not torch.float32 or x.ndim != 2 or not x.is_cpu:
+        raise ValueError(f"qmatmul: x must be a 2-D fp32 CPU tensor, got {x.dtype} {tuple(x.shape)} on {x.device}")
+    m, k = x.shape
+    if k != d.k:
+        raise ValueError(f"qmatmul: x has K={k} but the {w.type_name} weight {w.shape} expects {d.k}")
+    sx = x.stride()
+    if sx[1] != 1:
         x = x.contiguous()
+        sx = x.stride()
     if out is None:
-        out = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32)
-    elif out.stride(1) != 1:
-        raise ValueError("qmatmul: out rows must be contiguous (out.stride(1) == 1)")
-    data = w.data
-    if data.stride(1) != 1:
-        data = data.contiguous()
-    rc = _fn(w.qtype, x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), data.data_ptr(), w.shape[0],
-             data.stride(0), out.data_ptr(), out.stride(0), torch.get_num_threads())
+        out = torch.empty(m, d.n, dtype=torch.float32)
+        ldy = d.n
+    else:
+        if out.dtype is not torch.float32 or out.shape != (m, d.n):
+            raise ValueError(f"qmatmul: out must be fp32 {(m, d.n)}, got {out.dtype} {tuple(out.shape)}")
+        sy = out.stride()
+        if sy[1] != 1 and d.n > 1:
+            raise ValueError("qmatmul: out rows must be contiguous (out.stride(1) == 1)")
+        ldy = sy[0] if m > 1 else d.n     # a single row's stride(0) is arbitrary in torch
+    rc = _fn_desc(d.addr, x.data_ptr(), m, sx[0] if m > 1 else k, out.data_ptr(), ldy, torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"qmatmul: native kernel failed (code {rc}) on {w.type_name} {w.shape}, x {tuple(x.shape)}")
     return out

@@ -12,7 +12,8 @@ enum { QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q5_0 = 6, QT_Q5_1 = 7, QT_Q8_0 = 8, QT_Q4_K 
 /* bytes per block; elements per block are 32 (legacy) or 256 (K types) */
 enum { B_Q4_0 = 18, B_Q4_1 = 20, B_Q5_0 = 22, B_Q5_1 = 24, B_Q8_0 = 34, B_Q4_K = 144, B_Q5_K = 176, B_Q6_K = 210 };
 
-/* Activations for the legacy types: 32 int8 with a fp32 scale (Q8_0-style, but fp32 so the
+/* Activations for the legacy types in the generic build (the SIMD builds lay a row out as arrays,
+ * qm_simd.h): 32 int8 with a fp32 scale (Q8_0-style, but fp32 so the
  * activation rounding is the only error), s = d * sum(q) for the offset/min terms. */
 typedef struct {
     int8_t q[32];

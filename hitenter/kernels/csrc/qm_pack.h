@@ -1,10 +1,10 @@
-/* Packed GEMM for the K types (prefill, M >= PACK_MIN_M): 8 weight rows are unpacked once per call
+/* Packed GEMM (prefill, M >= PACK_MIN_M), K types and (pblock32, p_kern32) legacy types: 8 weight rows are unpacked once per call
  * into an interleaved layout whose 8 int32 lanes are 8 output columns, so the weight scales, mins
  * and d are plain vectors across lanes and no horizontal sums are needed: per 4 activation bytes one
  * broadcast and one dpbusd for 8 outputs. Unpacking is amortized over all M rows.
  *
  * Bits: each (m, n) lane takes exactly the integer sums I and Mn of the row path and the same float
- * steps (k_step in qm_simd.h), in block order, so the packed and the row path agree bitwise and the
+ * steps (k_step in qm_simd.h; s_grp32 for the legacy types), in block order, so the packed and the row path agree bitwise and the
  * result of a row never depends on M (tested). */
 #ifndef QM_PACK_H
 #define QM_PACK_H
@@ -124,14 +124,85 @@ QM_INLINE void p_kern(const int qt, const pblock *p, int64_t nb, const xq256 *x,
     }
 }
 
+/* Legacy types: 8 weight rows per group, per block 32 bytes each (Q8_0 stored + 128: unsigned for
+ * dpbusd, the -128 * sum(x) comes back through the activations' c), d and m per lane. */
+typedef struct {
+    uint8_t q[8][32];    /* [dword e4 of the block][lane n * 4 + byte] */
+    float d[PN], m[PN];
+} pblock32;
+
+static void pack8_32(const int qt, const int bb, const uint8_t *w, int64_t ldw, int nrows, int64_t nb, pblock32 *p) {
+    memset(p, 0, (size_t)nb * sizeof(pblock32));
+    for (int n = 0; n < nrows; n++) {
+        for (int64_t b = 0; b < nb; b++) {
+            float d, m;
+            uint8_t e[32];
+            __m256i wq = unpack32(qt, w + n * ldw + b * bb, &d, &m);
+            if (qt == QT_Q8_0) wq = _mm256_xor_si256(wq, _mm256_set1_epi8((char)0x80));
+            _mm256_storeu_si256((__m256i *)e, wq);
+            pblock32 *pb = p + b;
+            for (int e4 = 0; e4 < 8; e4++) memcpy(&pb->q[e4][4 * n], e + 4 * e4, 4);
+            pb->d[n] = d;
+            pb->m[n] = m;
+        }
+    }
+}
+
+/* y[r, 0..nvalid) for R activation rows (legacy layout, row stride xrow bytes) against one packed group:
+ * the canonical float steps of s_grp32, lane-wise; partial sum a[ph] takes the blocks b % 4 == ph. */
+QM_INLINE void p_kern32(const int qt, const pblock32 *p, int64_t nb, const char *x, int64_t xrow, const int R,
+                        float *y, int64_t ldy, int nvalid) {
+    __m256 part[4][PR];
+    for (int ph = 0; ph < 4; ph++) {
+        __m256 acc[PR];
+        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+        for (int64_t b = ph; b < nb; b += 4) {
+            const pblock32 *pb = p + b;
+            __m256i t[PR];
+            for (int r = 0; r < R; r++)
+                t[r] = qt == QT_Q4_1 || qt == QT_Q5_1 ? _mm256_setzero_si256() : _mm256_set1_epi32(XL_C(x + r * xrow, nb)[b]);
+#pragma GCC unroll 8
+            for (int e4 = 0; e4 < 8; e4++) {
+                const __m256i wv = _mm256_load_si256((const __m256i *)pb->q[e4]);
+                for (int r = 0; r < R; r++) {
+                    int32_t xv;
+                    memcpy(&xv, x + r * xrow + 32 * b + 4 * e4, 4);
+                    t[r] = dpbusd_acc(t[r], wv, _mm256_set1_epi32(xv));
+                }
+            }
+            const __m256 dv = _mm256_load_ps(pb->d);
+            for (int r = 0; r < R; r++) {
+                const char *xr = x + r * xrow;
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t[r]), _mm256_mul_ps(dv, _mm256_set1_ps(XL_D(xr, nb)[b])), acc[r]);
+                if (qt == QT_Q4_1 || qt == QT_Q5_1)
+                    acc[r] = _mm256_fmadd_ps(_mm256_load_ps(pb->m), _mm256_set1_ps(XL_S(xr, nb)[b]), acc[r]);
+            }
+        }
+        for (int r = 0; r < R; r++) part[ph][r] = acc[r];
+    }
+    for (int r = 0; r < R; r++) {
+        float tmp[PN];
+        _mm256_storeu_ps(tmp, _mm256_add_ps(_mm256_add_ps(part[0][r], part[1][r]), _mm256_add_ps(part[2][r], part[3][r])));
+        memcpy(y + r * ldy, tmp, (size_t)nvalid * sizeof(float));
+    }
+}
+
+typedef void (*pack_fn)(const uint8_t *w, int64_t ldw, int nrows, int64_t nb, void *p);
+typedef void (*pkern_fn)(const void *p, int64_t nb, const char *x, int64_t xrow, int R, float *y, int64_t ldy,
+                         int nvalid);
+
+/* K types: x rows of nb xq256 (xrow bytes apart) */
 #define DEF_PACKED(name, qt, bb)                                                                          \
-    static void name##_pack(const uint8_t *w, int64_t ldw, int nrows, int64_t nb, pblock *p) {           \
-        pack8(qt, bb, w, ldw, nrows, nb, p);                                                              \
+    static void name##_pack(const uint8_t *w, int64_t ldw, int nrows, int64_t nb, void *p) {             \
+        pack8(qt, bb, w, ldw, nrows, nb, (pblock *)p);                                                    \
     }                                                                                                      \
-    static void name##_kern(const pblock *p, int64_t nb, const xq256 *x, int64_t xrow, int R, float *y,   \
-                            int64_t ldy, int nvalid) {                                                    \
+    static void name##_kern(const void *pv, int64_t nb, const char *xc, int64_t xrow_bytes, int R,        \
+                            float *y, int64_t ldy, int nvalid) {                                          \
+        const pblock *p = (const pblock *)pv;                                                             \
+        const xq256 *x = (const xq256 *)xc;                                                               \
+        const int64_t xrow = xrow_bytes / (int64_t)sizeof(xq256);                                         \
         if (R == 8) p_kern(qt, p, nb, x, xrow, 8, y, ldy, nvalid);                                        \
-        else if (R == 4) p_kern(qt, p, nb, x, xrow, 4, y, ldy, nvalid);                                      \
+        else if (R == 4) p_kern(qt, p, nb, x, xrow, 4, y, ldy, nvalid);                                   \
         else if (R == 2) p_kern(qt, p, nb, x, xrow, 2, y, ldy, nvalid);                                   \
         else p_kern(qt, p, nb, x, xrow, 1, y, ldy, nvalid);                                               \
     }
@@ -140,23 +211,41 @@ DEF_PACKED(pk_q4_k, QT_Q4_K, B_Q4_K)
 DEF_PACKED(pk_q5_k, QT_Q5_K, B_Q5_K)
 DEF_PACKED(pk_q6_k, QT_Q6_K, B_Q6_K)
 
-typedef void (*pack_fn)(const uint8_t *w, int64_t ldw, int nrows, int64_t nb, pblock *p);
-typedef void (*pkern_fn)(const pblock *p, int64_t nb, const xq256 *x, int64_t xrow, int R, float *y, int64_t ldy,
-                         int nvalid);
+/* legacy types: x rows in the xl layout (qm_simd.h), xrow bytes apart */
+#define DEF_PACKED32(name, qt, bb)                                                                        \
+    static void name##_pack(const uint8_t *w, int64_t ldw, int nrows, int64_t nb, void *p) {             \
+        pack8_32(qt, bb, w, ldw, nrows, nb, (pblock32 *)p);                                               \
+    }                                                                                                      \
+    static void name##_kern(const void *pv, int64_t nb, const char *x, int64_t xrow, int R, float *y,     \
+                            int64_t ldy, int nvalid) {                                                    \
+        const pblock32 *p = (const pblock32 *)pv;                                                         \
+        if (R == 8) p_kern32(qt, p, nb, x, xrow, 8, y, ldy, nvalid);                                      \
+        else if (R == 4) p_kern32(qt, p, nb, x, xrow, 4, y, ldy, nvalid);                                 \
+        else if (R == 2) p_kern32(qt, p, nb, x, xrow, 2, y, ldy, nvalid);                                 \
+        else p_kern32(qt, p, nb, x, xrow, 1, y, ldy, nvalid);                                             \
+    }
 
-/* rows [n0, n1) of y for all M rows through the packed path; buf holds PG * nb pblocks */
-static void run_packed(pack_fn pack, pkern_fn kern, const uint8_t *w, int64_t ldw, int64_t nb, const xq256 *xq,
-                       int64_t M, int64_t n0, int64_t n1, float *y, int64_t ldy, pblock *buf) {
+DEF_PACKED32(pk_q4_0, QT_Q4_0, B_Q4_0)
+DEF_PACKED32(pk_q4_1, QT_Q4_1, B_Q4_1)
+DEF_PACKED32(pk_q5_0, QT_Q5_0, B_Q5_0)
+DEF_PACKED32(pk_q5_1, QT_Q5_1, B_Q5_1)
+DEF_PACKED32(pk_q8_0, QT_Q8_0, B_Q8_0)
+
+/* rows [n0, n1) of y for all M rows through the packed path; buf holds PG * nb packed blocks of pbytes */
+static void run_packed(pack_fn pack, pkern_fn kern, size_t pbytes, const uint8_t *w, int64_t ldw, int64_t nb,
+                       const char *xq, size_t xrow_bytes, int64_t M, int64_t n0, int64_t n1, float *y, int64_t ldy,
+                       char *buf) {
+    const size_t gbytes = (size_t)nb * pbytes;
     for (int64_t s = n0; s < n1; s += PG * PN) {
         int ng = 0, rows[PG];
         for (; ng < PG && s + ng * PN < n1; ng++) {
             rows[ng] = n1 - (s + ng * PN) < PN ? (int)(n1 - (s + ng * PN)) : PN;
-            pack(w + (s + ng * PN) * ldw, ldw, rows[ng], nb, buf + ng * nb);
+            pack(w + (s + ng * PN) * ldw, ldw, rows[ng], nb, buf + ng * gbytes);
         }
         for (int64_t m = 0; m < M;) {
             const int R = M - m >= 8 ? 8 : M - m >= 4 ? 4 : M - m >= 2 ? 2 : 1;
             for (int g = 0; g < ng; g++)
-                kern(buf + g * nb, nb, xq + m * nb, nb, R, y + m * ldy + s + g * PN, ldy, rows[g]);
+                kern(buf + g * gbytes, nb, xq + m * xrow_bytes, (int64_t)xrow_bytes, R, y + m * ldy + s + g * PN, ldy, rows[g]);
             m += R;
         }
     }

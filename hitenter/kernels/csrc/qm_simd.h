@@ -3,8 +3,8 @@
  *
  * Integer part: weights unpacked to unsigned bytes (Q8_0: |w| with the sign moved onto x), dotted
  * with the int8 activations by dpbusd (VNNI) or maddubs+madd (AVX2); both give the same exact int32
- * lanes. Float part: per block, acc[8 lanes] = fma(float(int lanes), d_w * d_x, acc), lanes summed
- * in a fixed order at the end of the row. Nothing depends on R (rows done together) or on which
+ * lanes. Float part: a fixed per-block scalar sequence on each block's exact integer dot (k_step for
+ * the K types, s_grp32 for the legacy ones), which the packed GEMM (qm_pack.h) repeats lane-wise. Nothing depends on R (rows done together) or on which
  * thread runs the row, so every output is batch invariant; built with -ffp-contract=off so the
  * compiler cannot fuse differently in different inlined copies. */
 #ifndef QM_SIMD_H
@@ -63,59 +63,101 @@ QM_INLINE float hsum8(__m256 v) {   /* fixed order: (lo + hi), then pairs, then 
     return _mm_cvtss_f32(s);
 }
 
-/* legacy block -> 32 weight bytes (unsigned, offset not applied; Q8_0 signed), scale d, and the
- * coefficient cw of the activation block sum s (offset -8/-16 times d, or the min m) */
-QM_INLINE __m256i unpack32(const int qt, const uint8_t *b, float *d, float *cw) {
-    *d = s_h2f(b);
-    if (qt == QT_Q8_0) {
-        *cw = 0.0f;
-        return _mm256_loadu_si256((const __m256i *)(b + 2));
-    }
+/* Legacy activations (SIMD builds), one row of nb blocks laid out as arrays so 4 blocks' scales load
+ * as one vector: q[nb][32] int8, then d[nbp], s[nbp] (fp32: d_x and d_x * sum(q)), c[nbp] (int32:
+ * -off * sum(q), off = 8 / 16 / 128 for Q4_0 / Q5_0 / Q8_0, the weight offset applied exactly in
+ * integers), nbp = nb rounded up to 4, padded with zeros. */
+static inline int64_t xl_nbp(int64_t nb) { return (nb + 3) & ~(int64_t)3; }
+static inline size_t xl_row_bytes(int64_t nb) { return ((size_t)nb * 32 + 12 * (size_t)xl_nbp(nb) + 63) / 64 * 64; }
+#define XL_D(x, nb) ((const float *)((const char *)(x) + (nb) * 32))
+#define XL_S(x, nb) (XL_D(x, nb) + xl_nbp(nb))
+#define XL_C(x, nb) ((const int32_t *)(XL_D(x, nb) + 2 * xl_nbp(nb)))
+
+static inline int qm_off32(int qt) { return qt == QT_Q4_0 ? 8 : qt == QT_Q5_0 ? 16 : qt == QT_Q8_0 ? 128 : 0; }
+
+/* legacy block -> 32 weight bytes (unsigned, offset not applied; Q8_0 signed as stored), its scale d
+ * and min m (0 for the *_0 types) */
+QM_INLINE __m256i unpack32q(const int qt, const uint8_t *b) {
+    if (qt == QT_Q8_0) return _mm256_loadu_si256((const __m256i *)(b + 2));
     const int off = qt == QT_Q4_0 ? 2 : qt == QT_Q4_1 ? 4 : qt == QT_Q5_0 ? 6 : 8;
-    const __m128i q = _mm_loadu_si128((const __m128i *)(b + off));
-    __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(15));
+    /* the 16 bytes in both halves, the high half shifted by 4: low nibbles are elements 0..15 */
+    const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + off)));
+    __m256i v = _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(15));
     if (qt == QT_Q5_0 || qt == QT_Q5_1) {
         uint32_t qh;
         memcpy(&qh, b + off - 4, 4);
         v = _mm256_or_si256(v, bits_to_0x10(qh));
     }
-    *cw = qt == QT_Q4_0 ? -8.0f * *d : qt == QT_Q5_0 ? -16.0f * *d : s_h2f(b + 2);
     return v;
 }
 
-/* one legacy block against R rows, into accumulator slot `slot` of each row */
-QM_INLINE void s_blk32(const int qt, const uint8_t *wb, const xq32 *x, int64_t xrow, const int R, __m256 acc[][2],
-                       float accs[][2], const int slot) {
-    float d, cw;
-    const __m256i wq = unpack32(qt, wb, &d, &cw);
-    const __m256i wabs = qt == QT_Q8_0 ? _mm256_sign_epi8(wq, wq) : wq;
+QM_INLINE __m256i unpack32(const int qt, const uint8_t *b, float *d, float *m) {
+    *d = s_h2f(b);
+    *m = qt == QT_Q4_1 || qt == QT_Q5_1 ? s_h2f(b + 2) : 0.0f;
+    return unpack32q(qt, b);
+}
+
+/* Legacy types, canonical float part (shared with the packed GEMM, qm_pack.h): block b goes to
+ * partial sum a[b % 4], in block order,
+ *   a = fma(float(I), d * dx, a)            then, Q4_1/Q5_1 only:   a = fma(m, s_x, a)
+ * with I = sum((q_w - off) * q_x) the block's exact integer dot; y = (a0 + a1) + (a2 + a3).
+ * Here the 4 partial sums are the lanes of one vector, each group of 4 blocks one vector step. */
+QM_INLINE void s_grp32(const int qt, const int bb, const uint8_t *w, int64_t nb, int64_t b0, const int nv,
+                       const char *x, int64_t xrow, const int R, __m128 acc[]) {
+    __m256i wq[4];
+    __m128 d4, m4;
+    if (nv == 4) {   /* the 4 blocks' (d, m) fp16 pairs by one conversion */
+        uint32_t u[4];
+        for (int j = 0; j < 4; j++) memcpy(u + j, w + (b0 + j) * bb, 4);
+        const __m256 f = _mm256_cvtph_ps(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]));
+        const __m128 lo = _mm256_castps256_ps128(f), hi = _mm256_extractf128_ps(f, 1);
+        d4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
+        m4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+        for (int j = 0; j < 4; j++) wq[j] = unpack32q(qt, w + (b0 + j) * bb);
+    } else {
+        float dw[4] = {0, 0, 0, 0}, mw[4] = {0, 0, 0, 0};
+        for (int j = 0; j < 4; j++) wq[j] = j < nv ? unpack32(qt, w + (b0 + j) * bb, dw + j, mw + j) : _mm256_setzero_si256();
+        d4 = _mm_setr_ps(dw[0], dw[1], dw[2], dw[3]);
+        m4 = _mm_setr_ps(mw[0], mw[1], mw[2], mw[3]);
+    }
+    /* Q8_0: with VNNI (exact u8 x s8 sums) the stored bytes + 128, the offset back through c as for the
+     * 4/5-bit types; AVX2's maddubs would saturate there, so |w| with the sign moved onto x instead */
+    const int q8sign = qt == QT_Q8_0 && !QM_VNNI;
+    __m256i wabs[4];
+    if (q8sign)
+        for (int j = 0; j < 4; j++) wabs[j] = _mm256_sign_epi8(wq[j], wq[j]);
+    else if (qt == QT_Q8_0)
+        for (int j = 0; j < 4; j++) wq[j] = _mm256_xor_si256(wq[j], _mm256_set1_epi8((char)0x80));
     for (int r = 0; r < R; r++) {
-        const xq32 *xb = x + r * xrow;
-        __m256i xv = _mm256_loadu_si256((const __m256i *)xb->q);
-        if (qt == QT_Q8_0) xv = _mm256_sign_epi8(xv, wq);
-        const __m256i s = dot_u8s8(wabs, xv);
-        acc[r][slot] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * xb->d), acc[r][slot]);
-        if (qt != QT_Q8_0) accs[r][slot] += cw * xb->s;
+        const char *xr = x + r * xrow;
+        __m256i v[4];
+        for (int j = 0; j < 4; j++) {
+            __m256i xv = j < nv ? _mm256_loadu_si256((const __m256i *)(xr + 32 * (b0 + j))) : _mm256_setzero_si256();
+            if (q8sign) v[j] = dot_u8s8(wabs[j], _mm256_sign_epi8(xv, wq[j]));   /* exact w . x, no offset */
+            else v[j] = dot_u8s8(wq[j], xv);
+        }
+        /* the 4 blocks' lane sums (a transpose by unpacks: single-uop ops) */
+        const __m256i a = _mm256_add_epi32(_mm256_unpacklo_epi32(v[0], v[1]), _mm256_unpackhi_epi32(v[0], v[1]));
+        const __m256i c = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2], v[3]), _mm256_unpackhi_epi32(v[2], v[3]));
+        const __m256i h = _mm256_add_epi32(_mm256_unpacklo_epi64(a, c), _mm256_unpackhi_epi64(a, c));
+        __m128i I = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        if (!q8sign) I = _mm_add_epi32(I, _mm_loadu_si128((const __m128i *)(XL_C(xr, nb) + b0)));
+        acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(I), _mm_mul_ps(d4, _mm_loadu_ps(XL_D(xr, nb) + b0)), acc[r]);
+        if (qt == QT_Q4_1 || qt == QT_Q5_1) acc[r] = _mm_fmadd_ps(m4, _mm_loadu_ps(XL_S(xr, nb) + b0), acc[r]);
     }
 }
 
-/* Even and odd blocks go to two accumulators (two fma chains in flight for a single row); the split
- * is by block index, the same for every R, so the sum order never changes. */
-QM_INLINE void s_row32(const int qt, const int bb, const uint8_t *w, int64_t nb, const xq32 *x, int64_t xrow,
+QM_INLINE void s_row32(const int qt, const int bb, const uint8_t *w, int64_t nb, const char *x, int64_t xrow,
                        const int R, float *y, int64_t ldy) {
-    __m256 acc[MR][2];
-    float accs[MR][2];
-    for (int r = 0; r < R; r++) {
-        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-        accs[r][0] = accs[r][1] = 0.0f;
-    }
+    __m128 acc[MR];
+    for (int r = 0; r < R; r++) acc[r] = _mm_setzero_ps();
     int64_t b = 0;
-    for (; b + 1 < nb; b += 2) {
-        s_blk32(qt, w + b * bb, x + b, xrow, R, acc, accs, 0);
-        s_blk32(qt, w + (b + 1) * bb, x + b + 1, xrow, R, acc, accs, 1);
+    for (; b + 4 <= nb; b += 4) s_grp32(qt, bb, w, nb, b, 4, x, xrow, R, acc);
+    if (b < nb) s_grp32(qt, bb, w, nb, b, (int)(nb - b), x, xrow, R, acc);
+    for (int r = 0; r < R; r++) {
+        const __m128 t = _mm_add_ps(acc[r], _mm_movehdup_ps(acc[r]));      /* a0 + a1, a2 + a3 */
+        y[r * ldy] = _mm_cvtss_f32(_mm_add_ss(t, _mm_movehl_ps(t, t)));
     }
-    if (b < nb) s_blk32(qt, w + b * bb, x + b, xrow, R, acc, accs, 0);
-    for (int r = 0; r < R; r++) y[r * ldy] = hsum8(_mm256_add_ps(acc[r][0], acc[r][1])) + (accs[r][0] + accs[r][1]);
 }
 
 /* K block -> 8 x 32 weight bytes, the per-16 scale of each (int16 lanes matching maddubs pairs),
@@ -251,15 +293,19 @@ QM_INLINE void s_quant32(const float *x, float id, int8_t *out, int32_t s16[2]) 
     _mm256_storeu_si256((__m256i *)out, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
-static void quant_row32(const float *x, int64_t nb, xq32 *o) {
+static void quant_row32(const float *x, int64_t nb, char *o, int off) {
+    float *od = (float *)(o + nb * 32), *os = od + xl_nbp(nb);
+    int32_t *oc = (int32_t *)(os + xl_nbp(nb));
     for (int64_t b = 0; b < nb; b++, x += 32) {
         const float amax = s_amax(x, 32);
         const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
         int32_t s16[2];
-        s_quant32(x, id, o[b].q, s16);
-        o[b].d = d;
-        o[b].s = d * (float)(s16[0] + s16[1]);
+        s_quant32(x, id, (int8_t *)o + 32 * b, s16);
+        od[b] = d;
+        os[b] = d * (float)(s16[0] + s16[1]);
+        oc[b] = -off * (s16[0] + s16[1]);
     }
+    for (int64_t b = nb; b < xl_nbp(nb); b++) od[b] = os[b] = 0.0f, oc[b] = 0;
 }
 
 static void quant_row256(const float *x, int64_t nb, xq256 *o) {

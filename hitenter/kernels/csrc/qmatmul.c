@@ -4,8 +4,8 @@
  * 16-element sums for the K types), then integer dot products run per weight block.
  * Threads take chunks of weight rows (dynamically); within a chunk the row path walks the weight
  * rows once per tile of MT activation rows (M <= MT: every weight byte is streamed from memory
- * once), unpacking each in registers once per MR activation rows; the K types at M >= 16 take the
- * packed GEMM instead (qm_pack.h). Every (m, n) output is the same function of
+ * once), unpacking each in registers once per MR activation rows; at M >= 16 every type takes the packed
+ * GEMM instead (qm_pack.h; Q8_0 only with VNNI). Every (m, n) output is the same function of
  * (row m of x, row n of W) whatever M, the tiling or the thread count: batch invariant.
  *
  * ISA: chosen at compile time (-march=native, or forced down with -mno-avx512f / -DQM_GENERIC). */
@@ -26,6 +26,7 @@
 
 #define MT 64   /* activation rows per pass over a thread's weights (64 x K int8 stays in L2) */
 
+/* x: the first of R activation rows, xrow bytes apart */
 typedef void (*row_fn)(const uint8_t *w, int64_t nb, const void *x, int64_t xrow, int R, float *y, int64_t ldy);
 
 #if QM_ISA
@@ -34,6 +35,7 @@ typedef void (*row_fn)(const uint8_t *w, int64_t nb, const void *x, int64_t xrow
     static void name(const uint8_t *w, int64_t nb, const void *xv, int64_t xrow, int R, float *y,          \
                      int64_t ldy) {                                                                        \
         const xt *x = (const xt *)xv;                                                                      \
+        xrow /= (int64_t)sizeof(xt);                                                                       \
         if (R == 8) kern(qt, bb, w, nb, x, xrow, 8, y, ldy);                                               \
         else if (R == 4) kern(qt, bb, w, nb, x, xrow, 4, y, ldy);                                          \
         else if (R == 2) kern(qt, bb, w, nb, x, xrow, 2, y, ldy);                                          \
@@ -43,23 +45,39 @@ typedef void (*row_fn)(const uint8_t *w, int64_t nb, const void *x, int64_t xrow
 #define DEF_ROW(name, kern, xt, qt, bb)                                                                   \
     static void name(const uint8_t *w, int64_t nb, const void *xv, int64_t xrow, int R, float *y,          \
                      int64_t ldy) {                                                                        \
-        kern(qt, bb, w, nb, (const xt *)xv, xrow, R, y, ldy);                                              \
+        kern(qt, bb, w, nb, (const xt *)xv, xrow / (int64_t)sizeof(xt), R, y, ldy);                        \
     }
 #define s_row32 g_row32
 #define s_row256 g_row256
 #endif
 
-DEF_ROW(row_q4_0, s_row32, xq32, QT_Q4_0, B_Q4_0)
-DEF_ROW(row_q4_1, s_row32, xq32, QT_Q4_1, B_Q4_1)
-DEF_ROW(row_q5_0, s_row32, xq32, QT_Q5_0, B_Q5_0)
-DEF_ROW(row_q5_1, s_row32, xq32, QT_Q5_1, B_Q5_1)
-DEF_ROW(row_q8_0, s_row32, xq32, QT_Q8_0, B_Q8_0)
+#if QM_ISA
+#define XT32 char    /* legacy activations: the xl row layout of qm_simd.h, addressed in bytes */
+#else
+#define XT32 xq32
+#endif
+
+DEF_ROW(row_q4_0, s_row32, XT32, QT_Q4_0, B_Q4_0)
+DEF_ROW(row_q4_1, s_row32, XT32, QT_Q4_1, B_Q4_1)
+DEF_ROW(row_q5_0, s_row32, XT32, QT_Q5_0, B_Q5_0)
+DEF_ROW(row_q5_1, s_row32, XT32, QT_Q5_1, B_Q5_1)
+DEF_ROW(row_q8_0, s_row32, XT32, QT_Q8_0, B_Q8_0)
 DEF_ROW(row_q4_k, s_row256, xq256, QT_Q4_K, B_Q4_K)
 DEF_ROW(row_q5_k, s_row256, xq256, QT_Q5_K, B_Q5_K)
 DEF_ROW(row_q6_k, s_row256, xq256, QT_Q6_K, B_Q6_K)
 
 #if QM_ISA
-static int packed_fns(int qt, pack_fn *pack, pkern_fn *kern) {
+static int packed_fns(int qt, pack_fn *pack, pkern_fn *kern, size_t *pbytes) {
+    *pbytes = sizeof(pblock32);
+    switch (qt) {
+    case QT_Q4_0: *pack = pk_q4_0_pack; *kern = pk_q4_0_kern; return 1;
+    case QT_Q4_1: *pack = pk_q4_1_pack; *kern = pk_q4_1_kern; return 1;
+    case QT_Q5_0: *pack = pk_q5_0_pack; *kern = pk_q5_0_kern; return 1;
+    case QT_Q5_1: *pack = pk_q5_1_pack; *kern = pk_q5_1_kern; return 1;
+    /* Q8_0 + 128 needs dpbusd's exact u8 x s8 sums: AVX2's maddubs would saturate (the row path then) */
+    case QT_Q8_0: *pack = pk_q8_0_pack; *kern = pk_q8_0_kern; return QM_VNNI;
+    }
+    *pbytes = sizeof(pblock);
     switch (qt) {
     case QT_Q4_K: *pack = pk_q4_k_pack; *kern = pk_q4_k_kern; return 1;
     case QT_Q5_K: *pack = pk_q5_k_pack; *kern = pk_q5_k_kern; return 1;
@@ -126,10 +144,22 @@ int qm_supported(int qt) {
     return type_info(qt, &e, &b, &f) == 0;
 }
 
-static void quant_rows(int elems, const float *x, int64_t ldx, int64_t nb, char *xq, size_t xrow_bytes, int64_t m0,
-                       int64_t m1) {
+static size_t xrow_size(int elems, int64_t nb) {
+#if QM_ISA
+    if (elems == 32) return xl_row_bytes(nb);
+#endif
+    return (size_t)nb * (elems == 32 ? sizeof(xq32) : sizeof(xq256));
+}
+
+static void quant_rows(int qt, int elems, const float *x, int64_t ldx, int64_t nb, char *xq, size_t xrow_bytes,
+                       int64_t m0, int64_t m1) {
+    (void)qt;
     for (int64_t m = m0; m < m1; m++) {
+#if QM_ISA
+        if (elems == 32) quant_row32(x + m * ldx, nb, xq + m * xrow_bytes, qm_off32(qt));
+#else
         if (elems == 32) quant_row32(x + m * ldx, nb, (xq32 *)(xq + m * xrow_bytes));
+#endif
         else quant_row256(x + m * ldx, nb, (xq256 *)(xq + m * xrow_bytes));
     }
 }
@@ -143,7 +173,7 @@ static void run_range(row_fn fn, const uint8_t *w, int64_t ldw, int64_t nb, cons
             for (int64_t m = mt; m < mend;) {
                 const int64_t left = mend - m;
                 const int R = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-                fn(w + n * ldw, nb, xq + m * xrow_bytes, nb, R, y + m * ldy + n, ldy);
+                fn(w + n * ldw, nb, xq + m * xrow_bytes, (int64_t)xrow_bytes, R, y + m * ldy + n, ldy);
                 m += R;
             }
         }
@@ -161,14 +191,15 @@ typedef struct {   /* one call's work, shared by the threads */
 #if QM_ISA
     pack_fn pack;
     pkern_fn kern;
+    size_t pbytes;
 #endif
 } job;
 
 /* one thread: take chunks of weight rows until none is left */
 static void worker(job *j) {
-    void *buf = NULL;
+    char *buf = NULL;
 #if QM_ISA
-    if (j->packed && !(buf = aligned_alloc(64, (size_t)PG * j->nb * sizeof(pblock))))
+    if (j->packed && !(buf = aligned_alloc(64, (size_t)PG * j->nb * j->pbytes)))
         __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
 #endif
     for (;;) {
@@ -177,7 +208,7 @@ static void worker(job *j) {
         const int64_t n0 = c * j->chunk, n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
 #if QM_ISA
         if (j->packed) {
-            if (buf) run_packed(j->pack, j->kern, j->w, j->ldw, j->nb, (const xq256 *)j->xq, j->M, n0, n1, j->y, j->ldy, buf);
+            if (buf) run_packed(j->pack, j->kern, j->pbytes, j->w, j->ldw, j->nb, j->xq, j->xrow_bytes, j->M, n0, n1, j->y, j->ldy, buf);
             continue;
         }
 #endif
@@ -186,21 +217,43 @@ static void worker(job *j) {
     free(buf);
 }
 
-/* returns 0, -1 (unsupported type), -2 (K not a whole number of blocks / bad sizes), -3 (no memory) */
-int qm_matmul(int qt, const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int64_t N,
-              int64_t ldw, float *y, int64_t ldy, int nthreads) {
+/* A weight as the hot call sees it: validated once (qm_desc_init), then passed by pointer, so a
+ * decode-step call crosses ctypes with 7 arguments and no weight checks. */
+typedef struct {
+    const uint8_t *w;
+    int64_t N, K, ldw, nb;
+    int32_t qt, elems;
+    row_fn fn;
+} qm_desc;
+
+int64_t qm_desc_size(void) { return (int64_t)sizeof(qm_desc); }
+
+/* returns 0, -1 (unsupported type), -2 (K not a whole number of blocks / bad sizes) */
+int qm_desc_init(qm_desc *d, int qt, const uint8_t *w, int64_t N, int64_t K, int64_t ldw) {
     int elems, bytes;
+    row_fn fn;
+    if (type_info(qt, &elems, &bytes, &fn)) return -1;
+    if (K <= 0 || K % elems || N < 0 || ldw < K / elems * bytes) return -2;
+    d->w = w, d->N = N, d->K = K, d->ldw = ldw, d->nb = K / elems, d->qt = qt, d->elems = elems, d->fn = fn;
+    return 0;
+}
+
+/* y[M, N] (row stride ldy) = x[M, K] (row stride ldx) W^T; 0, -2 (bad sizes), -3 (no memory) */
+int qm_matmul_desc(const qm_desc *d, const float *x, int64_t M, int64_t ldx, float *y, int64_t ldy, int nthreads) {
+    const int elems = d->elems, qt = d->qt;
+    const int64_t N = d->N, K = d->K;
     job j = {0};
-    if (type_info(qt, &elems, &bytes, &j.fn)) return -1;
-    if (K <= 0 || K % elems || M < 0 || N < 0 || ldx < K || ldy < N || ldw < K / elems * bytes) return -2;
+    if (M < 0 || ldx < K || ldy < N) return -2;
     if (M == 0 || N == 0) return 0;
-    j.w = w, j.ldw = ldw, j.nb = K / elems, j.M = M, j.N = N, j.y = y, j.ldy = ldy;
-    j.xrow_bytes = (size_t)j.nb * (elems == 32 ? sizeof(xq32) : sizeof(xq256));
+    j.fn = d->fn, j.w = d->w, j.ldw = d->ldw, j.nb = d->nb, j.M = M, j.N = N, j.y = y, j.ldy = ldy;
+    j.xrow_bytes = xrow_size(elems, j.nb);
     char *xq = aligned_alloc(64, (M * j.xrow_bytes + 63) / 64 * 64);
     if (!xq) return -3;
     j.xq = xq;
 #if QM_ISA
-    j.packed = M >= PACK_MIN_M && packed_fns(qt, &j.pack, &j.kern);
+    j.packed = M >= PACK_MIN_M && packed_fns(qt, &j.pack, &j.kern, &j.pbytes);
+#else
+    (void)qt;
 #endif
     /* small products are not worth waking threads for */
     const int nt = (double)M * N * K < 2e5 || nthreads < 1 ? 1 : nthreads;
@@ -210,15 +263,23 @@ int qm_matmul(int qt, const float *x, int64_t M, int64_t K, int64_t ldx, const u
     const int64_t unit = j.packed ? 32 : 4, want = N / (nt * (j.packed ? 8 : 16));
     j.chunk = want > unit ? (want + unit - 1) / unit * unit : (j.packed ? 32 : 16);   /* packed: PG * PN rows */
     j.nchunks = (N + j.chunk - 1) / j.chunk;
-    if (M < 4 * nt) quant_rows(elems, x, ldx, j.nb, xq, j.xrow_bytes, 0, M);
+    if (M < 4 * nt) quant_rows(qt, elems, x, ldx, j.nb, xq, j.xrow_bytes, 0, M);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         if (M >= 4 * nt) {
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t m = 0; m < M; m += 4) quant_rows(elems, x, ldx, j.nb, xq, j.xrow_bytes, m, m + 4 < M ? m + 4 : M);
+            for (int64_t m = 0; m < M; m += 4) quant_rows(qt, elems, x, ldx, j.nb, xq, j.xrow_bytes, m, m + 4 < M ? m + 4 : M);
         }
         worker(&j);
     }
     free(xq);
     return j.failed ? -3 : 0;
+}
+
+/* returns 0, -1 (unsupported type), -2 (K not a whole number of blocks / bad sizes), -3 (no memory) */
+int qm_matmul(int qt, const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int64_t N,
+              int64_t ldw, float *y, int64_t ldy, int nthreads) {
+    qm_desc d;
+    const int rc = qm_desc_init(&d, qt, w, N, K, ldw);
+    return rc ? rc : qm_matmul_desc(&d, x, M, ldx, y, ldy, nthreads);
 }
