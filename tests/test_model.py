@@ -71,6 +71,7 @@ def tiny(request: pytest.FixtureRequest) -> tuple[LlamaModel, Path]:
     return load_model(path)[0], path
 
 
+@pytest.mark.slow
 def test_tiny_matches_hf_transformers(tiny: tuple[LlamaModel, Path]) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
