@@ -37,6 +37,7 @@ def test_run_chat_template_default(tiny_llama_path):
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow
 def test_engine_flags_reach_the_engine(tiny_llama_path):
     r = _cli("run", "--raw", "hello", "--model", str(tiny_llama_path), "--max-tokens", "4", "--no-batch-invariant",
              "--block-size", "8", "--max-model-len", "64", "--speculative-method", "ngram")
