@@ -33,7 +33,8 @@ def _engine_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     """The engine options the flags set (model excluded), validated: a bad value fails here."""
     from hitenter.config import EngineConfig, option_fields
 
-    kw = {f.name: getattr(a, f.name) for _, f in option_fields() if hasattr(a, f.name) and f.name != "model"}
+    kw = {f.name: getattr(a, f.name) for _, f in option_fields()
+          if f.name != "model" and f.metadata.get("cli") is not False and hasattr(a, f.name)}
     kw = {k: v for k, v in kw.items() if v is not None}
     EngineConfig.from_options(a.model, **kw)
     return kw

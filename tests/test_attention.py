@@ -117,6 +117,7 @@ def test_decode_tokens_one_by_one_bitwise() -> None:
     assert torch.equal(torch.cat(rows), full)
 
 
+@pytest.mark.slow
 def test_bf16_rows_unpadded_where_probed_invariant() -> None:
     """bf16 attention with the probed row multiple (1 on AVX512-BF16 CPUs: decode items keep G rows, not 8)
     is still bitwise the same alone, batched, chunked and token by token."""

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def _cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "hitenter.cli", *args], capture_output=True, text=True,
@@ -29,11 +31,13 @@ def test_run_streams_and_reports_speed(tiny_llama_path):
     assert "finish_reason=" in r.stderr
 
 
+@pytest.mark.slow
 def test_run_chat_template_default(tiny_llama_path):
     r = _cli("run", "hi", "--model", str(tiny_llama_path), "--max-tokens", "3", "--temperature", "0.7", "--seed", "3")
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow
 def test_engine_flags_reach_the_engine(tiny_llama_path):
     r = _cli("run", "--raw", "hello", "--model", str(tiny_llama_path), "--max-tokens", "4", "--no-batch-invariant",
              "--block-size", "8", "--max-model-len", "64", "--speculative-method", "ngram")
@@ -42,6 +46,7 @@ def test_engine_flags_reach_the_engine(tiny_llama_path):
     assert r.returncode == 2 and "64" in r.stderr
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_clear_errors(tiny_llama_path, tmp_path):
     r = _cli("pull", "no-such-model")
     assert r.returncode == 2 and "smollm2-135m-instruct" in r.stderr and "Traceback" not in r.stderr
@@ -60,6 +65,7 @@ def test_models_lists_known_names():
         assert name in r.stdout
 
 
+@pytest.mark.slow
 def test_chat_repl(tiny_llama_path):
     r = _cli("chat", "--model", str(tiny_llama_path), "--max-tokens", "3", input="hello\nagain\n\n")
     assert r.returncode == 0, r.stderr

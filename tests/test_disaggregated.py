@@ -65,6 +65,7 @@ def test_disaggregated_matches_single_engine(tiny_llama_path: Path) -> None:
     assert _gone(pids), "prefill worker left running after close()"
 
 
+@pytest.mark.slow
 def test_abort_while_waiting_for_remote_kv(tiny_llama_path: Path) -> None:
     """An aborted request's KV is dropped on arrival, even when its id is reused for another prompt."""
     sp = SamplingParams(max_tokens=8, temperature=0.0, logprobs=1)
@@ -98,6 +99,7 @@ def test_bad_options_are_clear_errors(tiny_llama_path: Path) -> None:
     assert psutil.Process().children(recursive=True) == before
 
 
+@pytest.mark.slow
 def test_killed_prefill_worker_is_a_clear_error(tiny_llama_path: Path) -> None:
     llm = LLM(str(tiny_llama_path), disaggregate=DISAGG, **OPTS)
     pids = llm.engine.disagg.worker_pids
@@ -113,6 +115,7 @@ def test_killed_prefill_worker_is_a_clear_error(tiny_llama_path: Path) -> None:
     assert _gone(pids)
 
 
+@pytest.mark.slow
 def test_prefill_worker_killed_mid_request(tiny_llama_path: Path) -> None:
     """The worker is frozen (SIGSTOP) so the request is surely waiting for its KV, then killed."""
     llm = LLM(str(tiny_llama_path), disaggregate=DISAGG, **OPTS)
@@ -132,6 +135,7 @@ def test_prefill_worker_killed_mid_request(tiny_llama_path: Path) -> None:
     assert _gone(pids)
 
 
+@pytest.mark.slow
 def test_hung_prefill_worker_times_out(tiny_llama_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HITENTER_DISAGG_TIMEOUT_S", "1")
     llm = LLM(str(tiny_llama_path), disaggregate=DISAGG, **OPTS)
@@ -146,6 +150,7 @@ def test_hung_prefill_worker_times_out(tiny_llama_path: Path, monkeypatch: pytes
     assert _gone(pids)
 
 
+@pytest.mark.slow
 def test_async_stream_gets_the_error(tiny_llama_path: Path) -> None:
     llm = LLM(str(tiny_llama_path), disaggregate=DISAGG, **OPTS)
     pids = llm.engine.disagg.worker_pids

@@ -71,6 +71,7 @@ def tiny(request: pytest.FixtureRequest) -> tuple[LlamaModel, Path]:
     return load_model(path, dtype=torch.float32)[0], path   # HF parity: the dequantized fp32 reference
 
 
+@pytest.mark.slow
 def test_tiny_matches_hf_transformers(tiny: tuple[LlamaModel, Path]) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")

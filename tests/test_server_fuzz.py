@@ -93,6 +93,7 @@ def test_fuzz_completions(client: TestClient, body: Any) -> None:
     _check(client, "/v1/completions", body)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(body=chat_bodies)
 def test_fuzz_chat(client: TestClient, body: Any) -> None:
@@ -103,12 +104,14 @@ def test_fuzz_chat(client: TestClient, body: Any) -> None:
 @given(path=st.sampled_from(["/tokenize", "/detokenize"]),
        body=st.fixed_dictionaries({}, optional={"prompt": prompt, "messages": messages, "tokens": token_ids | anything,
                                                 "model": anything}) | anything)
+@pytest.mark.slow
 def test_fuzz_tokenize(client: TestClient, path: str, body: Any) -> None:
     _check_tok(client, path, body)
 
 
 @settings(max_examples=60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
 @given(raw=st.binary(max_size=64) | st.text(max_size=64).map(str.encode))
 def test_fuzz_raw_bytes(client: TestClient, raw: bytes) -> None:
     for path in ("/v1/completions", "/v1/chat/completions", "/tokenize"):

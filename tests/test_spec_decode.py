@@ -80,6 +80,7 @@ def test_greedy_identical(tiny_qwen2_path, drafts, plain, which, k):
     assert _all_free(llm)
 
 
+@pytest.mark.slow
 def test_mixed_batch_spec_and_plain_rows(tiny_qwen2_path, drafts, plain):
     """Greedy, seeded sampling and no-draft rows (max_tokens <= 2) share batches with speculating rows."""
     prompts = _prompts(12, seed=4)
@@ -104,6 +105,7 @@ def test_mixed_batch_spec_and_plain_rows(tiny_qwen2_path, drafts, plain):
     assert _all_free(llm)
 
 
+@pytest.mark.slow
 def test_chunking_and_preemption_with_drafts(tiny_qwen2_path, drafts, plain):
     prompts = _prompts(10, seed=7, lo=20, hi=50)
     sp = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, logprobs=1)

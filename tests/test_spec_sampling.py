@@ -129,6 +129,7 @@ def test_greedy_accept():
     assert greedy_accept([3], []) == [3]
 
 
+@pytest.mark.slow
 def test_engine_sampling_distribution_unchanged_by_draft_model(tmp_path, tiny_qwen2_path):
     """Two-sample chi-square on the 2nd and 3rd output tokens (the first speculated ones): 1,500 seeded
     requests with a partly agreeing draft vs plain decoding."""

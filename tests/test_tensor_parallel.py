@@ -70,20 +70,24 @@ def test_tp2_matches_tp1_llama(tiny_llama_path: Path) -> None:       # 4 heads /
     _compare(tiny_llama_path)
 
 
+@pytest.mark.slow
 def test_tp2_matches_tp1_qwen2(tiny_qwen2_path: Path) -> None:       # QKV biases, untied vocab-parallel head
     _compare(tiny_qwen2_path)
 
 
+@pytest.mark.slow
 def test_tp2_replicates_single_kv_head(tiny_llama_kv1: Path) -> None:  # 1 KV head < 2 ranks: replicated
     _compare(tiny_llama_kv1)
 
 
+@pytest.mark.slow
 def test_tp2_smollm2_uneven_heads(smollm2_path: Path) -> None:
     """SmolLM2: 9 heads / 3 KV heads over 2 ranks -> GQA groups split 2 + 1 (6 + 3 query heads)."""
     _compare(smollm2_path, ["The capital of France is", "def add(a, b):"], atol=2e-3,
              kv_cache_memory=64 << 20)
 
 
+@pytest.mark.slow
 def test_unshardable_sizes_are_a_clear_error(smollm2_path: Path, tiny_llama_path: Path) -> None:
     reader = open_gguf(smollm2_path)
     cfg = model_config_from_metadata(read_gguf_metadata(reader), {t.name for t in reader.tensors})
@@ -98,6 +102,7 @@ def test_unshardable_sizes_are_a_clear_error(smollm2_path: Path, tiny_llama_path
     assert psutil.Process().children(recursive=True) == before    # nothing spawned
 
 
+@pytest.mark.slow
 def test_killed_worker_is_a_clear_error(tiny_llama_path: Path) -> None:
     llm = LLM(str(tiny_llama_path), tensor_parallel_size=2, **OPTS)
     pids = _worker_pids(llm)
@@ -112,6 +117,7 @@ def test_killed_worker_is_a_clear_error(tiny_llama_path: Path) -> None:
     assert _gone(pids)
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_generation_is_a_clear_error(tiny_llama_path: Path) -> None:
     llm = LLM(str(tiny_llama_path), tensor_parallel_size=2, **OPTS)
     pids = _worker_pids(llm)
@@ -132,6 +138,7 @@ def test_worker_killed_mid_generation_is_a_clear_error(tiny_llama_path: Path) ->
     assert _gone(pids)
 
 
+@pytest.mark.slow
 def test_garbage_collected_engine_stops_its_workers(tiny_llama_path: Path) -> None:
     llm = LLM(str(tiny_llama_path), tensor_parallel_size=2, **OPTS)
     pids = _worker_pids(llm)

@@ -98,6 +98,7 @@ def test_chat_goldens(golden_tok: tuple[Tokenizer, dict[str, Any]]) -> None:
         assert ids == c["ids"]
 
 
+@pytest.mark.slow
 def test_fast_reader_matches_gguf_package(smollm2_path: Path) -> None:
     from hitenter.models.gguf import read_gguf_metadata
 

@@ -120,6 +120,7 @@ class AsyncLLMEngine:
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        self.engine.on_reject = None
         self.engine.inbox.wake.set()
         self._thread.join(timeout)
         with self._streams_lock:

@@ -58,13 +58,15 @@ class LLMEngine:
         self.spec_decode: SpecDecodeStats | None = parts.spec.stats if parts.spec is not None else None
         self.disagg = parts.disagg          # disaggregated prefill's client (hitenter/distributed/disagg.py)
         self.events = EventBus()
-        self.output_processor = OutputProcessor(self.tokenizer, self._finish, self._extras)
+        self._stopped: list[Request] = []         # finished by a stop string this step
+        # callbacks that do not hold the engine: a dropped engine is freed at once (its KV cache with it)
+        self.output_processor = OutputProcessor(self.tokenizer, _finisher(self.scheduler, self.spec, self._stopped),
+                                                _extras(self.spec))
         self.inbox = Inbox()
         self.on_reject: Callable[[str, BaseException], None] | None = None   # a queued arrival refused
         self.step_counter = 0
         self._ids = itertools.count()
         self._kv_events: list[object] = []
-        self._stopped: list[Request] = []         # finished by a stop string this step
         self.kv_manager.on_event = self._kv_events.append
         self.trace_requests: set[str] = set()     # request ids whose sampling trace is wanted
         self.last_traces: dict[str, object] = {}
@@ -232,24 +234,6 @@ class LLMEngine:
                     self.last_logits[rid] = ran.logits[sum(ran.num_rows[:i]) if ran.num_rows else i].clone()
         return dict(zip(ran.sample_request_ids, sampled.token_ids, strict=True))
 
-    def _finish(self, request_id: str, status: RequestStatus) -> None:
-        """End a running request (a stop string): its blocks are freed now."""
-        req = self.scheduler.get_request(request_id)
-        self.scheduler.finish_request(request_id, status)
-        if req is not None:
-            self._stopped.append(req)
-        if self.spec is not None:
-            self.spec.release(request_id)
-
-    def _extras(self, g: GroupState) -> dict[str, Any]:
-        extra: dict[str, Any] = {}
-        first = g.seqs[0].request
-        if self.spec is not None:
-            extra["spec_decode"] = spec_request_stats([s.request for s in g.seqs])
-        if "disaggregated" in first.extra:   # prefill worker timings (prefill, transfer)
-            extra["disaggregated"] = first.extra["disaggregated"]
-        return extra
-
     def _after_step(self, sched: SchedulerOutput, ran: ModelRunnerOutput, new_tokens: dict[str, list[int]],
                     finished: list[Request], t0: float) -> None:
         if self.spec is not None:
@@ -292,3 +276,28 @@ class LLMEngine:
 
     def subscribe(self, fn: Callable[[EngineEvent], None]) -> Callable[[], None]:
         return self.events.subscribe(fn)
+
+
+def _finisher(scheduler: Any, spec: Any, stopped: list[Request]) -> Callable[[str, RequestStatus], None]:
+    def finish(request_id: str, status: RequestStatus) -> None:
+        """End a running request (a stop string): its blocks are freed now."""
+        req = scheduler.get_request(request_id)
+        scheduler.finish_request(request_id, status)
+        if req is not None:
+            stopped.append(req)
+        if spec is not None:
+            spec.release(request_id)
+    return finish
+
+
+def _extras(spec: Any) -> Callable[[GroupState], dict[str, Any]]:
+    def extras(g: GroupState) -> dict[str, Any]:
+        """RequestOutput.extra: speculation stats, disaggregated prefill timings."""
+        extra: dict[str, Any] = {}
+        first = g.seqs[0].request
+        if spec is not None:
+            extra["spec_decode"] = spec_request_stats([s.request for s in g.seqs])
+        if "disaggregated" in first.extra:
+            extra["disaggregated"] = first.extra["disaggregated"]
+        return extra
+    return extras

@@ -47,6 +47,8 @@ _tried = False
 def load() -> ctypes.CDLL | None:
     """The compiled kernel library, or None (disabled, no compiler, or the build failed: logged once)."""
     global _lib, _tried
+    if _lib is not None:      # loaded: no lock (this runs once per layer per step)
+        return _lib
     with _lock:
         if _tried:
             return _lib
