@@ -19,6 +19,7 @@ from hitenter.engine.sampler import SamplingMetadata, StepSample, make_generator
 from hitenter.engine.scheduler import SchedulerOutput
 from hitenter.engine.spec import SpecDecodeStats, spec_request_stats
 from hitenter.engine.stopping import check_token_stop
+from hitenter.engine.structured import backend_for, constraints_of
 from hitenter.errors import ContextOverflowError
 from hitenter.outputs import (
     CompletionOutput,
@@ -129,6 +130,8 @@ class LLMEngine:
             gen = None if params.is_greedy else make_generator(None if params.seed is None else params.seed + j)
             detok = IncrementalDetokenizer(self.tokenizer.token_bytes, self.tokenizer.is_special, params)
             seq = _Seq(req, group, j, detok, gen, logprobs=[] if params.logprobs is not None else None)
+            if params.guided is not None:     # structured outputs: this sequence's grammar matcher
+                req.extra["grammar"] = backend_for(self.tokenizer, self.model_config.vocab_size).constraint(params.guided)
             group.seqs.append(seq)
         remote = self.disagg is not None and len(prompt_ids) > 1   # the prefill worker computes prompt[:-1]
         if remote:
@@ -191,6 +194,7 @@ class LLMEngine:
             output_token_ids=[s.request.output_token_ids for s in seqs],
             stop_token_ids=[s.request.eos_token_ids | frozenset(s.request.sampling_params.stop_token_ids or ())
                             for s in seqs],
+            constraints=constraints_of([s.request for s in seqs]),
         )
         return StepSample.from_sampler(self.sampler(ran.logits, meta, trace=want_trace))
 
@@ -240,6 +244,8 @@ class LLMEngine:
         m.token_times.append(now)
         params = req.sampling_params
         seq.delta_token_ids.append(token)
+        if "grammar" in req.extra:
+            req.extra["grammar"].accept(token)
         if lp is not None and seq.logprobs is not None:
             pos = self._to_position_logprobs(lp)
             seq.logprobs.append(pos)

@@ -3,7 +3,7 @@
 Contract:
 - ``Sampler()(logits [N, V] fp32, meta) -> SamplerOutput``; the input logits are never modified.
 - The processed logits go through the chain of ``logits_processors.default_chain()``
-  (penalties -> logit_bias -> min_tokens -> temperature -> top_k -> top_p -> min_p).
+  (penalties -> logit_bias -> min_tokens -> grammar -> temperature -> top_k -> top_p -> min_p).
 - Greedy rows (temperature 0) take ``argmax`` of the logits after penalties/bias/min_tokens (ties ->
   lowest id) and consume no randomness.
 - Other rows draw with gpt-fast's sync-free exponential race: ``argmax(probs / q)``, ``q ~ Exp(1)`` of
@@ -23,6 +23,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -53,6 +54,7 @@ class SamplingMetadata:
     prompt_token_ids: Sequence[Sequence[int]] = field(default_factory=list)
     output_token_ids: Sequence[Sequence[int]] = field(default_factory=list)
     stop_token_ids: Sequence[frozenset[int]] = field(default_factory=list)  # suppressed while output < min_tokens
+    constraints: Sequence[Any] = field(default_factory=list)   # grammar per row (structured outputs) or None
 
     def __post_init__(self) -> None:
         n = len(self.params)
@@ -188,7 +190,8 @@ class Sampler:
         n, v = logits.shape
         if n != len(meta.params):
             raise ValueError(f"logits: has {n} rows, metadata has {len(meta.params)}")
-        batch = BatchState(meta.params, meta.prompt_token_ids, meta.output_token_ids, meta.stop_token_ids)
+        batch = BatchState(meta.params, meta.prompt_token_ids, meta.output_token_ids, meta.stop_token_ids,
+                           meta.constraints)
         x, stages = run_chain(self.chain, logits, batch, record=trace)
 
         tokens = torch.empty(n, dtype=torch.long)

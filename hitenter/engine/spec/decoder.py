@@ -23,6 +23,7 @@ from torch import Tensor
 
 from hitenter.engine.logits_processors import BatchState
 from hitenter.engine.request import Request, RequestStatus
+from hitenter.engine.structured import constraints_of
 from hitenter.engine.sampler import (
     Sampler,
     SamplingMetadata,
@@ -95,6 +96,7 @@ class SpecDecoder:
         for r in running:
             k = min(self.k, r.max_tokens - r.num_output_tokens - 1)
             if (r.status is RequestStatus.RUNNING and k > 0 and not r.spec_token_ids and r.num_output_tokens
+                    and "grammar" not in r.extra   # structured outputs: no drafts for a constrained request
                     and r.num_computed_tokens == r.num_tokens - 1):
                 reqs.append(r)
                 ks.append(k)
@@ -116,7 +118,7 @@ class SpecDecoder:
             sel = [reqs[i] for i in plain]
             meta = SamplingMetadata([r.sampling_params for r in sel], [generators[i] for i in plain],
                                     [r.prompt_token_ids for r in sel], [r.output_token_ids for r in sel],
-                                    [stop_ids(r) for r in sel])
+                                    [stop_ids(r) for r in sel], constraints_of(sel))
             out = sampler(logits[[starts[i] for i in plain]], meta, trace=trace)
             for j, i in enumerate(plain):
                 tokens[i], lps[i] = [out.token_ids[j]], [out.logprobs[j]]
