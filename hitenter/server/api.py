@@ -23,7 +23,9 @@ from hitenter.engine.llm_engine import LLMEngine
 from hitenter.errors import ContextOverflowError, QueueFullError
 from hitenter.outputs import RequestOutput
 from hitenter.sampling_params import SamplingParams
+from hitenter.server import openai_compat as X
 from hitenter.server import protocol as P
+from hitenter.server.extra_routes import include_extra_routes, include_fallbacks
 from hitenter.server.metrics import CONTENT_TYPE, ServerMetrics
 from hitenter.server.sse import (
     DONE,
@@ -214,24 +216,34 @@ def create_app(engine: LLMEngine | AsyncLLMEngine, served_model_name: str | None
     async def completions(req: P.CompletionRequest, request: Request) -> Response:
         m = model_for(req.model)
         raw = req.prompts()
-        params = params_of(req, len(raw))
+        params = X.prepare_params(req, params_of(req, len(raw)))
         prompts = [await encode(m, p, "prompt") for p in raw]
-        handles = await submit(m, prompts, params, "prompt")
         echo = [(p if isinstance(p, str) else m.tokenizer.decode(p)) if req.echo else "" for p in raw]
+        scores = await X.scores_for(m, req, prompts)          # prompt logprobs (echo + logprobs, prompt_logprobs)
+        if req.echo and req.max_tokens == 0:                   # scoring only: nothing generated
+            return P.SafeJSONResponse(X.scoring_only(m, req, echo, scores, prompts))
+        handles = await submit(m, prompts, params, "prompt")
         return await respond(request, m, handles, req.stream,
-                             lambda s: stream_completion(s, m.name, params.n, echo, req.include_usage),
-                             lambda outs: build_completion(outs, m.name, params.n, echo))
+                             lambda s: X.decorate_stream(stream_completion(s, m.name, params.n, echo,
+                                                                           req.include_usage)),
+                             lambda outs: X.decorate_completion(build_completion(outs, m.name, params.n, echo),
+                                                                m, req, scores))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: P.ChatCompletionRequest, request: Request) -> Response:
         m = model_for(req.model)
-        params = params_of(req, 1)
-        prompt = await encode(m, chat_prompt(m, req.message_dicts(), req.add_generation_prompt), "messages")
+        plan = X.chat_plan(req, m.tokenizer)                   # tools / tool_choice (hitenter/server/tools.py)
+        params = X.prepare_params(req, params_of(req, 1), plan)
+        msgs = req.message_dicts()
+        text = chat_prompt(m, msgs, req.add_generation_prompt, **plan.template_kwargs())
+        prompt = await encode(m, X.continue_final(text, msgs) if req.continue_final_message else text, "messages")
+        scores = await X.scores_for(m, req, [prompt])
         handles = await submit(m, [prompt], params, "messages")
-        k, tb = req.top_logprobs or 0, m.tokenizer.token_bytes
+        k, tb, echo = req.top_logprobs or 0, m.tokenizer.token_bytes, X.chat_echo_prefix(req)
         return await respond(request, m, handles, req.stream,
-                             lambda s: stream_chat(s, m.name, params.n, k, tb, req.include_usage),
-                             lambda outs: build_chat(outs, m.name, k, tb))
+                             lambda s: X.decorate_stream(stream_chat(s, m.name, params.n, k, tb, req.include_usage),
+                                                         plan, echo),
+                             lambda outs: X.decorate_chat(build_chat(outs, m.name, k, tb), m, req, plan, echo, scores))
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
@@ -248,7 +260,8 @@ def create_app(engine: LLMEngine | AsyncLLMEngine, served_model_name: str | None
             ids = await encode(m, chat_prompt(m, [x.as_dict() for x in req.messages], req.add_generation_prompt),
                                "messages")
         else:
-            ids = await encode(m, req.prompt or "", "prompt")
+            ids = (await encode(m, req.prompt or "", "prompt") if req.add_special_tokens
+                   else m.tokenizer.encode(req.prompt or "", add_bos=False))
         return {"tokens": ids, "count": len(ids), "max_model_len": m.engine.engine.max_model_len}
 
     @app.post("/detokenize")
@@ -271,8 +284,11 @@ def create_app(engine: LLMEngine | AsyncLLMEngine, served_model_name: str | None
         body = await asyncio.to_thread(metrics.render, {m.name: m.engine for m in models.values()})
         return Response(body, media_type=CONTENT_TYPE)
 
+    include_extra_routes(app)           # /v1/models/{id}, /v1/embeddings, /tokenizer_info
     if playground:
         _mount_playground(app, {m.name: m.engine for m in models.values()})
+    else:
+        include_fallbacks(app)
     return app
 
 
@@ -282,15 +298,17 @@ def _mount_playground(app: FastAPI, engines: dict[str, AsyncLLMEngine]) -> None:
 
         from hitenter.server.playground import WEB_DIR, make_playground_router
     except ImportError:           # the playground is optional
+        include_fallbacks(app)
         return
     app.include_router(make_playground_router(engines))
+    include_fallbacks(app)             # JSON 404s, before the static mount (which would answer 405)
     if (WEB_DIR / "index.html").exists():
         app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="playground")    # last: catches the rest
 
 
-def chat_prompt(m: ServedModel, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+def chat_prompt(m: ServedModel, messages: list[dict[str, Any]], add_generation_prompt: bool, **kw: Any) -> str:
     try:
-        return str(m.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt))
+        return str(m.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kw))
     except Exception as e:   # a template that rejects the conversation (roles, order) is the caller's error
         raise P.APIError(400, f"messages: the chat template rejected them: {e}", "messages") from e
 

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from hitenter.sampling_params import SamplingParams
+from hitenter.server.request_extras import ChatExtras, GuidedFields
 
 
 class SafeJSONResponse(JSONResponse):
@@ -75,7 +76,10 @@ class StreamOptions(_Base):
     include_usage: bool = False
 
 
-class _SamplingRequest(_Base):
+class _SamplingRequest(GuidedFields, _Base):
+    # unknown fields are kept (not ignored) so that request_extras.check_known_fields can 400 them
+    model_config = ConfigDict(extra="allow")
+
     model: str | None = None
     n: int = 1
     temperature: float | None = None
@@ -126,12 +130,12 @@ class CompletionRequest(_SamplingRequest):
 
     def to_sampling_params(self) -> SamplingParams:
         if self.suffix:
-            raise APIError(501, "suffix: is not supported", "suffix")
+            raise APIError(400, "suffix: is not supported", "suffix")
         if self.best_of is not None and self.best_of != self.n:
-            raise APIError(501, "best_of: only best_of == n is supported", "best_of")
-        if self.echo and self.logprobs is not None:
-            raise APIError(501, "echo: echo with logprobs (prompt logprobs) is not supported", "echo")
+            raise APIError(400, "best_of: only best_of == n is supported", "best_of")
         max_tokens = 16 if self.max_tokens is None else self.max_tokens   # OpenAI's legacy default
+        if max_tokens == 0 and self.echo:    # scoring only (lm-eval): the prompt's logprobs, no generation
+            max_tokens = 1
         return SamplingParams(**self.sampling_kwargs(), max_tokens=max_tokens, logprobs=self.logprobs)
 
     def prompts(self) -> list[str | list[int]]:
@@ -154,6 +158,8 @@ class ChatMessage(_Base):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None     # assistant turns that called tools
+    tool_call_id: str | None = None                    # tool results
 
     def as_dict(self) -> dict[str, Any]:
         c = self.content
@@ -166,10 +172,14 @@ class ChatMessage(_Base):
         d: dict[str, Any] = {"role": self.role, "content": c or ""}
         if self.name:
             d["name"] = self.name
+        if self.tool_calls or self.tool_call_id:
+            from hitenter.server.tools import message_tool_fields
+
+            d.update(message_tool_fields(self.tool_calls, self.tool_call_id))
         return d
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(ChatExtras, _SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = None
@@ -201,6 +211,7 @@ class TokenizeRequest(_Base):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
+    add_special_tokens: bool = True      # False: no BOS (lm-eval's remote tokenizer sends it)
 
 
 class DetokenizeRequest(_Base):
