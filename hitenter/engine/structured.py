@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+_LOOSE_CHARS, _JSON_CHARS = r'[^\"\\\r\n]', r'[^\0-\x1f\"\\\r\n]'
 GUIDED_KINDS = ("json", "json_schema", "regex", "choice", "grammar", "tool_calls")
 
 
@@ -89,9 +90,13 @@ def _schema_grammar(schema: Any, param: str) -> Any:
     if not isinstance(schema, dict):
         raise ValueError(f"{param}: the JSON schema must be an object")
     try:
-        return xgr.Grammar.from_json_schema(json.dumps(schema), strict_mode=True, any_whitespace=False)
+        g = xgr.Grammar.from_json_schema(json.dumps(schema), strict_mode=True, any_whitespace=False)
     except Exception as e:
         raise ValueError(f"{param}: invalid JSON schema: {e}") from e
+    text = str(g)
+    if _LOOSE_CHARS in text:   # xgrammar 0.2.9: minLength/maxLength strings admit raw control characters
+        g = xgr.Grammar.from_ebnf(text.replace(_LOOSE_CHARS, _JSON_CHARS))
+    return g
 
 
 def build_grammar(spec: GuidedSpec) -> Any:
