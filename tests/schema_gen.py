@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 from typing import Any
 
-
 ASCII = False    # True: strings by pattern [a-z ]{0,8} (a random-weights model emits invalid UTF-8 otherwise)
 
 

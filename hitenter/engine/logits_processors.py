@@ -224,6 +224,6 @@ class MinP:
 
 def default_chain() -> list[LogitsProcessor]:
     """penalties -> logit_bias -> min_tokens -> grammar -> temperature -> top_k -> top_p -> min_p."""
-    from hitenter.engine.structured import GrammarMask   # structured outputs' token mask
+    from hitenter.engine.structured import GrammarMask  # structured outputs' token mask
 
     return [Penalties(), LogitBias(), MinTokens(), GrammarMask(), Temperature(), TopK(), TopP(), MinP()]

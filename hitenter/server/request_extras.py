@@ -19,7 +19,6 @@ from pydantic import BaseModel
 from hitenter.engine.structured import GuidedSpec
 
 
-
 def APIError(status: int, message: str, param: str | None = None) -> Exception:  # noqa: N802
     """protocol.APIError, imported late (protocol imports this module's request mixins)."""
     from hitenter.server.protocol import APIError as E

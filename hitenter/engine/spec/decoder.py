@@ -23,7 +23,6 @@ from torch import Tensor
 
 from hitenter.engine.logits_processors import BatchState
 from hitenter.engine.request import Request, RequestStatus
-from hitenter.engine.structured import constraints_of
 from hitenter.engine.sampler import (
     Sampler,
     SamplingMetadata,
@@ -35,6 +34,7 @@ from hitenter.engine.sampler import (
 )
 from hitenter.engine.spec.proposers import Proposer, stop_ids
 from hitenter.engine.spec.rejection import draw_randomness, greedy_accept, point_mass, rejection_sample
+from hitenter.engine.structured import constraints_of
 
 
 @dataclass
