@@ -31,8 +31,9 @@ def prepare_params(req: Any, params: SamplingParams, plan: ToolPlan | None = Non
         if spec is not None:
             raise P.APIError(400, f"{spec.param}: cannot be combined with tool_choice {plan.mode!r}", spec.param)
         spec = plan.guided
-    if getattr(req, "echo", False) and getattr(req, "stream", False) and (
-            getattr(req, "logprobs", None) is not None or req.prompt_logprobs is not None):
+    if req.stream and req.prompt_logprobs is not None:
+        raise P.APIError(400, "prompt_logprobs: not supported when streaming", "prompt_logprobs")
+    if isinstance(req, P.CompletionRequest) and req.stream and req.echo and req.logprobs is not None:
         raise P.APIError(400, "echo: echo with logprobs is not supported when streaming", "echo")
     return params if spec is None else params.replace(guided=spec)
 
@@ -68,10 +69,10 @@ def chat_echo_prefix(req: Any) -> str:
 async def scores_for(m: Any, req: Any, prompts: list[list[int]]) -> list[PromptScores] | None:
     """Prompt logprobs when the request wants them (legacy echo+logprobs, or prompt_logprobs)."""
     k = req.prompt_logprobs
-    legacy = getattr(req, "echo", False) and getattr(req, "logprobs", None) not in (None, False)
+    legacy = isinstance(req, P.CompletionRequest) and req.echo and req.logprobs is not None
     if k is None and not legacy:
         return None
-    if legacy and isinstance(req.logprobs, int) and not isinstance(req.logprobs, bool):
+    if legacy:
         k = max(k or 0, req.logprobs)
     try:
         return await asyncio.to_thread(m.engine.run_locked, score_prompts, m.engine.engine, prompts, k or 0)
