@@ -134,6 +134,9 @@ def test_parse_tool_calls() -> None:
     assert content == "Sure." and [c["function"]["name"] for c in calls] == ["f", "g"]
     assert json.loads(calls[0]["function"]["arguments"]) == {"x": 1}
     assert parse_tool_calls("plain text") == ("plain text", [])
+    bare = '```json\n{"name": "f", "arguments": {"x": 2}}\n```'
+    assert parse_tool_calls(bare, names={"f"})[1][0]["function"]["name"] == "f"
+    assert parse_tool_calls(bare, names={"g"}) == (bare, [])
 
 
 def test_echo_logprobs_equal_engine_logprobs(client: TestClient, tiny_qwen2_path: Path) -> None:

@@ -21,6 +21,7 @@ from hitenter.engine.structured import GuidedSpec
 from hitenter.server.protocol import APIError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 
@@ -34,6 +35,10 @@ class ToolPlan:
     @property
     def parses(self) -> bool:
         return self.mode != "none" and bool(self.tools)
+
+    @property
+    def names(self) -> set[str]:
+        return {t["function"]["name"] for t in self.tools}
 
     def template_kwargs(self) -> dict[str, Any]:
         return {"tools": self.tools} if self.parses else {}
@@ -102,19 +107,27 @@ def plan_tools(req: Any, chat_template: str | None) -> ToolPlan:
     return plan
 
 
-def parse_tool_calls(text: str, parallel: bool = True) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content outside the markup or None, OpenAI tool_calls) of a generated text."""
-    calls = []
-    for m in _CALL.finditer(text):
-        try:
-            obj = json.loads(m.group(1))
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            continue
-        args = obj.get("arguments", obj.get("parameters", {}))
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}})
+def _as_call(raw: str, names: set[str] | None = None) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or (names is not None and obj["name"] not in names):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def parse_tool_calls(text: str, parallel: bool = True,
+                     names: set[str] | None = None) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content outside the markup or None, OpenAI tool_calls) of a generated text. Without markup, a
+    reply that is exactly one ``{"name": <a tool in names>, "arguments": ...}`` object (small models
+    often drop the tags; fenced or not) is a call too."""
+    calls = [c for c in (_as_call(m.group(1)) for m in _CALL.finditer(text)) if c is not None]
+    if not calls and names:
+        bare = _as_call(_FENCE.sub("", text.strip()).strip(), names)
+        return (None, [bare]) if bare is not None else (text, [])
     if not calls:
         return text, []
     content = text[:text.find(OPEN)].strip()
@@ -123,7 +136,7 @@ def parse_tool_calls(text: str, parallel: bool = True) -> tuple[str | None, list
 
 def rewrite_chat_body(body: dict[str, Any], plan: ToolPlan) -> dict[str, Any]:
     for ch in body["choices"]:
-        content, calls = parse_tool_calls(ch["message"]["content"] or "", plan.parallel)
+        content, calls = parse_tool_calls(ch["message"]["content"] or "", plan.parallel, plan.names)
         if calls:
             ch["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
             ch["finish_reason"] = "tool_calls"
@@ -157,8 +170,10 @@ async def stream_tool_calls(chunks: AsyncIterator[dict[str, Any]], plan: ToolPla
         full, done = text[i], sent.get(i, 0)
         cut = full.find(OPEN)
         safe = (cut if cut >= 0 else len(full) - _held_back(full)) if not ch.get("finish_reason") else len(full)
+        if not ch.get("finish_reason") and done == 0 and full.lstrip()[:1] in ("{", "`"):
+            safe = 0          # may be a bare {"name", "arguments"} call: held until the end
         if ch.get("finish_reason"):
-            content, calls = parse_tool_calls(full, plan.parallel)
+            content, calls = parse_tool_calls(full, plan.parallel, plan.names)
             if calls:
                 pre = (content or "")[done:] if content and len(content) > done else ""
                 new_delta: dict[str, Any] = {"content": pre} if pre else {}
