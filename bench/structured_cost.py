@@ -52,21 +52,26 @@ def mask_cost(llm: LLM, n: int = 64) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
-    ap.add_argument("--tokens", type=int, default=48)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
+    t0 = time.perf_counter()
     llm = LLM(a.model, max_model_len=512)
+    print(f"loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     g = GuidedSpec("json_schema", json.dumps(SCHEMA))
     plain = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)
     guided = plain.replace(guided=g)
     itl(llm, [plain])                                   # warm up (and build the grammar backend)
     itl(llm, [guided])
+    print(f"warm after {time.perf_counter() - t0:.1f} s", flush=True)
     b1p, b1g, b8p, b8g = [], [], [], []
     for _ in range(a.rounds):
         b1p += itl(llm, [plain])
         b1g += itl(llm, [guided])
         b8p += itl(llm, [plain] * 8)
         b8g += itl(llm, [guided] + [plain] * 7)[1:]     # the unconstrained rows next to a constrained one
+        print(f"round: b1 {b1p[-1] * 1e3:.2f} / {b1g[-1] * 1e3:.2f} ms, b8 {b8p[-1] * 1e3:.2f} / {b8g[-1] * 1e3:.2f} ms",
+              flush=True)
     p, q = statistics.median(b1p), statistics.median(b1g)
     print(f"mask (fill + apply), one row, V={llm.engine.model_config.vocab_size}: {mask_cost(llm) * 1e3:.3f} ms")
     print(f"batch 1: unconstrained {p * 1e3:.2f} ms/token, constrained {q * 1e3:.2f} ms/token ({(q / p - 1) * 100:+.1f}%)")
