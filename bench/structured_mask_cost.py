@@ -30,13 +30,16 @@ for m in ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]:
     res = {}
     for label, params in (("plain", p), ("constrained", pg)):
         ts = []
-        for rep in range(3):
+        for _ in range(3):
             c = be.constraint(pg.guided) if params.guided else None
             for t in ids:
                 logits = torch.randn(1, V)
                 meta = SamplingMetadata([params], [make_generator(1)], constraints=[c])
-                a = time.process_time(); s(logits, meta); ts.append(time.process_time() - a)
-                if c: c.accept(t)
+                a = time.process_time()
+                s(logits, meta)
+                ts.append(time.process_time() - a)
+                if c:
+                    c.accept(t)
         res[label] = statistics.mean(ts)
     print(f"{m} V={V}: sampler step plain {res['plain']*1e3:.3f} ms, constrained {res['constrained']*1e3:.3f} ms CPU, "
           f"mask adds {(res['constrained']-res['plain'])*1e3:.3f} ms/token")
