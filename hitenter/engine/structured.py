@@ -174,20 +174,27 @@ class GrammarMask:
         rows = [i for i, c in enumerate(cons) if c is not None and not c.terminated]
         if not rows:
             return logits
-        xgr = _xgr()
         n, v = logits.shape
         bm = _bitmask(n, v)
         for i in rows:
             cons[i].fill(bm, i)
-        before = logits[rows].clone()
-        xgr.apply_token_bitmask_inplace(logits, bm, vocab_size=v, indices=rows)
-        dead = [j for j, i in enumerate(rows) if not bool(torch.isfinite(logits[i]).any())]
-        for j in dead:   # keep the grammar: fall back to its allowed tokens with the pre-stage logits zeroed
-            i = rows[j]
-            row = torch.zeros_like(before[j])[None]
-            xgr.apply_token_bitmask_inplace(row, bm[i:i + 1], vocab_size=v)
-            logits[i] = row[0]
+        allowed = _unpack(bm[rows], v)            # plain torch, no extra kernel threads next to the model's
+        sub = logits[rows]
+        masked = sub.masked_fill(~allowed, NEG_INF)
+        dead = ~torch.isfinite(masked).any(dim=-1)
+        if bool(dead.any()):   # earlier stages cut every legal token (min_tokens vs. a finished grammar)
+            masked[dead] = torch.zeros_like(sub[dead]).masked_fill(~allowed[dead], NEG_INF)
+        logits[rows] = masked
         return logits
+
+
+_SHIFTS = torch.arange(32, dtype=torch.int32)
+NEG_INF = float("-inf")
+
+
+def _unpack(bits: Tensor, v: int) -> Tensor:
+    """xgrammar's int32 bitmask [rows, ceil(V/32)] (bit j of word w = token 32w + j) -> bool [rows, V]."""
+    return ((bits[:, :, None] >> _SHIFTS) & 1).bool().reshape(bits.shape[0], -1)[:, :v]
 
 
 def constraints_of(requests: Any) -> list[Any]:
