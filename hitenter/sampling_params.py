@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hitenter.engine.structured import GuidedSpec
+
 # Temperatures below this are treated as greedy (as vLLM does) so that 1/T never blows up.
 GREEDY_EPS = 1e-5
 MAX_LOGPROBS = 20
@@ -77,6 +79,7 @@ class SamplingParams:
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    guided: GuidedSpec | None = None     # structured output (hitenter/engine/structured.py)
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, 1, None, ">= 1")
@@ -110,6 +113,8 @@ class SamplingParams:
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, 1, None, ">= 1 or null (= the rest of the context)")
         _check_int("min_tokens", self.min_tokens, 0, None, ">= 0")
+        if self.guided is not None and not isinstance(self.guided, GuidedSpec):
+            _fail("guided", f"must be a GuidedSpec or None, got {self.guided!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             _fail("min_tokens", f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
 

@@ -286,7 +286,7 @@ def test_trace_stages_and_draw() -> None:
     assert out.trace is not None
     t = out.trace[0]
     names = [s.name for s in t.stages]
-    assert names == ["raw", "penalties", "logit_bias", "min_tokens", "temperature", "top_k", "top_p", "min_p"]
+    assert names == ["raw", "penalties", "logit_bias", "min_tokens", "grammar", "temperature", "top_k", "top_p", "min_p"]
     assert len(t.candidate_ids) == 50 and t.candidate_ids[0] == int(x[0].argmax())
     st = {s.name: s for s in t.stages}
     assert st["raw"].num_kept == 500 and st["top_k"].num_kept == 20 and sum(st["top_k"].kept) == 20

@@ -33,6 +33,7 @@ from hitenter.engine.sampler import SamplingMetadata, StepSample
 from hitenter.engine.scheduler import SchedulerOutput
 from hitenter.engine.snapshot import KV_VIEW_TTL_S, EngineSnapshot, take_snapshot
 from hitenter.engine.spec import SpecDecodeStats, spec_request_stats
+from hitenter.engine.structured import backend_for, constraints_of
 from hitenter.outputs import RequestOutput
 from hitenter.sampling_params import SamplingParams
 
@@ -98,6 +99,10 @@ class LLMEngine:
         max_tokens = self.resolve_max_tokens(len(prompt_ids), params)
         eog = frozenset() if params.ignore_eos else self.tokenizer.eog_token_ids
         reqs = make_requests(request_id, prompt_ids, params, max_tokens, eog, arrival_time)
+        if params.guided is not None:     # structured outputs: one grammar matcher per sequence
+            backend = backend_for(self.tokenizer, self.model_config.vocab_size)
+            for r in reqs:
+                r.extra["grammar"] = backend.constraint(params.guided)
         group = self.output_processor.new_group(request_id, prompt if isinstance(prompt, str) else None,
                                                 prompt_ids, params, reqs)
         return PendingRequest(group, remote=self.disagg is not None and len(prompt_ids) > 1)
@@ -218,7 +223,8 @@ class LLMEngine:
             params=[r.sampling_params for r in reqs], generators=[r.generator for r in reqs],
             prompt_token_ids=[r.prompt_token_ids for r in reqs], output_token_ids=[r.output_token_ids for r in reqs],
             stop_token_ids=[r.eos_token_ids | frozenset(r.sampling_params.stop_token_ids or ()) for r in reqs]
-            if any(r.sampling_params.min_tokens for r in reqs) else [])
+            if any(r.sampling_params.min_tokens for r in reqs) else [],
+            constraints=constraints_of(reqs) if any("grammar" in r.extra for r in reqs) else [])
         return StepSample.from_sampler(self.sampler(ran.logits, meta, trace=trace))
 
     def _new_tokens(self, ran: ModelRunnerOutput, sampled: StepSample | None) -> dict[str, list[int]]:
@@ -232,6 +238,11 @@ class LLMEngine:
             for i, rid in enumerate(ran.sample_request_ids):
                 if rid in self.trace_requests:
                     self.last_logits[rid] = ran.logits[sum(ran.num_rows[:i]) if ran.num_rows else i].clone()
+        for rid, toks in zip(ran.sample_request_ids, sampled.token_ids, strict=True):
+            grammar = self.scheduler.requests[rid].extra.get("grammar")
+            if grammar is not None:       # structured outputs: advance the matcher (no drafts: one token)
+                for t in toks:
+                    grammar.accept(t)
         return dict(zip(ran.sample_request_ids, sampled.token_ids, strict=True))
 
     def _after_step(self, sched: SchedulerOutput, ran: ModelRunnerOutput, new_tokens: dict[str, list[int]],

@@ -9,7 +9,8 @@ Contract for every processor (``LogitsProcessor``):
   taken right after penalties, logit bias and min_tokens suppression.
 
 Default order (``default_chain()``), as in vLLM/llama.cpp:
-penalties -> logit_bias -> min_tokens -> temperature -> top_k -> top_p -> min_p.
+penalties -> logit_bias -> min_tokens -> grammar -> temperature -> top_k -> top_p -> min_p
+(``grammar`` is structured outputs' token mask, hitenter/engine/structured.py).
 
 Ties are broken deterministically towards the lower token id (stable sort on the logits).
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -36,6 +37,7 @@ class BatchState:
     prompt_token_ids: Sequence[Sequence[int]]
     output_token_ids: Sequence[Sequence[int]]
     stop_token_ids: Sequence[frozenset[int]]
+    constraints: Sequence[Any] = ()     # per row a structured.GrammarConstraint or None (empty: none)
 
     def rows(self, *, sampling_only: bool, pred) -> list[int]:  # type: ignore[no-untyped-def]
         """Row indices where ``pred(i, params)`` holds (greedy rows excluded when ``sampling_only``)."""
@@ -221,5 +223,7 @@ class MinP:
 
 
 def default_chain() -> list[LogitsProcessor]:
-    """penalties -> logit_bias -> min_tokens -> temperature -> top_k -> top_p -> min_p."""
-    return [Penalties(), LogitBias(), MinTokens(), Temperature(), TopK(), TopP(), MinP()]
+    """penalties -> logit_bias -> min_tokens -> grammar -> temperature -> top_k -> top_p -> min_p."""
+    from hitenter.engine.structured import GrammarMask  # structured outputs' token mask
+
+    return [Penalties(), LogitBias(), MinTokens(), GrammarMask(), Temperature(), TopK(), TopP(), MinP()]

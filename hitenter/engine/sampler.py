@@ -193,7 +193,8 @@ class Sampler:
             # no processor touches a plain greedy row: its argmax is the raw logits' (no chain, no copy)
             tokens = logits.argmax(dim=-1)
             return SamplerOutput(tokens.tolist(), self._logprobs(logits, tokens, meta.params), None)
-        batch = BatchState(meta.params, meta.prompt_token_ids, meta.output_token_ids, meta.stop_token_ids)
+        batch = BatchState(meta.params, meta.prompt_token_ids, meta.output_token_ids, meta.stop_token_ids,
+                           meta.constraints)
         x, stages = run_chain(self.chain, logits, batch, record=trace)
 
         tokens = torch.empty(n, dtype=torch.long)
@@ -247,7 +248,7 @@ class Sampler:
 
 def _plain_greedy(p: SamplingParams) -> bool:
     """Greedy and untouched by every processor of the default chain (penalties, bias, min_tokens)."""
-    return p.is_greedy and not p.has_penalties and not p.logit_bias and not p.min_tokens
+    return p.is_greedy and not p.has_penalties and not p.logit_bias and not p.min_tokens and p.guided is None
 
 
 def _top_exact(lp: Tensor, k: int) -> list[tuple[int, float, int]]:

@@ -21,6 +21,12 @@ from hitenter.server import protocol as P
 from hitenter.server import routes_admin, routes_openai, routes_tokenize
 from hitenter.server.auth import api_key_dependency
 from hitenter.server.errors import error_responses, install_error_handlers
+from hitenter.server.extra_routes import (
+    allowed_methods,
+    include_extra_routes,
+    include_fallbacks,
+    not_found_or_405,
+)
 from hitenter.server.guards import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from hitenter.server.http import DEFAULT_HEADER_TIMEOUT, uvicorn_config
 from hitenter.server.metrics import ServerMetrics
@@ -70,8 +76,11 @@ def create_app(engine: LLMEngine | AsyncLLMEngine, served_model_name: str | None
     app.include_router(routes_tokenize.router, **guarded)
     app.include_router(routes_admin.health_router)
     app.include_router(routes_admin.metrics_router, **({} if metrics_public else guarded))
+    include_extra_routes(app, guarded)          # /v1/models/{id}, /v1/embeddings, /tokenizer_info
     if playground:
         _mount_playground(app, {m.name: m.engine for m in models.values()}, guarded)
+    else:
+        include_fallbacks(app)
     _schema_for_served(app, state.roles(), min(m.engine.engine.model_config.vocab_size for m in models.values()))
     return app
 
@@ -108,6 +117,7 @@ def _mount_playground(app: FastAPI, engines: dict[str, AsyncLLMEngine], guarded:
 
         from hitenter.server.playground import WEB_DIR, make_playground_router
     except ImportError:           # the playground is optional
+        include_fallbacks(app)
         return
     responses = {**error_responses(400, 404, 413, 429), **guarded.get("responses", {})}
     app.include_router(make_playground_router(engines), **{**guarded, "responses": responses})  # behind the key
@@ -117,21 +127,19 @@ def _mount_playground(app: FastAPI, engines: dict[str, AsyncLLMEngine], guarded:
 
 class _StaticOr405:
     """The page's files, except that an API path asked with the wrong method gets 405 with ``Allow``
-    (under a catch-all mount Starlette would answer it 404 from the static files)."""
+    (under a catch-all mount Starlette would answer it 404 from the static files), and an unknown
+    /v1 path or a non-GET request gets our JSON 404."""
 
     def __init__(self, app: FastAPI, static: ASGIApp) -> None:
         self.app, self.static = app, static
-        self._methods: dict[str, list[str]] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self._methods is None:
-            paths = self.app.openapi()["paths"]
-            self._methods = {p: sorted(m.upper() for m in ops) for p, ops in paths.items()}
-        allowed = self._methods.get(scope.get("root_path", "") + scope["path"]) or self._methods.get(scope["path"])
-        if scope["type"] == "http" and allowed:
-            err = P.APIError(405, "Method Not Allowed", headers={"Allow": ", ".join(allowed)})
-            await err.response()(scope, receive, send)
-            return
+        if scope["type"] == "http":
+            path, method = scope["path"], scope.get("method", "GET")
+            if (allowed_methods(self.app, path) or path.startswith("/v1/") or path == "/v1"
+                    or method not in ("GET", "HEAD")):
+                await not_found_or_405(self.app, method, path).response()(scope, receive, send)
+                return
         await self.static(scope, receive, send)
 
 

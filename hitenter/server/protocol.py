@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Strict, StringConstraints
 
 from hitenter.sampling_params import MAX_LOGPROBS, SamplingParams
+from hitenter.server.request_extras import ChatExtras, GuidedFields
 
 
 class SafeJSONResponse(JSONResponse):
@@ -128,7 +129,10 @@ class StreamOptions(_Base):
     include_usage: Bool = False
 
 
-class _SamplingRequest(_Base):
+class _SamplingRequest(GuidedFields, _Base):
+    # unknown fields are kept (not ignored) so that request_extras.check_known_fields can 400 them
+    model_config = ConfigDict(extra="allow")
+
     model: str | None = None
     n: Count = 1
     temperature: Temperature | None = None
@@ -170,6 +174,10 @@ class _SamplingRequest(_Base):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+# /v1 request bodies refuse fields they do not define (request_extras.check_known_fields: 400 naming it)
+_NO_UNKNOWN: dict[str, Any] = {"additionalProperties": False}
+
+
 def _requires(field: str, value: Any, then: dict[str, Any], present: bool = False) -> dict[str, Any]:
     """JSON Schema for a rule between fields: when ``field`` is ``value``, ``then`` holds (and its
     fields must be given when ``present``)."""
@@ -178,8 +186,7 @@ def _requires(field: str, value: Any, then: dict[str, Any], present: bool = Fals
 
 
 class CompletionRequest(_SamplingRequest):
-    model_config = ConfigDict(extra="ignore", json_schema_extra=_requires(
-        "echo", {"const": True}, {"logprobs": {"type": "null"}}))     # echo with logprobs: not supported
+    model_config = ConfigDict(extra="allow", json_schema_extra=_NO_UNKNOWN)
     prompt: NonEmpty | Annotated[list[NonEmpty], MinLen(1)] | Annotated[list[TokenId], MinLen(1)] \
         | Annotated[list[Annotated[list[TokenId], MinLen(1)]], MinLen(1)]
     logprobs: NLogprobs | None = None
@@ -192,9 +199,9 @@ class CompletionRequest(_SamplingRequest):
             raise APIError(400, "suffix: is not supported", "suffix")
         if self.best_of is not None and self.best_of != self.n:
             raise APIError(400, "best_of: only best_of == n is supported", "best_of")
-        if self.echo and self.logprobs is not None:
-            raise APIError(400, "echo: echo with logprobs (prompt logprobs) is not supported", "echo")
         max_tokens = 16 if self.max_tokens is None else self.max_tokens   # OpenAI's legacy default
+        if max_tokens == 0 and self.echo:    # scoring only (lm-eval): the prompt's logprobs, no generation
+            max_tokens = 1
         return SamplingParams(**self.sampling_kwargs(), max_tokens=max_tokens, logprobs=self.logprobs)
 
     def prompts(self) -> list[str | list[int]]:
@@ -217,6 +224,8 @@ class ChatMessage(_Base):
     role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None     # assistant turns that called tools
+    tool_call_id: str | None = None                    # tool results
 
     def as_dict(self) -> dict[str, Any]:
         c = self.content
@@ -229,12 +238,16 @@ class ChatMessage(_Base):
         d: dict[str, Any] = {"role": self.role, "content": c or ""}
         if self.name:
             d["name"] = self.name
+        if self.tool_calls or self.tool_call_id:
+            from hitenter.server.tools import message_tool_fields
+
+            d.update(message_tool_fields(self.tool_calls, self.tool_call_id))
         return d
 
 
-class ChatCompletionRequest(_SamplingRequest):
-    model_config = ConfigDict(extra="ignore", json_schema_extra=_requires(
-        "top_logprobs", {"type": "integer"}, {"logprobs": {"const": True}}, present=True))
+class ChatCompletionRequest(ChatExtras, _SamplingRequest):
+    model_config = ConfigDict(extra="allow", json_schema_extra={**_NO_UNKNOWN, **_requires(
+        "top_logprobs", {"type": "integer"}, {"logprobs": {"const": True}}, present=True)})
     messages: Annotated[list[ChatMessage], MinLen(1)]
     logprobs: Bool = False
     top_logprobs: NLogprobs | None = None
@@ -269,6 +282,7 @@ class TokenizeRequest(_Base):
     prompt: str = None                                                 # type: ignore[assignment]
     messages: Annotated[list[ChatMessage], MinLen(1)] = None           # type: ignore[assignment]
     add_generation_prompt: Bool = True
+    add_special_tokens: Bool = True      # False: no BOS (lm-eval's remote tokenizer sends it)
 
 
 class DetokenizeRequest(_Base):

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from hitenter.server import openai_compat as X
 from hitenter.server import protocol as P
 from hitenter.server.errors import error_responses
 from hitenter.server.serving import params_of, respond, submit
@@ -24,26 +25,35 @@ async def completions(req: P.CompletionRequest, request: Request,
                       state: State) -> Response:
     m = state.model_for(req.model)
     raw = req.prompts()
-    params = params_of(req, len(raw))
+    params = X.prepare_params(req, params_of(req, len(raw)))    # 400 unknown fields; structured outputs
     prompts = [await encode(m, p, "prompt") for p in raw]
-    handles = await submit(m, prompts, params, "prompt")
     echo = [(p if isinstance(p, str) else m.tokenizer.decode(p)) if req.echo else "" for p in raw]
+    scores = await X.scores_for(m, req, prompts)          # prompt logprobs (echo + logprobs, prompt_logprobs)
+    if req.echo and req.max_tokens == 0:                   # scoring only (lm-eval): nothing generated
+        return P.SafeJSONResponse(X.scoring_only(m, req, echo, scores, prompts))
+    handles = await submit(m, prompts, params, "prompt")
     return await respond(request, state, m, handles, req.stream,
-                         lambda s: stream_completion(s, m.name, params.n, echo, req.include_usage),
-                         lambda outs: build_completion(outs, m.name, params.n, echo))
+                         lambda s: X.decorate_stream(stream_completion(s, m.name, params.n, echo,
+                                                                       req.include_usage)),
+                         lambda outs: X.decorate_completion(build_completion(outs, m.name, params.n, echo),
+                                                            m, req, scores))
 
 
 @router.post("/v1/chat/completions", responses=_OK)
 async def chat_completions(req: P.ChatCompletionRequest, request: Request,
                            state: State) -> Response:
     m = state.model_for(req.model)
-    params = params_of(req, 1)
-    prompt = await chat_ids(state, m, req.message_dicts(), req.add_generation_prompt)
+    plan = X.chat_plan(req, m.tokenizer)                   # tools / tool_choice (hitenter/server/tools.py)
+    params = X.prepare_params(req, params_of(req, 1), plan)
+    prompt = await chat_ids(state, m, req.message_dicts(), req.add_generation_prompt,
+                            continue_final=req.continue_final_message, **plan.template_kwargs())
+    scores = await X.scores_for(m, req, [prompt])
     handles = await submit(m, [prompt], params, "messages")
-    k, tb = req.top_logprobs or 0, m.tokenizer.token_bytes
+    k, tb, echo = req.top_logprobs or 0, m.tokenizer.token_bytes, X.chat_echo_prefix(req)
     return await respond(request, state, m, handles, req.stream,
-                         lambda s: stream_chat(s, m.name, params.n, k, tb, req.include_usage),
-                         lambda outs: build_chat(outs, m.name, k, tb))
+                         lambda s: X.decorate_stream(stream_chat(s, m.name, params.n, k, tb, req.include_usage),
+                                                     plan, echo),
+                         lambda outs: X.decorate_chat(build_chat(outs, m.name, k, tb), m, req, plan, echo, scores))
 
 
 @router.get("/v1/models")

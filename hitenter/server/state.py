@@ -98,6 +98,11 @@ async def encode(m: ServedModel, prompt: str | list[int], param: str) -> list[in
         raise P.APIError(400, f"{param}: could not be tokenized: {e}", param) from e
 
 
+async def encode_no_bos(m: ServedModel, prompt: str) -> list[int]:
+    check_chars(m, len(prompt), "prompt")
+    return await asyncio.to_thread(m.tokenizer.encode, prompt, False)
+
+
 def supports_tool(m: ServedModel) -> bool:
     return "tool" in (getattr(m.tokenizer, "chat_template", None) or "")
 
@@ -111,8 +116,10 @@ def _role_problem(m: ServedModel, messages: list[dict[str, Any]]) -> P.APIError 
 
 
 async def chat_ids(state: ServerState, m: ServedModel, messages: list[dict[str, Any]],
-                   add_generation_prompt: bool) -> list[int]:
-    """Token ids of a conversation: message content stays text (see Tokenizer.apply_chat_template)."""
+                   add_generation_prompt: bool, continue_final: bool = False, **template_kw: Any) -> list[int]:
+    """Token ids of a conversation: message content stays text (see Tokenizer.apply_chat_template).
+    ``continue_final``: cut right after the final (assistant) message's content, so the model continues
+    it (the template's closing markup after it is dropped); ``template_kw``: e.g. ``tools``."""
     check_chars(m, sum(len(x.get("content") or "") for x in messages), "messages")
     problem = _role_problem(m, messages)
     if problem is not None:
@@ -120,7 +127,27 @@ async def chat_ids(state: ServerState, m: ServedModel, messages: list[dict[str, 
     try:
         ids = await asyncio.to_thread(m.tokenizer.apply_chat_template, messages,
                                       add_generation_prompt=add_generation_prompt, tokenize=True,
-                                      special_in_content=state.special_in_content)
+                                      special_in_content=state.special_in_content, **template_kw)
+        if continue_final:
+            text = m.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                   **template_kw)
+            ids = _cut_after_final(m, list(ids), str(text), messages)
+    except P.APIError:
+        raise
     except Exception as e:   # a template that rejects the conversation (roles, order) is the caller's error
         raise P.APIError(400, f"messages: the chat template rejected them: {e}", "messages") from e
     return list(ids)
+
+
+def _cut_after_final(m: ServedModel, ids: list[int], text: str, messages: list[dict[str, Any]]) -> list[int]:
+    """``ids`` without the template markup that follows the final message's content (prefill)."""
+    final = (messages[-1].get("content") or "").strip()
+    at = text.rfind(final) if final else -1
+    if at < 0:
+        raise P.APIError(400, "continue_final_message: the chat template changed the final message's text",
+                         "continue_final_message")
+    tail = m.tokenizer.encode(text[at + len(final):], add_bos=False)   # the template's own markup
+    if tail and ids[-len(tail):] != tail:
+        raise P.APIError(400, "continue_final_message: cannot cut this template's markup after the final "
+                         "message", "continue_final_message")
+    return ids[:len(ids) - len(tail)] if tail else ids

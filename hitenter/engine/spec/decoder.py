@@ -34,6 +34,7 @@ from hitenter.engine.sampler import (
 )
 from hitenter.engine.spec.proposers import Proposer, stop_ids
 from hitenter.engine.spec.rejection import draw_randomness, greedy_accept, point_mass, rejection_sample
+from hitenter.engine.structured import constraints_of
 
 
 @dataclass
@@ -94,6 +95,7 @@ class SpecDecoder:
         for r in running:
             k = min(self.k, r.max_tokens - r.num_output_tokens - 1)
             if (r.status is RequestStatus.RUNNING and k > 0 and not r.spec_token_ids and r.num_output_tokens
+                    and "grammar" not in r.extra   # structured outputs: no drafts for a constrained request
                     and r.num_computed_tokens == r.num_tokens - 1):
                 reqs.append(r)
                 ks.append(k)
@@ -115,7 +117,7 @@ class SpecDecoder:
             sel = [reqs[i] for i in plain]
             meta = SamplingMetadata([r.sampling_params for r in sel], [generators[i] for i in plain],
                                     [r.prompt_token_ids for r in sel], [r.output_token_ids for r in sel],
-                                    [stop_ids(r) for r in sel])
+                                    [stop_ids(r) for r in sel], constraints_of(sel))
             out = sampler(logits[[starts[i] for i in plain]], meta, trace=trace)
             for j, i in enumerate(plain):
                 tokens[i], lps[i] = [out.token_ids[j]], [out.logprobs[j]]

@@ -1,0 +1,217 @@
+"""Structured outputs: a per-sequence grammar (xgrammar) applied as a token mask in the sampler chain.
+
+- :class:`GuidedSpec` is what a request asks for (``json`` = any JSON object, ``json_schema``, ``regex``,
+  ``choice``, ``grammar`` (EBNF), ``tool_calls`` = Qwen/Hermes ``<tool_call>{json}</tool_call>`` blocks).
+  It lives in ``SamplingParams.guided`` (immutable, hashable: the compiled grammar is cached by it).
+- :class:`GrammarBackend` (one per tokenizer) compiles a spec once; a bad spec is a ``ValueError``
+  naming the request field, raised before the request is queued.
+- :class:`GrammarConstraint` is one sequence's matcher: ``fill`` writes its allowed-token bitmask,
+  ``accept`` advances it after a token is emitted. The engine keeps it in ``Request.extra["grammar"]``.
+- :class:`GrammarMask` is the chain stage (before temperature): it masks only the rows that carry a
+  constraint, so unconstrained rows of the same batch are untouched and cost nothing.
+- Speculative decoding drafts no tokens for a constrained request (it decodes one token per step).
+
+Why xgrammar (measured, see README): on SmolLM2's 49k vocabulary a JSON-schema mask costs ~0.2 ms per
+token (fill + apply), ~0.6 ms typical on Qwen2.5's 152k; llguidance through our tokenizer adapter
+measured 40-90 ms per token on the same vocabularies here.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import torch
+from torch import Tensor
+
+_LOOSE_CHARS, _JSON_CHARS = r'[^\"\\\r\n]', r'[^\0-\x1f\"\\\r\n]'
+GUIDED_KINDS = ("json", "json_schema", "regex", "choice", "grammar", "tool_calls")
+
+
+@dataclass(frozen=True)
+class GuidedSpec:
+    kind: str           # one of GUIDED_KINDS
+    value: str = ""     # schema JSON / regex / EBNF / JSON list of choices; for tool_calls: JSON {schema, parallel}
+    param: str = "response_format"   # the request field it came from (named in errors)
+
+    def __post_init__(self) -> None:
+        if self.kind not in GUIDED_KINDS:
+            raise ValueError(f"{self.param}: unknown structured output kind {self.kind!r}")
+
+
+def _xgr() -> Any:
+    try:
+        import xgrammar
+    except ImportError as e:     # pragma: no cover - a declared dependency
+        raise ValueError("response_format: structured outputs need the xgrammar package") from e
+    return xgrammar
+
+
+class GrammarBackend:
+    """xgrammar's compiler for one tokenizer / logits width (compiled grammars cached by spec)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        xgr = _xgr()
+        n = min(tokenizer.vocab_size, vocab_size)
+        vocab = [tokenizer.token_bytes(i) for i in range(n)]
+        stops = sorted(t for t in tokenizer.eog_token_ids if t < n)
+        self.info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stops)
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=1)
+        self.vocab_size = vocab_size
+        self._lock = threading.Lock()
+        self._cache: dict[GuidedSpec, Any] = {}
+
+    def compile(self, spec: GuidedSpec) -> Any:
+        with self._lock:
+            hit = self._cache.get(spec)
+        if hit is not None:
+            return hit
+        try:
+            compiled = self.compiler.compile_grammar(build_grammar(spec))
+        except ValueError:
+            raise
+        except Exception as e:   # xgrammar raises RuntimeError/InvalidJSONError on bad schemas/regexes
+            raise ValueError(f"{spec.param}: could not be compiled to a grammar: {e}") from e
+        with self._lock:
+            if len(self._cache) > 256:
+                self._cache.clear()
+            self._cache[spec] = compiled
+        return compiled
+
+    def constraint(self, spec: GuidedSpec) -> GrammarConstraint:
+        return GrammarConstraint(_xgr().GrammarMatcher(self.compile(spec)), self.vocab_size)
+
+
+def _schema_grammar(schema: Any, param: str) -> Any:
+    xgr = _xgr()
+    if not isinstance(schema, dict):
+        raise ValueError(f"{param}: the JSON schema must be an object")
+    try:
+        g = xgr.Grammar.from_json_schema(json.dumps(schema), strict_mode=True, any_whitespace=False)
+    except Exception as e:
+        raise ValueError(f"{param}: invalid JSON schema: {e}") from e
+    text = str(g)
+    if _LOOSE_CHARS in text:   # xgrammar 0.2.9: minLength/maxLength strings admit raw control characters
+        g = xgr.Grammar.from_ebnf(text.replace(_LOOSE_CHARS, _JSON_CHARS))
+    return g
+
+
+def build_grammar(spec: GuidedSpec) -> Any:
+    """The xgrammar Grammar of a spec; ValueError (naming ``spec.param``) when it is malformed."""
+    xgr, p = _xgr(), spec.param
+    try:
+        if spec.kind == "json":
+            return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False)
+        if spec.kind == "json_schema":
+            return _schema_grammar(json.loads(spec.value), p)
+        if spec.kind == "regex":
+            return xgr.Grammar.from_regex(spec.value)
+        if spec.kind == "choice":
+            choices = json.loads(spec.value)
+            if not choices or not all(isinstance(c, str) for c in choices):
+                raise ValueError(f"{p}: must be a non-empty list of strings")
+            return xgr.Grammar.from_ebnf("root ::= " + " | ".join(json.dumps(c) for c in choices))
+        if spec.kind == "grammar":
+            return xgr.Grammar.from_ebnf(spec.value)
+        return _tool_call_grammar(json.loads(spec.value), p)
+    except ValueError:
+        raise
+    except Exception as e:
+        raise ValueError(f"{p}: invalid {spec.kind}: {e}") from e
+
+
+def _tool_call_grammar(value: dict[str, Any], param: str) -> Any:
+    """``<tool_call>\\n{json}\\n</tool_call>`` (one, or several separated by newlines when parallel)."""
+    xgr = _xgr()
+    call = xgr.Grammar.concat(xgr.Grammar.from_ebnf('root ::= "<tool_call>\\n"'),
+                              _schema_grammar(value["schema"], param),
+                              xgr.Grammar.from_ebnf('root ::= "\\n</tool_call>"'))
+    if not value.get("parallel"):
+        return call
+    text = str(call)
+    return xgr.Grammar.from_ebnf(text.replace("root ::=", "call ::=", 1) + '\nroot ::= call ("\\n" call)*')
+
+
+class GrammarConstraint:
+    """One sequence's matcher (not thread-safe; used under the engine lock)."""
+
+    def __init__(self, matcher: Any, vocab_size: int) -> None:
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+
+    def fill(self, bitmask: Tensor, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept(self, token: int) -> None:
+        """Advance past an emitted token; a token the grammar refuses (a stop after the end) is ignored."""
+        if not self.matcher.is_terminated():
+            self.matcher.accept_token(token)
+
+    @property
+    def terminated(self) -> bool:
+        return bool(self.matcher.is_terminated())
+
+
+@lru_cache(maxsize=8)
+def _bitmask(rows: int, vocab: int) -> Tensor:
+    return _xgr().allocate_token_bitmask(rows, vocab)
+
+
+class GrammarMask:
+    """Chain stage: rows with a constraint keep only the tokens their grammar allows (greedy rows too).
+    A row whose grammar allows nothing the earlier stages left (e.g. min_tokens cut the only legal
+    stop token) gets the grammar's mask over the raw logits' finite values instead of an all -inf row."""
+
+    name = "grammar"
+
+    def __call__(self, logits: Tensor, batch: Any) -> Tensor:
+        cons = getattr(batch, "constraints", None)
+        if not cons:
+            return logits
+        rows = [i for i, c in enumerate(cons) if c is not None and not c.terminated]
+        if not rows:
+            return logits
+        n, v = logits.shape
+        bm = _bitmask(n, v)
+        for i in rows:
+            cons[i].fill(bm, i)
+        allowed = _unpack(bm[rows], v)            # plain torch, no extra kernel threads next to the model's
+        sub = logits[rows]
+        masked = sub.masked_fill(~allowed, NEG_INF)
+        dead = ~torch.isfinite(masked).any(dim=-1)
+        if bool(dead.any()):   # earlier stages cut every legal token (min_tokens vs. a finished grammar)
+            masked[dead] = torch.zeros_like(sub[dead]).masked_fill(~allowed[dead], NEG_INF)
+        logits[rows] = masked
+        return logits
+
+
+_SHIFTS = torch.arange(32, dtype=torch.int32)
+NEG_INF = float("-inf")
+
+
+def _unpack(bits: Tensor, v: int) -> Tensor:
+    """xgrammar's int32 bitmask [rows, ceil(V/32)] (bit j of word w = token 32w + j) -> bool [rows, V]."""
+    return ((bits[:, :, None] >> _SHIFTS) & 1).bool().reshape(bits.shape[0], -1)[:, :v]
+
+
+def constraints_of(requests: Any) -> list[Any]:
+    """Per request its ``extra["grammar"]`` (or None): the sampler's ``constraints`` rows."""
+    return [r.extra.get("grammar") for r in requests]
+
+
+_BACKENDS: dict[int, tuple[Any, GrammarBackend]] = {}
+_BACKENDS_LOCK = threading.Lock()
+
+
+def backend_for(tokenizer: Any, vocab_size: int) -> GrammarBackend:
+    """The (lazily built, ~1-2 s for a 150k vocabulary) backend of a tokenizer and logits width."""
+    key = id(tokenizer) ^ vocab_size
+    with _BACKENDS_LOCK:
+        hit = _BACKENDS.get(key)
+        if hit is None or hit[0] is not tokenizer:
+            hit = (tokenizer, GrammarBackend(tokenizer, vocab_size))
+            _BACKENDS[key] = hit
+        return hit[1]

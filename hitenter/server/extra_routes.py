@@ -1,0 +1,149 @@
+"""Routes beyond completions/chat: ``GET /v1/models/{id}``, ``GET /tokenizer_info`` (lm-eval's remote
+tokenizer), ``POST /v1/embeddings``, and the JSON 404 fallbacks.
+
+``include_extra_routes(app)`` must run before the playground's static mount at ``/`` (which would
+otherwise answer unknown POSTs with 405): it registers these routes plus a catch-all for every method
+under ``/v1/`` and for non-GET methods anywhere, both answering 404 in the API's error shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import torch
+from fastapi import APIRouter, FastAPI, Request
+from pydantic import BaseModel, ConfigDict
+
+from hitenter.server import protocol as P
+from hitenter.server.errors import error_responses
+from hitenter.server.prompt_logprobs import forward_hidden
+
+ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+MAX_EMBED_INPUTS = 2048
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    encoding_format: str = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+def _served(request: Request, name: str | None) -> Any:
+    models = request.app.state.models
+    if not name:
+        return next(iter(models.values()))
+    if name not in models:
+        raise P.APIError(404, f"the model `{name}` does not exist; served: {sorted(models)}", "model")
+    return models[name]
+
+
+def _model_card(m: Any) -> dict[str, Any]:
+    return {"id": m.name, "object": "model", "created": m.created, "owned_by": "hitenter", "root": m.name,
+            "max_model_len": m.engine.engine.max_model_len}
+
+
+def _embed_inputs(req: EmbeddingRequest, tok: Any, vocab: int) -> list[list[int]]:
+    x = req.input
+    items: list[Any] = [x] if isinstance(x, str) or (isinstance(x, list) and x and isinstance(x[0], int)) else x
+    if not items or len(items) > MAX_EMBED_INPUTS:
+        raise P.APIError(400, f"input: give 1..{MAX_EMBED_INPUTS} inputs", "input")
+    out = []
+    for it in items:
+        ids = tok.encode(it) if isinstance(it, str) else list(it)
+        if not ids:
+            raise P.APIError(400, "input: an input is empty", "input")
+        if any(not 0 <= t < vocab for t in ids):
+            raise P.APIError(400, f"input: token ids must be in 0..{vocab - 1}", "input")
+        out.append(ids)
+    return out
+
+
+def _pool(hidden: list[torch.Tensor]) -> list[list[float]]:
+    """Mean over the tokens of the final (normed) hidden states, then L2-normalized."""
+    return [torch.nn.functional.normalize(h.float().mean(dim=0), dim=0).tolist() for h in hidden]
+
+
+def make_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str, request: Request) -> dict[str, Any]:
+        return _model_card(_served(request, model_id))
+
+    @router.get("/tokenizer_info")
+    async def tokenizer_info(request: Request, model: str | None = None) -> dict[str, Any]:
+        m = _served(request, model)
+        tok = m.tokenizer
+
+        def piece(i: int | None) -> str | None:
+            return None if i is None else tok.token_bytes(i).decode("utf-8", "replace")
+
+        return {"model": m.name, "tokenizer_class": "hitenter.BPE (GGUF)", "vocab_size": tok.vocab_size,
+                "eos_token": piece(tok.eos_token_id), "bos_token": piece(tok.bos_token_id),
+                "pad_token": piece(tok.eos_token_id), "add_bos_token": tok.add_bos,
+                "chat_template": tok.chat_template, "model_max_length": m.engine.engine.max_model_len}
+
+    @router.post("/v1/embeddings")
+    async def embeddings(req: EmbeddingRequest, request: Request) -> dict[str, Any]:
+        from hitenter.server.request_extras import check_known_fields
+
+        check_known_fields(req)
+        if req.encoding_format != "float":
+            raise P.APIError(400, "encoding_format: only 'float' is supported", "encoding_format")
+        if req.dimensions is not None:
+            raise P.APIError(400, "dimensions: the embedding size is the model's hidden size; omit it",
+                             "dimensions")
+        m = _served(request, req.model)
+        eng = m.engine.engine
+        prompts = _embed_inputs(req, m.tokenizer, eng.model_config.vocab_size)
+        too_long = [len(p) for p in prompts if len(p) > eng.max_model_len]
+        if too_long:
+            raise P.APIError(400, f"input: {too_long[0]} tokens exceed max_model_len {eng.max_model_len}", "input")
+        try:
+            hidden = await asyncio.to_thread(forward_hidden, eng, prompts)   # a private KV cache, beside the steps
+        except ValueError as e:
+            raise P.APIError(400, str(e), "input") from e
+        vecs = _pool(hidden)
+        n = sum(map(len, prompts))
+        return {"object": "list", "model": m.name, "usage": {"prompt_tokens": n, "total_tokens": n},
+                "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vecs)]}
+
+    return router
+
+
+def include_extra_routes(app: FastAPI, guarded: dict[str, Any] | None = None) -> None:
+    """The routes above, behind the API key when there is one (``guarded``: include_router's kwargs)."""
+    kw = dict(guarded or {})
+    kw["responses"] = {**error_responses(400, 404, 413), **kw.get("responses", {})}
+    app.include_router(make_router(), **kw)
+
+
+def allowed_methods(app: FastAPI, path: str) -> list[str]:
+    """The methods the app's documented routes take at ``path`` (empty: no route there)."""
+    methods = getattr(app.state, "route_methods", None)
+    if methods is None:
+        methods = {p: sorted(m.upper() for m in ops) for p, ops in app.openapi()["paths"].items()}
+        app.state.route_methods = methods
+    return methods.get(path, [])
+
+
+def not_found_or_405(app: FastAPI, method: str, path: str) -> P.APIError:
+    """405 with ``Allow`` for a known path asked with another method, else our JSON 404."""
+    allowed = allowed_methods(app, path)
+    if allowed:
+        return P.APIError(405, "Method Not Allowed", headers={"Allow": ", ".join(allowed)})
+    return P.APIError(404, f"no route {method} {path}")
+
+
+def include_fallbacks(app: FastAPI) -> None:
+    """JSON 404s (405 for a wrong method); for an app without the playground's static mount at ``/``
+    (that mount answers the same way: api._StaticOr405)."""
+
+    @app.api_route("/{rest:path}", methods=ALL_METHODS, include_in_schema=False)
+    async def unknown(rest: str, request: Request) -> None:
+        raise not_found_or_405(app, request.method, "/" + rest)
