@@ -23,6 +23,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -53,6 +54,7 @@ class SamplingMetadata:
     prompt_token_ids: Sequence[Sequence[int]] = field(default_factory=list)
     output_token_ids: Sequence[Sequence[int]] = field(default_factory=list)
     stop_token_ids: Sequence[frozenset[int]] = field(default_factory=list)  # suppressed while output < min_tokens
+    constraints: Sequence[Any] = field(default_factory=list)   # grammar per row (structured outputs) or None
 
     def __post_init__(self) -> None:
         n = len(self.params)

@@ -24,7 +24,6 @@ from hitenter.server.errors import error_responses, install_error_handlers
 from hitenter.server.extra_routes import (
     allowed_methods,
     include_extra_routes,
-    include_fallbacks,
     not_found_or_405,
 )
 from hitenter.server.guards import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
@@ -77,10 +76,8 @@ def create_app(engine: LLMEngine | AsyncLLMEngine, served_model_name: str | None
     app.include_router(routes_admin.health_router)
     app.include_router(routes_admin.metrics_router, **({} if metrics_public else guarded))
     include_extra_routes(app, guarded)          # /v1/models/{id}, /v1/embeddings, /tokenizer_info
-    if playground:
+    if playground:   # without it Starlette's own 404 / 405 (+ Allow) answer unknown paths, in our shape
         _mount_playground(app, {m.name: m.engine for m in models.values()}, guarded)
-    else:
-        include_fallbacks(app)
     _schema_for_served(app, state.roles(), min(m.engine.engine.model_config.vocab_size for m in models.values()))
     return app
 
@@ -117,7 +114,6 @@ def _mount_playground(app: FastAPI, engines: dict[str, AsyncLLMEngine], guarded:
 
         from hitenter.server.playground import WEB_DIR, make_playground_router
     except ImportError:           # the playground is optional
-        include_fallbacks(app)
         return
     responses = {**error_responses(400, 404, 413, 429), **guarded.get("responses", {})}
     app.include_router(make_playground_router(engines), **{**guarded, "responses": responses})  # behind the key
@@ -127,8 +123,8 @@ def _mount_playground(app: FastAPI, engines: dict[str, AsyncLLMEngine], guarded:
 
 class _StaticOr405:
     """The page's files, except that an API path asked with the wrong method gets 405 with ``Allow``
-    (under a catch-all mount Starlette would answer it 404 from the static files), and an unknown
-    /v1 path or a non-GET request gets our JSON 404."""
+    (under a catch-all mount Starlette would answer it 404 from the static files), an unknown /v1 path
+    our JSON 404 (never a 405), and a page path asked with another method than GET / HEAD a 405."""
 
     def __init__(self, app: FastAPI, static: ASGIApp) -> None:
         self.app, self.static = app, static
@@ -136,9 +132,12 @@ class _StaticOr405:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path, method = scope["path"], scope.get("method", "GET")
-            if (allowed_methods(self.app, path) or path.startswith("/v1/") or path == "/v1"
-                    or method not in ("GET", "HEAD")):
+            if allowed_methods(self.app, path) or path.startswith("/v1/") or path == "/v1":
                 await not_found_or_405(self.app, method, path).response()(scope, receive, send)
+                return
+            if method not in ("GET", "HEAD"):    # the page's files take GET / HEAD only
+                err = P.APIError(405, "Method Not Allowed", headers={"Allow": "GET, HEAD"})
+                await err.response()(scope, receive, send)
                 return
         await self.static(scope, receive, send)
 

@@ -138,12 +138,3 @@ def not_found_or_405(app: FastAPI, method: str, path: str) -> P.APIError:
     if allowed:
         return P.APIError(405, "Method Not Allowed", headers={"Allow": ", ".join(allowed)})
     return P.APIError(404, f"no route {method} {path}")
-
-
-def include_fallbacks(app: FastAPI) -> None:
-    """JSON 404s (405 for a wrong method); for an app without the playground's static mount at ``/``
-    (that mount answers the same way: api._StaticOr405)."""
-
-    @app.api_route("/{rest:path}", methods=ALL_METHODS, include_in_schema=False)
-    async def unknown(rest: str, request: Request) -> None:
-        raise not_found_or_405(app, request.method, "/" + rest)

@@ -186,15 +186,20 @@ def _requires(field: str, value: Any, then: dict[str, Any], present: bool = Fals
 
 
 class CompletionRequest(_SamplingRequest):
-    model_config = ConfigDict(extra="allow", json_schema_extra=_NO_UNKNOWN)
+    # max_tokens 0 scores the prompt only (echo: lm-eval's loglikelihood requests); else >= 1
+    model_config = ConfigDict(extra="allow", json_schema_extra={**_NO_UNKNOWN, **_requires(
+        "max_tokens", {"const": 0}, {"echo": {"const": True}}, present=True)})
     prompt: NonEmpty | Annotated[list[NonEmpty], MinLen(1)] | Annotated[list[TokenId], MinLen(1)] \
         | Annotated[list[Annotated[list[TokenId], MinLen(1)]], MinLen(1)]
     logprobs: NLogprobs | None = None
     echo: Bool = False
     suffix: Annotated[str, MaxLen(0)] | None = None
     best_of: Count | None = None
+    max_tokens: NonNegInt | None = None
 
     def to_sampling_params(self) -> SamplingParams:
+        if self.max_tokens == 0 and not self.echo:
+            raise APIError(400, "max_tokens: 0 is only allowed with echo (scoring the prompt)", "max_tokens")
         if self.suffix:
             raise APIError(400, "suffix: is not supported", "suffix")
         if self.best_of is not None and self.best_of != self.n:
