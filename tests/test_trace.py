@@ -81,8 +81,11 @@ def test_real_trace_equals_engine_and_hf(name: str) -> None:
     transformers = pytest.importorskip("transformers", reason="HF transformers is the reference here")
     pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF")
     path = real_model(name)
-    eng = LLMEngine(str(path), **ENGINE_OPTS)
-    ids = eng.tokenizer.encode(BANK)
+    native = LLMEngine(str(path), **ENGINE_OPTS)          # the default format (the GGUF's blocks)
+    ids = native.tokenizer.encode(BANK)
+    check_against_engine(native, ids)                    # trace == engine in the format it serves
+    del native
+    eng = LLMEngine(str(path), dtype="float32", **ENGINE_OPTS)   # HF's reference format
     check_against_engine(eng, ids)
     tr = trace_forward(eng.runner.model, ids)
     del eng

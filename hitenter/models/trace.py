@@ -5,9 +5,9 @@ embedding, each layer's norms and fused projections, its RoPE table, the final n
 same weights, same dtype) but on its own, with no KV cache, no scheduler and no paging: the engine's
 state is never touched, so untraced requests are not slowed by it (beyond sharing the CPU).
 
-Attention is computed explicitly, in fp32, as ``softmax(Q K^T / sqrt(d) + causal mask) V`` so that the
-probabilities exist to be drawn (the engine's paged kernel never materialises them). The rest runs in
-the model's dtype through the model's own modules. Agreement: tests/test_trace.py (the engine's logits,
+Each layer runs its own ``forward`` (the engine's code path) on a private KV cache, so the hidden states
+and logits are the engine's; the attention probabilities, which the engine's paged kernel never
+materialises, are computed beside it explicitly in fp32 as ``softmax(Q K^T / sqrt(d) + causal mask)``. Agreement: tests/test_trace.py (the engine's logits,
 and HF transformers' ``output_attentions`` / ``output_hidden_states`` in fp32 eager).
 
 ``hidden[l]`` is the residual stream *before* layer ``l`` (``hidden[0]`` = the token embeddings,
@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch.nn import functional as F
 
 
 @dataclass
@@ -43,49 +42,63 @@ def traceable(model: object) -> bool:
         and getattr(model, "tp", None) is None
 
 
-def _attention(layer: torch.nn.Module, rope: torch.nn.Module, x: torch.Tensor,
-               cos_sin: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """One layer's attention block on the whole sequence: (output [T, dim] in x's dtype, probs [H, T, T])."""
+def _probs(layer: torch.nn.Module, rope: torch.nn.Module, x: torch.Tensor,
+           cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """One layer's attention probabilities [H, T, T] on the whole sequence, in fp32 (for drawing)."""
     d, t = layer.cfg.head_dim, x.shape[0]
     qkv = layer.qkv(layer.attn_norm(x))
     qk = rope.rotate(qkv[:, :layer.q_size + layer.kv_size].view(t, -1, d), cos_sin)
     q = qk[:, :layer.num_heads].float().transpose(0, 1)                     # [H, T, d]
     k = qk[:, layer.num_heads:].float().transpose(0, 1)                     # [Hkv, T, d]
-    v = qkv[:, layer.q_size + layer.kv_size:].view(t, layer.num_kv_heads, d).float().transpose(0, 1)
-    group = layer.num_heads // layer.num_kv_heads                           # GQA: each K/V head serves a group
-    k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+    k = k.repeat_interleave(layer.num_heads // layer.num_kv_heads, 0)      # GQA: a K head serves a group
     scores = q @ k.transpose(1, 2) * layer.scale
     mask = torch.ones(t, t, dtype=torch.bool).triu(1)
-    probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-    o = (probs @ v).transpose(0, 1).reshape(t, -1).to(x.dtype)
-    return layer.o_proj(o), probs
+    return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+
+
+def _private_cache(model: torch.nn.Module, n: int, block_size: int = 16) -> tuple[list[torch.Tensor], object]:
+    """A KV cache of its own for one n-token sequence, and the metadata the engine would build for it as
+    one prefill (its last row a generation row, like the engine's), so the layers run exactly as there."""
+    from hitenter.models.attention import AttentionMetadata, allocate_kv_caches
+
+    blocks = -(-n // block_size)
+    caches = allocate_kv_caches(model.config, blocks, block_size, model.dtype,
+                                num_kv_heads=model.layers[0].num_kv_heads)
+    meta = AttentionMetadata(query_start_loc=[0, n], seq_lens=[n], block_tables=[list(range(blocks))],
+                             slot_mapping=torch.arange(n, dtype=torch.long), block_size=block_size,
+                             kernel_from=[n - 1], workspace={})
+    return caches, meta
 
 
 @torch.inference_mode()
 def trace_forward(model: torch.nn.Module, token_ids: list[int], num_prompt: int | None = None) -> Trace:
-    """The traced forward of ``token_ids`` through ``model`` (see the module doc)."""
+    """The traced forward of ``token_ids`` through ``model`` (see the module doc).
+
+    The residual stream is the engine's own forward (each layer's ``forward`` on a private KV cache, the
+    same row padding), so the logits are the engine's bit for bit in every weight format; the attention
+    probabilities are computed beside it, in fp32, for drawing."""
     if not traceable(model):
         raise ValueError("trace: this model is not a traceable transformer (the trigram toy, or tensor-parallel)")
     if not token_ids:
         raise ValueError("trace: no tokens")
-    ids = torch.tensor(token_ids, dtype=torch.long)
-    pos = torch.arange(len(token_ids), dtype=torch.long)
+    n = len(token_ids)
+    pad = getattr(model, "_pad", lambda t: t)
+    ids, pos = pad(torch.tensor(token_ids, dtype=torch.long)), pad(torch.arange(n, dtype=torch.long))
     x = model.embed(ids)
-    emb = x.float().clone()
+    emb = x[:n].float().clone()
     cos_sin = model.rope.table(pos, x.dtype)
+    caches, meta = _private_cache(model, n)
     hidden, attns = [emb], []
-    for layer in model.layers:
-        a, probs = _attention(layer, model.rope, x, cos_sin)
-        x = x + a
-        gate, up = layer.gate_up(layer.ffn_norm(x)).chunk(2, dim=-1)
-        x = x + layer.down(F.silu(gate) * up)
-        hidden.append(x.float().clone())
-        attns.append(probs)
-    normed = model.norm(x)
+    for layer, cache in zip(model.layers, caches, strict=True):
+        attns.append(_probs(layer, model.rope, x[:n], (cos_sin[0][:n], cos_sin[1][:n])))
+        x = layer(x, model.rope, cos_sin, meta, cache, n)
+        hidden.append(x[:n].float().clone())
+    normed = model.norm(x)[:n]
     logits = model.compute_logits(normed)
     inv_freq = model.rope.inv_freq.float()
-    return Trace(list(token_ids), len(token_ids) if num_prompt is None else num_prompt, emb,
-                 torch.stack(hidden), torch.stack(attns), torch.outer(pos.float(), inv_freq), inv_freq,
+    pos = pos[:n].float()
+    return Trace(list(token_ids), n if num_prompt is None else num_prompt, emb,
+                 torch.stack(hidden), torch.stack(attns), torch.outer(pos, inv_freq), inv_freq,
                  normed.float(), logits.float())
 
 
