@@ -9,9 +9,10 @@ under ``/v1/`` and for non-GET methods anywhere, both answering 404 in the API's
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
+from annotated_types import MinLen
 from fastapi import APIRouter, FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
@@ -24,12 +25,14 @@ MAX_EMBED_INPUTS = 2048
 
 
 class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # strict like /v1's other bodies: no bools for token ids; unknown fields 400 (check_known_fields)
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
 
-    input: str | list[str] | list[int] | list[list[int]]
+    input: (P.NonEmpty | Annotated[list[P.NonEmpty], MinLen(1)] | Annotated[list[P.TokenId], MinLen(1)]
+            | Annotated[list[Annotated[list[P.TokenId], MinLen(1)]], MinLen(1)])
     model: str | None = None
-    encoding_format: str = "float"
-    dimensions: int | None = None
+    encoding_format: Literal["float"] = "float"
+    dimensions: P.PositiveInt | None = None
     user: str | None = None
 
 
