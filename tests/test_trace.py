@@ -108,3 +108,20 @@ def test_llm_trace_delegates_to_the_engines_model(tiny_llama_path: Path) -> None
     tr = llm.trace([5, 70, 100, 33], max_new_tokens=2)
     assert tr.token_ids[:4] == [5, 70, 100, 33] and len(tr.generated) == 2
     torch.testing.assert_close(tr.logits[3], trace_forward(llm.engine.runner.model, [5, 70, 100, 33]).logits[-1])
+
+
+def test_gemma3_trace_equals_the_engine_and_keeps_the_window(tmp_path: Path) -> None:
+    """Gemma 3 (QK-norm, scaled embeddings, local layers with their own RoPE and a sliding window):
+    the trace's logits are the engine's, and a local layer's probabilities are 0 outside its window."""
+    from hitenter.testing.tiny_gemma import write_tiny_gemma3
+
+    eng = LLMEngine(str(write_tiny_gemma3(tmp_path / "tiny-gemma3.gguf")), **ENGINE_OPTS)
+    ids = list(range(5, 25))                                   # 20 tokens: longer than the tiny window
+    check_against_engine(eng, ids)
+    tr = trace_forward(eng.runner.model, ids)
+    local = [i for i, layer in enumerate(eng.runner.model.layers) if layer.window is not None]
+    assert local, "the tiny Gemma has local layers"
+    w = eng.runner.model.layers[local[0]].window
+    assert w < len(ids)
+    q, k = torch.meshgrid(torch.arange(len(ids)), torch.arange(len(ids)), indexing="ij")
+    assert float(tr.attentions[local[0]][:, q - k >= w].abs().max()) == 0.0

@@ -145,6 +145,7 @@ class Gemma3Model(nn.Module):
         max_pos = min(cfg.context_length, 4096)
         self.rope_global = _global_rope(cfg, max_pos)
         self.rope_local = Rope(cfg.head_dim, cfg.rope_local_theta, max_pos)
+        self.rope = self.rope_global   # the global layers' RoPE (trace, the playground's RoPE panel)
         self.batch_invariant = True   # see llama.LlamaModel
         self.dense_gemms = any(isinstance(m, Linear) or getattr(m, "needs_row_padding", False)
                                for m in self.modules())

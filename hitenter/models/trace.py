@@ -42,17 +42,32 @@ def traceable(model: object) -> bool:
         and getattr(model, "tp", None) is None
 
 
+def _layer_rope(model: torch.nn.Module, layer: torch.nn.Module) -> torch.nn.Module:
+    """The RoPE a layer uses: Gemma 3's local (sliding-window) layers have their own base."""
+    if getattr(layer, "window", None) is not None and hasattr(model, "rope_local"):
+        return model.rope_local
+    return model.rope
+
+
 def _probs(layer: torch.nn.Module, rope: torch.nn.Module, x: torch.Tensor,
            cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """One layer's attention probabilities [H, T, T] on the whole sequence, in fp32 (for drawing)."""
+    """One layer's attention probabilities [H, T, T] on the whole sequence, in fp32 (for drawing);
+    with QK-norm and a sliding window where the layer has them (Gemma 3)."""
     d, t = layer.cfg.head_dim, x.shape[0]
     qkv = layer.qkv(layer.attn_norm(x))
-    qk = rope.rotate(qkv[:, :layer.q_size + layer.kv_size].view(t, -1, d), cos_sin)
-    q = qk[:, :layer.num_heads].float().transpose(0, 1)                     # [H, T, d]
-    k = qk[:, layer.num_heads:].float().transpose(0, 1)                     # [Hkv, T, d]
+    q = qkv[:, :layer.q_size].reshape(t, layer.num_heads, d)
+    k = qkv[:, layer.q_size:layer.q_size + layer.kv_size].reshape(t, layer.num_kv_heads, d)
+    if hasattr(layer, "q_norm"):
+        q, k = layer.q_norm(q), layer.k_norm(k)
+    q = rope.rotate(q, cos_sin).float().transpose(0, 1)                     # [H, T, d]
+    k = rope.rotate(k, cos_sin).float().transpose(0, 1)                     # [Hkv, T, d]
     k = k.repeat_interleave(layer.num_heads // layer.num_kv_heads, 0)      # GQA: a K head serves a group
     scores = q @ k.transpose(1, 2) * layer.scale
-    mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+    i = torch.arange(t)
+    mask = i[None, :] > i[:, None]                                          # causal: no look ahead
+    window = getattr(layer, "window", None)
+    if window is not None:                                                  # keys older than the window
+        mask |= i[:, None] - i[None, :] >= window
     return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
 
 
@@ -85,13 +100,17 @@ def trace_forward(model: torch.nn.Module, token_ids: list[int], num_prompt: int 
     pad = getattr(model, "_pad", lambda t: t)
     ids, pos = pad(torch.tensor(token_ids, dtype=torch.long)), pad(torch.arange(n, dtype=torch.long))
     x = model.embed(ids)
+    if getattr(model, "embed_scale", None) is not None:   # Gemma 3 scales its embeddings
+        x = x * model.embed_scale
     emb = x[:n].float().clone()
-    cos_sin = model.rope.table(pos, x.dtype)
+    tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     caches, meta = _private_cache(model, n)
     hidden, attns = [emb], []
     for layer, cache in zip(model.layers, caches, strict=True):
-        attns.append(_probs(layer, model.rope, x[:n], (cos_sin[0][:n], cos_sin[1][:n])))
-        x = layer(x, model.rope, cos_sin, meta, cache, n)
+        rope = _layer_rope(model, layer)
+        cos_sin = tables.setdefault(id(rope), rope.table(pos, x.dtype))
+        attns.append(_probs(layer, rope, x[:n], (cos_sin[0][:n], cos_sin[1][:n])))
+        x = layer(x, rope, cos_sin, meta, cache, n)
         hidden.append(x[:n].float().clone())
     normed = model.norm(x)[:n]
     logits = model.compute_logits(normed)
