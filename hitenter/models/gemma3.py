@@ -29,8 +29,15 @@ from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
 from hitenter.models.attention import KEY_TILE, AttentionMetadata, paged_attention, write_kv
-from hitenter.models.linear import Linear
-from hitenter.models.llama import RMSNorm, Rope, embed_and_head, fused_linear, make_linear, pad_rows
+from hitenter.models.llama import (
+    RMSNorm,
+    Rope,
+    embed_and_head,
+    fused_linear,
+    has_dense_gemms,
+    make_linear,
+    pad_rows,
+)
 from hitenter.models.row_invariance import attention_row_multiple
 from hitenter.quant import weight_bytes
 
@@ -147,8 +154,7 @@ class Gemma3Model(nn.Module):
         self.rope_local = Rope(cfg.head_dim, cfg.rope_local_theta, max_pos)
         self.rope = self.rope_global   # the global layers' RoPE (trace, the playground's RoPE panel)
         self.batch_invariant = True   # see llama.LlamaModel
-        self.dense_gemms = any(isinstance(m, Linear) or getattr(m, "needs_row_padding", False)
-                               for m in self.modules())
+        self.dense_gemms = has_dense_gemms(self)
         self.weight_format = "dense"   # the loader names the format it built
 
     def _pad(self, x: torch.Tensor) -> torch.Tensor:

@@ -115,6 +115,12 @@ def fused_linear(ws: list[Any], bias: torch.Tensor | None, dtype: torch.dtype) -
     return make_linear(cat_rows(ws), bias, dtype)
 
 
+def has_dense_gemms(model: nn.Module) -> bool:
+    """True when some linear of ``model`` needs rows padded to a multiple of 8 for batch invariance (dense
+    GEMMs, or block weights on the torch reference path); the native and torch quantized kernels do not."""
+    return any(isinstance(m, Linear) or getattr(m, "needs_row_padding", False) for m in model.modules())
+
+
 class RMSNorm(nn.Module):
     """HF LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) * weight."""
 
@@ -260,8 +266,7 @@ class LlamaModel(nn.Module):
         # Only dense (fp32/bf16) GEMMs need the padding: torch's int8/int4 weight-only kernels and the native
         # block kernels give a row the same bits for any row count (tests/test_quant.py,
         # tests/test_native_format.py), so such a model is invariant unpadded.
-        self.dense_gemms = any(isinstance(m, Linear) or getattr(m, "needs_row_padding", False)
-                               for m in self.modules())
+        self.dense_gemms = has_dense_gemms(self)
         self.weight_format = "dense"   # the loader names the format it built: dense, gguf, int8, int4
 
     def _pad(self, x: torch.Tensor) -> torch.Tensor:

@@ -108,7 +108,9 @@ def trace_forward(model: torch.nn.Module, token_ids: list[int], num_prompt: int 
     hidden, attns = [emb], []
     for layer, cache in zip(model.layers, caches, strict=True):
         rope = _layer_rope(model, layer)
-        cos_sin = tables.setdefault(id(rope), rope.table(pos, x.dtype))
+        if id(rope) not in tables:                      # one table per RoPE, shared by its layers
+            tables[id(rope)] = rope.table(pos, x.dtype)
+        cos_sin = tables[id(rope)]
         attns.append(_probs(layer, rope, x[:n], (cos_sin[0][:n], cos_sin[1][:n])))
         x = layer(x, rope, cos_sin, meta, cache, n)
         hidden.append(x[:n].float().clone())

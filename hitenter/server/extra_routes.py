@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from hitenter.server import protocol as P
 from hitenter.server.errors import error_responses
 from hitenter.server.prompt_logprobs import forward_hidden
+from hitenter.server.state import model_card, server_state
 
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 MAX_EMBED_INPUTS = 2048
@@ -37,17 +38,7 @@ class EmbeddingRequest(BaseModel):
 
 
 def _served(request: Request, name: str | None) -> Any:
-    models = request.app.state.models
-    if not name:
-        return next(iter(models.values()))
-    if name not in models:
-        raise P.APIError(404, f"the model `{name}` does not exist; served: {sorted(models)}", "model")
-    return models[name]
-
-
-def _model_card(m: Any) -> dict[str, Any]:
-    return {"id": m.name, "object": "model", "created": m.created, "owned_by": "hitenter", "root": m.name,
-            "max_model_len": m.engine.engine.max_model_len}
+    return server_state(request).model_for(name)     # the same 404 as the /v1 routes
 
 
 def _embed_inputs(req: EmbeddingRequest, tok: Any, vocab: int) -> list[list[int]]:
@@ -76,7 +67,7 @@ def make_router() -> APIRouter:
 
     @router.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str, request: Request) -> dict[str, Any]:
-        return _model_card(_served(request, model_id))
+        return model_card(_served(request, model_id))
 
     @router.get("/tokenizer_info")
     async def tokenizer_info(request: Request, model: str | None = None) -> dict[str, Any]:

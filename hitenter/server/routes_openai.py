@@ -13,7 +13,7 @@ from hitenter.server import protocol as P
 from hitenter.server.errors import error_responses
 from hitenter.server.serving import params_of, respond, submit
 from hitenter.server.sse import build_chat, build_completion, stream_chat, stream_completion
-from hitenter.server.state import State, chat_ids, encode
+from hitenter.server.state import State, chat_ids, encode, model_card
 
 router = APIRouter(responses=error_responses(400, 404, 413, 429))
 _OK = {200: {"content": {"application/json": {}, "text/event-stream": {}},
@@ -58,6 +58,5 @@ async def chat_completions(req: P.ChatCompletionRequest, request: Request,
 
 @router.get("/v1/models")
 async def list_models(state: State) -> dict[str, Any]:
-    data = [{"id": m.name, "object": "model", "created": m.created, "owned_by": "hitenter", "root": m.name,
-             "max_model_len": m.max_model_len} for m in state.models.values()]
+    data = [model_card(m) for m in state.models.values()]
     return {"object": "list", "data": data}

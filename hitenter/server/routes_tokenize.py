@@ -8,7 +8,7 @@ from fastapi import APIRouter
 
 from hitenter.server import protocol as P
 from hitenter.server.errors import error_responses
-from hitenter.server.state import State, chat_ids, encode, encode_no_bos
+from hitenter.server.state import State, chat_ids, encode
 
 router = APIRouter(responses=error_responses(400, 404, 413))
 
@@ -21,8 +21,7 @@ async def tokenize(req: P.TokenizeRequest, state: State) -> dict[str, Any]:
     if req.messages is not None:
         ids = await chat_ids(state, m, [x.as_dict() for x in req.messages], req.add_generation_prompt)
     else:
-        ids = (await encode(m, req.prompt or "", "prompt") if req.add_special_tokens
-               else await encode_no_bos(m, req.prompt or ""))   # lm-eval's remote tokenizer: no BOS
+        ids = await encode(m, req.prompt or "", "prompt", None if req.add_special_tokens else False)
     return {"tokens": ids, "count": len(ids), "max_model_len": m.max_model_len}
 
 

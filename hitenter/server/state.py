@@ -71,6 +71,12 @@ class ServerState:
         return self.models[name]
 
 
+def model_card(m: ServedModel) -> dict[str, Any]:
+    """One model as /v1/models lists it (and /v1/models/{id} returns it)."""
+    return {"id": m.name, "object": "model", "created": m.created, "owned_by": "hitenter", "root": m.name,
+            "max_model_len": m.max_model_len}
+
+
 def server_state(request: Request) -> ServerState:
     return request.app.state.server   # type: ignore[no-any-return]
 
@@ -85,7 +91,9 @@ def check_chars(m: ServedModel, n_chars: int, param: str) -> None:
                          f"window of `{m.name}` (at most {bound} characters)", param, n_ctx=m.max_model_len)
 
 
-async def encode(m: ServedModel, prompt: str | list[int], param: str) -> list[int]:
+async def encode(m: ServedModel, prompt: str | list[int], param: str, add_bos: bool | None = None) -> list[int]:
+    """Token ids of a prompt (ids pass through, checked against the window); ``add_bos``: the GGUF's
+    choice when None (lm-eval's remote tokenizer asks for none)."""
     if not isinstance(prompt, str):
         if len(prompt) > m.max_model_len:
             raise P.APIError(400, f"{param}: {len(prompt)} tokens exceed the context window",
@@ -93,14 +101,9 @@ async def encode(m: ServedModel, prompt: str | list[int], param: str) -> list[in
         return prompt
     check_chars(m, len(prompt), param)
     try:
-        return await asyncio.to_thread(m.tokenizer.encode, prompt)
+        return await asyncio.to_thread(m.tokenizer.encode, prompt, add_bos)
     except Exception as e:
         raise P.APIError(400, f"{param}: could not be tokenized: {e}", param) from e
-
-
-async def encode_no_bos(m: ServedModel, prompt: str) -> list[int]:
-    check_chars(m, len(prompt), "prompt")
-    return await asyncio.to_thread(m.tokenizer.encode, prompt, False)
 
 
 def supports_tool(m: ServedModel) -> bool:
