@@ -206,3 +206,21 @@ def qmatmul(x: torch.Tensor, w: BlockWeight, out: torch.Tensor | None = None) ->
     if rc != 0:
         raise RuntimeError(f"qmatmul: native kernel failed (code {rc}) on {w.type_name} {w.shape}, x {tuple(x.shape)}")
     return out
+
+
+def native_entry() -> tuple[int, int]:
+    """(address of the C function qm_matmul_desc, library generation) for native callers that run the
+    kernel themselves (the fused decode layer); (0, generation) when the library is not loaded."""
+    _load()
+    return (ctypes.cast(_fn_desc, ctypes.c_void_p).value or 0 if _fn_desc is not None else 0), _gen
+
+
+def native_descriptor(w: BlockWeight) -> int:
+    """Address of w's validated C descriptor (cached on w, valid for the current generation), 0 when w
+    takes the reference path."""
+    if not _tried:
+        _load()
+    d = getattr(w, "_qm_desc", None)
+    if d is None or d.gen != _gen or d.data is not w.data or d.shape is not w.shape or d.qtype != w.qtype:
+        d = _describe(w)
+    return d.addr

@@ -70,6 +70,8 @@ class AttentionMetadata:
     _plans: dict[tuple[int, int, bool, int | None], list[_Group]] = field(default_factory=dict, repr=False,
                                                                           compare=False)
     _kernel_rows: list[decode_kernel.KernelRows | None] = field(default_factory=list, repr=False, compare=False)
+    # per-step state of the fused decode layer (models/fused_decode.py), built by the first layer
+    fused_steps: dict[int, object] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:

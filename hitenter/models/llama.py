@@ -33,6 +33,7 @@ from hitenter.config import ModelConfig
 from hitenter.kernels import BlockWeight
 from hitenter.models.attention import KEY_TILE, ROW_MULTIPLE, AttentionMetadata, paged_attention, write_kv
 from hitenter.models.block_linear import BlockEmbedding, BlockLinear, fuse_rows
+from hitenter.models.fused_decode import fused_layer, step_state
 from hitenter.models.linear import Linear
 from hitenter.models.row_invariance import attention_row_multiple
 from hitenter.quant import ExactEmbedding, HeadWeight, RescoredHead, cat_rows, quant_linear, weight_bytes
@@ -200,6 +201,23 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: Rope, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 attn: AttentionMetadata, kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
+        """The layer on the step's rows: generation rows through the fused native layer where it runs
+        (models/fused_decode.py), the others through `forward_torch`, the statement of the math."""
+        fused = fused_layer(self, kv_cache) if attn.kernel_from is not None and attn.use_kernel is not False else None
+        kr = attn.kernel_rows(kv_cache.shape[2]) if fused is not None else None
+        if kr is None:
+            return self.forward_torch(x, rope, cos_sin, attn, kv_cache, n_real)
+        step = step_state(attn, kr, cos_sin, kv_cache, fused)
+        if kr.all_rows and n_real == x.shape[0]:
+            return fused.run(x, step, kv_cache)
+        # a mixed step: the torch layer first (it writes the prompt rows' K/V), then the generation rows
+        # again natively (their K/V and outputs replaced), so each row gets its own path's bits
+        y = self.forward_torch(x, rope, cos_sin, attn, kv_cache, n_real)
+        y.index_copy_(0, kr.rows, fused.run(x.index_select(0, kr.rows), step, kv_cache))
+        return y
+
+    def forward_torch(self, x: torch.Tensor, rope: Rope, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                      attn: AttentionMetadata, kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
         d = self.cfg.head_dim
         qkv = self.qkv(self.attn_norm(x))
         t = qkv.shape[0]

@@ -1,0 +1,178 @@
+/* One Llama / Qwen2 decoder layer for generation rows, as a single native call (hitenter/models/fused_decode.py).
+
+   For R rows x (the residual stream, [R, H] fp32, updated in place), in this order:
+     h  = rmsnorm(x) * attn_norm                       qkv = h Wqkv^T (+ bias)     (qm_matmul_desc per part)
+     q, k = rotate-half RoPE(q, k) with the rows' cos/sin tables            k, v -> the paged cache slots
+     o  = attention of q over each row's keys 0 .. ctx-1                   (decode_attention, in place)
+     x += o Wo^T
+     h  = rmsnorm(x) * ffn_norm                        gu = h Wgu^T
+     x += (silu(g) * u) Wdown^T
+   The matmuls and the attention are the engine's own kernels, reached through function pointers set once
+   (dl_init), so this file holds only the glue that used to cost ~130 torch dispatches per layer: the
+   norms, bias, RoPE, the cache write, SiLU*up and the residual adds, each one pass over a few KB.
+
+   Bits: every step is row-wise with a fixed order (the norm's sum of squares: 16 lanes, then a fixed
+   tree; elementwise ops), and the kernels it calls are row invariant, so a row's result does not depend
+   on R or on the other rows: batch invariant, as the torch path is. It is not the torch path's bits
+   (another summation order, another exp): the engine sends a row down one path or the other by its
+   position only (a generation row, position >= prompt length - 1, comes here), so each row always gets
+   the same arithmetic. The torch path in llama.py stays the statement of the math; tests compare the two.
+
+   GCC / Clang vector extensions only; -march=native picks the vector width. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+typedef int (*qm_fn)(const void *desc, const float *x, int64_t M, int64_t ldx, float *y, int64_t ldy, int nthreads);
+typedef int (*attn_fn)(const void *q, void *out, const void *kv, int bf16, int64_t R, const int64_t *ctx,
+                       const int64_t *table_start, const int64_t *tables, int H, int KVH, int64_t NB, int BS,
+                       int D, float scale, int64_t window, int nthreads);
+
+static qm_fn g_qm;
+static attn_fn g_attn;
+
+void dl_init(void *qm, void *attn) { g_qm = (qm_fn)qm; g_attn = (attn_fn)attn; }
+
+#define MAXP 4   /* parts of one projection (runs of one block type, side by side in the output) */
+
+typedef struct {   /* a projection: parts[i] writes output columns col[i] .. col[i] + its rows */
+    const void *desc[MAXP];
+    int64_t col[MAXP];
+    int32_t nparts, pad;
+} proj;
+
+typedef struct {   /* one layer's weights and shapes (built once at load, fused_decode.py) */
+    const float *attn_norm, *ffn_norm, *qkv_bias;   /* qkv_bias NULL when the model has none */
+    proj qkv, o, gate_up, down;
+    int32_t H, NH, KVH, D, F;
+    float eps, scale;
+} layer;
+
+typedef struct {   /* one step's generation rows (shared by the layers) */
+    const float *cos, *sin;                           /* [R, D] each */
+    const int64_t *slots, *ctx, *starts, *tables;     /* [R], [R], [R], flat block tables */
+    int64_t R, NB;
+    int32_t BS, nthreads;
+    int64_t window;
+} step;
+
+static inline v16 ld(const float *p) { v16 v; memcpy(&v, p, 64); return v; }
+static inline void st(float *p, v16 v) { memcpy(p, &v, 64); }
+
+static inline float hsum(v16 v) {   /* a fixed tree: lanes i and i+8, then i+4, i+2, i+1 */
+    v = v + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    v = v + __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    v = v + __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    v = v + __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    return v[0];
+}
+
+static inline v16 vsel(v16i m, v16 a, v16 b) { return (v16)(((v16i)a & m) | ((v16i)b & ~m)); }
+
+/* e^x for x <= 88 (Cephes expf polynomial; below -87 the result is 0) */
+static inline v16 vexp(v16 x) {
+    const v16 lo = (v16){0} - 87.0f, hi = (v16){0} + 88.0f;
+    x = vsel(x < lo, lo, x);
+    x = vsel(x > hi, hi, x);
+    const v16 magic = (v16){0} + 12582912.0f;   /* 1.5 * 2^23: adding it rounds to an integer */
+    v16 n = (x * 1.44269504088896341f + magic) - magic;
+    v16 r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    v16 p = r * 1.9875691500E-4f + 1.3981999507E-3f;
+    p = p * r + 8.3334519073E-3f;
+    p = p * r + 4.1665795894E-2f;
+    p = p * r + 1.6666665459E-1f;
+    p = p * r + 5.0000001201E-1f;
+    p = p * r * r + r + 1.0f;
+    v16i e = (__builtin_convertvector(n, v16i) + 127) << 23;
+    return p * (v16)e;
+}
+
+/* y[n] = x[n] / sqrt(mean(x^2) + eps) * w[n]; n % 16 == 0 */
+static void rmsnorm(const float *x, const float *w, float *y, int n, float eps) {
+    v16 acc = (v16){0};
+    for (int i = 0; i < n; i += 16) { v16 v = ld(x + i); acc += v * v; }
+    const float inv = 1.0f / sqrtf(hsum(acc) / (float)n + eps);
+    for (int i = 0; i < n; i += 16) st(y + i, ld(x + i) * inv * ld(w + i));
+}
+
+/* rotate-half RoPE of `heads` heads of D at p, in place: pairs (i, i + D/2); cos/sin tables of D */
+static void rope(float *p, int heads, int D, const float *cs, const float *sn) {
+    const int half = D / 2;
+    for (int h = 0; h < heads; h++, p += D)
+        for (int i = 0; i < half; i++) {
+            const float a = p[i], b = p[i + half];
+            p[i] = a * cs[i] - b * sn[i];
+            p[i + half] = b * cs[i + half] + a * sn[i + half];
+        }
+}
+
+static int project(const proj *pr, const float *x, int64_t R, int64_t ldx, float *y, int64_t ldy, int nth) {
+    for (int i = 0; i < pr->nparts; i++) {
+        const int rc = g_qm(pr->desc[i], x, R, ldx, y + pr->col[i], ldy, nth);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* scratch floats needed for R rows */
+int64_t dl_scratch(const layer *L, int64_t R) {
+    const int64_t q = (int64_t)L->NH * L->D, kv = (int64_t)L->KVH * L->D;
+    return R * (L->H + (q + 2 * kv) + q + q + L->H + 2 * (int64_t)L->F + L->F);
+}
+
+/* bias, RoPE, the cache write, then the attention of the rows' queries into obuf [R, NH * D] */
+static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf, float *obuf, void *kv) {
+    const int64_t R = S->R, q = (int64_t)L->NH * L->D, kvw = (int64_t)L->KVH * L->D, n = q + 2 * kvw;
+    const int D = L->D;
+    float *K = (float *)kv, *V = K + (int64_t)L->KVH * S->NB * S->BS * D;
+    for (int64_t r = 0; r < R; r++) {
+        float *row = qkv + r * n;
+        if (L->qkv_bias)
+            for (int64_t i = 0; i < n; i++) row[i] += L->qkv_bias[i];
+        rope(row, L->NH + L->KVH, D, S->cos + r * D, S->sin + r * D);
+        memcpy(qbuf + r * q, row, q * sizeof(float));
+        for (int h = 0; h < L->KVH; h++) {   /* plane h of K and of V: [KVH][NB * BS][D] */
+            const int64_t at = ((int64_t)h * S->NB * S->BS + S->slots[r]) * D;
+            memcpy(K + at, row + q + (int64_t)h * D, D * sizeof(float));
+            memcpy(V + at, row + q + kvw + (int64_t)h * D, D * sizeof(float));
+        }
+    }
+    return g_attn(qbuf, obuf, kv, 0, R, S->ctx, S->starts, S->tables, L->NH, L->KVH, S->NB, S->BS, D, L->scale,
+           S->window, S->nthreads);
+}
+
+/* one layer over S->R rows of x [R, H] (in place) and the layer's fp32 KV cache [2, KVH, NB, BS, D].
+   scratch: dl_scratch floats. Returns 0, or the failing kernel's code. */
+int dl_layer(const layer *L, const step *S, float *x, void *kv, float *scratch) {
+    const int64_t R = S->R, H = L->H, F = L->F, q = (int64_t)L->NH * L->D, n = q + 2 * (int64_t)L->KVH * L->D;
+    float *h = scratch, *qkv = h + R * H, *qbuf = qkv + R * n, *obuf = qbuf + R * q, *tmp = obuf + R * q;
+    float *gu = tmp + R * H, *act = gu + R * 2 * F;
+    int rc;
+    if (!g_qm || !g_attn) return -10;
+    for (int64_t r = 0; r < R; r++) rmsnorm(x + r * H, L->attn_norm, h + r * H, (int)H, L->eps);
+    if ((rc = project(&L->qkv, h, R, H, qkv, n, S->nthreads))) return rc;
+    if ((rc = attention_part(L, S, qkv, qbuf, obuf, kv))) return rc;
+    if ((rc = project(&L->o, obuf, R, q, tmp, H, S->nthreads))) return rc;
+    for (int64_t i = 0; i < R * H; i += 16) st(x + i, ld(x + i) + ld(tmp + i));
+    for (int64_t r = 0; r < R; r++) rmsnorm(x + r * H, L->ffn_norm, h + r * H, (int)H, L->eps);
+    if ((rc = project(&L->gate_up, h, R, H, gu, 2 * F, S->nthreads))) return rc;
+    for (int64_t r = 0; r < R; r++) {
+        const float *g = gu + r * 2 * F, *u = g + F;
+        float *a = act + r * F;
+        for (int64_t i = 0; i < F; i += 16) {   /* silu(g) * u = g / (1 + e^-g) * u */
+            const v16 gv = ld(g + i);
+            st(a + i, gv / (1.0f + vexp(-gv)) * ld(u + i));
+        }
+    }
+    if ((rc = project(&L->down, act, R, F, tmp, H, S->nthreads))) return rc;
+    for (int64_t i = 0; i < R * H; i += 16) st(x + i, ld(x + i) + ld(tmp + i));
+    return 0;
+}
+
+/* Shapes the layer supports (checked once at load): vector widths divide H, F and D/2 loops are scalar. */
+int dl_supported(int H, int F, int D) { return H % 16 == 0 && F % 16 == 0 && D % 16 == 0; }

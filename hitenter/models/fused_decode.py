@@ -1,0 +1,184 @@
+"""A Llama / Qwen2 layer's generation rows in one native call (csrc/decode_layer.c).
+
+Why: at batch 1 a decode step's matmuls are a few ms, but the torch glue around them (norms, bias, RoPE,
+the cache write, SiLU*up, residual adds, views) was ~130 eager ops per layer, several ms per step.
+`FusedLayer.run` does a layer's whole computation for the step's generation rows in C, calling the
+same quantized-matmul and paged-attention kernels through function pointers.
+
+When: a layer whose four projections are GGUF blocks on the native kernel (every part), fp32 norms and
+KV cache, the decode attention kernel built, no tensor parallelism; `HITENTER_FUSED_DECODE=0` turns it
+off. `fused_layer(layer)` decides once per layer (and again if the kernel library is reloaded).
+
+Which rows: the generation rows of AttentionMetadata.kernel_rows (position >= prompt length - 1): a
+row's path depends on its position only, so batch invariance and speculative identity hold as they do
+for the attention kernel. The torch layer (llama.py) stays the statement of the math; the two are
+compared in tests/test_fused_decode.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hitenter.kernels.blocks import BlockWeight
+from hitenter.kernels.build import BuildError, load_library
+from hitenter.kernels.qmatmul import native_descriptor, native_entry
+from hitenter.models import decode_kernel
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "decode_layer.c"
+MAXP = 4
+c_p, c_i64, c_i32, c_f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+
+
+class _Proj(ctypes.Structure):
+    _fields_ = [("desc", c_p * MAXP), ("col", c_i64 * MAXP), ("nparts", c_i32), ("pad", c_i32)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("attn_norm", c_p), ("ffn_norm", c_p), ("qkv_bias", c_p), ("qkv", _Proj), ("o", _Proj),
+                ("gate_up", _Proj), ("down", _Proj), ("H", c_i32), ("NH", c_i32), ("KVH", c_i32), ("D", c_i32),
+                ("F", c_i32), ("eps", c_f), ("scale", c_f)]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [("cos", c_p), ("sin", c_p), ("slots", c_p), ("ctx", c_p), ("starts", c_p), ("tables", c_p),
+                ("R", c_i64), ("NB", c_i64), ("BS", c_i32), ("nthreads", c_i32), ("window", c_i64)]
+
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_lib_gen = -1       # the qmatmul library generation dl_init was given
+_tried = False
+
+
+def _load() -> ctypes.CDLL | None:
+    """The fused-layer library wired to the loaded kernels, or None (disabled, or a kernel is missing)."""
+    global _lib, _lib_gen, _tried
+    qm, gen = native_entry()
+    if _tried and _lib_gen == gen:
+        return _lib
+    with _lock:
+        _tried, _lib_gen, _lib = True, gen, None
+        attn = decode_kernel.load()
+        if os.environ.get("HITENTER_FUSED_DECODE", "1") == "0" or not qm or attn is None:
+            return None
+        try:
+            lib = load_library("decode_layer", SOURCE, ["-ffp-contract=off"])
+        except BuildError as e:
+            log.warning("fused decode layer unavailable (the torch layer runs instead): %s", e)
+            return None
+        lib.dl_init.argtypes = [c_p, c_p]
+        lib.dl_layer.argtypes = [c_p, c_p, c_p, c_p, c_p]
+        lib.dl_layer.restype = c_i32
+        lib.dl_scratch.argtypes = [c_p, c_i64]
+        lib.dl_scratch.restype = c_i64
+        lib.dl_supported.argtypes = [c_i32, c_i32, c_i32]
+        lib.dl_supported.restype = c_i32
+        lib.dl_init(qm, ctypes.cast(attn.decode_attention, c_p).value)
+        _lib = lib
+        return lib
+
+
+def _proj(module: Any, bias_ok: bool = False) -> _Proj | None:
+    """A BlockLinear (without bias unless `bias_ok`) whose every part runs natively, as the C struct."""
+    parts = getattr(module, "parts", None)
+    if not parts or len(parts) > MAXP or (getattr(module, "bias", None) is not None and not bias_ok):
+        return None
+    p = _Proj()
+    col = 0
+    for i, w in enumerate(parts):
+        addr = native_descriptor(w) if isinstance(w, BlockWeight) else 0
+        if not addr:
+            return None
+        p.desc[i], p.col[i] = addr, col
+        col += w.shape[0]
+    p.nparts = len(parts)
+    return p
+
+
+class FusedLayer:
+    """One DecoderLayer as the C struct (weights by address: the layer keeps the tensors alive)."""
+
+    def __init__(self, layer: Any, lib: ctypes.CDLL, gen: int) -> None:
+        self.lib, self.gen = lib, gen
+        cfg = layer.cfg
+        self.bias = None
+        if layer.qkv.bias is not None:
+            self.bias = layer.qkv.bias.detach().float().contiguous()
+        projs = [_proj(layer.qkv, bias_ok=True), _proj(layer.o_proj), _proj(layer.gate_up), _proj(layer.down)]
+        if any(p is None for p in projs):
+            raise ValueError("a projection is not native GGUF blocks")
+        L = _Layer()
+        L.attn_norm, L.ffn_norm = layer.attn_norm.weight.data_ptr(), layer.ffn_norm.weight.data_ptr()
+        L.qkv_bias = 0 if self.bias is None else self.bias.data_ptr()
+        L.qkv, L.o, L.gate_up, L.down = projs
+        L.H, L.NH, L.KVH, L.D = cfg.hidden_size, layer.num_heads, layer.num_kv_heads, cfg.head_dim
+        L.F = layer.gate_up.out_features // 2
+        L.eps, L.scale = layer.attn_norm.eps, layer.scale
+        self.struct = L
+        self.hidden = cfg.hidden_size
+
+    def run(self, x: torch.Tensor, step: tuple[_Step, torch.Tensor, tuple], kv_cache: torch.Tensor) -> torch.Tensor:
+        """The layer's output rows for the step's generation rows x `[R, H]` (x itself is not changed)."""
+        st, scratch, _keep = step
+        y = x.contiguous().clone()
+        rc = self.lib.dl_layer(ctypes.byref(self.struct), ctypes.byref(st), y.data_ptr(), kv_cache.data_ptr(),
+                               scratch.data_ptr())
+        if rc != 0:
+            raise RuntimeError(f"fused decode layer failed (code {rc})")
+        return y
+
+
+def fused_layer(layer: Any, kv_cache: torch.Tensor) -> FusedLayer | None:
+    """The layer's FusedLayer (built once, cached on the layer), or None where the torch layer must run."""
+    lib = _load()
+    if lib is None:
+        return None
+    f = layer.__dict__.get("_fused")
+    if f is not None and (f is False or f.gen == _lib_gen):
+        return f or None
+    cfg = layer.cfg
+    ok = (layer.tp is None and kv_cache.dtype == torch.float32 and kv_cache.is_contiguous()
+          and layer.attn_norm.weight.dtype == torch.float32 and layer.ffn_norm.weight.dtype == torch.float32
+          and bool(lib.dl_supported(cfg.hidden_size, layer.gate_up.out_features // 2, cfg.head_dim))
+          and decode_kernel.supports(kv_cache, layer.num_heads, torch.float32))
+    try:
+        f = FusedLayer(layer, lib, _lib_gen) if ok else False
+    except ValueError:
+        f = False
+    layer.__dict__["_fused"] = f
+    return f or None
+
+
+def step_state(meta: Any, kr: decode_kernel.KernelRows, cos_sin: tuple[torch.Tensor, torch.Tensor],
+               kv_cache: torch.Tensor, fused: FusedLayer, window: int | None = None) -> tuple[_Step, torch.Tensor, tuple]:
+    """The C step struct for the generation rows `kr` (built once per step and RoPE table, shared by the
+    layers), with its scratch buffer and the tensors it points into."""
+    key = id(cos_sin[0])
+    got = meta.fused_steps.get(key)
+    if got is not None:
+        return got
+    cos, sin = cos_sin
+    if kr.all_rows:
+        slots = meta.slot_mapping
+    else:
+        slots = meta.slot_mapping.index_select(0, kr.rows)
+        cos, sin = cos.index_select(0, kr.rows), sin.index_select(0, kr.rows)
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    slots = slots.long().contiguous()
+    r = int(kr.ctx.shape[0])
+    _, _, nb, bs, _ = kv_cache.shape
+    st = _Step(cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), kr.ctx.data_ptr(), kr.starts.data_ptr(),
+               kr.tables.data_ptr(), r, nb, bs, torch.get_num_threads(), int(window or 0))
+    scratch = torch.empty(int(fused.lib.dl_scratch(ctypes.byref(fused.struct), r)), dtype=torch.float32)
+    got = (st, scratch, (cos, sin, slots, kr))
+    meta.fused_steps[key] = got
+    return got
