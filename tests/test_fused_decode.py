@@ -95,13 +95,36 @@ def test_fused_rows_batch_invariant(paths: dict[str, Path]) -> None:
 
 
 def test_engine_decodes_through_the_fused_layer(paths: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
-    run = fused_decode.FusedLayer.run
-    monkeypatch.setattr(fused_decode.FusedLayer, "run", lambda self, *a: calls.append(1) or run(self, *a))
+    """Each step runs its generation rows through all layers in one native call: the prompt step its last
+    row (after the prompt rows' torch layers), each decode step its one row."""
+    rows: list[int] = []
+    run_all = fused_decode.run_all_layers
+
+    def counted(model, x, *a):  # type: ignore[no-untyped-def]
+        rows.append(x.shape[0])
+        return run_all(model, x, *a)
+
+    monkeypatch.setattr(fused_decode, "run_all_layers", counted)
     llm = LLM(str(paths["kmix_llama"]))
     out = llm.generate([[5, 6, 7, 8, 9]], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 6
-    assert len(calls) == 6 * llm.engine.parts.model.config.num_layers   # the prompt's last row + 5 decode steps
+    assert rows == [1] * 6
+
+
+def test_prompt_split_equals_per_layer_split(paths: dict[str, Path]) -> None:
+    """The model-level split (prompt rows through all torch layers, then generation rows through all fused
+    layers) gives the bits of the per-layer split that the playground's trace runs."""
+    model, cfg = load_model(paths["kmix_llama"])
+    ids = torch.randint(3, cfg.vocab_size, (20,), generator=torch.Generator().manual_seed(3)).tolist()
+    split = _logits(model, ids, kernel_from=12)
+    model.__dict__["_fused_arrays"] = None
+    per_layer = fused_decode.all_fused
+    try:
+        fused_decode.all_fused = lambda *a: None   # type: ignore[assignment]
+        layered = _logits(model, ids, kernel_from=12)
+    finally:
+        fused_decode.all_fused = per_layer
+    assert torch.equal(split, layered)
 
 
 def test_disabled_by_environment(paths: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -111,6 +111,8 @@ class BlockEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1).long()
+        if flat.numel() == 1:   # a decode step's one token: no dedup needed
+            return self.table.dequantize(flat).view(*ids.shape, self.embedding_dim)
         uniq, inverse = torch.unique(flat, return_inverse=True)   # each distinct row dequantized once
         rows = self.table.dequantize(uniq)
         return rows.index_select(0, inverse).view(*ids.shape, self.embedding_dim)

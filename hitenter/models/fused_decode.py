@@ -18,6 +18,7 @@ compared in tests/test_fused_decode.py.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import logging
 import os
 import threading
@@ -30,8 +31,10 @@ from hitenter.kernels.blocks import BlockWeight
 from hitenter.kernels.build import BuildError, load_library
 from hitenter.kernels.qmatmul import native_descriptor, native_entry
 from hitenter.models import decode_kernel
+from hitenter.models.block_linear import BlockLinear
 
 log = logging.getLogger(__name__)
+_qm = importlib.import_module("hitenter.kernels.qmatmul")   # the module (the package exports a function of its name)
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "decode_layer.c"
 MAXP = 4
@@ -80,6 +83,8 @@ def _load() -> ctypes.CDLL | None:
         lib.dl_layer.restype = c_i32
         lib.dl_scratch.argtypes = [c_p, c_i64]
         lib.dl_scratch.restype = c_i64
+        lib.dl_forward.argtypes = [c_p, c_p, c_i32, c_p, c_p, c_p]
+        lib.dl_forward.restype = c_i32
         lib.dl_supported.argtypes = [c_i32, c_i32, c_i32]
         lib.dl_supported.restype = c_i32
         lib.dl_init(qm, ctypes.cast(attn.decode_attention, c_p).value)
@@ -139,14 +144,17 @@ class FusedLayer:
 
 def fused_layer(layer: Any, kv_cache: torch.Tensor) -> FusedLayer | None:
     """The layer's FusedLayer (built once, cached on the layer), or None where the torch layer must run."""
+    f = layer.__dict__.get("_fused")
+    if f is False:
+        return None
+    if f is not None and f.gen == _qm._gen and f.lib is _lib:   # the hot path: two attribute reads
+        return f
     lib = _load()
     if lib is None:
         return None
-    f = layer.__dict__.get("_fused")
-    if f is not None and (f is False or f.gen == _lib_gen):
-        return f or None
     cfg = layer.cfg
-    ok = (layer.tp is None and kv_cache.dtype == torch.float32 and kv_cache.is_contiguous()
+    projections = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
+    ok = (all(isinstance(m, BlockLinear) for m in projections) and layer.tp is None and kv_cache.dtype == torch.float32 and kv_cache.is_contiguous()
           and layer.attn_norm.weight.dtype == torch.float32 and layer.ffn_norm.weight.dtype == torch.float32
           and bool(lib.dl_supported(cfg.hidden_size, layer.gate_up.out_features // 2, cfg.head_dim))
           and decode_kernel.supports(kv_cache, layer.num_heads, torch.float32))
@@ -182,3 +190,30 @@ def step_state(meta: Any, kr: decode_kernel.KernelRows, cos_sin: tuple[torch.Ten
     got = (st, scratch, (cos, sin, slots, kr))
     meta.fused_steps[key] = got
     return got
+
+
+def all_fused(model: Any, attn: Any, kv_caches: list[torch.Tensor]) -> list[FusedLayer] | None:
+    """Every layer's FusedLayer when the step has generation rows and every layer runs fused, else None."""
+    if attn.kernel_from is None or attn.use_kernel is False or not kv_caches:
+        return None
+    fused = [fused_layer(layer, cache) for layer, cache in zip(model.layers, kv_caches, strict=True)]
+    return None if any(f is None for f in fused) else fused  # type: ignore[return-value]
+
+
+def run_all_layers(model: Any, x: torch.Tensor, attn: Any, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                   kv_caches: list[torch.Tensor], fused: list[FusedLayer], kr: decode_kernel.KernelRows) -> torch.Tensor:
+    """Every layer on the step's generation rows `kr` (x: their rows `[R, H]`), in one native call (the same C
+    layer function the per-layer path calls, so the same bits). The other rows' K/V must be written."""
+    arrays = model.__dict__.get("_fused_arrays")
+    if arrays is None or arrays[0] is not kv_caches or arrays[1] != [id(f) for f in fused]:
+        layers = (c_p * len(fused))(*[ctypes.addressof(f.struct) for f in fused])
+        caches = (c_p * len(fused))(*[c.data_ptr() for c in kv_caches])
+        arrays = (kv_caches, [id(f) for f in fused], layers, caches)
+        model.__dict__["_fused_arrays"] = arrays
+    st, scratch, _keep = step_state(attn, kr, cos_sin, kv_caches[0], fused[0])
+    y = x.contiguous().clone()
+    rc = fused[0].lib.dl_forward(arrays[2], arrays[3], len(fused), ctypes.byref(st), y.data_ptr(),
+                                 scratch.data_ptr())
+    if rc != 0:
+        raise RuntimeError(f"fused decode layers failed (code {rc})")
+    return y

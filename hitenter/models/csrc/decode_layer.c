@@ -174,5 +174,14 @@ int dl_layer(const layer *L, const step *S, float *x, void *kv, float *scratch) 
     return 0;
 }
 
+/* every layer of a model in turn, layer i on cache kvs[i] (a pure generation step: one call per step) */
+int dl_forward(const layer *const *Ls, void *const *kvs, int n, const step *S, float *x, float *scratch) {
+    for (int i = 0; i < n; i++) {
+        const int rc = dl_layer(Ls[i], S, x, kvs[i], scratch);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 /* Shapes the layer supports (checked once at load): vector widths divide H, F and D/2 loops are scalar. */
 int dl_supported(int H, int F, int D) { return H % 16 == 0 && F % 16 == 0 && D % 16 == 0; }
