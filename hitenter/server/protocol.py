@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from annotated_types import Interval, MaxLen, MinLen
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Strict, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StringConstraints
 
 from hitenter.sampling_params import MAX_LOGPROBS, SamplingParams
 from hitenter.server.request_extras import ChatExtras, GuidedFields
@@ -118,7 +118,6 @@ Bias = Annotated[float, Interval(ge=-100, le=100), _NO_BOOL]
 TokenKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,10}$")]
 NonEmpty = Annotated[str, MinLen(1)]
 Role = Literal["system", "user", "assistant", "tool"]
-MAX_N = 128          # most completions one request may ask for (n x prompts)
 
 
 class _Base(BaseModel):
@@ -142,7 +141,8 @@ class _SamplingRequest(GuidedFields, _Base):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     repetition_penalty: PositiveFloat | None = None
-    logit_bias: dict[TokenKey, Bias] | None = None
+    # keys other than the pattern's are refused: the schema says so (patternProperties alone admits any)
+    logit_bias: Annotated[dict[TokenKey, Bias], Field(json_schema_extra={"additionalProperties": False})] | None = None
     seed: Seed | None = None
     stop: NonEmpty | list[NonEmpty] | None = None
     stop_token_ids: list[TokenId] | None = None
@@ -195,8 +195,7 @@ class CompletionRequest(_SamplingRequest):
     logprobs: NLogprobs | None = None
     echo: Bool = False
     suffix: Annotated[str, MaxLen(0)] | None = None
-    # best_of: only 1, with n = 1 (a best-of selection is not implemented; n asks for several completions).
-    # JSON Schema can state this, unlike best_of == n, which was accepted before (a no-op when n > 1).
+    # best_of: only 1, with n = 1 (no best-of selection; JSON Schema can state this, unlike best_of == n)
     best_of: Annotated[int, Interval(ge=1, le=1), _NO_BOOL] | None = None
     max_tokens: NonNegInt | None = None
 
