@@ -115,8 +115,6 @@ class SamplingParams:
         _check_int("min_tokens", self.min_tokens, 0, None, ">= 0")
         if self.guided is not None and not isinstance(self.guided, GuidedSpec):
             _fail("guided", f"must be a GuidedSpec or None, got {self.guided!r}")
-        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            _fail("min_tokens", f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
 
     @staticmethod
     def _normalize_logit_bias(lb: object) -> dict[int, float]:

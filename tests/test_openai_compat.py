@@ -213,3 +213,22 @@ def test_speculative_decoding_skips_constrained_rows(tiny_qwen2_path: Path) -> N
     jsonschema.validate(json.loads(a[0].text), schema)
     assert a[0].token_ids == b[0].token_ids and a[1].token_ids == b[1].token_ids
     assert spec.engine.spec_decode is not None and spec.engine.spec_decode.num_draft_tokens > 0
+
+
+def test_out_of_vocab_ids_with_prompt_scoring_are_400(client: TestClient, engine: LLMEngine) -> None:
+    """Prompt scoring runs the model before the engine sees the ids: an id past the vocabulary was a 500."""
+    v = engine.model_config.vocab_size
+    for extra in ({"prompt_logprobs": 0}, {"echo": True, "logprobs": 1}, {}):
+        _err(client.post("/v1/completions", json={"prompt": [[v]], "max_tokens": 1, **extra}), 400, "prompt")
+
+
+def test_best_of_and_continue_final_message_rules(client: TestClient) -> None:
+    """The rules the OpenAPI schema states (allOf / if-then): best_of 1 with n 1 only; continuing the
+    final message (of any role) needs add_generation_prompt false."""
+    _ok(client.post("/v1/completions", json={"prompt": "a", "max_tokens": 1, "best_of": 1}))
+    for body in ({"n": 2, "best_of": 2}, {"n": 2, "best_of": 1}, {"best_of": 2}):
+        _err(client.post("/v1/completions", json={"prompt": "a", "max_tokens": 1, **body}), 400, "best_of")
+    body = {"messages": USER, "max_tokens": 1, "continue_final_message": True, "add_generation_prompt": False}
+    _ok(client.post("/v1/chat/completions", json=body))
+    rule = client.app.openapi()["components"]["schemas"]["ChatCompletionRequest"]["allOf"][1]
+    assert rule["if"]["properties"] == {"continue_final_message": {"const": True}}

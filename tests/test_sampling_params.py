@@ -43,9 +43,10 @@ def test_every_field_has_an_invalid_case() -> None:
     assert fields == {f for f, _ in INVALID}
 
 
-def test_min_tokens_above_max_tokens_rejected() -> None:
-    with pytest.raises(ValueError, match=r"^min_tokens: .*max_tokens \(3\)"):
-        SamplingParams(max_tokens=3, min_tokens=4)
+def test_min_tokens_above_max_tokens_accepted() -> None:
+    # max_tokens is a hard cap (check_token_stop: "length" wins); as with max_tokens null, where the
+    # window decides the cap, min_tokens beyond it just means no EOS / stop-token stop before the cap
+    assert SamplingParams(max_tokens=3, min_tokens=4).min_tokens == 4
     assert SamplingParams(max_tokens=3, min_tokens=3).min_tokens == 3
     assert SamplingParams(min_tokens=100).max_tokens is None
 

@@ -50,3 +50,9 @@ def test_finish_reason_only_stop_or_length() -> None:
     reasons = {r[0] for t in range(10) for n in range(1, 12)
                if (r := check_token_stop(t, n, p, EOG, 10)) is not None}
     assert reasons == {"stop", "length"}
+
+
+def test_min_tokens_above_max_tokens_stops_at_max_tokens() -> None:
+    p = SP(min_tokens=5, max_tokens=3, stop_token_ids=[9])
+    assert check_token_stop(9, 2, p, EOG, 3) is None
+    assert check_token_stop(2, 3, p, EOG, 3) == ("length", None)

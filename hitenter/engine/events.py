@@ -8,6 +8,7 @@ who finished or was preempted, and the step's own timestamps.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,3 +70,21 @@ class EventBus:
             subs = list(self._subs)
         for fn in subs:
             fn(event)
+
+
+def step_event(sched: Any, t_model: float, new_tokens: dict[str, list[int]], finished: list[tuple[str, str]],
+               kv_events: list[object], t0: float, scheduler: Any, kv: Any) -> EngineEvent:
+    """The EngineEvent of a step that ran ``sched`` (a SchedulerOutput), built after its update."""
+    work = []
+    for sr in sched.scheduled:
+        r = sr.request
+        kind = "decode" if sr.num_computed_tokens >= r.num_prompt_tokens else "prefill"
+        tok = new_tokens.get(r.request_id)
+        work.append(ScheduledWork(r.request_id, sr.num_computed_tokens, sr.num_new_tokens, kind,
+                                  tok[0] if tok else None, list(tok or ())))
+    return EngineEvent(
+        step_id=sched.step_id, t_start=t0, t_end=time.perf_counter(), t_model=t_model, work=work,
+        kv_events=kv_events, finished=finished, preempted=[r.request_id for r in sched.preempted],
+        num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
+        kv_usage=kv.usage, num_free_blocks=kv.num_free_blocks,
+    )

@@ -24,7 +24,7 @@ from typing import Any
 
 from hitenter.config import EngineConfig
 from hitenter.engine.engine_setup import EngineParts, build_engine_parts
-from hitenter.engine.events import EngineEvent, EventBus, ScheduledWork
+from hitenter.engine.events import EngineEvent, EventBus, step_event
 from hitenter.engine.intake import Inbox, PendingRequest, encode_prompt, make_requests, resolve_max_tokens
 from hitenter.engine.model_runner import ModelRunnerOutput
 from hitenter.engine.output_processor import GroupState, OutputProcessor
@@ -255,7 +255,8 @@ class LLMEngine:
         stopped, self._stopped[:] = list(self._stopped), []
         if self.events.active:
             done = [(r.request_id, r.finish_reason or "") for r in finished + stopped]
-            self._publish(sched, ran, new_tokens, done, kv_events, t0)
+            self.events.publish(step_event(sched, ran.t_model, new_tokens, done, kv_events, t0, self.scheduler,
+                                           self.kv_manager))
         self.publish_snapshot()
 
     def publish_snapshot(self, idle: bool = False) -> None:
@@ -268,22 +269,6 @@ class LLMEngine:
         with self._published:
             self._snapshot = snap
             self._published.notify_all()
-
-    def _publish(self, sched: SchedulerOutput, ran: ModelRunnerOutput, new_tokens: dict[str, list[int]],
-                 finished: list[tuple[str, str]], kv_events: list[object], t0: float) -> None:
-        work = []
-        for sr in sched.scheduled:
-            r = sr.request
-            kind = "decode" if sr.num_computed_tokens >= r.num_prompt_tokens else "prefill"
-            tok = new_tokens.get(r.request_id)
-            work.append(ScheduledWork(r.request_id, sr.num_computed_tokens, sr.num_new_tokens, kind,
-                                      tok[0] if tok else None, list(tok or ())))
-        self.events.publish(EngineEvent(
-            step_id=sched.step_id, t_start=t0, t_end=time.perf_counter(), t_model=ran.t_model, work=work,
-            kv_events=kv_events, finished=finished, preempted=[r.request_id for r in sched.preempted],
-            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
-            kv_usage=self.kv_manager.usage, num_free_blocks=self.kv_manager.num_free_blocks,
-        ))
 
     def subscribe(self, fn: Callable[[EngineEvent], None]) -> Callable[[], None]:
         return self.events.subscribe(fn)

@@ -78,13 +78,15 @@ def create_app(engine: LLMEngine | AsyncLLMEngine, served_model_name: str | None
     include_extra_routes(app, guarded)          # /v1/models/{id}, /v1/embeddings, /tokenizer_info
     if playground:   # without it Starlette's own 404 / 405 (+ Allow) answer unknown paths, in our shape
         _mount_playground(app, {m.name: m.engine for m in models.values()}, guarded)
-    _schema_for_served(app, state.roles(), min(m.engine.engine.model_config.vocab_size for m in models.values()))
+    configs = [m.engine.engine.model_config for m in models.values()]
+    _schema_for_served(app, state.roles(), min(c.vocab_size for c in configs), {c.hidden_size for c in configs})
     return app
 
 
-def _schema_for_served(app: FastAPI, roles: list[str], vocab: int) -> None:
-    """What the schema can say about the served models: the chat roles every template supports, and
-    token ids below the smallest vocabulary (the static bound is 2**31)."""
+def _schema_for_served(app: FastAPI, roles: list[str], vocab: int, hidden: set[int]) -> None:
+    """What the schema can say about the served models: the chat roles every template supports, token
+    ids below the smallest vocabulary (the static bound is 2**31), and the embedding size (when the
+    models share one)."""
     build = app.openapi
 
     def bound_ids(node: Any) -> None:
@@ -103,7 +105,11 @@ def _schema_for_served(app: FastAPI, roles: list[str], vocab: int) -> None:
         role = components.get("ChatMessage", {}).get("properties", {}).get("role")
         if role is not None:
             role["enum"] = roles
+        dims = components.get("EmbeddingRequest", {}).get("properties", {}).get("dimensions")
+        if dims is not None and len(hidden) == 1:
+            dims["anyOf"] = [{"type": "integer", "const": next(iter(hidden))}, {"type": "null"}]
         bound_ids(components)
+        bound_ids(schema.get("paths", {}))     # bodies documented inline (the playground's)
         return schema
     app.openapi = openapi    # type: ignore[method-assign]
 

@@ -89,11 +89,12 @@ def make_router() -> APIRouter:
         check_known_fields(req)
         if req.encoding_format != "float":
             raise P.APIError(400, "encoding_format: only 'float' is supported", "encoding_format")
-        if req.dimensions is not None:
-            raise P.APIError(400, "dimensions: the embedding size is the model's hidden size; omit it",
-                             "dimensions")
         m = _served(request, req.model)
         eng = m.engine.engine
+        size = eng.model_config.hidden_size
+        if req.dimensions is not None and req.dimensions != size:
+            raise P.APIError(400, f"dimensions: the embedding size is the model's hidden size ({size}); omit it",
+                             "dimensions")
         prompts = _embed_inputs(req, m.tokenizer, eng.model_config.vocab_size)
         too_long = [len(p) for p in prompts if len(p) > eng.max_model_len]
         if too_long:

@@ -42,14 +42,12 @@ def chat_plan(req: Any, tokenizer: Any) -> ToolPlan:
     if req.continue_final_message and req.add_generation_prompt:
         raise P.APIError(400, "continue_final_message: set add_generation_prompt to false with it",
                          "continue_final_message")
-    if req.continue_final_message and req.messages[-1].role != "assistant":
-        raise P.APIError(400, "continue_final_message: the last message must be the assistant's",
-                         "continue_final_message")
+    # any final role may be continued (as in transformers' and vLLM's continue_final_message)
     return plan_tools(req, tokenizer.chat_template)
 
 
 def continue_final(rendered: str, messages: list[dict[str, Any]]) -> str:
-    """The rendered conversation cut right after the final (assistant) message's content (prefill)."""
+    """The rendered conversation cut right after the final message's content (prefill)."""
     final = messages[-1].get("content") or ""
     if not final.strip():
         return rendered

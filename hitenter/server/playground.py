@@ -31,6 +31,7 @@ from hitenter.server.playground_models import (
     Params,
     PromptBody,
     ReshapeBody,
+    body_doc,
     parse,
 )
 from hitenter.server.playground_stream import GenerateStream
@@ -95,7 +96,7 @@ def _info_routes(router: APIRouter, pg: Playground) -> None:
                         "eog": [piece(e.tokenizer, t) for t in sorted(e.tokenizer.eog_token_ids)]})
         return out
 
-    @router.post("/tokenize")
+    @router.post("/tokenize", openapi_extra=body_doc(PromptBody))
     async def tokenize(request: Request) -> dict[str, Any]:
         body = await parse(request, PromptBody)
         eng = pg.engine_of(body.model).engine
@@ -110,7 +111,7 @@ def _info_routes(router: APIRouter, pg: Playground) -> None:
 
 
 def _sampling_routes(router: APIRouter, pg: Playground) -> None:
-    @router.post("/reshape")
+    @router.post("/reshape", openapi_extra=body_doc(ReshapeBody))
     async def reshape(request: Request) -> dict[str, Any]:
         """The cached logits of one step through the sampler chain with other params (no model run)."""
         body = await parse(request, ReshapeBody)
@@ -125,7 +126,7 @@ def _sampling_routes(router: APIRouter, pg: Playground) -> None:
                 "entropy": [entropy_bits(x[0]) for _, x in stages], "greedy": params.is_greedy,
                 "temperature": params.temperature, "request_id": body.request_id, "index": body.index}
 
-    @router.post("/generate")
+    @router.post("/generate", openapi_extra=body_doc(GenerateBody))
     async def generate(request: Request) -> StreamingResponse:
         body = await parse(request, GenerateBody)
         ae = pg.engine_of(body.model)
@@ -175,7 +176,7 @@ def _events_route(router: APIRouter, pg: Playground) -> None:
 
 
 def _batch_routes(router: APIRouter, pg: Playground) -> None:
-    @router.post("/burst")
+    @router.post("/burst", openapi_extra=body_doc(BurstBody))
     async def burst(request: Request) -> dict[str, Any]:
         """N concurrent requests (different seeds) so continuous batching shows on the block map."""
         body = await parse(request, BurstBody)
@@ -191,7 +192,7 @@ def _batch_routes(router: APIRouter, pg: Playground) -> None:
             task.add_done_callback(pg.background.discard)
         return {"started": body.n}
 
-    @router.post("/determinism")
+    @router.post("/determinism", openapi_extra=body_doc(DeterminismBody))
     async def determinism(request: Request) -> dict[str, Any]:
         """The same prompt and seed alone, then among N others: tokens and logprobs side by side."""
         body = await parse(request, DeterminismBody)

@@ -4,10 +4,11 @@ never a 500. The bounds here are the ones stated in the README (Playground secti
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
+from annotated_types import Interval
 from fastapi import HTTPException, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError
 
 MAX_TEXT_CHARS = 8000          # prompt text
 MAX_PROMPT_IDS = 4096          # prompt given as ids
@@ -20,6 +21,19 @@ MAX_TRACE_NEW = 8              # trace: greedy tokens generated after the prompt
 B = TypeVar("B", bound=BaseModel)
 
 
+def _number(v: Any) -> Any:
+    """The types the schema states: a JSON number, not a string or a boolean (pydantic's lax mode takes both)."""
+    if isinstance(v, (bool, str)):
+        raise ValueError("must be a number")
+    return v
+
+
+_NUM = BeforeValidator(_number)       # after the bounds (Interval), so that the schema states them
+Bool = Annotated[bool, Strict()]
+# the served schema bounds token ids by the vocabulary (api._schema_for_served rewrites this bound)
+TokenId = Annotated[int, Interval(ge=0, lt=2**31), _NUM]
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -27,24 +41,24 @@ class _Body(BaseModel):
 class PromptBody(_Body):
     model: str | None = None
     text: str = Field("", max_length=MAX_TEXT_CHARS)
-    chat: bool = True
-    prompt_ids: list[int] | None = Field(None, max_length=MAX_PROMPT_IDS)
+    chat: Bool = True
+    prompt_ids: list[TokenId] | None = Field(None, max_length=MAX_PROMPT_IDS)
 
 
 class Params(_Body):
-    temperature: float | None = Field(None, ge=0, le=100)
-    top_k: int | None = Field(None, ge=-1)
-    top_p: float | None = Field(None, gt=0, le=1)
-    min_p: float | None = Field(None, ge=0, le=1)
-    seed: int | None = Field(None, ge=0, lt=2**63)
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    temperature: Annotated[float, Interval(ge=0, le=100), _NUM] | None = None
+    top_k: Annotated[int, Interval(ge=-1), _NUM] | None = None
+    top_p: Annotated[float, Interval(gt=0, le=1), _NUM] | None = None
+    min_p: Annotated[float, Interval(ge=0, le=1), _NUM] | None = None
+    seed: Annotated[int, Interval(ge=0, le=2**53), _NUM] | None = None      # integers JSON carries exactly
+    max_tokens: Annotated[int, Interval(ge=1, le=MAX_TOKENS), _NUM] | None = None
     stop: list[str] | str | None = None
-    ignore_eos: bool | None = None
-    repetition_penalty: float | None = Field(None, gt=0, le=10)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    min_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS)
-    stop_token_ids: list[int] | None = Field(None, max_length=64)
+    ignore_eos: Bool | None = None
+    repetition_penalty: Annotated[float, Interval(gt=0, le=10), _NUM] | None = None
+    presence_penalty: Annotated[float, Interval(ge=-2, le=2), _NUM] | None = None
+    frequency_penalty: Annotated[float, Interval(ge=-2, le=2), _NUM] | None = None
+    min_tokens: Annotated[int, Interval(ge=0, le=MAX_TOKENS), _NUM] | None = None
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=64)
 
 
 class GenerateBody(PromptBody):
@@ -54,28 +68,28 @@ class GenerateBody(PromptBody):
 class ReshapeBody(_Body):
     model: str | None = None
     request_id: str = Field(max_length=64)
-    index: int = Field(0, ge=0, le=MAX_TOKENS)
+    index: Annotated[int, Interval(ge=0, le=MAX_TOKENS), _NUM] = 0
     params: Params = Field(default_factory=Params)
 
 
 class BurstBody(PromptBody):
-    n: int = Field(4, ge=1, le=MAX_BURST)
-    max_tokens: int = Field(24, ge=1, le=MAX_TOKENS)
+    n: Annotated[int, Interval(ge=1, le=MAX_BURST), _NUM] = 4
+    max_tokens: Annotated[int, Interval(ge=1, le=MAX_TOKENS), _NUM] = 24
 
 
 class DeterminismBody(GenerateBody):
-    others: int = Field(4, ge=1, le=MAX_OTHERS)
+    others: Annotated[int, Interval(ge=1, le=MAX_OTHERS), _NUM] = 4
 
 
 class TraceBody(PromptBody):
-    generate: int = Field(0, ge=0, le=MAX_TRACE_NEW)
+    generate: Annotated[int, Interval(ge=0, le=MAX_TRACE_NEW), _NUM] = 0
 
 
 class TraceQuery(_Body):
     trace_id: str = Field(max_length=64)
-    layer: int = Field(0, ge=0)
-    index: int = Field(0, ge=0)         # a token position
-    temperature: float = Field(1.0, ge=0, le=100)
+    layer: Annotated[int, Interval(ge=0), _NUM] = 0
+    index: Annotated[int, Interval(ge=0), _NUM] = 0         # a token position
+    temperature: Annotated[float, Interval(ge=0, le=100), _NUM] = 1.0
 
 
 class CompareBody(_Body):
@@ -83,6 +97,24 @@ class CompareBody(_Body):
     a: str = Field("I went to the bank to deposit money", max_length=400)
     b: str = Field("I sat by the river bank", max_length=400)
     word: str = Field("bank", min_length=1, max_length=40)
+
+
+def body_doc(cls: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` documenting a route's JSON body as ``cls`` (the routes read it with ``parse``, so
+    FastAPI does not see it): the schema inlined (no $refs), required when ``cls`` has required fields."""
+    schema = cls.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return inline(defs[ref.rsplit("/", 1)[1]])
+            return {k: inline(v) for k, v in node.items()}
+        return [inline(v) for v in node] if isinstance(node, list) else node
+
+    required = bool(schema.get("required"))
+    return {"requestBody": {"required": required, "content": {"application/json": {"schema": inline(schema)}}}}
 
 
 async def parse(request: Request, cls: type[B]) -> B:
@@ -102,5 +134,5 @@ async def parse(request: Request, cls: type[B]) -> B:
 
 class RopeBody(_Body):
     model: str | None = None
-    positions: int = Field(32, ge=1, le=256)
-    max_distance: int = Field(256, ge=1, le=4096)
+    positions: Annotated[int, Interval(ge=1, le=256), _NUM] = 32
+    max_distance: Annotated[int, Interval(ge=1, le=4096), _NUM] = 256

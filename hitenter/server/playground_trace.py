@@ -35,6 +35,7 @@ from hitenter.server.playground_models import (
     RopeBody,
     TraceBody,
     TraceQuery,
+    body_doc,
     parse,
 )
 from hitenter.server.playground_util import piece
@@ -109,7 +110,7 @@ def _index(tr: Trace, i: int) -> int:
 
 
 def _make_routes(router: APIRouter, T: Traces) -> None:
-    @router.post("/trace")
+    @router.post("/trace", openapi_extra=body_doc(TraceBody))
     async def trace(request: Request) -> dict[str, Any]:
         body = await parse(request, TraceBody)
         model = T.model_of(body.model)
@@ -122,7 +123,7 @@ def _make_routes(router: APIRouter, T: Traces) -> None:
                                          frozenset(eng.tokenizer.eog_token_ids))
         return summary(T.keep(str(body.model), tr), tr, eng)
 
-    @router.post("/trace/attention")
+    @router.post("/trace/attention", openapi_extra=body_doc(TraceQuery))
     async def attention(request: Request) -> dict[str, Any]:
         q = await parse(request, TraceQuery)
         _, tr, _ = T.get(q.trace_id)
@@ -130,7 +131,7 @@ def _make_routes(router: APIRouter, T: Traces) -> None:
             raise HTTPException(400, f"layer: {q.layer} >= {tr.attentions.shape[0]} layers")
         return {"layer": q.layer, "probs": r4(tr.attentions[q.layer])}
 
-    @router.post("/trace/embedding")
+    @router.post("/trace/embedding", openapi_extra=body_doc(TraceQuery))
     async def embedding(request: Request) -> dict[str, Any]:
         q = await parse(request, TraceQuery)
         _, tr, eng = T.get(q.trace_id)
@@ -140,7 +141,7 @@ def _make_routes(router: APIRouter, T: Traces) -> None:
         return {"index": i, "piece": piece(eng.tokenizer, tr.token_ids[i]), "vector": r4(vec), "norm": float(vec.norm()),
                 "nearest": [{"piece": piece(eng.tokenizer, t), "cos": s} for t, s in zip(ids, sims, strict=True)]}
 
-    @router.post("/trace/lens")
+    @router.post("/trace/lens", openapi_extra=body_doc(TraceQuery))
     async def lens(request: Request) -> dict[str, Any]:
         q = await parse(request, TraceQuery)
         _, tr, eng = T.get(q.trace_id)
@@ -150,7 +151,7 @@ def _make_routes(router: APIRouter, T: Traces) -> None:
                 "top": [[{"piece": piece(eng.tokenizer, int(t)), "p": float(p)} for p, t in zip(pr, row, strict=True)]
                         for pr, row in zip(probs, ids, strict=True)]}
 
-    @router.post("/trace/logits")
+    @router.post("/trace/logits", openapi_extra=body_doc(TraceQuery))
     async def logits(request: Request) -> dict[str, Any]:
         q = await parse(request, TraceQuery)
         _, tr, eng = T.get(q.trace_id)
@@ -164,7 +165,7 @@ def _make_routes(router: APIRouter, T: Traces) -> None:
 
 
 def _model_routes(router: APIRouter, T: Traces) -> None:
-    @router.post("/trace/rope")
+    @router.post("/trace/rope", openapi_extra=body_doc(RopeBody))
     async def rope(request: Request) -> dict[str, Any]:
         """RoPE of the real model: each dimension pair's angle per position, and how the score of a
         query and key that are the same vector falls off with their distance (mean of cos(d * theta_i))."""
@@ -175,7 +176,7 @@ def _model_routes(router: APIRouter, T: Traces) -> None:
                 "angles": r4(torch.outer(torch.arange(body.positions, dtype=torch.float32), inv)),
                 "decay": r4(torch.cos(torch.outer(d, inv)).mean(-1))}
 
-    @router.post("/trace/compare")
+    @router.post("/trace/compare", openapi_extra=body_doc(CompareBody))
     async def compare(request: Request) -> dict[str, Any]:
         """The same word in two sentences: cosine of its hidden states layer by layer (identical at the
         embedding, pulled apart by attention to its context), and where it looks in the last layer."""

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from annotated_types import Interval, MaxLen, MinLen
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Strict, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StringConstraints
 
 from hitenter.sampling_params import MAX_LOGPROBS, SamplingParams
 from hitenter.server.request_extras import ChatExtras, GuidedFields
@@ -118,7 +118,6 @@ Bias = Annotated[float, Interval(ge=-100, le=100), _NO_BOOL]
 TokenKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,10}$")]
 NonEmpty = Annotated[str, MinLen(1)]
 Role = Literal["system", "user", "assistant", "tool"]
-MAX_N = 128          # most completions one request may ask for (n x prompts)
 
 
 class _Base(BaseModel):
@@ -142,7 +141,8 @@ class _SamplingRequest(GuidedFields, _Base):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     repetition_penalty: PositiveFloat | None = None
-    logit_bias: dict[TokenKey, Bias] | None = None
+    # keys other than the pattern's are refused: the schema says so (patternProperties alone admits any)
+    logit_bias: Annotated[dict[TokenKey, Bias], Field(json_schema_extra={"additionalProperties": False})] | None = None
     seed: Seed | None = None
     stop: NonEmpty | list[NonEmpty] | None = None
     stop_token_ids: list[TokenId] | None = None
@@ -187,14 +187,16 @@ def _requires(field: str, value: Any, then: dict[str, Any], present: bool = Fals
 
 class CompletionRequest(_SamplingRequest):
     # max_tokens 0 scores the prompt only (echo: lm-eval's loglikelihood requests); else >= 1
-    model_config = ConfigDict(extra="allow", json_schema_extra={**_NO_UNKNOWN, **_requires(
-        "max_tokens", {"const": 0}, {"echo": {"const": True}}, present=True)})
+    model_config = ConfigDict(extra="allow", json_schema_extra={**_NO_UNKNOWN, "allOf": [
+        _requires("max_tokens", {"const": 0}, {"echo": {"const": True}}, present=True),
+        _requires("best_of", {"const": 1}, {"n": {"const": 1}})]})
     prompt: NonEmpty | Annotated[list[NonEmpty], MinLen(1)] | Annotated[list[TokenId], MinLen(1)] \
         | Annotated[list[Annotated[list[TokenId], MinLen(1)]], MinLen(1)]
     logprobs: NLogprobs | None = None
     echo: Bool = False
     suffix: Annotated[str, MaxLen(0)] | None = None
-    best_of: Count | None = None
+    # best_of: only 1, with n = 1 (no best-of selection; JSON Schema can state this, unlike best_of == n)
+    best_of: Annotated[int, Interval(ge=1, le=1), _NO_BOOL] | None = None
     max_tokens: NonNegInt | None = None
 
     def to_sampling_params(self) -> SamplingParams:
@@ -202,8 +204,8 @@ class CompletionRequest(_SamplingRequest):
             raise APIError(400, "max_tokens: 0 is only allowed with echo (scoring the prompt)", "max_tokens")
         if self.suffix:
             raise APIError(400, "suffix: is not supported", "suffix")
-        if self.best_of is not None and self.best_of != self.n:
-            raise APIError(400, "best_of: only best_of == n is supported", "best_of")
+        if self.best_of is not None and self.n != 1:
+            raise APIError(400, "best_of: only 1 is supported, with n = 1 (omit it to get n completions)", "best_of")
         max_tokens = 16 if self.max_tokens is None else self.max_tokens   # OpenAI's legacy default
         if max_tokens == 0 and self.echo:    # scoring only (lm-eval): the prompt's logprobs, no generation
             max_tokens = 1
@@ -251,8 +253,10 @@ class ChatMessage(_Base):
 
 
 class ChatCompletionRequest(ChatExtras, _SamplingRequest):
-    model_config = ConfigDict(extra="allow", json_schema_extra={**_NO_UNKNOWN, **_requires(
-        "top_logprobs", {"type": "integer"}, {"logprobs": {"const": True}}, present=True)})
+    model_config = ConfigDict(extra="allow", json_schema_extra={**_NO_UNKNOWN, "allOf": [
+        _requires("top_logprobs", {"type": "integer"}, {"logprobs": {"const": True}}, present=True),
+        _requires("continue_final_message", {"const": True}, {"add_generation_prompt": {"const": False}},
+                  present=True)]})
     messages: Annotated[list[ChatMessage], MinLen(1)]
     logprobs: Bool = False
     top_logprobs: NLogprobs | None = None

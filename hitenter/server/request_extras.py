@@ -12,9 +12,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel
+from annotated_types import Interval, MinLen
+from pydantic import BaseModel, BeforeValidator, Strict
 
 from hitenter.engine.structured import GuidedSpec
 
@@ -26,6 +27,15 @@ def APIError(status: int, message: str, param: str | None = None) -> Exception: 
     return E(status, message, param)
 
 
+def _no_bool(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise ValueError("must be a number, not a boolean")
+    return v
+
+
+Bool = Annotated[bool, Strict()]      # true/false only, as the schema says (not 0/1)
+PromptLogprobs = Annotated[int, Interval(ge=0, le=20), BeforeValidator(_no_bool)]
+
 # Sent by clients as pure metadata (no effect on generation, documented as such)
 METADATA_FIELDS = frozenset({"user"})
 
@@ -34,10 +44,10 @@ class GuidedFields(BaseModel):
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
-    guided_choice: list[str] | None = None
+    guided_choice: Annotated[list[Annotated[str, MinLen(1)]], MinLen(1)] | None = None
     guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None    # vLLM >= 0.10: {json | regex | choice | grammar}
-    prompt_logprobs: int | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
     def guided_spec(self) -> GuidedSpec | None:
         found = [(name, spec) for name, spec in (
@@ -129,9 +139,9 @@ class Tool(BaseModel):
 class ChatExtras(BaseModel):
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    continue_final_message: bool = False
-    echo: bool = False
+    parallel_tool_calls: Bool | None = None
+    continue_final_message: Bool = False
+    echo: Bool = False
 
 
 def check_known_fields(req: BaseModel) -> None:
