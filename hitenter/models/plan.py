@@ -31,7 +31,8 @@ class KernelPlan:
     attention_kernel: bool        # generation rows take the fused paged kernel (csrc/decode_attention.c)
     attention_kernel_why: str
     batch_invariant: bool         # the option as asked
-    quant_kernel: str = "none"    # the native quantized-matmul kernel (hitenter/kernels), filled when wired
+    quant_kernel: str = "none"    # the native quantized-matmul kernel (hitenter/kernels): its ISA, or "none"
+    fused_decode: str = "off"     # generation rows through the fused native layers (models/fused_decode.py)
 
     def describe(self) -> str:
         return "\n".join([
@@ -41,6 +42,7 @@ class KernelPlan:
             f"attention padding  {self.attention_row_multiple}",
             f"attention kernel   {'on' if self.attention_kernel else 'off'} ({self.attention_kernel_why})",
             f"quant kernel       {self.quant_kernel}",
+            f"fused decode       {self.fused_decode}",
         ])
 
 
@@ -89,7 +91,27 @@ def build_plan(model: torch.nn.Module, kv_caches: list[torch.Tensor], dtype: tor
     use, kwhy = _attention_kernel(kv_caches[0] if kv_caches else None, heads, dtype)
     rows = ROW_MULTIPLE if batch_invariant and getattr(model, "dense_gemms", False) else 1
     return KernelPlan(str(dtype).removeprefix("torch."), dense, why, rows,
-                      attention_row_multiple(dtype, cfg.head_dim, KEY_TILE), use, kwhy, batch_invariant)
+                      attention_row_multiple(dtype, cfg.head_dim, KEY_TILE), use, kwhy, batch_invariant,
+                      _quant_kernel(model), _fused(model, kv_caches, use))
+
+
+def _quant_kernel(model: torch.nn.Module) -> str:
+    from hitenter.kernels import native_isa
+    from hitenter.models.block_linear import BlockLinear
+
+    if not any(isinstance(m, BlockLinear) for m in model.modules()):
+        return "none (no GGUF block weights)"
+    return native_isa() or "torch reference (no native library)"
+
+
+def _fused(model: torch.nn.Module, kv_caches: list[torch.Tensor], attention_kernel: bool) -> str:
+    from hitenter.models import fused_decode
+
+    layers = getattr(model, "layers", None)
+    if not attention_kernel or not kv_caches or layers is None or not hasattr(layers[0], "forward_torch"):
+        return "off (Llama/Qwen2 layers with the attention kernel only)"
+    n = sum(fused_decode.fused_layer(layer, cache) is not None for layer, cache in zip(layers, kv_caches))
+    return f"on for {n} of {len(layers)} layers" if n else "off (weights not native GGUF blocks, or disabled)"
 
 
 def apply_plan(model: torch.nn.Module, plan: KernelPlan) -> None:
