@@ -25,6 +25,7 @@ from hitenter.models.loader import load_model
 from hitenter.models.registry import model_path
 from hitenter.quant.evaluate import english_text
 from hitenter.sampling_params import SamplingParams
+from hitenter.testing.tiny_gemma import write_tiny_gemma3
 from hitenter.testing.tiny_model import write_tiny_gguf
 from hitenter.tokenizer import Tokenizer
 
@@ -39,7 +40,9 @@ BLOCK = 16
 def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("fused")
     return {"kmix_llama": write_tiny_gguf(d / "kmix.gguf", arch="llama", quant=K_MIX, hidden=256, ffn=512, seed=5),
-            "q8_qwen2": write_tiny_gguf(d / "q8q.gguf", arch="qwen2", quant="Q8_0", seed=7)}   # QKV bias
+            "q8_qwen2": write_tiny_gguf(d / "q8q.gguf", arch="qwen2", quant="Q8_0", seed=7),   # QKV bias
+            # QK-norm, post-norms, GELU, local layers with a window of 8 keys and their own RoPE
+            "q8_gemma3": write_tiny_gemma3(d / "q8g.gguf", quant="Q8_0", seed=8)}
 
 
 def _set_fused(model: torch.nn.Module, on: bool) -> None:
@@ -80,7 +83,7 @@ def _compare(path: Path, n: int = 40) -> None:
     _assert_close(mixed, torch_rows)
 
 
-@pytest.mark.parametrize("name", ["kmix_llama", "q8_qwen2"])
+@pytest.mark.parametrize("name", ["kmix_llama", "q8_qwen2", "q8_gemma3"])
 def test_fused_layer_matches_the_torch_layer(paths: dict[str, Path], name: str) -> None:
     _compare(paths[name])
 
@@ -111,10 +114,11 @@ def test_engine_decodes_through_the_fused_layer(paths: dict[str, Path], monkeypa
     assert rows == [1] * 6
 
 
-def test_prompt_split_equals_per_layer_split(paths: dict[str, Path]) -> None:
+@pytest.mark.parametrize("name", ["kmix_llama", "q8_gemma3"])
+def test_prompt_split_equals_per_layer_split(paths: dict[str, Path], name: str) -> None:
     """The model-level split (prompt rows through all torch layers, then generation rows through all fused
     layers) gives the bits of the per-layer split that the playground's trace runs."""
-    model, cfg = load_model(paths["kmix_llama"])
+    model, cfg = load_model(paths[name])
     ids = torch.randint(3, cfg.vocab_size, (20,), generator=torch.Generator().manual_seed(3)).tolist()
     split = _logits(model, ids, kernel_from=12)
     model.__dict__["_fused_arrays"] = None
@@ -139,12 +143,13 @@ def test_disabled_by_environment(paths: dict[str, Path], monkeypatch: pytest.Mon
 
 
 @pytest.mark.slow
-def test_real_smollm2_fused_as_close_to_fp32_as_the_torch_layer() -> None:
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma-3-270m"])
+def test_real_model_fused_as_close_to_fp32_as_the_torch_layer(name: str) -> None:
     """On real text, teacher-forced: the fused rows are no further from the dense fp32 model (HF-exact) than
     the torch layer's rows, and their perplexity is within 1% of fp32's."""
-    p = model_path("smollm2-135m-instruct")
+    p = model_path(name)
     if not p.exists():
-        pytest.skip("smollm2 not cached")
+        pytest.skip(f"{name} not cached")
     model, _ = load_model(p)
     ref, _ = load_model(p, dtype="float32")
     ids = Tokenizer.from_gguf(p).encode(english_text())[:384]

@@ -1,4 +1,4 @@
-"""A Llama / Qwen2 layer's generation rows in one native call (csrc/decode_layer.c).
+"""A decoder layer's generation rows in one native call (csrc/decode_layer.c): Llama, Qwen2, Gemma 3.
 
 Why: at batch 1 a decode step's matmuls are a few ms, but the torch glue around them (norms, bias, RoPE,
 the cache write, SiLU*up, residual adds, views) was ~130 eager ops per layer, several ms per step.
@@ -48,12 +48,14 @@ class _Proj(ctypes.Structure):
 class _Layer(ctypes.Structure):
     _fields_ = [("attn_norm", c_p), ("ffn_norm", c_p), ("qkv_bias", c_p), ("qkv", _Proj), ("o", _Proj),
                 ("gate_up", _Proj), ("down", _Proj), ("H", c_i32), ("NH", c_i32), ("KVH", c_i32), ("D", c_i32),
-                ("F", c_i32), ("eps", c_f), ("scale", c_f)]
+                ("F", c_i32), ("eps", c_f), ("scale", c_f), ("q_norm", c_p), ("k_norm", c_p),
+                ("post_attn_norm", c_p), ("post_ffw_norm", c_p), ("gelu", c_i32), ("rope_table", c_i32),
+                ("window", c_i64)]
 
 
 class _Step(ctypes.Structure):
     _fields_ = [("cos", c_p), ("sin", c_p), ("slots", c_p), ("ctx", c_p), ("starts", c_p), ("tables", c_p),
-                ("R", c_i64), ("NB", c_i64), ("BS", c_i32), ("nthreads", c_i32), ("window", c_i64)]
+                ("R", c_i64), ("NB", c_i64), ("BS", c_i32), ("nthreads", c_i32), ("cos2", c_p), ("sin2", c_p)]
 
 
 _lock = threading.Lock()
@@ -128,6 +130,12 @@ class FusedLayer:
         L.H, L.NH, L.KVH, L.D = cfg.hidden_size, layer.num_heads, layer.num_kv_heads, cfg.head_dim
         L.F = layer.gate_up.out_features // 2
         L.eps, L.scale = layer.attn_norm.eps, layer.scale
+        for name in ("q_norm", "k_norm", "post_attn_norm", "post_ffw_norm"):   # Gemma 3's extra norms
+            norm = getattr(layer, name, None)
+            setattr(L, name, 0 if norm is None else norm.weight.data_ptr())
+        gemma = hasattr(layer, "post_ffw_norm")
+        L.gelu, L.window = int(gemma), int(getattr(layer, "window", None) or 0)
+        L.rope_table = int(L.window > 0)   # Gemma 3's local layers: the second table of the step
         self.struct = L
         self.hidden = cfg.hidden_size
 
@@ -154,8 +162,10 @@ def fused_layer(layer: Any, kv_cache: torch.Tensor) -> FusedLayer | None:
         return None
     cfg = layer.cfg
     projections = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
-    ok = (all(isinstance(m, BlockLinear) for m in projections) and layer.tp is None and kv_cache.dtype == torch.float32 and kv_cache.is_contiguous()
-          and layer.attn_norm.weight.dtype == torch.float32 and layer.ffn_norm.weight.dtype == torch.float32
+    norms = [m for m in layer.children() if type(m).__name__ == "RMSNorm"]
+    ok = (all(isinstance(m, BlockLinear) for m in projections) and getattr(layer, "tp", None) is None
+          and kv_cache.dtype == torch.float32 and kv_cache.is_contiguous()
+          and all(m.weight.dtype == torch.float32 for m in norms)
           and bool(lib.dl_supported(cfg.hidden_size, layer.gate_up.out_features // 2, cfg.head_dim))
           and decode_kernel.supports(kv_cache, layer.num_heads, torch.float32))
     try:
@@ -166,28 +176,31 @@ def fused_layer(layer: Any, kv_cache: torch.Tensor) -> FusedLayer | None:
     return f or None
 
 
-def step_state(meta: Any, kr: decode_kernel.KernelRows, cos_sin: tuple[torch.Tensor, torch.Tensor],
-               kv_cache: torch.Tensor, fused: FusedLayer, window: int | None = None) -> tuple[_Step, torch.Tensor, tuple]:
-    """The C step struct for the generation rows `kr` (built once per step and RoPE table, shared by the
-    layers), with its scratch buffer and the tensors it points into."""
-    key = id(cos_sin[0])
+Tables = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def step_state(meta: Any, kr: decode_kernel.KernelRows, tables: Tables, kv_cache: torch.Tensor,
+               fused: FusedLayer) -> tuple[_Step, torch.Tensor, tuple]:
+    """The C step struct for the generation rows `kr`: RoPE `tables` (cos, sin `[T, 1, D]`; a second one
+    for Gemma 3's local layers, else the first again), slots, key ranges, a scratch buffer, and the tensors
+    it points into. Built once per step and set of tables, shared by the layers."""
+    key = tuple(id(t[0]) for t in tables)
     got = meta.fused_steps.get(key)
     if got is not None:
         return got
-    cos, sin = cos_sin
-    if kr.all_rows:
-        slots = meta.slot_mapping
-    else:
-        slots = meta.slot_mapping.index_select(0, kr.rows)
-        cos, sin = cos.index_select(0, kr.rows), sin.index_select(0, kr.rows)
-    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    rows = None if kr.all_rows else kr.rows
+    slots = meta.slot_mapping if rows is None else meta.slot_mapping.index_select(0, rows)
     slots = slots.long().contiguous()
+    cs = [t if rows is None else t.index_select(0, rows) for pair in tables for t in pair]
+    cs = [t.float().contiguous() for t in cs]
+    if len(cs) == 2:
+        cs += cs
     r = int(kr.ctx.shape[0])
     _, _, nb, bs, _ = kv_cache.shape
-    st = _Step(cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), kr.ctx.data_ptr(), kr.starts.data_ptr(),
-               kr.tables.data_ptr(), r, nb, bs, torch.get_num_threads(), int(window or 0))
+    st = _Step(cs[0].data_ptr(), cs[1].data_ptr(), slots.data_ptr(), kr.ctx.data_ptr(), kr.starts.data_ptr(),
+               kr.tables.data_ptr(), r, nb, bs, torch.get_num_threads(), cs[2].data_ptr(), cs[3].data_ptr())
     scratch = torch.empty(int(fused.lib.dl_scratch(ctypes.byref(fused.struct), r)), dtype=torch.float32)
-    got = (st, scratch, (cos, sin, slots, kr))
+    got = (st, scratch, (cs, slots, kr))
     meta.fused_steps[key] = got
     return got
 
@@ -200,7 +213,7 @@ def all_fused(model: Any, attn: Any, kv_caches: list[torch.Tensor]) -> list[Fuse
     return None if any(f is None for f in fused) else fused  # type: ignore[return-value]
 
 
-def run_all_layers(model: Any, x: torch.Tensor, attn: Any, cos_sin: tuple[torch.Tensor, torch.Tensor],
+def run_all_layers(model: Any, x: torch.Tensor, attn: Any, tables: Tables,
                    kv_caches: list[torch.Tensor], fused: list[FusedLayer], kr: decode_kernel.KernelRows) -> torch.Tensor:
     """Every layer on the step's generation rows `kr` (x: their rows `[R, H]`), in one native call (the same C
     layer function the per-layer path calls, so the same bits). The other rows' K/V must be written."""
@@ -210,10 +223,49 @@ def run_all_layers(model: Any, x: torch.Tensor, attn: Any, cos_sin: tuple[torch.
         caches = (c_p * len(fused))(*[c.data_ptr() for c in kv_caches])
         arrays = (kv_caches, [id(f) for f in fused], layers, caches)
         model.__dict__["_fused_arrays"] = arrays
-    st, scratch, _keep = step_state(attn, kr, cos_sin, kv_caches[0], fused[0])
+    st, scratch, _keep = step_state(attn, kr, tables, kv_caches[0], fused[0])
     y = x.contiguous().clone()
     rc = fused[0].lib.dl_forward(arrays[2], arrays[3], len(fused), ctypes.byref(st), y.data_ptr(),
                                  scratch.data_ptr())
     if rc != 0:
         raise RuntimeError(f"fused decode layers failed (code {rc})")
+    return y
+
+
+def split_forward(model: Any, x: torch.Tensor, attn: Any, kv_caches: list[torch.Tensor], fused: list[FusedLayer],
+                  kr: decode_kernel.KernelRows, layer_ropes: list[tuple[Any, tuple[torch.Tensor, torch.Tensor]]],
+                  tables: Tables) -> torch.Tensor:
+    """A model's layers on a step with generation rows `kr`: the prompt rows through every torch layer
+    (`forward_torch`, their K/V written), then the generation rows through every fused layer in one call.
+    layer_ropes: each layer's (RoPE, its cos/sin table); tables: the step's tables for the C layers.
+    The same bits per row as the per-layer split (`layer_forward`) that the playground's trace runs."""
+    if kr.all_rows:
+        return run_all_layers(model, x, attn, tables, kv_caches, fused, kr)
+    out = torch.empty_like(x)
+    rows, meta = attn.gemm_only()
+    xg = x.index_select(0, rows)
+    sub: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for layer, cache, (rope, cs) in zip(model.layers, kv_caches, layer_ropes, strict=True):
+        if id(cs[0]) not in sub:
+            sub[id(cs[0])] = (cs[0].index_select(0, rows), cs[1].index_select(0, rows))
+        xg = layer.forward_torch(xg, rope, sub[id(cs[0])], meta, cache, xg.shape[0])
+    out.index_copy_(0, rows, xg)
+    out.index_copy_(0, kr.rows, run_all_layers(model, x.index_select(0, kr.rows), attn, tables, kv_caches, fused, kr))
+    return out
+
+
+def layer_forward(layer: Any, x: torch.Tensor, rope: Any, cos_sin: tuple[torch.Tensor, torch.Tensor], attn: Any,
+                  kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
+    """One layer called on its own (the trace): generation rows fused, the others through `forward_torch`."""
+    fused = fused_layer(layer, kv_cache) if attn.kernel_from is not None and attn.use_kernel is not False else None
+    kr = attn.kernel_rows(kv_cache.shape[2]) if fused is not None else None
+    if kr is None:
+        return layer.forward_torch(x, rope, cos_sin, attn, kv_cache, n_real)
+    step = step_state(attn, kr, [cos_sin], kv_cache, fused)
+    if kr.all_rows and n_real == x.shape[0]:
+        return fused.run(x, step, kv_cache)
+    # the torch layer first (it writes the prompt rows' K/V), then the generation rows natively (their
+    # K/V and outputs replaced), so each row gets its own path's bits
+    y = layer.forward_torch(x, rope, cos_sin, attn, kv_cache, n_real)
+    y.index_copy_(0, kr.rows, fused.run(x.index_select(0, kr.rows), step, kv_cache))
     return y

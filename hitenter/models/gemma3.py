@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
+from hitenter.models import fused_decode
 from hitenter.models.attention import KEY_TILE, AttentionMetadata, paged_attention, write_kv
 from hitenter.models.llama import (
     RMSNorm,
@@ -112,6 +113,11 @@ class Gemma3Layer(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: Rope, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 attn: AttentionMetadata, kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
+        """Generation rows through the fused native layer where it runs, the others `forward_torch`."""
+        return fused_decode.layer_forward(self, x, rope, cos_sin, attn, kv_cache, n_real)
+
+    def forward_torch(self, x: torch.Tensor, rope: Rope, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                      attn: AttentionMetadata, kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
         d = self.cfg.head_dim
         qkv = self.qkv(self.attn_norm(x))
         t = qkv.shape[0]
@@ -167,11 +173,15 @@ class Gemma3Model(nn.Module):
         n = int(input_ids.shape[0])
         ids, pos = self._pad(input_ids.long()), self._pad(positions.long())
         x = self.embed(ids) * self.embed_scale
-        tables = {None: self.rope_global.table(pos, x.dtype), "local": self.rope_local.table(pos, x.dtype)}
-        for layer, cache in zip(self.layers, kv_caches, strict=True):
-            local = layer.window is not None
-            rope = self.rope_local if local else self.rope_global
-            x = layer(x, rope, tables["local" if local else None], attn, cache, n)
+        glob, loc = self.rope_global.table(pos, x.dtype), self.rope_local.table(pos, x.dtype)
+        layer_ropes = [(self.rope_local, loc) if layer.window is not None else (self.rope_global, glob)
+                       for layer in self.layers]
+        fused = fused_decode.all_fused(self, attn, kv_caches) if not self.dense_gemms else None
+        kr = attn.kernel_rows(kv_caches[0].shape[2]) if fused is not None else None
+        if kr is not None:   # generation rows: all layers in one native call, after the prompt rows' layers
+            return self.norm(fused_decode.split_forward(self, x, attn, kv_caches, fused, kr, layer_ropes, [glob, loc]))
+        for layer, cache, (rope, cos_sin) in zip(self.layers, kv_caches, layer_ropes, strict=True):
+            x = layer(x, rope, cos_sin, attn, cache, n)
         return self.norm(x)[:n]
 
     @torch.inference_mode()

@@ -203,18 +203,7 @@ class DecoderLayer(nn.Module):
                 attn: AttentionMetadata, kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
         """The layer on the step's rows: generation rows through the fused native layer where it runs
         (models/fused_decode.py), the others through `forward_torch`, the statement of the math."""
-        fused = fused_decode.fused_layer(self, kv_cache) if attn.kernel_from is not None and attn.use_kernel is not False else None
-        kr = attn.kernel_rows(kv_cache.shape[2]) if fused is not None else None
-        if kr is None:
-            return self.forward_torch(x, rope, cos_sin, attn, kv_cache, n_real)
-        step = fused_decode.step_state(attn, kr, cos_sin, kv_cache, fused)
-        if kr.all_rows and n_real == x.shape[0]:
-            return fused.run(x, step, kv_cache)
-        # a mixed step: the torch layer first (it writes the prompt rows' K/V), then the generation rows
-        # again natively (their K/V and outputs replaced), so each row gets its own path's bits
-        y = self.forward_torch(x, rope, cos_sin, attn, kv_cache, n_real)
-        y.index_copy_(0, kr.rows, fused.run(x.index_select(0, kr.rows), step, kv_cache))
-        return y
+        return fused_decode.layer_forward(self, x, rope, cos_sin, attn, kv_cache, n_real)
 
     def forward_torch(self, x: torch.Tensor, rope: Rope, cos_sin: tuple[torch.Tensor, torch.Tensor],
                       attn: AttentionMetadata, kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
@@ -303,27 +292,11 @@ class LlamaModel(nn.Module):
         fused = fused_decode.all_fused(self, attn, kv_caches) if self.tp is None and not self.dense_gemms else None
         kr = attn.kernel_rows(kv_caches[0].shape[2]) if fused is not None else None
         if kr is not None:   # generation rows: all layers in one native call, after the prompt rows' layers
-            return self.norm(self._split_forward(x, cos_sin, attn, kv_caches, fused, kr))
+            layer_ropes = [(self.rope, cos_sin)] * len(self.layers)
+            return self.norm(fused_decode.split_forward(self, x, attn, kv_caches, fused, kr, layer_ropes, [cos_sin]))
         for layer, cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, self.rope, cos_sin, attn, cache, n)
         return self.norm(x)[:n]
-
-    def _split_forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata,
-                       kv_caches: list[torch.Tensor], fused: list, kr: Any) -> torch.Tensor:
-        """The prompt rows through every torch layer (their K/V written), then the generation rows through
-        every fused layer; the same bits per row as the per-layer split in DecoderLayer.forward."""
-        if kr.all_rows:
-            return fused_decode.run_all_layers(self, x, attn, cos_sin, kv_caches, fused, kr)
-        out = torch.empty_like(x)
-        rows, meta = attn.gemm_only()
-        xg = x.index_select(0, rows)
-        cs = (cos_sin[0].index_select(0, rows), cos_sin[1].index_select(0, rows))
-        for layer, cache in zip(self.layers, kv_caches, strict=True):
-            xg = layer.forward_torch(xg, self.rope, cs, meta, cache, xg.shape[0])
-        out.index_copy_(0, rows, xg)
-        out.index_copy_(0, kr.rows, fused_decode.run_all_layers(self, x.index_select(0, kr.rows), attn, cos_sin,
-                                                                kv_caches, fused, kr))
-        return out
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -29,9 +29,10 @@ def _tokenizer(w: gguf.GGUFWriter) -> int:
 
 def write_tiny_gemma3(path: str | Path, seed: int = 0, hidden: int = 64, layers: int = 4, heads: int = 4,
                       kv_heads: int = 2, head_dim: int = 32, ffn: int = 128, window: int = 8, pattern: int = 2,
-                      context_length: int = 256) -> Path:
+                      context_length: int = 256, quant: str | None = None) -> Path:
     """Write a random Gemma 3 model (layer i global when (i + 1) % pattern == 0, the others see `window`
-    keys) to `path`; return it. All tensors F32."""
+    keys) to `path`; return it. All tensors F32, or the 2-D projections in `quant` (a legacy GGML type
+    name such as "Q8_0", which gguf-py can quantize)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -53,7 +54,12 @@ def write_tiny_gemma3(path: str | Path, seed: int = 0, hidden: int = 64, layers:
     vocab = _tokenizer(w)
 
     def add(name: str, arr: np.ndarray) -> None:
-        w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if quant is not None and arr.ndim == 2 and name.startswith("blk."):
+            qtype = gguf.GGMLQuantizationType[quant]
+            w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
+            return
+        w.add_tensor(name, arr)
 
     def normal(*shape: int, std: float) -> np.ndarray:
         return (rng.standard_normal(shape) * std).astype(np.float32)

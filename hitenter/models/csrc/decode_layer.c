@@ -1,6 +1,7 @@
-/* One Llama / Qwen2 decoder layer for generation rows, as a single native call (hitenter/models/fused_decode.py).
+/* One Llama / Qwen2 / Gemma 3 decoder layer for generation rows, as a single native call (hitenter/models/fused_decode.py).
 
-   For R rows x (the residual stream, [R, H] fp32, updated in place), in this order:
+   For R rows x (the residual stream, [R, H] fp32, updated in place), in this order (Gemma 3 adds its
+   QK-norm, post-norms, GELU and sliding window, see `layer`):
      h  = rmsnorm(x) * attn_norm                       qkv = h Wqkv^T (+ bias)     (qm_matmul_desc per part)
      q, k = rotate-half RoPE(q, k) with the rows' cos/sin tables            k, v -> the paged cache slots
      o  = attention of q over each row's keys 0 .. ctx-1                   (decode_attention, in place)
@@ -50,6 +51,12 @@ typedef struct {   /* one layer's weights and shapes (built once at load, fused_
     proj qkv, o, gate_up, down;
     int32_t H, NH, KVH, D, F;
     float eps, scale;
+    /* Gemma 3 (NULL / 0 for Llama, Qwen2): per-head RMSNorm of q and k over D, norms of the attention
+       and FFN outputs before their residual adds, GELU (tanh) instead of SiLU, the second RoPE table
+       (local layers), a sliding window of `window` keys */
+    const float *q_norm, *k_norm, *post_attn_norm, *post_ffw_norm;
+    int32_t gelu, rope_table;
+    int64_t window;
 } layer;
 
 typedef struct {   /* one step's generation rows (shared by the layers) */
@@ -57,7 +64,7 @@ typedef struct {   /* one step's generation rows (shared by the layers) */
     const int64_t *slots, *ctx, *starts, *tables;     /* [R], [R], [R], flat block tables */
     int64_t R, NB;
     int32_t BS, nthreads;
-    int64_t window;
+    const float *cos2, *sin2;                         /* the second RoPE table (Gemma 3's local layers) */
 } step;
 
 static inline v16 ld(const float *p) { v16 v; memcpy(&v, p, 64); return v; }
@@ -111,6 +118,16 @@ static void rope(float *p, int heads, int D, const float *cs, const float *sn) {
         }
 }
 
+/* a[i] = gelu_tanh(g[i]) * u[i] = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) u, tanh z = 1 - 2 / (e^2z + 1) */
+static void gelu_mul(const float *g, const float *u, float *a, int64_t F) {
+    for (int64_t i = 0; i < F; i += 16) {
+        const v16 x = ld(g + i);
+        const v16 z = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+        const v16 t = 1.0f - 2.0f / (vexp(2.0f * z) + 1.0f);
+        st(a + i, 0.5f * x * (1.0f + t) * ld(u + i));
+    }
+}
+
 static int project(const proj *pr, const float *x, int64_t R, int64_t ldx, float *y, int64_t ldy, int nth) {
     for (int i = 0; i < pr->nparts; i++) {
         const int rc = g_qm(pr->desc[i], x, R, ldx, y + pr->col[i], ldy, nth);
@@ -134,7 +151,11 @@ static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf
         float *row = qkv + r * n;
         if (L->qkv_bias)
             for (int64_t i = 0; i < n; i++) row[i] += L->qkv_bias[i];
-        rope(row, L->NH + L->KVH, D, S->cos + r * D, S->sin + r * D);
+        if (L->q_norm)
+            for (int h = 0; h < L->NH + L->KVH; h++)
+                rmsnorm(row + (int64_t)h * D, h < L->NH ? L->q_norm : L->k_norm, row + (int64_t)h * D, D, L->eps);
+        const float *cs = L->rope_table ? S->cos2 : S->cos, *sn = L->rope_table ? S->sin2 : S->sin;
+        rope(row, L->NH + L->KVH, D, cs + r * D, sn + r * D);
         memcpy(qbuf + r * q, row, q * sizeof(float));
         for (int h = 0; h < L->KVH; h++) {   /* plane h of K and of V: [KVH][NB * BS][D] */
             const int64_t at = ((int64_t)h * S->NB * S->BS + S->slots[r]) * D;
@@ -143,7 +164,7 @@ static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf
         }
     }
     return g_attn(qbuf, obuf, kv, 0, R, S->ctx, S->starts, S->tables, L->NH, L->KVH, S->NB, S->BS, D, L->scale,
-           S->window, S->nthreads);
+                  L->window, S->nthreads);
 }
 
 /* one layer over S->R rows of x [R, H] (in place) and the layer's fp32 KV cache [2, KVH, NB, BS, D].
@@ -158,18 +179,24 @@ int dl_layer(const layer *L, const step *S, float *x, void *kv, float *scratch) 
     if ((rc = project(&L->qkv, h, R, H, qkv, n, S->nthreads))) return rc;
     if ((rc = attention_part(L, S, qkv, qbuf, obuf, kv))) return rc;
     if ((rc = project(&L->o, obuf, R, q, tmp, H, S->nthreads))) return rc;
+    if (L->post_attn_norm)
+        for (int64_t r = 0; r < R; r++) rmsnorm(tmp + r * H, L->post_attn_norm, tmp + r * H, (int)H, L->eps);
     for (int64_t i = 0; i < R * H; i += 16) st(x + i, ld(x + i) + ld(tmp + i));
     for (int64_t r = 0; r < R; r++) rmsnorm(x + r * H, L->ffn_norm, h + r * H, (int)H, L->eps);
     if ((rc = project(&L->gate_up, h, R, H, gu, 2 * F, S->nthreads))) return rc;
     for (int64_t r = 0; r < R; r++) {
         const float *g = gu + r * 2 * F, *u = g + F;
         float *a = act + r * F;
-        for (int64_t i = 0; i < F; i += 16) {   /* silu(g) * u = g / (1 + e^-g) * u */
-            const v16 gv = ld(g + i);
-            st(a + i, gv / (1.0f + vexp(-gv)) * ld(u + i));
-        }
+        if (L->gelu) gelu_mul(g, u, a, F);
+        else
+            for (int64_t i = 0; i < F; i += 16) {   /* silu(g) * u = g / (1 + e^-g) * u */
+                const v16 gv = ld(g + i);
+                st(a + i, gv / (1.0f + vexp(-gv)) * ld(u + i));
+            }
     }
     if ((rc = project(&L->down, act, R, F, tmp, H, S->nthreads))) return rc;
+    if (L->post_ffw_norm)
+        for (int64_t r = 0; r < R; r++) rmsnorm(tmp + r * H, L->post_ffw_norm, tmp + r * H, (int)H, L->eps);
     for (int64_t i = 0; i < R * H; i += 16) st(x + i, ld(x + i) + ld(tmp + i));
     return 0;
 }
