@@ -317,6 +317,9 @@ static void quant_row256(const float *x, int64_t nb, xq256 *o) {
             s_quant32(x + 32 * j, id, o[b].q + 32 * j, s16);
             o[b].bsum[2 * j] = (int16_t)s16[0];
             o[b].bsum[2 * j + 1] = (int16_t)s16[1];
+            o[b].bsum32[j] = (int16_t)(s16[0] + s16[1]);
+            o[b].off6[2 * j] = -32 * s16[0];
+            o[b].off6[2 * j + 1] = -32 * s16[1];
         }
         o[b].d = amax / 127.0f;
         o[b].pad = 0.0f;
