@@ -160,6 +160,18 @@ QM_INLINE void s_row32(const int qt, const int bb, const uint8_t *w, int64_t nb,
     }
 }
 
+/* Q4_K/Q5_K 6-bit scales and mins (the 12 bytes at s12; 16 are read) -> bytes sc0..sc7, m0..m7:
+ *   j < 4:  sc_j = s[j] & 63,                          m_j = s[j + 4] & 63
+ *   j >= 4: sc_j = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4,  m_j = (s[j + 4] >> 4) | (s[j] >> 6) << 4 */
+QM_INLINE __m128i k4_scales_vec(const uint8_t *s12) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)s12);
+    const __m128i a = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const __m128i h = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    const __m128i lo = _mm_and_si128(_mm_blend_epi32(a, _mm_srli_epi16(a, 4), 8),   /* m4..m7: high nibbles */
+                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    return _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi16(h, 2), _mm_set1_epi8(0x30)));
+}
+
 /* K block -> 8 x 32 weight bytes, the per-16 scale of each (int16 lanes matching maddubs pairs),
  * the per-16 min multipliers (Q6_K: 32 * scale, the offset), d and dmin */
 QM_INLINE void unpack256(const int qt, const uint8_t *b, __m256i wq[8], __m256i sc[8], __m256i *mins, float *d,
@@ -188,13 +200,16 @@ QM_INLINE void unpack256(const int qt, const uint8_t *b, __m256i wq[8], __m256i 
         }
         return;
     }
-    *d = s_h2f(b);
-    *dmin = s_h2f(b + 2);
-    uint32_t u[4];
-    qm_k4_scales(b + 4, u);
-    const __m128i m8 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)u[3], (int)u[2]));
-    *mins = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
-    const __m256i sb = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)u)));
+    uint32_t dd;
+    memcpy(&dd, b, 4);
+    const __m128 df = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd));   /* d, dmin by one conversion */
+    *d = _mm_cvtss_f32(df);
+    *dmin = _mm_cvtss_f32(_mm_movehdup_ps(df));
+    /* the 8 scales and 8 mins as bytes of one vector, decoded in vector registers: the scalar
+     * decode (qm_k4_scales) and its trips between register files took a third of a decode GEMV */
+    const __m256i sm = _mm256_broadcastsi128_si256(k4_scales_vec(b + 4));
+    *mins = _mm256_shuffle_epi8(sm, _mm256_setr_epi8(8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1, 12, -1,
+                                                     12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1));
     const int five = qt == QT_Q5_K;
     __m256i hh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
 #pragma GCC unroll 4
@@ -208,9 +223,9 @@ QM_INLINE void unpack256(const int qt, const uint8_t *b, __m256i wq[8], __m256i 
             wq[2 * c + 1] = _mm256_or_si256(wq[2 * c + 1], _mm256_and_si256(_mm256_slli_epi16(hh, 3), x10));
             hh = _mm256_srli_epi16(hh, 2);
         }
-        /* word j of the 8 scales, broadcast by one byte shuffle (not 3 scalar-to-vector ops) */
-        sc[2 * c] = _mm256_shuffle_epi8(sb, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c))));
-        sc[2 * c + 1] = _mm256_shuffle_epi8(sb, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c + 1))));
+        /* scale j zero-extended to every word by one byte shuffle */
+        sc[2 * c] = _mm256_shuffle_epi8(sm, _mm256_set1_epi16((short)(0x8000 | (2 * c))));
+        sc[2 * c + 1] = _mm256_shuffle_epi8(sm, _mm256_set1_epi16((short)(0x8000 | (2 * c + 1))));
     }
 }
 
