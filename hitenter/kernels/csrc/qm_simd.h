@@ -246,6 +246,16 @@ QM_INLINE float k_step(const int qt, float acc, int32_t I, int32_t Mn, float d, 
     return fmaf(-(float)Mn, dmin * dx, acc);
 }
 
+/* k_step on lane 0 of vectors, the sums already converted (t: I - Mn in lane 0 for Q6_K; I in lane 0
+ * and Mn in lane 2 otherwise): the same fp32 operations without moving the integer sums through
+ * general registers and back (vmovd + cvtsi2ss sat on the critical path of every block) */
+QM_INLINE __m128 k_step_v(const int qt, __m128 acc, __m128 t, float d, float dmin, float dx) {
+    const __m128 dxv = _mm_set_ss(dx);
+    acc = _mm_fmadd_ss(t, _mm_mul_ss(_mm_set_ss(d), dxv), acc);
+    if (qt != QT_Q6_K) acc = _mm_fnmadd_ss(_mm_movehl_ps(t, t), _mm_mul_ss(_mm_set_ss(dmin), dxv), acc);
+    return acc;
+}
+
 /* Integer part: sub-block j goes to chain j % NC of its row (NC chains per row keep the multipliers
  * busy when R is small; integer sums are exact, so NC changes no bits). Sub-blocks outer, rows inner:
  * the R rows are independent instruction streams. */
@@ -253,8 +263,8 @@ QM_INLINE void s_row256(const int qt, const int bb, const uint8_t *w, int64_t nb
                         const int R, float *y, int64_t ldy) {
     enum { NCMAX = 4 };
     const int NC = R >= 4 ? 1 : R == 2 ? 2 : 4;
-    float acc[MR];
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    __m128 acc[MR];
+    for (int r = 0; r < R; r++) acc[r] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m256i wq[8], sc[8], mins, is[MR][NCMAX];
         float d, dmin;
@@ -270,17 +280,21 @@ QM_INLINE void s_row256(const int qt, const int bb, const uint8_t *w, int64_t nb
             const xq256 *xb = x + r * xrow + b;
             for (int c = 1; c < NC; c++) is[r][0] = _mm256_add_epi32(is[r][0], is[r][c]);
             const __m256i ms = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)xb->bsum));
-            if (qt == QT_Q6_K) {   /* I - Mn is exact: one reduction */
-                acc[r] = k_step(qt, acc[r], hsum_i32(_mm256_sub_epi32(is[r][0], ms)), 0, d, dmin, xb->d);
+            __m128i t;
+            if (qt == QT_Q6_K) {   /* I - Mn is exact: one reduction, to lane 0 */
+                const __m256i v = _mm256_sub_epi32(is[r][0], ms);
+                t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+                t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
             } else {               /* both sums in one reduction: lanes [I I Mn Mn] */
-                __m256i h = _mm256_hadd_epi32(is[r][0], ms);
-                __m128i t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                const __m256i h = _mm256_hadd_epi32(is[r][0], ms);
+                t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
                 t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
-                acc[r] = k_step(qt, acc[r], _mm_cvtsi128_si32(t), _mm_extract_epi32(t, 2), d, dmin, xb->d);
             }
+            acc[r] = k_step_v(qt, acc[r], _mm_cvtepi32_ps(t), d, dmin, xb->d);
         }
     }
-    for (int r = 0; r < R; r++) y[r * ldy] = acc[r];
+    for (int r = 0; r < R; r++) y[r * ldy] = _mm_cvtss_f32(acc[r]);
 }
 
 /* Activation quantization, the same values as the scalar quant_row* (amax is exact; x * id and the
