@@ -104,22 +104,26 @@ QM_INLINE __m256i unpack32(const int qt, const uint8_t *b, float *d, float *m) {
  * Here the 4 partial sums are the lanes of one vector, each group of 4 blocks one vector step. */
 QM_INLINE void s_grp32(const int qt, const int bb, const uint8_t *w, int64_t nb, int64_t b0, const int nv,
                        const char *x, int64_t xrow, const int R, __m128 acc[]) {
+    /* the 4 blocks' (d, m) fp16 pairs (m: garbage, unused, for the *_0 types) by one conversion */
     __m256i wq[4];
-    __m128 d4, m4;
-    if (nv == 4) {   /* the 4 blocks' (d, m) fp16 pairs by one conversion */
-        uint32_t u[4];
-        for (int j = 0; j < 4; j++) memcpy(u + j, w + (b0 + j) * bb, 4);
-        const __m256 f = _mm256_cvtph_ps(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]));
-        const __m128 lo = _mm256_castps256_ps128(f), hi = _mm256_extractf128_ps(f, 1);
-        d4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
-        m4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+    uint32_t u[4] = {0, 0, 0, 0};
+    for (int j = 0; j < 4; j++)
+        if (nv == 4 || j < nv) memcpy(u + j, w + (b0 + j) * bb, 4);   /* never past the row */
+    __m128i dm;
+    if (nv == 4) {
+        dm = _mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
         for (int j = 0; j < 4; j++) wq[j] = unpack32q(qt, w + (b0 + j) * bb);
-    } else {
-        float dw[4] = {0, 0, 0, 0}, mw[4] = {0, 0, 0, 0};
-        for (int j = 0; j < 4; j++) wq[j] = j < nv ? unpack32(qt, w + (b0 + j) * bb, dw + j, mw + j) : _mm256_setzero_si256();
-        d4 = _mm_setr_ps(dw[0], dw[1], dw[2], dw[3]);
-        m4 = _mm_setr_ps(mw[0], mw[1], mw[2], mw[3]);
+    } else {   /* the last group: missing blocks are zero, lanes inserted in registers (the scalar
+                * path's arrays, re-read as vectors, stalled store forwarding: 1/4 of a 576-wide row) */
+        dm = _mm_cvtsi32_si128((int)u[0]);
+        wq[0] = unpack32q(qt, w + b0 * bb);
+        wq[1] = wq[2] = wq[3] = _mm256_setzero_si256();
+        if (nv > 1) dm = _mm_insert_epi32(dm, (int)u[1], 1), wq[1] = unpack32q(qt, w + (b0 + 1) * bb);
+        if (nv > 2) dm = _mm_insert_epi32(dm, (int)u[2], 2), wq[2] = unpack32q(qt, w + (b0 + 2) * bb);
     }
+    const __m256 f = _mm256_cvtph_ps(dm);
+    const __m128 lo = _mm256_castps256_ps128(f), hi = _mm256_extractf128_ps(f, 1);
+    const __m128 d4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)), m4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
     /* Q8_0: with VNNI (exact u8 x s8 sums) the stored bytes + 128, the offset back through c as for the
      * 4/5-bit types; AVX2's maddubs would saturate there, so |w| with the sign moved onto x instead */
     const int q8sign = qt == QT_Q8_0 && !QM_VNNI;
