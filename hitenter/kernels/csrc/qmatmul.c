@@ -17,6 +17,7 @@
 
 #if !defined(QM_GENERIC) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "qm_simd.h"
+#include "qm_squant.h"
 #include "qm_pack.h"
 #define QM_ISA (QM_VNNI ? 2 : 1)
 #else
