@@ -1,11 +1,14 @@
-/* Packed GEMM (prefill, M >= PACK_MIN_M), K types and (pblock32, p_kern32) legacy types: 8 weight rows are unpacked once per call
- * into an interleaved layout whose 8 int32 lanes are 8 output columns, so the weight scales, mins
- * and d are plain vectors across lanes and no horizontal sums are needed: per 4 activation bytes one
- * broadcast and one dpbusd for 8 outputs. Unpacking is amortized over all M rows.
+/* Packed GEMM (prefill, M >= PACK_MIN_M), K types and (pblock32, p_kern32) legacy types: PN weight
+ * rows (16 with VNNI, 8 otherwise; qm_pvec.h) are unpacked once per call into an interleaved layout
+ * whose PN int32 lanes are PN output columns, so the weight scales, mins and d are plain vectors
+ * across lanes and no horizontal sums are needed: per 4 activation bytes one broadcast and one
+ * dpbusd for PN outputs. Unpacking is amortized over all M rows.
  *
- * Bits: each (m, n) lane takes exactly the integer sums I and Mn of the row path and the same float
- * steps (k_step in qm_simd.h; s_grp32 for the legacy types), in block order, so the packed and the row path agree bitwise and the
- * result of a row never depends on M (tested). */
+ * Bits: each (m, n) lane takes exactly the integer sums I and Mn of the row path (Q6_K: I - Mn,
+ * the offset entering through each group's starting value; Q4_K/Q5_K: Mn from per-32 activation
+ * sums) and the same float steps (k_step in qm_simd.h; s_grp32 for the legacy types), in block
+ * order, so the packed and the row path agree bitwise and the result of a row never depends on M
+ * (tested). */
 #ifndef QM_PACK_H
 #define QM_PACK_H
 
