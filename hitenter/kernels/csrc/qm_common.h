@@ -28,6 +28,8 @@ typedef struct {
     int16_t bsum[16];
     float d;
     float pad;
+    int16_t bsum32[8];   /* sums of each 32 elements (the packed GEMM's Q4_K/Q5_K mins: half the products) */
+    int32_t off6[16];    /* -32 * bsum: the packed GEMM starts each Q6_K group's dot there (offset for free) */
 } xq256;
 
 static inline float qm_h2f(const uint8_t *p) {

@@ -1,60 +1,71 @@
-/* Packed GEMM (prefill, M >= PACK_MIN_M), K types and (pblock32, p_kern32) legacy types: 8 weight rows are unpacked once per call
- * into an interleaved layout whose 8 int32 lanes are 8 output columns, so the weight scales, mins
- * and d are plain vectors across lanes and no horizontal sums are needed: per 4 activation bytes one
- * broadcast and one dpbusd for 8 outputs. Unpacking is amortized over all M rows.
+/* Packed GEMM (prefill, M >= PACK_MIN_M), K types and (pblock32, p_kern32) legacy types: PN weight
+ * rows (16 with VNNI, 8 otherwise; qm_pvec.h) are unpacked once per call into an interleaved layout
+ * whose PN int32 lanes are PN output columns, so the weight scales, mins and d are plain vectors
+ * across lanes and no horizontal sums are needed: per 4 activation bytes one broadcast and one
+ * dpbusd for PN outputs. Unpacking is amortized over all M rows.
  *
- * Bits: each (m, n) lane takes exactly the integer sums I and Mn of the row path and the same float
- * steps (k_step in qm_simd.h; s_grp32 for the legacy types), in block order, so the packed and the row path agree bitwise and the
- * result of a row never depends on M (tested). */
+ * Bits: each (m, n) lane takes exactly the integer sums I and Mn of the row path (Q6_K: I - Mn,
+ * the offset entering through each group's starting value; Q4_K/Q5_K: Mn from per-32 activation
+ * sums) and the same float steps (k_step in qm_simd.h; s_grp32 for the legacy types), in block
+ * order, so the packed and the row path agree bitwise and the result of a row never depends on M
+ * (tested). */
 #ifndef QM_PACK_H
 #define QM_PACK_H
 
+#include <stddef.h>
 #include <stdlib.h>
-#include "qm_simd.h"
+#include "qm_pvec.h"
 
-#define PN 8          /* weight rows per packed group (the int32 lanes) */
-#define PG 4          /* packed groups per pass (32 weight rows share each activation load) */
+/* PN (qm_pvec.h): weight rows per packed group, the lanes of one vector */
+#define PG (32 / PN)  /* packed groups per pass (32 weight rows share each activation row's trip from L2) */
 #define PR 8          /* activation rows per microkernel call */
 #define PACK_MIN_M 16
 
 typedef struct {
-    uint8_t q[64][32];    /* [dword e4 of the block][lane n * 4 + byte]: weights unsigned */
+    uint8_t q[64][4 * PN];  /* [dword e4 of the block][lane n * 4 + byte]: weights unsigned */
     int32_t sc[16][PN];   /* scale of group g per lane (32-element groups for Q4_K/Q5_K, 16 for Q6_K) */
-    int32_t mn[8][PN];    /* int16 pairs (mn_2i, mn_2i+1) of the per-16 min multipliers per lane */
+    int32_t mn[4][PN];    /* Q4_K/Q5_K: int16 pairs (m_2i, m_2i+1) of the per-32 mins per lane (Q6_K: none) */
     float d[PN], dmin[PN];
 } pblock;
 
-QM_INLINE __m256i dpbusd_acc(__m256i acc, __m256i w, __m256i x) {
-#if QM_VNNI
-    return _mm256_dpbusd_epi32(acc, w, x);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
-#endif
-}
-
-QM_INLINE __m256i dpwssd_acc(__m256i acc, __m256i a, __m256i b) {
-#if QM_VNNI
-    return _mm256_dpwssd_epi32(acc, a, b);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
-#endif
+/* r[i] = dword i of the 8 rows r[0..7] (an 8 x 8 dword transpose, 24 one-uop shuffles), stored
+ * stride bytes apart: packing 16 rows costs a few hundred shuffles per block instead of 1024 scalar
+ * 4-byte copies (packing was a fifth of the time at M = 64) */
+QM_INLINE void tr8x8_store(const __m256i r[8], uint8_t *dst, size_t stride) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 4; i++) {
+        _mm256_storeu_si256((__m256i *)(dst + i * stride), _mm256_permute2x128_si256(u[i], u[i + 4], 0x20));
+        _mm256_storeu_si256((__m256i *)(dst + (i + 4) * stride), _mm256_permute2x128_si256(u[i], u[i + 4], 0x31));
+    }
 }
 
 /* rows [0, nrows) of w (nrows <= PN; missing lanes are zero) -> nb packed blocks */
 static void pack8(const int qt, const int bb, const uint8_t *w, int64_t ldw, int nrows, int64_t nb, pblock *p) {
-    memset(p, 0, (size_t)nb * sizeof(pblock));
-    for (int n = 0; n < nrows; n++) {
-        for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = 0; b < nb; b++) {
+        pblock *pb = p + b;
+        __m256i st[PN][8];   /* the rows' unpacked bytes, 32 per vector */
+        memset(pb->sc, 0, sizeof(pblock) - offsetof(pblock, sc));
+        for (int n = 0; n < PN; n++) {
+            if (n >= nrows) {
+                for (int j = 0; j < 8; j++) st[n][j] = _mm256_setzero_si256();
+                continue;
+            }
             const uint8_t *blk = w + n * ldw + b * bb;
-            __m256i wq[8], sc[8], mins;
+            __m256i sc[8], mins;
             float d, dmin;
-            uint8_t e[256];
             int16_t mn16[16];
-            unpack256(qt, blk, wq, sc, &mins, &d, &dmin);
-            for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(e + 32 * j), wq[j]);
+            unpack256(qt, blk, st[n], sc, &mins, &d, &dmin);
             _mm256_storeu_si256((__m256i *)mn16, mins);
-            pblock *pb = p + b;
-            for (int e4 = 0; e4 < 64; e4++) memcpy(&pb->q[e4][4 * n], e + 4 * e4, 4);
             if (qt == QT_Q6_K) {
                 for (int g = 0; g < 16; g++) pb->sc[g][n] = (int8_t)blk[192 + g];
             } else {
@@ -62,11 +73,17 @@ static void pack8(const int qt, const int bb, const uint8_t *w, int64_t ldw, int
                 qm_k4_scales(blk + 4, u);
                 for (int g = 0; g < 8; g++) pb->sc[g][n] = ((const uint8_t *)u)[g];
             }
-            for (int i = 0; i < 8; i++)
-                pb->mn[i][n] = (int32_t)((uint32_t)(uint16_t)mn16[2 * i] | ((uint32_t)(uint16_t)mn16[2 * i + 1] << 16));
+            for (int i = 0; i < 4 && qt != QT_Q6_K; i++)   /* mn16 holds each per-32 min twice */
+                pb->mn[i][n] = (int32_t)((uint32_t)(uint16_t)mn16[4 * i] | ((uint32_t)(uint16_t)mn16[4 * i + 2] << 16));
             pb->d[n] = d;
             pb->dmin[n] = dmin;
         }
+        for (int j = 0; j < 8; j++)        /* dword i of vector j is dword 8j + i of the block */
+            for (int h = 0; h < PN / 8; h++) {
+                __m256i r[8];
+                for (int i = 0; i < 8; i++) r[i] = st[8 * h + i][j];
+                tr8x8_store(r, pb->q[8 * j] + 32 * h, 4 * PN);
+            }
     }
 }
 
@@ -74,52 +91,52 @@ static void pack8(const int qt, const int bb, const uint8_t *w, int64_t ldw, int
 QM_INLINE void p_kern(const int qt, const pblock *p, int64_t nb, const xq256 *x, int64_t xrow, const int R,
                       float *y, int64_t ldy, int nvalid) {
     const int GS = qt == QT_Q6_K ? 4 : 8;    /* dwords per scale group */
-    __m256 acc[PR];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    pvf acc[PR];
+    for (int r = 0; r < R; r++) acc[r] = pf_zero();
     for (int64_t b = 0; b < nb; b++) {
         const pblock *pb = p + b;
-        __m256i I[PR], Mn[PR];
-        for (int r = 0; r < R; r++) I[r] = Mn[r] = _mm256_setzero_si256();
+        pvi I[PR], Mn[PR];
+        for (int r = 0; r < R; r++) I[r] = Mn[r] = pv_zero();
 #pragma GCC unroll 2
         for (int g = 0; g < 64 / GS; g++) {
-            __m256i t[PR];
-            for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
+            pvi t[PR];   /* Q6_K: from -32 * bsum_g, so I - Mn comes out of the dots and scales directly */
+            for (int r = 0; r < R; r++) t[r] = qt == QT_Q6_K ? pv_set1(x[r * xrow + b].off6[g]) : pv_zero();
 #pragma GCC unroll 8
             for (int k = 0; k < GS; k++) {
                 const int e4 = g * GS + k;
-                const __m256i wv = _mm256_load_si256((const __m256i *)pb->q[e4]);
+                const pvi wv = pv_load(pb->q[e4]);
                 for (int r = 0; r < R; r++) {
                     int32_t xv;
                     memcpy(&xv, x[r * xrow + b].q + 4 * e4, 4);
-                    t[r] = dpbusd_acc(t[r], wv, _mm256_set1_epi32(xv));
+                    t[r] = pv_dpbusd(t[r], wv, pv_set1(xv));
                 }
             }
-            const __m256i s = _mm256_load_si256((const __m256i *)pb->sc[g]);
-            for (int r = 0; r < R; r++) I[r] = _mm256_add_epi32(I[r], _mm256_mullo_epi32(t[r], s));
+            const pvi s = pv_load(pb->sc[g]);
+            for (int r = 0; r < R; r++) I[r] = pv_add(I[r], pv_mullo(t[r], s));
         }
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) {
-            const __m256i mv = _mm256_load_si256((const __m256i *)pb->mn[i]);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4 && qt != QT_Q6_K; i++) {
+            const pvi mv = pv_load(pb->mn[i]);
             for (int r = 0; r < R; r++) {
                 int32_t bs;
-                memcpy(&bs, x[r * xrow + b].bsum + 2 * i, 4);
-                Mn[r] = dpwssd_acc(Mn[r], mv, _mm256_set1_epi32(bs));
+                memcpy(&bs, x[r * xrow + b].bsum32 + 2 * i, 4);
+                Mn[r] = pv_dpwssd(Mn[r], mv, pv_set1(bs));
             }
         }
-        const __m256 dv = _mm256_load_ps(pb->d), dmv = _mm256_load_ps(pb->dmin);
+        const pvf dv = pf_load(pb->d), dmv = pf_load(pb->dmin);
         for (int r = 0; r < R; r++) {   /* k_step, lane-wise */
-            const __m256 dx = _mm256_set1_ps(x[r * xrow + b].d);
-            if (qt == QT_Q6_K) {
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(I[r], Mn[r])), _mm256_mul_ps(dv, dx), acc[r]);
+            const pvf dx = pf_set1(x[r * xrow + b].d);
+            if (qt == QT_Q6_K) {   /* I already holds I - Mn */
+                acc[r] = pf_fmadd(pf_cvt(I[r]), pf_mul(dv, dx), acc[r]);
             } else {
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_mul_ps(dv, dx), acc[r]);
-                acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(Mn[r]), _mm256_mul_ps(dmv, dx), acc[r]);
+                acc[r] = pf_fmadd(pf_cvt(I[r]), pf_mul(dv, dx), acc[r]);
+                acc[r] = pf_fnmadd(pf_cvt(Mn[r]), pf_mul(dmv, dx), acc[r]);
             }
         }
     }
     for (int r = 0; r < R; r++) {
         float tmp[PN];
-        _mm256_storeu_ps(tmp, acc[r]);
+        pf_storeu(tmp, acc[r]);
         memcpy(y + r * ldy, tmp, (size_t)nvalid * sizeof(float));
     }
 }
@@ -127,24 +144,25 @@ QM_INLINE void p_kern(const int qt, const pblock *p, int64_t nb, const xq256 *x,
 /* Legacy types: 8 weight rows per group, per block 32 bytes each (Q8_0 stored + 128: unsigned for
  * dpbusd, the -128 * sum(x) comes back through the activations' c), d and m per lane. */
 typedef struct {
-    uint8_t q[8][32];    /* [dword e4 of the block][lane n * 4 + byte] */
+    uint8_t q[8][4 * PN];  /* [dword e4 of the block][lane n * 4 + byte] */
     float d[PN], m[PN];
 } pblock32;
 
 static void pack8_32(const int qt, const int bb, const uint8_t *w, int64_t ldw, int nrows, int64_t nb, pblock32 *p) {
-    memset(p, 0, (size_t)nb * sizeof(pblock32));
-    for (int n = 0; n < nrows; n++) {
-        for (int64_t b = 0; b < nb; b++) {
-            float d, m;
-            uint8_t e[32];
-            __m256i wq = unpack32(qt, w + n * ldw + b * bb, &d, &m);
-            if (qt == QT_Q8_0) wq = _mm256_xor_si256(wq, _mm256_set1_epi8((char)0x80));
-            _mm256_storeu_si256((__m256i *)e, wq);
-            pblock32 *pb = p + b;
-            for (int e4 = 0; e4 < 8; e4++) memcpy(&pb->q[e4][4 * n], e + 4 * e4, 4);
+    for (int64_t b = 0; b < nb; b++) {
+        pblock32 *pb = p + b;
+        __m256i st[PN];
+        for (int n = 0; n < PN; n++) {
+            float d = 0.0f, m = 0.0f;
+            st[n] = _mm256_setzero_si256();
+            if (n < nrows) {
+                st[n] = unpack32(qt, w + n * ldw + b * bb, &d, &m);
+                if (qt == QT_Q8_0) st[n] = _mm256_xor_si256(st[n], _mm256_set1_epi8((char)0x80));
+            }
             pb->d[n] = d;
             pb->m[n] = m;
         }
+        for (int h = 0; h < PN / 8; h++) tr8x8_store(st + 8 * h, pb->q[0] + 32 * h, 4 * PN);
     }
 }
 
@@ -152,37 +170,37 @@ static void pack8_32(const int qt, const int bb, const uint8_t *w, int64_t ldw, 
  * the canonical float steps of s_grp32, lane-wise; partial sum a[ph] takes the blocks b % 4 == ph. */
 QM_INLINE void p_kern32(const int qt, const pblock32 *p, int64_t nb, const char *x, int64_t xrow, const int R,
                         float *y, int64_t ldy, int nvalid) {
-    __m256 part[4][PR];
+    pvf part[4][PR];
     for (int ph = 0; ph < 4; ph++) {
-        __m256 acc[PR];
-        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+        pvf acc[PR];
+        for (int r = 0; r < R; r++) acc[r] = pf_zero();
         for (int64_t b = ph; b < nb; b += 4) {
             const pblock32 *pb = p + b;
-            __m256i t[PR];
+            pvi t[PR];
             for (int r = 0; r < R; r++)
-                t[r] = qt == QT_Q4_1 || qt == QT_Q5_1 ? _mm256_setzero_si256() : _mm256_set1_epi32(XL_C(x + r * xrow, nb)[b]);
+                t[r] = qt == QT_Q4_1 || qt == QT_Q5_1 ? pv_zero() : pv_set1(XL_C(x + r * xrow, nb)[b]);
 #pragma GCC unroll 8
             for (int e4 = 0; e4 < 8; e4++) {
-                const __m256i wv = _mm256_load_si256((const __m256i *)pb->q[e4]);
+                const pvi wv = pv_load(pb->q[e4]);
                 for (int r = 0; r < R; r++) {
                     int32_t xv;
                     memcpy(&xv, x + r * xrow + 32 * b + 4 * e4, 4);
-                    t[r] = dpbusd_acc(t[r], wv, _mm256_set1_epi32(xv));
+                    t[r] = pv_dpbusd(t[r], wv, pv_set1(xv));
                 }
             }
-            const __m256 dv = _mm256_load_ps(pb->d);
+            const pvf dv = pf_load(pb->d);
             for (int r = 0; r < R; r++) {
                 const char *xr = x + r * xrow;
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t[r]), _mm256_mul_ps(dv, _mm256_set1_ps(XL_D(xr, nb)[b])), acc[r]);
+                acc[r] = pf_fmadd(pf_cvt(t[r]), pf_mul(dv, pf_set1(XL_D(xr, nb)[b])), acc[r]);
                 if (qt == QT_Q4_1 || qt == QT_Q5_1)
-                    acc[r] = _mm256_fmadd_ps(_mm256_load_ps(pb->m), _mm256_set1_ps(XL_S(xr, nb)[b]), acc[r]);
+                    acc[r] = pf_fmadd(pf_load(pb->m), pf_set1(XL_S(xr, nb)[b]), acc[r]);
             }
         }
         for (int r = 0; r < R; r++) part[ph][r] = acc[r];
     }
     for (int r = 0; r < R; r++) {
         float tmp[PN];
-        _mm256_storeu_ps(tmp, _mm256_add_ps(_mm256_add_ps(part[0][r], part[1][r]), _mm256_add_ps(part[2][r], part[3][r])));
+        pf_storeu(tmp, pf_add(pf_add(part[0][r], part[1][r]), pf_add(part[2][r], part[3][r])));
         memcpy(y + r * ldy, tmp, (size_t)nvalid * sizeof(float));
     }
 }

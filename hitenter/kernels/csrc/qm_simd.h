@@ -104,22 +104,26 @@ QM_INLINE __m256i unpack32(const int qt, const uint8_t *b, float *d, float *m) {
  * Here the 4 partial sums are the lanes of one vector, each group of 4 blocks one vector step. */
 QM_INLINE void s_grp32(const int qt, const int bb, const uint8_t *w, int64_t nb, int64_t b0, const int nv,
                        const char *x, int64_t xrow, const int R, __m128 acc[]) {
+    /* the 4 blocks' (d, m) fp16 pairs (m: garbage, unused, for the *_0 types) by one conversion */
     __m256i wq[4];
-    __m128 d4, m4;
-    if (nv == 4) {   /* the 4 blocks' (d, m) fp16 pairs by one conversion */
-        uint32_t u[4];
-        for (int j = 0; j < 4; j++) memcpy(u + j, w + (b0 + j) * bb, 4);
-        const __m256 f = _mm256_cvtph_ps(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]));
-        const __m128 lo = _mm256_castps256_ps128(f), hi = _mm256_extractf128_ps(f, 1);
-        d4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
-        m4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+    uint32_t u[4] = {0, 0, 0, 0};
+    for (int j = 0; j < 4; j++)
+        if (nv == 4 || j < nv) memcpy(u + j, w + (b0 + j) * bb, 4);   /* never past the row */
+    __m128i dm;
+    if (nv == 4) {
+        dm = _mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
         for (int j = 0; j < 4; j++) wq[j] = unpack32q(qt, w + (b0 + j) * bb);
-    } else {
-        float dw[4] = {0, 0, 0, 0}, mw[4] = {0, 0, 0, 0};
-        for (int j = 0; j < 4; j++) wq[j] = j < nv ? unpack32(qt, w + (b0 + j) * bb, dw + j, mw + j) : _mm256_setzero_si256();
-        d4 = _mm_setr_ps(dw[0], dw[1], dw[2], dw[3]);
-        m4 = _mm_setr_ps(mw[0], mw[1], mw[2], mw[3]);
+    } else {   /* the last group: missing blocks are zero, lanes inserted in registers (the scalar
+                * path's arrays, re-read as vectors, stalled store forwarding: 1/4 of a 576-wide row) */
+        dm = _mm_cvtsi32_si128((int)u[0]);
+        wq[0] = unpack32q(qt, w + b0 * bb);
+        wq[1] = wq[2] = wq[3] = _mm256_setzero_si256();
+        if (nv > 1) dm = _mm_insert_epi32(dm, (int)u[1], 1), wq[1] = unpack32q(qt, w + (b0 + 1) * bb);
+        if (nv > 2) dm = _mm_insert_epi32(dm, (int)u[2], 2), wq[2] = unpack32q(qt, w + (b0 + 2) * bb);
     }
+    const __m256 f = _mm256_cvtph_ps(dm);
+    const __m128 lo = _mm256_castps256_ps128(f), hi = _mm256_extractf128_ps(f, 1);
+    const __m128 d4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)), m4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
     /* Q8_0: with VNNI (exact u8 x s8 sums) the stored bytes + 128, the offset back through c as for the
      * 4/5-bit types; AVX2's maddubs would saturate there, so |w| with the sign moved onto x instead */
     const int q8sign = qt == QT_Q8_0 && !QM_VNNI;
@@ -160,6 +164,18 @@ QM_INLINE void s_row32(const int qt, const int bb, const uint8_t *w, int64_t nb,
     }
 }
 
+/* Q4_K/Q5_K 6-bit scales and mins (the 12 bytes at s12; 16 are read) -> bytes sc0..sc7, m0..m7:
+ *   j < 4:  sc_j = s[j] & 63,                          m_j = s[j + 4] & 63
+ *   j >= 4: sc_j = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4,  m_j = (s[j + 4] >> 4) | (s[j] >> 6) << 4 */
+QM_INLINE __m128i k4_scales_vec(const uint8_t *s12) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)s12);
+    const __m128i a = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const __m128i h = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    const __m128i lo = _mm_and_si128(_mm_blend_epi32(a, _mm_srli_epi16(a, 4), 8),   /* m4..m7: high nibbles */
+                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    return _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi16(h, 2), _mm_set1_epi8(0x30)));
+}
+
 /* K block -> 8 x 32 weight bytes, the per-16 scale of each (int16 lanes matching maddubs pairs),
  * the per-16 min multipliers (Q6_K: 32 * scale, the offset), d and dmin */
 QM_INLINE void unpack256(const int qt, const uint8_t *b, __m256i wq[8], __m256i sc[8], __m256i *mins, float *d,
@@ -188,13 +204,16 @@ QM_INLINE void unpack256(const int qt, const uint8_t *b, __m256i wq[8], __m256i 
         }
         return;
     }
-    *d = s_h2f(b);
-    *dmin = s_h2f(b + 2);
-    uint32_t u[4];
-    qm_k4_scales(b + 4, u);
-    const __m128i m8 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)u[3], (int)u[2]));
-    *mins = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
-    const __m256i sb = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)u)));
+    uint32_t dd;
+    memcpy(&dd, b, 4);
+    const __m128 df = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd));   /* d, dmin by one conversion */
+    *d = _mm_cvtss_f32(df);
+    *dmin = _mm_cvtss_f32(_mm_movehdup_ps(df));
+    /* the 8 scales and 8 mins as bytes of one vector, decoded in vector registers: the scalar
+     * decode (qm_k4_scales) and its trips between register files took a third of a decode GEMV */
+    const __m256i sm = _mm256_broadcastsi128_si256(k4_scales_vec(b + 4));
+    *mins = _mm256_shuffle_epi8(sm, _mm256_setr_epi8(8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1, 12, -1,
+                                                     12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1));
     const int five = qt == QT_Q5_K;
     __m256i hh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
 #pragma GCC unroll 4
@@ -208,9 +227,9 @@ QM_INLINE void unpack256(const int qt, const uint8_t *b, __m256i wq[8], __m256i 
             wq[2 * c + 1] = _mm256_or_si256(wq[2 * c + 1], _mm256_and_si256(_mm256_slli_epi16(hh, 3), x10));
             hh = _mm256_srli_epi16(hh, 2);
         }
-        /* word j of the 8 scales, broadcast by one byte shuffle (not 3 scalar-to-vector ops) */
-        sc[2 * c] = _mm256_shuffle_epi8(sb, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c))));
-        sc[2 * c + 1] = _mm256_shuffle_epi8(sb, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c + 1))));
+        /* scale j zero-extended to every word by one byte shuffle */
+        sc[2 * c] = _mm256_shuffle_epi8(sm, _mm256_set1_epi16((short)(0x8000 | (2 * c))));
+        sc[2 * c + 1] = _mm256_shuffle_epi8(sm, _mm256_set1_epi16((short)(0x8000 | (2 * c + 1))));
     }
 }
 
@@ -231,6 +250,16 @@ QM_INLINE float k_step(const int qt, float acc, int32_t I, int32_t Mn, float d, 
     return fmaf(-(float)Mn, dmin * dx, acc);
 }
 
+/* k_step on lane 0 of vectors, the sums already converted (t: I - Mn in lane 0 for Q6_K; I in lane 0
+ * and Mn in lane 2 otherwise): the same fp32 operations without moving the integer sums through
+ * general registers and back (vmovd + cvtsi2ss sat on the critical path of every block) */
+QM_INLINE __m128 k_step_v(const int qt, __m128 acc, __m128 t, float d, float dmin, float dx) {
+    const __m128 dxv = _mm_set_ss(dx);
+    acc = _mm_fmadd_ss(t, _mm_mul_ss(_mm_set_ss(d), dxv), acc);
+    if (qt != QT_Q6_K) acc = _mm_fnmadd_ss(_mm_movehl_ps(t, t), _mm_mul_ss(_mm_set_ss(dmin), dxv), acc);
+    return acc;
+}
+
 /* Integer part: sub-block j goes to chain j % NC of its row (NC chains per row keep the multipliers
  * busy when R is small; integer sums are exact, so NC changes no bits). Sub-blocks outer, rows inner:
  * the R rows are independent instruction streams. */
@@ -238,8 +267,8 @@ QM_INLINE void s_row256(const int qt, const int bb, const uint8_t *w, int64_t nb
                         const int R, float *y, int64_t ldy) {
     enum { NCMAX = 4 };
     const int NC = R >= 4 ? 1 : R == 2 ? 2 : 4;
-    float acc[MR];
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    __m128 acc[MR];
+    for (int r = 0; r < R; r++) acc[r] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m256i wq[8], sc[8], mins, is[MR][NCMAX];
         float d, dmin;
@@ -255,72 +284,21 @@ QM_INLINE void s_row256(const int qt, const int bb, const uint8_t *w, int64_t nb
             const xq256 *xb = x + r * xrow + b;
             for (int c = 1; c < NC; c++) is[r][0] = _mm256_add_epi32(is[r][0], is[r][c]);
             const __m256i ms = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)xb->bsum));
-            if (qt == QT_Q6_K) {   /* I - Mn is exact: one reduction */
-                acc[r] = k_step(qt, acc[r], hsum_i32(_mm256_sub_epi32(is[r][0], ms)), 0, d, dmin, xb->d);
+            __m128i t;
+            if (qt == QT_Q6_K) {   /* I - Mn is exact: one reduction, to lane 0 */
+                const __m256i v = _mm256_sub_epi32(is[r][0], ms);
+                t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+                t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
             } else {               /* both sums in one reduction: lanes [I I Mn Mn] */
-                __m256i h = _mm256_hadd_epi32(is[r][0], ms);
-                __m128i t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                const __m256i h = _mm256_hadd_epi32(is[r][0], ms);
+                t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
                 t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
-                acc[r] = k_step(qt, acc[r], _mm_cvtsi128_si32(t), _mm_extract_epi32(t, 2), d, dmin, xb->d);
             }
+            acc[r] = k_step_v(qt, acc[r], _mm_cvtepi32_ps(t), d, dmin, xb->d);
         }
     }
-    for (int r = 0; r < R; r++) y[r * ldy] = acc[r];
-}
-
-/* Activation quantization, the same values as the scalar quant_row* (amax is exact; x * id and the
- * round-to-nearest-even conversion are the same fp32 operations), 32 floats at a time. */
-QM_INLINE float s_amax(const float *x, int n) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 m = _mm256_setzero_ps();
-    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
-}
-
-/* 32 floats -> 32 int8 at out; returns the sums of the first and second 16 in s16[0..1] */
-QM_INLINE void s_quant32(const float *x, float id, int8_t *out, int32_t s16[2]) {
-    const __m256 vid = _mm256_set1_ps(id);
-    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), vid));
-    __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), vid));
-    __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), vid));
-    __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), vid));
-    s16[0] = hsum_i32(_mm256_add_epi32(i0, i1));
-    s16[1] = hsum_i32(_mm256_add_epi32(i2, i3));
-    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-    _mm256_storeu_si256((__m256i *)out, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-}
-
-static void quant_row32(const float *x, int64_t nb, char *o, int off) {
-    float *od = (float *)(o + nb * 32), *os = od + xl_nbp(nb);
-    int32_t *oc = (int32_t *)(os + xl_nbp(nb));
-    for (int64_t b = 0; b < nb; b++, x += 32) {
-        const float amax = s_amax(x, 32);
-        const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int32_t s16[2];
-        s_quant32(x, id, (int8_t *)o + 32 * b, s16);
-        od[b] = d;
-        os[b] = d * (float)(s16[0] + s16[1]);
-        oc[b] = -off * (s16[0] + s16[1]);
-    }
-    for (int64_t b = nb; b < xl_nbp(nb); b++) od[b] = os[b] = 0.0f, oc[b] = 0;
-}
-
-static void quant_row256(const float *x, int64_t nb, xq256 *o) {
-    for (int64_t b = 0; b < nb; b++, x += 256) {
-        const float amax = s_amax(x, 256);
-        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        for (int j = 0; j < 8; j++) {
-            int32_t s16[2];
-            s_quant32(x + 32 * j, id, o[b].q + 32 * j, s16);
-            o[b].bsum[2 * j] = (int16_t)s16[0];
-            o[b].bsum[2 * j + 1] = (int16_t)s16[1];
-        }
-        o[b].d = amax / 127.0f;
-        o[b].pad = 0.0f;
-    }
+    for (int r = 0; r < R; r++) y[r * ldy] = _mm_cvtss_f32(acc[r]);
 }
 
 #endif

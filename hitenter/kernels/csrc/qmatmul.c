@@ -17,6 +17,7 @@
 
 #if !defined(QM_GENERIC) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "qm_simd.h"
+#include "qm_squant.h"
 #include "qm_pack.h"
 #define QM_ISA (QM_VNNI ? 2 : 1)
 #else
@@ -111,7 +112,9 @@ static void quant_row256(const float *x, int64_t nb, xq256 *o) {
             int s = 0;
             for (int j = 0; j < 16; j++) s += o[b].q[16 * g + j];
             o[b].bsum[g] = (int16_t)s;
+            o[b].off6[g] = -32 * s;
         }
+        for (int g = 0; g < 8; g++) o[b].bsum32[g] = (int16_t)(o[b].bsum[2 * g] + o[b].bsum[2 * g + 1]);
         o[b].d = amax / 127.0f;
         o[b].pad = 0.0f;
     }
