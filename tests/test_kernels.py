@@ -225,7 +225,7 @@ def test_cached_descriptor_follows_the_weight() -> None:
 
 @pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
 def test_packed_gemm_matches_row_path_on_ragged_shapes(qtype: Q) -> None:
-    """M >= 16 takes the packed GEMM: bitwise the row path's result, with N not a multiple of the 8-row
+    """M = 21 takes the packed GEMM: bitwise the row path's result (M = 1), with N not a multiple of the 8-row
     groups and (legacy) a block count not a multiple of the 4 partial sums."""
     k = 576 if qtype in LEGACY else 768                  # 18 legacy blocks (18 % 4 = 2), 3 K blocks
     w = random_weight(qtype, 37, k, seed=7)

@@ -12,8 +12,8 @@ Native library (csrc/qmatmul.c): built on first use (hitenter.kernels.build), lo
 Threads: the kernel's OpenMP team uses torch.get_num_threads() threads, read on every call (libgomp
 is shared with torch's, so no second thread pool). Zero-copy: x, w.data and `out` are read/written in
 place through their data pointers; no alignment is required, only unit stride along K (x, w) and N
-(out); `out` may be a column slice of a wider buffer (e.g. fused Q/K/V outputs). Paths: M <= 15 rows
-stream each weight row once per 8 activation rows; M >= 16 repacks 8 weight rows at a time (a GEMM;
+(out); `out` may be a column slice of a wider buffer (e.g. fused Q/K/V outputs). Paths: small M
+streams each weight row once per 8 activation rows; from M = 4 (32-wide types) / 9 (K types) it repacks 8 weight rows at a time (a GEMM;
 all types with AVX512-VNNI, all but Q8_0 with AVX2); both give the same bits for a row.
 Per call: the weight is described to the kernel once (a descriptor cached on the BlockWeight), so a
 call costs a few attribute reads on x/out and one 7-argument ctypes call (~3 us with a tiny kernel).

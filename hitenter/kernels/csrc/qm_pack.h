@@ -1,4 +1,4 @@
-/* Packed GEMM (prefill, M >= PACK_MIN_M), K types and (pblock32, p_kern32) legacy types: PN weight
+/* Packed GEMM (prefill and batches, M >= PACK_MIN_M32 / PACK_MIN_M256), K types and (pblock32, p_kern32) legacy types: PN weight
  * rows (16 with VNNI, 8 otherwise; qm_pvec.h) are unpacked once per call into an interleaved layout
  * whose PN int32 lanes are PN output columns, so the weight scales, mins and d are plain vectors
  * across lanes and no horizontal sums are needed: per 4 activation bytes one broadcast and one
@@ -19,7 +19,15 @@
 /* PN (qm_pvec.h): weight rows per packed group, the lanes of one vector */
 #define PG (32 / PN)  /* packed groups per pass (32 weight rows share each activation row's trip from L2) */
 #define PR 8          /* activation rows per microkernel call */
-#define PACK_MIN_M 16
+/* From how many activation rows the packed GEMM beats the row path (measured on Zen 4, 1 thread, the
+   SmolLM2 / Qwen2.5-1.5B shapes: Q4_1 1.6x faster at M = 8, Q4_K/Q6_K even at M = 9; both paths give the
+   same bits, so this is only a speed choice): 32-wide types unpack cheaply per row, K types less so. */
+#ifndef PACK_MIN_M32
+#define PACK_MIN_M32 4
+#endif
+#ifndef PACK_MIN_M256
+#define PACK_MIN_M256 9
+#endif
 
 typedef struct {
     uint8_t q[64][4 * PN];  /* [dword e4 of the block][lane n * 4 + byte]: weights unsigned */

@@ -4,7 +4,8 @@
  * 16-element sums for the K types), then integer dot products run per weight block.
  * Threads take chunks of weight rows (dynamically); within a chunk the row path walks the weight
  * rows once per tile of MT activation rows (M <= MT: every weight byte is streamed from memory
- * once), unpacking each in registers once per MR activation rows; at M >= 16 every type takes the packed
+ * once), unpacking each in registers once per MR activation rows; from M >= 4 (32-wide types) or 9 (K types)
+ * every type takes the packed
  * GEMM instead (qm_pack.h; Q8_0 only with VNNI). Every (m, n) output is the same function of
  * (row m of x, row n of W) whatever M, the tiling or the thread count: batch invariant.
  *
@@ -254,7 +255,7 @@ int qm_matmul_desc(const qm_desc *d, const float *x, int64_t M, int64_t ldx, flo
     if (!xq) return -3;
     j.xq = xq;
 #if QM_ISA
-    j.packed = M >= PACK_MIN_M && packed_fns(qt, &j.pack, &j.kern, &j.pbytes);
+    j.packed = M >= (elems == 32 ? PACK_MIN_M32 : PACK_MIN_M256) && packed_fns(qt, &j.pack, &j.kern, &j.pbytes);
 #else
     (void)qt;
 #endif
