@@ -3,7 +3,7 @@
 Contract:
 - ``Sampler()(logits [N, V] fp32, meta) -> SamplerOutput``; the input logits are never modified.
 - The processed logits go through the chain of ``logits_processors.default_chain()``
-  (penalties -> logit_bias -> min_tokens -> temperature -> top_k -> top_p -> min_p).
+  (penalties -> logit_bias -> min_tokens -> grammar -> temperature -> top_k -> top_p -> min_p).
 - Greedy rows (temperature 0) take ``argmax`` of the logits after penalties/bias/min_tokens/grammar
   (ties -> lowest id) and consume no randomness.
 - Rows are handled separately: plain greedy rows (no penalty, bias, min_tokens or grammar) take the raw
@@ -198,7 +198,8 @@ class Sampler:
         if n != len(meta.params):
             raise ValueError(f"logits: has {n} rows, metadata has {len(meta.params)}")
         cons = meta.constraints or [None] * n
-        fast = [self._plain_fast and not trace and _plain_greedy(p) and c is None for p, c in zip(meta.params, cons, strict=True)]
+        use_fast = self._plain_fast and not trace
+        fast = [use_fast and c is None and _plain_greedy(p) for p, c in zip(meta.params, cons, strict=True)]
         if all(fast):
             # no processor touches a plain greedy row: its argmax is the raw logits' (no chain, no copy)
             tokens = logits.argmax(dim=-1)
