@@ -1,12 +1,14 @@
 """Per-token cost of a grammar-constrained row (structured outputs), and of a constrained neighbour
 on unconstrained rows.
 
-    python bench/structured_cost.py [--model smollm2-135m-instruct] [--tokens 48] [--rounds 3]
+    python bench/structured_cost.py [--model smollm2-135m-instruct] [--tokens 48] [--rounds 3] [--cpu]
 
 Reports the median inter-token latency (decode steps only) at batch 1, unconstrained vs. a JSON
 schema whose strings never end (so both run exactly --tokens tokens), interleaved round by round,
 then batch 8 with 0 vs. 1 constrained rows (the unconstrained rows' latency). Also the mask's own
-cost: GrammarMask over one row of the model's vocabulary.
+cost: GrammarMask over one row of the model's vocabulary. ``--cpu``: process CPU time per decode step
+instead of wall-clock latency; with ``--threads 1`` it counts work, not waiting, so it holds when other
+work shares the cores (``--cpu --threads 1``).
 """
 
 from __future__ import annotations
@@ -26,9 +28,24 @@ SCHEMA = {"type": "object", "properties": {"notes": {"type": "array", "items": {
           "required": ["notes"], "additionalProperties": False}
 
 
-def itl(llm: LLM, params: list[SamplingParams]) -> list[float]:
-    outs = llm.generate(["Write notes about the sea:"] * len(params), params)
-    return [statistics.median(o.metrics.inter_token_latencies) for o in outs if o.metrics]
+PROMPT = "Write notes about the sea:"
+
+
+def itl(llm: LLM, params: list[SamplingParams], cpu: bool = False) -> list[float]:
+    """Per request its median inter-token latency; ``cpu``: the median process CPU time of a decode step
+    (for every row alike; holds better than wall time on a box shared with other work)."""
+    if not cpu:
+        outs = llm.generate([PROMPT] * len(params), params)
+        return [statistics.median(o.metrics.inter_token_latencies) for o in outs if o.metrics]
+    eng = llm.engine
+    for p in params:
+        eng.add_request(None, PROMPT, p)
+    steps = []
+    while eng.has_unfinished_requests():
+        t0 = time.process_time()
+        eng.step()
+        steps.append(time.process_time() - t0)
+    return [statistics.median(steps[1:])] * len(params)    # the first step is the prefill
 
 
 def mask_cost(llm: LLM, n: int = 64) -> float:
@@ -54,9 +71,11 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--cpu", action="store_true", help="process CPU time per decode step instead of wall ITL")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (1 with --cpu: no spin-waiting)")
     a = ap.parse_args()
     t0 = time.perf_counter()
-    llm = LLM(a.model, max_model_len=512)
+    llm = LLM(a.model, max_model_len=512, num_threads=a.threads)
     print(f"loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     g = GuidedSpec("json_schema", json.dumps(SCHEMA))
     plain = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)
@@ -66,10 +85,10 @@ def main() -> None:
     print(f"warm after {time.perf_counter() - t0:.1f} s", flush=True)
     b1p, b1g, b8p, b8g = [], [], [], []
     for _ in range(a.rounds):
-        b1p += itl(llm, [plain])
-        b1g += itl(llm, [guided])
-        b8p += itl(llm, [plain] * 8)
-        b8g += itl(llm, [guided] + [plain] * 7)[1:]     # the unconstrained rows next to a constrained one
+        b1p += itl(llm, [plain], a.cpu)
+        b1g += itl(llm, [guided], a.cpu)
+        b8p += itl(llm, [plain] * 8, a.cpu)
+        b8g += itl(llm, [guided] + [plain] * 7, a.cpu)[1:]     # the unconstrained rows next to a constrained one
         print(f"round: b1 {b1p[-1] * 1e3:.2f} / {b1g[-1] * 1e3:.2f} ms, b8 {b8p[-1] * 1e3:.2f} / {b8g[-1] * 1e3:.2f} ms",
               flush=True)
     p, q = statistics.median(b1p), statistics.median(b1g)

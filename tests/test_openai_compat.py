@@ -200,9 +200,10 @@ def test_continue_final_message_and_chat_echo(client: TestClient, engine: LLMEng
     assert echoed["choices"][0]["message"]["content"] == "It is" + direct["choices"][0]["text"]
 
 
-def test_speculative_decoding_skips_constrained_rows(tiny_qwen2_path: Path) -> None:
-    """A constrained request decodes without drafts (and obeys its grammar); its batch neighbours still
-    speculate and produce exactly their non-speculative tokens."""
+def test_speculative_decoding_with_constrained_rows(tiny_qwen2_path: Path) -> None:
+    """A constrained request speculates too (drafts checked against its grammar; more in
+    test_spec_structured.py) and obeys its grammar; it and its neighbour produce exactly their
+    non-speculative tokens."""
     spec = LLM(str(tiny_qwen2_path), speculative_model=str(tiny_qwen2_path), num_speculative_tokens=3)
     plain = LLM(str(tiny_qwen2_path))
     schema = {"type": "object", "properties": {"k": {"enum": ["aa", "bb"]}, "n": {"type": "integer", "minimum": 0,
@@ -213,6 +214,7 @@ def test_speculative_decoding_skips_constrained_rows(tiny_qwen2_path: Path) -> N
     jsonschema.validate(json.loads(a[0].text), schema)
     assert a[0].token_ids == b[0].token_ids and a[1].token_ids == b[1].token_ids
     assert spec.engine.spec_decode is not None and spec.engine.spec_decode.num_draft_tokens > 0
+    assert a[0].extra["spec_decode"]["num_draft_tokens"] > 0
 
 
 def test_out_of_vocab_ids_with_prompt_scoring_are_400(client: TestClient, engine: LLMEngine) -> None:

@@ -383,3 +383,42 @@ def test_exponential_draws_are_exp1_per_generator() -> None:
         assert abs(float((row > 5).float().mean()) - math.exp(-5)) < 0.0008
     again = exponential_draws([torch.Generator().manual_seed(6)], 200_000)     # a row depends on its own generator only
     assert torch.equal(again[0], q[1])
+
+
+# ---------- mixed batches: plain greedy rows keep the fast path ----------
+
+class _OnlyToken:
+    """A stand-in grammar constraint that allows one token."""
+
+    terminated = False
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        bitmask[row] = 0
+        bitmask[row, self.token // 32] = 1 << (self.token % 32)
+
+
+def test_mixed_batch_plain_greedy_rows_skip_the_chain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the rows that need processing (a grammar, sampling, penalties) go through the chain; every
+    row's token equals the one it gets alone (an independent per-row reference)."""
+    import hitenter.engine.sampler as sampler_mod
+
+    seen: list[int] = []
+    real = sampler_mod.run_chain
+    monkeypatch.setattr(sampler_mod, "run_chain", lambda chain, x, batch, record=False: (
+        seen.append(x.shape[0]), real(chain, x, batch, record))[1])
+    x = torch.randn(8, 100, generator=torch.Generator().manual_seed(0))
+    guided, plain, hot = SP(temperature=0), SP(temperature=0), SP(temperature=1.0, seed=3)
+    params = [plain, guided, plain, plain, hot, plain, plain, SP(temperature=0, repetition_penalty=1.3)]
+    cons = [None, _OnlyToken(77), None, None, None, None, None, None]
+    meta = SamplingMetadata(params, [make_generator(3) if p is hot else None for p in params],
+                            [[5, 6]] * 8, [[7]] * 8, constraints=cons)
+    got = Sampler()(x, meta).token_ids
+    assert seen == [3]                       # the constrained, the sampling and the penalized row only
+    assert got[1] == 77 and [got[i] for i in (0, 2, 3, 5, 6)] == x[[0, 2, 3, 5, 6]].argmax(dim=-1).tolist()
+    for i in range(8):
+        alone = SamplingMetadata([params[i]], [make_generator(3) if params[i] is hot else None], [[5, 6]], [[7]],
+                                 constraints=[cons[i]])
+        assert Sampler()(x[i:i + 1], alone).token_ids == [got[i]]

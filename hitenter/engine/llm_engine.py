@@ -33,7 +33,7 @@ from hitenter.engine.sampler import SamplingMetadata, StepSample
 from hitenter.engine.scheduler import SchedulerOutput
 from hitenter.engine.snapshot import KV_VIEW_TTL_S, EngineSnapshot, take_snapshot
 from hitenter.engine.spec import SpecDecodeStats, spec_request_stats
-from hitenter.engine.structured import backend_for, constraints_of
+from hitenter.engine.structured import GrammarConstraint, backend_for, constraints_of
 from hitenter.outputs import RequestOutput
 from hitenter.sampling_params import SamplingParams
 
@@ -77,6 +77,7 @@ class LLMEngine:
         # The playground's hook: the raw logits row of each traced request's latest sampled step (its
         # first row when speculating), kept so sliders can re-shape it without a model run. Consumers pop.
         self.last_logits: dict[str, object] = {}
+        self._grammars: list[tuple[int, GrammarConstraint]] = []   # this step's constrained rows
 
     # ---- requests (prepare / submit / request_abort / snapshot: any thread) --------------------------------
     def make_request_id(self) -> str:
@@ -211,20 +212,23 @@ class LLMEngine:
             self.spec.propose(self.scheduler.running, self.sampler)
 
     def _sample(self, ran: ModelRunnerOutput) -> StepSample | None:
+        self._grammars = []
         if ran.logits is None:
             return None
         ids = ran.sample_request_ids
         reqs = [self.scheduler.requests[rid] for rid in ids]
+        params = [r.sampling_params for r in reqs]
+        cons = constraints_of(reqs) if any(p.guided is not None for p in params) else []
+        self._grammars = [(i, c) for i, c in enumerate(cons) if c is not None]   # advanced in _new_tokens
         trace = bool(self.trace_requests) and any(rid in self.trace_requests for rid in ids)
         if self.spec is not None and any(n > 1 for n in ran.num_rows):
             return self.spec.sample(ran.logits, ran.num_rows, reqs, [r.generator for r in reqs], self.sampler,
                                     trace=trace)
         meta = SamplingMetadata(
-            params=[r.sampling_params for r in reqs], generators=[r.generator for r in reqs],
+            params=params, generators=[r.generator for r in reqs],
             prompt_token_ids=[r.prompt_token_ids for r in reqs], output_token_ids=[r.output_token_ids for r in reqs],
-            stop_token_ids=[r.eos_token_ids | frozenset(r.sampling_params.stop_token_ids or ()) for r in reqs]
-            if any(r.sampling_params.min_tokens for r in reqs) else [],
-            constraints=constraints_of(reqs) if any("grammar" in r.extra for r in reqs) else [])
+            stop_token_ids=[r.eos_token_ids | frozenset(p.stop_token_ids or ()) for r, p in zip(reqs, params, strict=True)]
+            if any(p.min_tokens for p in params) else [], constraints=cons)
         return StepSample.from_sampler(self.sampler(ran.logits, meta, trace=trace))
 
     def _new_tokens(self, ran: ModelRunnerOutput, sampled: StepSample | None) -> dict[str, list[int]]:
@@ -238,11 +242,8 @@ class LLMEngine:
             for i, rid in enumerate(ran.sample_request_ids):
                 if rid in self.trace_requests:
                     self.last_logits[rid] = ran.logits[sum(ran.num_rows[:i]) if ran.num_rows else i].clone()
-        for rid, toks in zip(ran.sample_request_ids, sampled.token_ids, strict=True):
-            grammar = self.scheduler.requests[rid].extra.get("grammar")
-            if grammar is not None:       # structured outputs: advance the matcher (no drafts: one token)
-                for t in toks:
-                    grammar.accept(t)
+        for i, grammar in self._grammars:   # structured outputs: the constrained requests' matchers only
+            grammar.advance(sampled.token_ids[i])
         return dict(zip(ran.sample_request_ids, sampled.token_ids, strict=True))
 
     def _after_step(self, sched: SchedulerOutput, ran: ModelRunnerOutput, new_tokens: dict[str, list[int]],

@@ -3,9 +3,12 @@
 Contract:
 - ``Sampler()(logits [N, V] fp32, meta) -> SamplerOutput``; the input logits are never modified.
 - The processed logits go through the chain of ``logits_processors.default_chain()``
-  (penalties -> logit_bias -> min_tokens -> temperature -> top_k -> top_p -> min_p).
-- Greedy rows (temperature 0) take ``argmax`` of the logits after penalties/bias/min_tokens (ties ->
-  lowest id) and consume no randomness.
+  (penalties -> logit_bias -> min_tokens -> grammar -> temperature -> top_k -> top_p -> min_p).
+- Greedy rows (temperature 0) take ``argmax`` of the logits after penalties/bias/min_tokens/grammar
+  (ties -> lowest id) and consume no randomness.
+- Rows are handled separately: plain greedy rows (no penalty, bias, min_tokens or grammar) take the raw
+  logits' argmax with no copy and no chain, even next to rows that need processing; only those rows
+  (a grammar, sampling, penalties...) are copied and go through the chain.
 - Other rows draw with gpt-fast's sync-free exponential race: ``argmax(probs / q)``, ``q ~ Exp(1)`` of
   shape ``[V]`` drawn from the row's own ``torch.Generator`` (one draw of V values per step, as
   ``-log(U)`` of fp64 uniforms: :func:`exponential_draws`). A seeded
@@ -30,7 +33,11 @@ import torch
 from torch import Tensor
 
 from hitenter.engine.logits_processors import BatchState, LogitsProcessor, default_chain
+from hitenter.engine.logprobs import TokenLogprobs, batch_logprobs, token_logprobs
 from hitenter.sampling_params import SamplingParams
+
+__all__ = ["Sampler", "SamplingMetadata", "SamplerOutput", "StepSample", "TokenLogprobs", "token_logprobs",
+           "make_generator", "reshape_distribution", "run_chain"]
 
 TRACE_TOP_N = 50
 _SYS_RANDOM = random.SystemRandom()
@@ -81,13 +88,12 @@ class SamplingMetadata:
             if len(getattr(self, name)) != n:
                 raise ValueError(f"{name}: has {len(getattr(self, name))} rows, params has {n}")
 
-
-@dataclass(frozen=True)
-class TokenLogprobs:
-    token_id: int
-    logprob: float
-    rank: int                              # 1 = the most likely token
-    top: list[tuple[int, float, int]]      # (token_id, logprob, rank) of the top alternatives, best first
+    def subset(self, rows: Sequence[int]) -> SamplingMetadata:
+        """The metadata of ``rows`` only (in that order)."""
+        return SamplingMetadata([self.params[i] for i in rows], [self.generators[i] for i in rows],
+                                [self.prompt_token_ids[i] for i in rows], [self.output_token_ids[i] for i in rows],
+                                [self.stop_token_ids[i] for i in rows],
+                                [self.constraints[i] for i in rows] if self.constraints else [])
 
 
 @dataclass
@@ -204,46 +210,66 @@ class Sampler:
         n, v = logits.shape
         if n != len(meta.params):
             raise ValueError(f"logits: has {n} rows, metadata has {len(meta.params)}")
-        if self._plain_fast and not trace and all(_plain_greedy(p) for p in meta.params):
+        cons = meta.constraints or [None] * n
+        use_fast = self._plain_fast and not trace
+        fast = [use_fast and c is None and _plain_greedy(p) for p, c in zip(meta.params, cons, strict=True)]
+        if all(fast):
             # no processor touches a plain greedy row: its argmax is the raw logits' (no chain, no copy)
             tokens = logits.argmax(dim=-1)
             return SamplerOutput(tokens.tolist(), self._logprobs(logits, tokens, meta.params), None)
+        if not any(fast):
+            tokens, q, sample, stages = self._process(logits, meta, trace)
+        else:
+            # mixed batch: the plain greedy rows keep the fast path (raw argmax), and only the other rows
+            # (a grammar, penalties, sampling...) are copied and go through the chain: a constrained or
+            # sampling neighbour costs them nothing (the processors are row-independent)
+            rest = [i for i, f in enumerate(fast) if not f]
+            tokens = logits.argmax(dim=-1)
+            sub, q, sample, stages = self._process(logits[rest], meta.subset(rest), False)
+            tokens[rest] = sub
+            sample = [rest[j] for j in sample]
+        token_list = tokens.tolist()
+        logprobs = self._logprobs(logits, tokens, meta.params)
+        traces = self._traces(stages, q, sample, token_list, meta) if trace else None
+        return SamplerOutput(token_list, logprobs, traces)
+
+    def _process(self, logits: Tensor, meta: SamplingMetadata, record: bool
+                 ) -> tuple[Tensor, Tensor | None, list[int], list[tuple[str, Tensor]]]:
+        """The chain, then greedy argmax / the exponential race, over all rows of ``logits``:
+        (tokens, the race's q of the sampling rows, their row indices, the recorded stages)."""
+        n, v = logits.shape
         batch = BatchState(meta.params, meta.prompt_token_ids, meta.output_token_ids, meta.stop_token_ids,
                            meta.constraints)
-        x, stages = run_chain(self.chain, logits, batch, record=trace)
-
+        x, stages = run_chain(self.chain, logits, batch, record=record)
         tokens = torch.empty(n, dtype=torch.long)
         greedy = [i for i, p in enumerate(meta.params) if p.is_greedy]
         sample = [i for i, p in enumerate(meta.params) if not p.is_greedy]
         if greedy:
-            tokens[greedy] = x[greedy].argmax(dim=-1)
+            tokens[greedy] = x[greedy].argmax(dim=-1) if len(greedy) < n else x.argmax(dim=-1)
         q: Tensor | None = None
         if sample:
             probs = torch.softmax(x[sample], dim=-1)
             q = exponential_draws([meta.generators[i] for i in sample], v)
             tokens[sample] = probs.div_(q).nan_to_num_(nan=-1.0).argmax(dim=-1)   # in place: probs is ours
-        token_list = tokens.tolist()
+        return tokens, q, sample, stages
 
-        logprobs = self._logprobs(logits, tokens, meta.params)
-
-        traces: list[SamplingTrace] | None = None
-        if trace:
-            traces = []
-            view = _StageView(stages)
-            sample_pos = {i: j for j, i in enumerate(sample)}
-            for i in range(n):
-                cand = _candidates(stages[0][1][i], self.trace_top_n, extra=token_list[i])
-                gen = meta.generators[i]
-                seed = gen.initial_seed() if gen is not None else None
-                if i in sample_pos and q is not None:
-                    qi = q[sample_pos[i]]
-                    cq = float(qi[token_list[i]])
-                    draw = DrawTrace("exponential_race", token_list[i], seed, qi[cand].tolist(), cq,
-                                     -math.expm1(-cq))
-                else:
-                    draw = DrawTrace("greedy", token_list[i], seed)
-                traces.append(SamplingTrace(cand.tolist(), view.row(i, cand), draw))
-        return SamplerOutput(token_list, logprobs, traces)
+    def _traces(self, stages: list[tuple[str, Tensor]], q: Tensor | None, sample: list[int],
+                token_list: list[int], meta: SamplingMetadata) -> list[SamplingTrace]:
+        traces = []
+        view = _StageView(stages)
+        sample_pos = {i: j for j, i in enumerate(sample)}
+        for i in range(len(token_list)):
+            cand = _candidates(stages[0][1][i], self.trace_top_n, extra=token_list[i])
+            gen = meta.generators[i]
+            seed = gen.initial_seed() if gen is not None else None
+            if i in sample_pos and q is not None:
+                qi = q[sample_pos[i]]
+                cq = float(qi[token_list[i]])
+                draw = DrawTrace("exponential_race", token_list[i], seed, qi[cand].tolist(), cq, -math.expm1(-cq))
+            else:
+                draw = DrawTrace("greedy", token_list[i], seed)
+            traces.append(SamplingTrace(cand.tolist(), view.row(i, cand), draw))
+        return traces
 
     @staticmethod
     def _logprobs(logits: Tensor, tokens: Tensor, params: Sequence[SamplingParams]) -> list[TokenLogprobs | None]:
@@ -253,7 +279,7 @@ class Sampler:
         if lp_rows:
             lps = torch.log_softmax(logits[lp_rows].to(torch.float32), dim=-1)
             ks = [params[i].logprobs or 0 for i in lp_rows]
-            for i, lp in zip(lp_rows, _batch_logprobs(lps, tokens[lp_rows], ks), strict=True):
+            for i, lp in zip(lp_rows, batch_logprobs(lps, tokens[lp_rows], ks), strict=True):
                 logprobs[i] = lp
         return logprobs
 
@@ -261,43 +287,3 @@ class Sampler:
 def _plain_greedy(p: SamplingParams) -> bool:
     """Greedy and untouched by every processor of the default chain (penalties, bias, min_tokens)."""
     return p.is_greedy and not p.has_penalties and not p.logit_bias and not p.min_tokens and p.guided is None
-
-
-def _top_exact(lp: Tensor, k: int) -> list[tuple[int, float, int]]:
-    """Top k of one row, ties -> lower id (exact, for rows whose k-th value is tied)."""
-    kth = torch.topk(lp, k).values[-1]
-    ids = torch.nonzero(lp >= kth).flatten()
-    vals, order = torch.sort(lp[ids], descending=True, stable=True)
-    return [(int(t), float(x), r + 1) for r, (t, x) in enumerate(zip(ids[order[:k]], vals[:k], strict=True))]
-
-
-def _batch_logprobs(lps: Tensor, chosen: Tensor, ks: list[int]) -> list[TokenLogprobs]:
-    """Chosen logprob, rank (1 + #strictly higher) and top-k alternatives (ties -> lower id) per row."""
-    n, v = lps.shape
-    chosen_lp = lps.gather(1, chosen[:, None])
-    ranks = ((lps > chosen_lp).sum(dim=-1) + 1).tolist()
-    kk = min(max(ks) + 1, v)
-    vals = ids = None
-    if max(ks) > 0:
-        vals, ids = torch.topk(lps, kk, dim=-1)
-        ids, order = torch.sort(ids, dim=-1)
-        vals, order = torch.sort(vals.gather(1, order), dim=-1, descending=True, stable=True)
-        ids = ids.gather(1, order)
-    out = []
-    for j, k in enumerate(ks):
-        k = min(k, v)
-        top: list[tuple[int, float, int]] = []
-        if k > 0 and vals is not None and ids is not None:
-            if k < kk and bool(vals[j, k] == vals[j, k - 1]):     # a tie across the cut: do it exactly
-                top = _top_exact(lps[j], k)
-            else:
-                top = [(int(t), float(x), r + 1) for r, (t, x) in
-                       enumerate(zip(ids[j, :k].tolist(), vals[j, :k].tolist(), strict=True))]
-        out.append(TokenLogprobs(int(chosen[j]), float(chosen_lp[j, 0]), ranks[j], top))
-    return out
-
-
-def token_logprobs(logits: Tensor, tokens: Tensor, ks: list[int]) -> list[TokenLogprobs]:
-    """Raw logprobs (``log_softmax`` of ``logits`` [N, V]) of ``tokens`` [N] with each row's rank and top
-    ``ks[i]`` alternatives, exactly as the Sampler reports them (for speculative decoding's rows)."""
-    return _batch_logprobs(torch.log_softmax(logits.to(torch.float32), dim=-1), tokens, ks)

@@ -31,9 +31,9 @@ from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
 from hitenter.kernels import BlockWeight
+from hitenter.models import fused_decode
 from hitenter.models.attention import KEY_TILE, ROW_MULTIPLE, AttentionMetadata, paged_attention, write_kv
 from hitenter.models.block_linear import BlockEmbedding, BlockLinear, fuse_rows
-from hitenter.models import fused_decode
 from hitenter.models.linear import Linear
 from hitenter.models.row_invariance import attention_row_multiple
 from hitenter.quant import ExactEmbedding, HeadWeight, RescoredHead, cat_rows, quant_linear, weight_bytes

@@ -109,8 +109,8 @@ def _fused(model: torch.nn.Module, kv_caches: list[torch.Tensor], attention_kern
 
     layers = getattr(model, "layers", None)
     if not attention_kernel or not kv_caches or layers is None or not hasattr(layers[0], "forward_torch"):
-        return "off (Llama/Qwen2 layers with the attention kernel only)"
-    n = sum(fused_decode.fused_layer(layer, cache) is not None for layer, cache in zip(layers, kv_caches))
+        return "off (needs the attention kernel and layers with a torch twin)"
+    n = sum(fused_decode.fused_layer(layer, cache) is not None for layer, cache in zip(layers, kv_caches, strict=True))
     return f"on for {n} of {len(layers)} layers" if n else "off (weights not native GGUF blocks, or disabled)"
 
 

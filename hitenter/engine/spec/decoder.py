@@ -9,6 +9,10 @@
   ``s + 1`` logits rows; row ``j`` is processed by the request's logits-processor chain with output
   history ``outputs + drafts[:j]`` (what plain decoding would have seen had it produced those drafts),
   then verified (``rejection.py``). Logprobs are the raw ones of each emitted token's row.
+- Structured outputs: a constrained request's point-mass drafts are cut at the first token its grammar
+  refuses; row ``j`` is masked by the grammar after ``drafts[:j]`` (``GrammarConstraint.speculate``),
+  so a refused draft is rejected, and the matcher is then rolled back by the number of rejected drafts
+  (``settle``). The draft model draws under the same grammar (proposers.py).
 - ``stats`` (:class:`SpecDecodeStats`) are the engine-wide counters; ``request.extra["spec_decode"]``
   holds per-request ``[num_draft_tokens, num_accepted_tokens, num_verify_steps]``.
 """
@@ -95,7 +99,6 @@ class SpecDecoder:
         for r in running:
             k = min(self.k, r.max_tokens - r.num_output_tokens - 1)
             if (r.status is RequestStatus.RUNNING and k > 0 and not r.spec_token_ids and r.num_output_tokens
-                    and "grammar" not in r.extra   # structured outputs: no drafts for a constrained request
                     and r.num_computed_tokens == r.num_tokens - 1):
                 reqs.append(r)
                 ks.append(k)
@@ -103,7 +106,14 @@ class SpecDecoder:
             return
         drafts = self.proposer.propose(reqs, ks, sampler.chain, [r.generator for r in reqs])
         for r, d in zip(reqs, drafts, strict=True):
-            r.spec_token_ids = list(d.token_ids)
+            grammar = r.extra.get("grammar")
+            if grammar is not None and d.probs is None:
+                # point-mass drafts (prompt lookup, greedy draft model): cut at the first token the grammar
+                # refuses, which the verifier would reject anyway (for a point mass, resampling after that
+                # rejection draws from the target's distribution, as the bonus token does: same output law)
+                r.spec_token_ids = list(d.token_ids[:grammar.legal_prefix(d.token_ids)])
+            else:
+                r.spec_token_ids = list(d.token_ids)
             self._probs[r.request_id] = d.probs
 
     def sample(self, logits: Tensor, num_rows: Sequence[int], reqs: Sequence[Request],
@@ -132,15 +142,19 @@ class SpecDecoder:
                 generators: Sequence[torch.Generator | None], spec: list[int], sampler: Sampler,
                 tokens: list[list[int]], lps: list[list[TokenLogprobs | None]]) -> None:
         rows = [starts[i] + j for i in spec for j in range(num_rows[i])]
-        params, prompts, outs, stops = [], [], [], []
+        params, prompts, outs, stops, masks = [], [], [], [], []
         for i in spec:
             r = reqs[i]
+            grammar = r.extra.get("grammar")
+            # structured outputs: each drafted position masked by the grammar after the drafts before it
+            masks += grammar.speculate(r.spec_token_ids[:num_rows[i] - 1]) if grammar else [None] * num_rows[i]
             for j in range(num_rows[i]):
                 params.append(r.sampling_params)
                 prompts.append(r.prompt_token_ids)
                 outs.append(r.output_token_ids + r.spec_token_ids[:j])
                 stops.append(stop_ids(r))
-        x, _ = run_chain(sampler.chain, logits[rows], BatchState(params, prompts, outs, stops))
+        batch = BatchState(params, prompts, outs, stops, masks if any(m is not None for m in masks) else ())
+        x, _ = run_chain(sampler.chain, logits[rows], batch)
         local = 0
         for i in spec:
             r, n = reqs[i], num_rows[i]
@@ -158,6 +172,8 @@ class SpecDecoder:
                 num_acc, tok = rejection_sample(p.unsqueeze(0), q, d, u, e)
                 tokens[i] = draft[:int(num_acc[0])] + [int(tok[0])]
             accepted = len(tokens[i]) - 1
+            if "grammar" in r.extra:
+                r.extra["grammar"].settle(accepted)    # roll back the rejected drafts
             self.stats.record(n - 1, accepted)
             d0, a0, s0 = r.extra.get("spec_decode", (0, 0, 0))
             r.extra["spec_decode"] = (d0 + n - 1, a0 + accepted, s0 + 1)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -129,9 +129,22 @@ class DraftModelProposer:
     def propose(self, reqs: Sequence[Request], ks: Sequence[int], chain: Sequence[LogitsProcessor],
                 generators: Sequence[torch.Generator | None]) -> list[Draft]:
         mirrors = [self._sync(r) for r in reqs]
+        grammars = [r.extra.get("grammar") for r in reqs]   # structured outputs: the draft obeys them too
+        pushed = [0] * len(reqs)
+        try:
+            return self._draft(mirrors, ks, chain, generators, grammars, pushed)
+        finally:
+            for g, n in zip(grammars, pushed, strict=True):
+                if g is not None:
+                    g.pop(n)        # the target's matchers back where verification expects them
+
+    def _draft(self, mirrors: list[Request], ks: Sequence[int], chain: Sequence[LogitsProcessor],
+               generators: Sequence[torch.Generator | None], grammars: list[Any], pushed: list[int]) -> list[Draft]:
+        """k autoregressive draft steps; a constrained request's draws are masked by its grammar, which
+        is advanced over the drafted tokens (``pushed`` counts them, for the caller to roll back)."""
         limit = list(ks)
-        toks: list[list[int]] = [[] for _ in reqs]
-        probs: list[list[Tensor]] = [[] for _ in reqs]
+        toks: list[list[int]] = [[] for _ in mirrors]
+        probs: list[list[Tensor]] = [[] for _ in mirrors]
         for _ in range(max(ks, default=0)):
             scheduled, rows = [], []
             for i, m in enumerate(mirrors):
@@ -150,8 +163,10 @@ class DraftModelProposer:
             for sr in scheduled:
                 sr.request.num_computed_tokens += sr.num_new_tokens
             sel = [mirrors[i] for i in rows]
+            cons = [grammars[i] for i in rows]
             batch = BatchState([m.sampling_params for m in sel], [m.prompt_token_ids for m in sel],
-                               [m.output_token_ids for m in sel], [stop_ids(m) for m in sel])
+                               [m.output_token_ids for m in sel], [stop_ids(m) for m in sel],
+                               cons if any(c is not None for c in cons) else ())
             x, _ = run_chain(chain, out.logits, batch)
             for j, i in enumerate(rows):
                 if mirrors[i].sampling_params.is_greedy:
@@ -163,4 +178,6 @@ class DraftModelProposer:
                     probs[i].append(p)
                 toks[i].append(tok)
                 mirrors[i].output_token_ids.append(tok)
+                if grammars[i] is not None and grammars[i].push(tok):
+                    pushed[i] += 1
         return [Draft(t, torch.stack(p) if p else None) for t, p in zip(toks, probs, strict=True)]
