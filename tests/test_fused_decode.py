@@ -109,9 +109,16 @@ def test_engine_decodes_through_the_fused_layer(paths: dict[str, Path], monkeypa
 
     monkeypatch.setattr(fused_decode, "run_all_layers", counted)
     llm = LLM(str(paths["kmix_llama"]))
-    out = llm.generate([[5, 6, 7, 8, 9]], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0]
-    assert len(out.outputs[0].token_ids) == 6
+    model = llm.engine.parts.model
+    assert model.fused_prompt_max >= 5           # a short prompt: every row fused (KernelPlan.fused_prompt_max)
+    sp = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    short = llm.generate([[5, 6, 7, 8, 9]], sp)[0]
+    assert len(short.outputs[0].token_ids) == 6 and rows == [5] + [1] * 5
+    rows.clear()
+    model.fused_prompt_max = 4                   # a longer prompt: its prompt rows through the torch layers
+    long = llm.generate([[5, 6, 7, 8, 9]], sp)[0]
     assert rows == [1] * 6
+    assert long.outputs[0].token_ids[:2] == short.outputs[0].token_ids[:2]   # the two paths agree closely
 
 
 @pytest.mark.parametrize("name", ["kmix_llama", "q8_gemma3"])

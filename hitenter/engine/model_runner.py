@@ -67,7 +67,9 @@ class ModelRunner:
             qsl.append(qsl[-1] + n)
             seq_lens.append(start + n)
             tables.append(table)
-            kernel_from.append(req.num_prompt_tokens - 1)
+            # generation rows (and, for a short prompt in the fused format, every row: see KernelPlan)
+            short = req.num_prompt_tokens <= getattr(self.model, "fused_prompt_max", 0)
+            kernel_from.append(0 if short else req.num_prompt_tokens - 1)
             if start + n >= req.num_tokens:   # caught up: the last 1 + k rows score the drafts + next token
                 k = len(req.spec_token_ids)
                 sample_rows.extend(range(qsl[-1] - 1 - k, qsl[-1]))

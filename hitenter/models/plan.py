@@ -33,6 +33,7 @@ class KernelPlan:
     batch_invariant: bool         # the option as asked
     quant_kernel: str = "none"    # the native quantized-matmul kernel (hitenter/kernels): its ISA, or "none"
     fused_decode: str = "off"     # generation rows through the fused native layers (models/fused_decode.py)
+    fused_prompt_max: int = 0     # prompts up to this many tokens run every row fused too (0: none)
 
     def describe(self) -> str:
         return "\n".join([
@@ -43,6 +44,7 @@ class KernelPlan:
             f"attention kernel   {'on' if self.attention_kernel else 'off'} ({self.attention_kernel_why})",
             f"quant kernel       {self.quant_kernel}",
             f"fused decode       {self.fused_decode}",
+            f"fused prompts      up to {self.fused_prompt_max} tokens" if self.fused_prompt_max else "fused prompts      none",
         ])
 
 
@@ -92,7 +94,7 @@ def build_plan(model: torch.nn.Module, kv_caches: list[torch.Tensor], dtype: tor
     rows = ROW_MULTIPLE if batch_invariant and getattr(model, "dense_gemms", False) else 1
     return KernelPlan(str(dtype).removeprefix("torch."), dense, why, rows,
                       attention_row_multiple(dtype, cfg.head_dim, KEY_TILE), use, kwhy, batch_invariant,
-                      _quant_kernel(model), _fused(model, kv_caches, use))
+                      _quant_kernel(model), *_fused(model, kv_caches, use))
 
 
 def _quant_kernel(model: torch.nn.Module) -> str:
@@ -104,17 +106,32 @@ def _quant_kernel(model: torch.nn.Module) -> str:
     return native_isa() or "torch reference (no native library)"
 
 
-def _fused(model: torch.nn.Module, kv_caches: list[torch.Tensor], attention_kernel: bool) -> str:
+def _fused(model: torch.nn.Module, kv_caches: list[torch.Tensor], attention_kernel: bool) -> tuple[str, int]:
+    """(whether generation rows run fused, the longest prompt whose every row does too).
+
+    A prompt row runs faster fused (its glue in C, the same packed GEMMs) until its attention, done per row
+    by the decode kernel with no key reuse across rows, costs more than the batched torch attention saves:
+    measured on SmolLM2 (crossover ~600 tokens) and Qwen2.5-1.5B (~3000; +26% at 512 tokens), the
+    crossover scales with a layer's matmul work per unit of attention width (weights / (heads x head_dim)),
+    so it is set to 0.1 x that. The choice depends on the request's prompt length only, so a row's path is
+    still fixed by its request and position (batch invariance)."""
     from hitenter.models import fused_decode
 
     layers = getattr(model, "layers", None)
     if not attention_kernel or not kv_caches or layers is None or not hasattr(layers[0], "forward_torch"):
-        return "off (needs the attention kernel and layers with a torch twin)"
+        return "off (needs the attention kernel and layers with a torch twin)", 0
     n = sum(fused_decode.fused_layer(layer, cache) is not None for layer, cache in zip(layers, kv_caches, strict=True))
-    return f"on for {n} of {len(layers)} layers" if n else "off (weights not native GGUF blocks, or disabled)"
+    if not n:
+        return "off (weights not native GGUF blocks, or disabled)", 0
+    cfg = model.config
+    width = cfg.num_heads * cfg.head_dim
+    per_layer = (cfg.hidden_size * (width + 2 * cfg.num_kv_heads * cfg.head_dim) + width * cfg.hidden_size
+                 + 3 * cfg.hidden_size * cfg.intermediate_size)
+    return f"on for {n} of {len(layers)} layers", int(0.1 * per_layer / width) if n == len(layers) else 0
 
 
 def apply_plan(model: torch.nn.Module, plan: KernelPlan) -> None:
-    """Set the model's padding flag from the plan (the one place it is set)."""
+    """Set the model's padding flag and fused-prompt length from the plan (the one place they are set)."""
     if hasattr(model, "batch_invariant"):
         model.batch_invariant = plan.batch_invariant
+    model.fused_prompt_max = plan.fused_prompt_max   # read by the runner and the playground's trace

@@ -71,9 +71,11 @@ def _probs(layer: torch.nn.Module, rope: torch.nn.Module, x: torch.Tensor,
     return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
 
 
-def _private_cache(model: torch.nn.Module, n: int, block_size: int = 16) -> tuple[list[torch.Tensor], object]:
+def _private_cache(model: torch.nn.Module, n: int, num_prompt: int, block_size: int = 16
+                   ) -> tuple[list[torch.Tensor], object]:
     """A KV cache of its own for one n-token sequence, and the metadata the engine would build for it as
-    one prefill (its last row a generation row, like the engine's), so the layers run exactly as there."""
+    one prefill (rows from the prompt's last on generation rows, every row for a prompt short enough to
+    run fused: KernelPlan.fused_prompt_max), so the layers run exactly as there."""
     from hitenter.models.attention import AttentionMetadata, allocate_kv_caches
 
     blocks = -(-n // block_size)
@@ -81,7 +83,8 @@ def _private_cache(model: torch.nn.Module, n: int, block_size: int = 16) -> tupl
                                 num_kv_heads=model.layers[0].num_kv_heads)
     meta = AttentionMetadata(query_start_loc=[0, n], seq_lens=[n], block_tables=[list(range(blocks))],
                              slot_mapping=torch.arange(n, dtype=torch.long), block_size=block_size,
-                             kernel_from=[n - 1], workspace={})
+                             kernel_from=[0 if num_prompt <= getattr(model, "fused_prompt_max", 0) else num_prompt - 1],
+                             workspace={})
     return caches, meta
 
 
@@ -104,7 +107,7 @@ def trace_forward(model: torch.nn.Module, token_ids: list[int], num_prompt: int 
         x = x * model.embed_scale
     emb = x[:n].float().clone()
     tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    caches, meta = _private_cache(model, n)
+    caches, meta = _private_cache(model, n, n if num_prompt is None else num_prompt)
     hidden, attns = [emb], []
     for layer, cache in zip(model.layers, caches, strict=True):
         rope = _layer_rope(model, layer)
