@@ -42,8 +42,10 @@ def timing_tag(job: int) -> int:
 @torch.inference_mode()
 def prefill_kv(model: Any, ids: torch.Tensor, kv_caches: list[torch.Tensor], block_size: int,
                chunk: int) -> torch.Tensor:
-    """KV of `ids` (positions 0..n-1) computed into scratch blocks 0..nb-1; returns them stacked
-    `[L, 2, kv_heads, nb, block_size, head_dim]` (a copy). Chunking does not change a row's bits."""
+    """KV of `ids` (positions 0..n-1, a prompt of n + 1 tokens but its last) computed into scratch blocks
+    0..nb-1; returns them stacked `[L, 2, kv_heads, nb, block_size, head_dim]` (a copy). Chunking does not
+    change a row's bits. Rows take the path the engine's runner would give them (a short prompt's rows the
+    fused layers: KernelPlan.fused_prompt_max)."""
     from hitenter.models.attention import AttentionMetadata
 
     n = ids.numel()
@@ -52,7 +54,9 @@ def prefill_kv(model: Any, ids: torch.Tensor, kv_caches: list[torch.Tensor], blo
     for start in range(0, n, chunk):
         m = min(chunk, n - start)
         pos = torch.arange(start, start + m, dtype=torch.long)
-        meta = AttentionMetadata([0, m], [start + m], [table], pos.clone(), block_size)
+        fused = n + 1 <= getattr(model, "fused_prompt_max", 0)
+        meta = AttentionMetadata([0, m], [start + m], [table], pos.clone(), block_size,
+                                 kernel_from=[0] if fused else None)
         model(ids[start:start + m], pos, meta, kv_caches)
     return torch.stack([kv[:, :, :nb] for kv in kv_caches])
 
@@ -73,6 +77,9 @@ def prefill_worker_main(rank: int, port: int, path: str, dtype: torch.dtype, num
         if hasattr(model, "batch_invariant"):
             model.batch_invariant = batch_invariant
         kv_caches = allocate_kv_caches(cfg, -(-max_model_len // block_size), block_size, dtype)
+        from hitenter.models.plan import apply_plan, build_plan
+
+        apply_plan(model, build_plan(model, kv_caches, dtype, batch_invariant))   # the engine's row paths
     except BaseException:
         ctrl.put(("error", rank, traceback.format_exc()))
         return
