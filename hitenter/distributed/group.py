@@ -1,6 +1,6 @@
 """A tensor-parallel group on torch.distributed: the collectives the sharded model needs.
 
-`TPGroup` implements models/llama.py's `TensorParallel` protocol over the default process group
+`TPGroup` implements models/shard.py's `TensorParallel` protocol over the default process group
 (gloo on CPU; the same calls run on NCCL for CUDA tensors): `all_reduce` after the row-parallel
 projections, a vocab-parallel embedding (each rank holds `ceil(V / size)` rows, zero-padded at the
 end; a rank looks up the ids it owns, writes zeros elsewhere, and the ranks all-reduce), and a
@@ -30,7 +30,7 @@ class TensorParallelError(RuntimeError):
 def validate_tp(cfg: ModelConfig, size: int) -> None:
     """Raise ValueError naming the option when `size` ranks cannot shard this model.
 
-    Whole GQA groups are dealt out (see models/llama.py `tp_shard`), so any size up to the KV head count
+    Whole GQA groups are dealt out (see models/shard.py `tp_shard`), so any size up to the KV head count
     works, evenly or not (uneven: the rank with more heads sets the pace). Beyond it, KV heads are
     replicated, which needs size to be a multiple of the KV heads and to divide the query heads (as vLLM)."""
     if size < 1:

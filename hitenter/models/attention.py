@@ -101,24 +101,6 @@ class AttentionMetadata:
             return n
         return min(n, max(0, self.kernel_from[i] - (self.seq_lens[i] - n)))
 
-    def gemm_only(self) -> tuple[torch.Tensor, AttentionMetadata]:
-        """(flat indices of the rows that take the GEMM path, metadata for just those rows, all on the GEMM
-        path): a sequence's first rows up to its prompt length - 1, seen as a step of their own."""
-        rows: list[int] = []
-        qsl, seq_lens, tables = [0], [], []
-        for i, seq_len in enumerate(self.seq_lens):
-            a, n = self.query_start_loc[i], self.query_start_loc[i + 1] - self.query_start_loc[i]
-            g = self.gemm_rows(i, True)
-            if g == 0:
-                continue
-            rows.extend(range(a, a + g))
-            qsl.append(qsl[-1] + g)
-            seq_lens.append(seq_len - (n - g))
-            tables.append(self.block_tables[i])
-        idx = torch.tensor(rows, dtype=torch.long)
-        return idx, AttentionMetadata(qsl, seq_lens, tables, self.slot_mapping.index_select(0, idx), self.block_size,
-                                      workspace=self.workspace)
-
     def kernel_rows(self, num_blocks: int) -> decode_kernel.KernelRows | None:
         """The step's generation rows and their key ranges / block tables (built and checked once against
         a cache of `num_blocks` blocks; None if none)."""

@@ -232,6 +232,25 @@ def run_all_layers(model: Any, x: torch.Tensor, attn: Any, tables: Tables,
     return y
 
 
+def gemm_only(meta: Any) -> tuple[torch.Tensor, Any]:
+    """(flat indices of the step's rows that take the GEMM path, metadata for just those rows, all on the
+    GEMM path): each sequence's first rows up to its prompt length - 1, seen as a step of their own."""
+    rows: list[int] = []
+    qsl, seq_lens, tables = [0], [], []
+    for i, seq_len in enumerate(meta.seq_lens):
+        a, n = meta.query_start_loc[i], meta.query_start_loc[i + 1] - meta.query_start_loc[i]
+        g = meta.gemm_rows(i, True)
+        if g == 0:
+            continue
+        rows.extend(range(a, a + g))
+        qsl.append(qsl[-1] + g)
+        seq_lens.append(seq_len - (n - g))
+        tables.append(meta.block_tables[i])
+    idx = torch.tensor(rows, dtype=torch.long)
+    return idx, type(meta)(qsl, seq_lens, tables, meta.slot_mapping.index_select(0, idx), meta.block_size,
+                           workspace=meta.workspace)
+
+
 def split_forward(model: Any, x: torch.Tensor, attn: Any, kv_caches: list[torch.Tensor], fused: list[FusedLayer],
                   kr: decode_kernel.KernelRows, layer_ropes: list[tuple[Any, tuple[torch.Tensor, torch.Tensor]]],
                   tables: Tables) -> torch.Tensor:
@@ -242,7 +261,7 @@ def split_forward(model: Any, x: torch.Tensor, attn: Any, kv_caches: list[torch.
     if kr.all_rows:
         return run_all_layers(model, x, attn, tables, kv_caches, fused, kr)
     out = torch.empty_like(x)
-    rows, meta = attn.gemm_only()
+    rows, meta = gemm_only(attn)
     xg = x.index_select(0, rows)
     sub: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for layer, cache, (rope, cs) in zip(model.layers, kv_caches, layer_ropes, strict=True):

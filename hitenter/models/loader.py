@@ -26,7 +26,8 @@ from hitenter.models import gemma3
 from hitenter.models.block_linear import own_block_bytes
 from hitenter.models.formats import resolve_format
 from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
-from hitenter.models.llama import LlamaModel, TensorParallel, unpermute_qk
+from hitenter.models.llama import LlamaModel, unpermute_qk
+from hitenter.models.shard import TensorParallel
 from hitenter.quant.weights import quantize_weights
 
 log = logging.getLogger("hitenter.loader")
