@@ -56,7 +56,7 @@ def load() -> ctypes.CDLL | None:
         if os.environ.get("HITENTER_DECODE_KERNEL", "1") == "0":
             return None
         try:
-            lib = load_library("decode_attention", SOURCE, [])
+            lib = load_library("decode_attention", SOURCE, [], [SOURCE.parent / "vec16.h"])
         except BuildError as e:
             log.warning("decode attention kernel unavailable: torch path only. %s", e)
             return None

@@ -76,7 +76,7 @@ def _load() -> ctypes.CDLL | None:
         if os.environ.get("HITENTER_FUSED_DECODE", "1") == "0" or not qm or attn is None:
             return None
         try:
-            lib = load_library("decode_layer", SOURCE, ["-ffp-contract=off"])
+            lib = load_library("decode_layer", SOURCE, ["-ffp-contract=off"], [SOURCE.parent / "vec16.h"])
         except BuildError as e:
             log.warning("fused decode layer unavailable (the torch layer runs instead): %s", e)
             return None
