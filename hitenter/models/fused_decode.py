@@ -137,7 +137,6 @@ class FusedLayer:
         L.gelu, L.window = int(gemma), int(getattr(layer, "window", None) or 0)
         L.rope_table = int(L.window > 0)   # Gemma 3's local layers: the second table of the step
         self.struct = L
-        self.hidden = cfg.hidden_size
 
     def run(self, x: torch.Tensor, step: tuple[_Step, torch.Tensor, tuple], kv_cache: torch.Tensor) -> torch.Tensor:
         """The layer's output rows for the step's generation rows x `[R, H]` (x itself is not changed)."""
@@ -271,6 +270,21 @@ def split_forward(model: Any, x: torch.Tensor, attn: Any, kv_caches: list[torch.
     out.index_copy_(0, rows, xg)
     out.index_copy_(0, kr.rows, run_all_layers(model, x.index_select(0, kr.rows), attn, tables, kv_caches, fused, kr))
     return out
+
+
+def run_layers(model: Any, x: torch.Tensor, attn: Any, kv_caches: list[torch.Tensor],
+               layer_ropes: list[tuple[Any, tuple[torch.Tensor, torch.Tensor]]], tables: Tables, n: int) -> torch.Tensor:
+    """Every layer of a model (Llama, Qwen2, Gemma 3) on the step's rows x `[T, H]` (T >= n: padding rows kept),
+    before the final norm: `split_forward` when the step has generation rows and every layer runs fused,
+    else each layer in turn. layer_ropes: each layer's (RoPE, cos/sin table); tables: the step's tables."""
+    plain = getattr(model, "tp", None) is None and not model.dense_gemms   # no TP shards, no padded GEMMs
+    fused = all_fused(model, attn, kv_caches) if plain else None
+    kr = attn.kernel_rows(kv_caches[0].shape[2]) if fused is not None else None
+    if kr is not None:   # generation rows: all layers in one native call, after the prompt rows' layers
+        return split_forward(model, x, attn, kv_caches, fused, kr, layer_ropes, tables)
+    for layer, cache, (rope, cos_sin) in zip(model.layers, kv_caches, layer_ropes, strict=True):
+        x = layer(x, rope, cos_sin, attn, cache, n)
+    return x
 
 
 def layer_forward(layer: Any, x: torch.Tensor, rope: Any, cos_sin: tuple[torch.Tensor, torch.Tensor], attn: Any,

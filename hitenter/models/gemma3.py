@@ -176,13 +176,7 @@ class Gemma3Model(nn.Module):
         glob, loc = self.rope_global.table(pos, x.dtype), self.rope_local.table(pos, x.dtype)
         layer_ropes = [(self.rope_local, loc) if layer.window is not None else (self.rope_global, glob)
                        for layer in self.layers]
-        fused = fused_decode.all_fused(self, attn, kv_caches) if not self.dense_gemms else None
-        kr = attn.kernel_rows(kv_caches[0].shape[2]) if fused is not None else None
-        if kr is not None:   # generation rows: all layers in one native call, after the prompt rows' layers
-            return self.norm(fused_decode.split_forward(self, x, attn, kv_caches, fused, kr, layer_ropes, [glob, loc]))
-        for layer, cache, (rope, cos_sin) in zip(self.layers, kv_caches, layer_ropes, strict=True):
-            x = layer(x, rope, cos_sin, attn, cache, n)
-        return self.norm(x)[:n]
+        return self.norm(fused_decode.run_layers(self, x, attn, kv_caches, layer_ropes, [glob, loc], n))[:n]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

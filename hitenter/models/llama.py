@@ -254,14 +254,8 @@ class LlamaModel(nn.Module):
         pos = self._pad(positions.long())
         x = self.embed(ids)
         cos_sin = self.rope.table(pos, x.dtype)
-        fused = fused_decode.all_fused(self, attn, kv_caches) if self.tp is None and not self.dense_gemms else None
-        kr = attn.kernel_rows(kv_caches[0].shape[2]) if fused is not None else None
-        if kr is not None:   # generation rows: all layers in one native call, after the prompt rows' layers
-            layer_ropes = [(self.rope, cos_sin)] * len(self.layers)
-            return self.norm(fused_decode.split_forward(self, x, attn, kv_caches, fused, kr, layer_ropes, [cos_sin]))
-        for layer, cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, self.rope, cos_sin, attn, cache, n)
-        return self.norm(x)[:n]
+        layer_ropes = [(self.rope, cos_sin)] * len(self.layers)
+        return self.norm(fused_decode.run_layers(self, x, attn, kv_caches, layer_ropes, [cos_sin], n))[:n]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
