@@ -10,29 +10,15 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from hitenter.testing.tiny_model import CHATML_TEMPLATE, tiny_vocab
-
-
-def _tokenizer(w: gguf.GGUFWriter) -> int:
-    tokens, types, merges = tiny_vocab()
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHATML_TEMPLATE)
-    return len(tokens)
+from hitenter.testing.tiny_model import add_tokenizer, add_weight
 
 
 def write_tiny_gemma3(path: str | Path, seed: int = 0, hidden: int = 64, layers: int = 4, heads: int = 4,
                       kv_heads: int = 2, head_dim: int = 32, ffn: int = 128, window: int = 8, pattern: int = 2,
                       context_length: int = 256, quant: str | None = None) -> Path:
     """Write a random Gemma 3 model (layer i global when (i + 1) % pattern == 0, the others see `window`
-    keys) to `path`; return it. All tensors F32, or the 2-D projections in `quant` (a legacy GGML type
-    name such as "Q8_0", which gguf-py can quantize)."""
+    keys) to `path`; return it. All tensors F32, or the layers' 2-D projections in `quant` (a GGML type
+    name such as "Q8_0"; see tiny_model.add_weight)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -51,15 +37,11 @@ def write_tiny_gemma3(path: str | Path, seed: int = 0, hidden: int = 64, layers:
     w.add_layer_norm_rms_eps(1e-6)
     w.add_sliding_window(window)
     w.add_uint32(f"{arch}.attention.sliding_window_pattern", pattern)
-    vocab = _tokenizer(w)
+    vocab = add_tokenizer(w)
+    qtype = None if quant is None else gguf.GGMLQuantizationType[quant]
 
-    def add(name: str, arr: np.ndarray) -> None:
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if quant is not None and arr.ndim == 2 and name.startswith("blk."):
-            qtype = gguf.GGMLQuantizationType[quant]
-            w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
-            return
-        w.add_tensor(name, arr)
+    def add(name: str, arr: np.ndarray) -> None:   # the layers' projections in `quant`, the rest F32
+        add_weight(w, name, arr, qtype if name.startswith("blk.") else None, rng)
 
     def normal(*shape: int, std: float) -> np.ndarray:
         return (rng.standard_normal(shape) * std).astype(np.float32)

@@ -84,6 +84,33 @@ def _tensor_type(name: str, quant: str | dict[str, str] | None) -> gguf.GGMLQuan
     return None
 
 
+def add_tokenizer(w: gguf.GGUFWriter) -> int:
+    """The tiny GPT-2-style vocabulary, BOS 1 / EOS 2 (no BOS added) and the ChatML template; the vocab size."""
+    tokens, types, merges = tiny_vocab()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML_TEMPLATE)
+    return len(tokens)
+
+
+def add_weight(w: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: gguf.GGMLQuantizationType | None,
+               rng: np.random.Generator) -> None:
+    """Write `arr` as F32, or in `qtype` when given and its rows are whole blocks (K-quants: `random_kquant`)."""
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if qtype is not None and arr.ndim == 2 and arr.shape[1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0:
+        data = (random_kquant(qtype, *arr.shape, rng) if qtype.name in _KQUANT_SCALES
+                else gguf.quants.quantize(arr, qtype))
+        w.add_tensor(name, data, raw_dtype=qtype)
+        return
+    w.add_tensor(name, arr)
+
+
 def write_tiny_gguf(path: str | Path, arch: str = "llama", seed: int = 0, hidden: int = 64, layers: int = 2,
                     heads: int = 4, kv_heads: int = 2, ffn: int = 128, context_length: int = 256,
                     quant: str | dict[str, str] | None = None, tied: bool | None = None) -> Path:
@@ -101,8 +128,6 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", seed: int = 0, hidden
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    tokens, types, merges = tiny_vocab()
-    vocab = len(tokens)
     head_dim = hidden // heads
     tied = (arch == "llama") if tied is None else tied
 
@@ -117,28 +142,13 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", seed: int = 0, hidden
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(head_dim)
     w.add_layer_norm_rms_eps(1e-5)
+    vocab = add_tokenizer(w)
     w.add_vocab_size(vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
     w.add_unk_token_id(0)
     w.add_pad_token_id(2)
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHATML_TEMPLATE)
 
     def add(name: str, arr: np.ndarray, quantize: bool = False) -> None:
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-        qtype = _tensor_type(name, quant) if quantize else None
-        if qtype is not None and arr.ndim == 2 and arr.shape[1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0:
-            data = (random_kquant(qtype, *arr.shape, rng) if qtype.name in _KQUANT_SCALES
-                    else gguf.quants.quantize(arr, qtype))
-            w.add_tensor(name, data, raw_dtype=qtype)
-            return
-        w.add_tensor(name, arr)
+        add_weight(w, name, arr, _tensor_type(name, quant) if quantize else None, rng)
 
     def normal(*shape: int, std: float = 0.05) -> np.ndarray:
         return (rng.standard_normal(shape) * std).astype(np.float32)
