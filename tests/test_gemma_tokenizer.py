@@ -4,7 +4,6 @@ bytes, round trips, and incremental detokenizing of byte-fallback pieces."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import pytest
 
 from hitenter.models.registry import hitenter_home
 from hitenter.sampling_params import SamplingParams
+from hitenter.testing.tokenizer_checks import assert_token_bytes, assert_vocab_facts
 from hitenter.tokenizer import Tokenizer
 from hitenter.tokenizer.detokenizer import IncrementalDetokenizer
 from hitenter.tokenizer.spm import SpmTokenizer, spm_merges
@@ -62,17 +62,8 @@ def test_golden_ids(gemma_tok: tuple[Tokenizer, dict[str, Any]]) -> None:
 
 
 def test_vocab_facts_and_token_bytes(gemma_tok: tuple[Tokenizer, dict[str, Any]]) -> None:
-    tok, golden = gemma_tok
-    assert tok.vocab_size == golden["n_vocab"]
-    assert (tok.bos_token_id, tok.eos_token_id, tok.add_bos) == (golden["bos"], golden["eos"], golden["add_bos"])
-    assert tok.eog_token_ids == frozenset(golden["eog"])
-    assert [i for i in range(tok.vocab_size) if tok.is_special(i)] == golden["special"]
-    assert [tok.token_bytes(i).hex() for i in range(len(golden["token_bytes_head"]))] == golden["token_bytes_head"]
-    h = hashlib.sha256()
-    for i in range(tok.vocab_size):
-        b = tok.token_bytes(i)
-        h.update(len(b).to_bytes(4, "little") + b)
-    assert h.hexdigest() == golden["token_bytes_sha256"]
+    assert_vocab_facts(*gemma_tok)
+    assert_token_bytes(*gemma_tok)
 
 
 def test_round_trips_and_bos(gemma_tok: tuple[Tokenizer, dict[str, Any]]) -> None:

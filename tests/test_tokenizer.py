@@ -3,7 +3,6 @@ scripts/make_tokenizer_goldens.py): ids for every corpus string, vocab facts, to
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import pytest
 
 from hitenter.errors import ModelLoadError
 from hitenter.models.registry import hitenter_home
+from hitenter.testing.tokenizer_checks import assert_token_bytes, assert_vocab_facts
 from hitenter.tokenizer import Tokenizer, read_tokenizer_metadata
 
 GOLDENS = Path(__file__).parent / "goldens"
@@ -48,21 +48,11 @@ def test_golden_ids(golden_tok: tuple[Tokenizer, dict[str, Any]]) -> None:
 
 
 def test_vocab_facts(golden_tok: tuple[Tokenizer, dict[str, Any]]) -> None:
-    tok, golden = golden_tok
-    assert tok.vocab_size == golden["n_vocab"]
-    assert (tok.bos_token_id, tok.eos_token_id, tok.add_bos) == (golden["bos"], golden["eos"], golden["add_bos"])
-    assert tok.eog_token_ids == frozenset(golden["eog"])
-    assert [i for i in range(tok.vocab_size) if tok.is_special(i)] == golden["special"]
+    assert_vocab_facts(*golden_tok)
 
 
 def test_token_bytes_match_llama(golden_tok: tuple[Tokenizer, dict[str, Any]]) -> None:
-    tok, golden = golden_tok
-    assert [tok.token_bytes(i).hex() for i in range(len(golden["token_bytes_head"]))] == golden["token_bytes_head"]
-    h = hashlib.sha256()
-    for i in range(tok.vocab_size):
-        b = tok.token_bytes(i)
-        h.update(len(b).to_bytes(4, "little") + b)
-    assert h.hexdigest() == golden["token_bytes_sha256"]
+    assert_token_bytes(*golden_tok)
 
 
 def test_round_trips(golden_tok: tuple[Tokenizer, dict[str, Any]]) -> None:
