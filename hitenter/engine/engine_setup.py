@@ -137,6 +137,7 @@ def _runner(cfg: EngineConfig, path: str, net: torch.nn.Module, mcfg: ModelConfi
 
 
 def build_engine_parts(cfg: EngineConfig) -> EngineParts:
+    from hitenter.kernels.arena import trim_heap
     from hitenter.models import decode_kernel
 
     _check_combinations(cfg)
@@ -168,6 +169,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     kv_manager = KVCacheManager(num_blocks, cfg.cache.block_size, cfg.cache.enable_prefix_caching)
     spec = build_spec_decoder(cfg.speculative, tokenizer, mcfg.vocab_size, max_model_len, num_blocks,
                               cfg.cache.block_size, dtype, cfg.load.dtype, cfg.load.quantization)
+    trim_heap()   # the load's freed temporaries
     return EngineParts(path, mcfg, tokenizer, runner.model, runner, kv_manager, Scheduler(sched_cfg, kv_manager),
                        Sampler(), cfg.cache, sched_cfg, max_model_len, num_blocks, spec,
                        getattr(runner, "disagg", None), plan, cfg)

@@ -23,6 +23,7 @@ from hitenter.config import ModelConfig
 from hitenter.errors import ModelLoadError
 from hitenter.kernels import BLOCK_TYPES, block_weight_from_gguf
 from hitenter.models import gemma3
+from hitenter.kernels.arena import drop_mapped_pages
 from hitenter.models.block_linear import own_block_bytes
 from hitenter.models.formats import resolve_format
 from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
@@ -69,12 +70,17 @@ def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "auto",
     Bad combinations raise ValueError (see hitenter/models/formats.py). With `tp` (a tensor-parallel
     group, see hitenter/distributed) the model holds only this rank's shard, dense."""
     act_dtype, fmt = resolve_format(dtype, quantization, tp is not None)
-    cfg, weights = load_weights(path, "none" if fmt == "dense" else fmt)
+    reader = open_gguf(path)
+    cfg, weights = load_weights_from(reader, "none" if fmt == "dense" else fmt)
     if cfg.architecture == "gemma3" and tp is not None:
         raise ModelLoadError("tensor parallelism is not supported for gemma3 models yet")
     model: Any = (gemma3.Gemma3Model(cfg, weights, act_dtype) if cfg.architecture == "gemma3"
                   else LlamaModel(cfg, weights, act_dtype, tp))
     own_block_bytes(model)
+    del weights
+    # the build read the whole map (copies into the arena); what still views it (an untied embedding
+    # table) faults back in only the rows it looks up
+    drop_mapped_pages(reader.data.ctypes.data, reader.data.nbytes)
     model.weight_format = fmt
     model.eval()
     log.info("loaded %s: %s weights, %.1f MB resident", os.fspath(path),
@@ -94,7 +100,12 @@ def load_weights(path: str | os.PathLike[str], quantization: str = "none") -> tu
     quantization "none": every tensor dequantized to fp32. "gguf": block-type matrices as BlockWeight
     (one copy of the file's bytes; see `block_weights`), the rest fp32. "int8" / "int4": the projection
     weights and embedding / head in quantized layouts (hitenter/quant/weights.py)."""
-    reader = open_gguf(path)
+    return load_weights_from(open_gguf(path), quantization)
+
+
+def load_weights_from(reader: Any, quantization: str = "none") -> tuple[ModelConfig, dict[str, Any]]:
+    """`load_weights` on an open GGUF reader (its map stays the caller's to release)."""
+    path = reader.data.filename
     meta = read_gguf_metadata(reader)
     names = {t.name for t in reader.tensors}
     cfg = model_config_from_metadata(meta, names)

@@ -1,0 +1,87 @@
+"""One block of memory for a model's block weights, backed by transparent huge pages where the OS has them.
+
+Why: a decode step streams every weight byte once, and with 4 KB pages each page is a fresh TLB walk
+and a fresh start for the hardware prefetcher (it does not cross pages). 2 MB pages measured 5-15%
+faster decode steps on an EPYC Zen 4 (SmolLM2-135M, 2 threads). `madvise(MADV_HUGEPAGE)` asks for them
+per mapping, so this works when the system setting is `madvise` (the common default) as well as
+`always`; where the OS refuses, the memory is ordinary pages and nothing else changes.
+
+`HITENTER_HUGEPAGES=0` turns the advice off (the arena is still one mapping).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+
+import numpy as np
+import torch
+
+ALIGN = 64          # each tensor starts on a cache line (the kernels' loads never straddle one needlessly)
+HUGE = 2 << 20      # the huge page size the mapping is rounded to
+
+
+def hugepages_wanted() -> bool:
+    return os.environ.get("HITENTER_HUGEPAGES", "1") != "0" and hasattr(mmap, "MADV_HUGEPAGE")
+
+
+class WeightArena:
+    """Room for tensors of `sizes` bytes (anonymous memory, untouched until written); `place(t)` copies a
+    uint8 tensor into the next free, 64-byte aligned slot and returns the view."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        nbytes = sum((n + ALIGN - 1) // ALIGN * ALIGN for n in sizes)
+        self.size = max(HUGE, (nbytes + HUGE - 1) // HUGE * HUGE)
+        self._map = mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.huge = False
+        if hugepages_wanted():
+            try:
+                self._map.madvise(mmap.MADV_HUGEPAGE)   # before the first write: faults then take 2 MB pages
+                self.huge = True
+            except OSError:
+                pass
+        self.storage = torch.from_numpy(np.frombuffer(self._map, dtype=np.uint8))
+        self.used = 0
+
+    def place(self, t: torch.Tensor) -> torch.Tensor:
+        """A copy of `t` (uint8, any shape) inside the arena, contiguous."""
+        start = (self.used + ALIGN - 1) // ALIGN * ALIGN
+        end = start + t.numel()
+        if end > self.size:
+            raise MemoryError(f"WeightArena: {end} bytes needed, {self.size} reserved")
+        view = self.storage[start:end].view(t.shape)
+        view.copy_(t)
+        self.used = end
+        return view
+
+    def owns(self, t: torch.Tensor) -> bool:
+        return t.untyped_storage().data_ptr() == self.storage.untyped_storage().data_ptr()
+
+
+
+MADV_DONTNEED = 4
+
+
+def drop_mapped_pages(address: int, nbytes: int) -> None:
+    """Drop this process's mappings of the whole pages in [address, address + nbytes), part of a
+    read-only file map whose bytes were copied elsewhere: they leave the RSS (the page cache keeps them;
+    a later read faults them back in). A no-op where madvise is unavailable."""
+    page = mmap.PAGESIZE
+    start, end = (address + page - 1) // page * page, (address + nbytes) // page * page
+    if end <= start:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED)
+    except (OSError, AttributeError):
+        pass
+
+
+def trim_heap() -> None:
+    """Hand freed heap memory back to the OS: glibc keeps a load's freed temporaries (fused weight copies,
+    the tokenizer's build) mapped otherwise, ~40 MB of RSS for Qwen2.5-1.5B. No-op off glibc."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
