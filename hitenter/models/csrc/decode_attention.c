@@ -67,59 +67,74 @@ static inline const char *cache_row(const void *kv, int plane, const int64_t *ta
     return (const char *)kv + ((int64_t)plane * NB * BS + slot) * row_bytes;
 }
 
+#define INLINE static inline __attribute__((always_inline))
+
+/* keys k0 .. k0+n-1 (n <= 16) for the G query heads: scores, the online softmax update, acc += P.V.
+   Called with constant n and NV for the common shapes, so the loops unroll without bound checks. */
+INLINE void key_block(const v16 qv[MAXG][MAXNV], v16 acc[MAXG][MAXNV], float *m, float *l, const void *kv,
+                      int bf16, int h, int64_t k0, int64_t ctx, const int64_t *table, int G, int KVH, int64_t NB,
+                      int BS, const int NV, const int n) {
+    const int D = 16 * NV, es = bf16 ? 2 : 4;
+    const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    v16 part[16], prob[MAXG];
+    float corrs[MAXG];
+    const char *kp[16], *vp[16];
+    for (int j = 0; j < n; j++) {
+        kp[j] = cache_row(kv, h, table, k0 + j, NB, BS, D * es);
+        vp[j] = cache_row(kv, KVH + h, table, k0 + j, NB, BS, D * es);
+    }
+    for (int64_t kk = k0 + 16; kk < ctx && kk < k0 + 32; kk++) {   /* start fetching the next 16 keys */
+        const char *a = cache_row(kv, h, table, kk, NB, BS, D * es);
+        const char *b = cache_row(kv, KVH + h, table, kk, NB, BS, D * es);
+        for (int o = 0; o < D * es; o += 64) { __builtin_prefetch(a + o); __builtin_prefetch(b + o); }
+    }
+    for (int g = 0; g < G; g++) {
+        for (int j = 0; j < n; j++) {   /* the key rows are read in place (L1 after the first head) */
+            v16 t = qv[g][0] * load16(kp[j], bf16);
+            for (int i = 1; i < NV; i++) t += qv[g][i] * load16(kp[j] + i * 16 * es, bf16);
+            part[j] = t;
+        }
+        for (int j = n; j < 16; j++) part[j] = (v16){0};   /* masked to -inf below */
+        v16 s = transpose_add(part);
+        s = vsel(lane < (float)n, s, (v16){0} - INFINITY);
+        float bm = hmax(s), nm = bm > m[g] ? bm : m[g];
+        v16 p = vsel(lane < (float)n, vexp(s - nm), (v16){0});   /* keys past ctx: exactly 0 */
+        float corr = m[g] == -INFINITY ? 0.f : vexp((v16){0} + (m[g] - nm))[0];
+        l[g] = l[g] * corr + hsum(p);
+        m[g] = nm;
+        prob[g] = p;
+        corrs[g] = corr;
+    }
+    /* acc = acc * corr, then += p_j * v_j for the keys in order: each accumulator stays in a register
+       through the keys (the V rows are re-read from L1 per head instead of every accumulator being
+       loaded and stored per key); each accumulator sees the same operations as in a key-outer loop */
+    for (int g = 0; g < G; g++) {
+        v16 pb[16];
+        for (int j = 0; j < n; j++) pb[j] = (v16){0} + prob[g][j];
+        for (int i = 0; i < NV; i++) {
+            v16 a = acc[g][i] * corrs[g];
+            for (int j = 0; j < n; j++) a += pb[j] * load16(vp[j] + i * 16 * es, bf16);
+            acc[g][i] = a;
+        }
+    }
+}
+
 /* one (row, kv head): G query heads over keys first .. ctx-1, 16 keys at a time; D = 16 * NV */
-static void item_vec(const void *q, void *out, const void *kv, int bf16, int64_t r, int h, int64_t first,
-                     int64_t ctx, const int64_t *table, int H, int KVH, int64_t NB, int BS, int NV, float scale) {
+INLINE void item_nv(const void *q, void *out, const void *kv, int bf16, int64_t r, int h, int64_t first,
+                    int64_t ctx, const int64_t *table, int H, int KVH, int64_t NB, int BS, const int NV, float scale) {
     int G = H / KVH, D = 16 * NV, es = bf16 ? 2 : 4;
-    v16 qv[MAXG][MAXNV], acc[MAXG][MAXNV], kf[16][MAXNV], part[16], prob[MAXG];
+    v16 qv[MAXG][MAXNV], acc[MAXG][MAXNV];
     float m[MAXG], l[MAXG];
     for (int g = 0; g < G; g++) {
         const char *qp = (const char *)q + ((r * H + h * G + g) * D) * es;
         for (int i = 0; i < NV; i++) { qv[g][i] = load16(qp + i * 16 * es, bf16) * scale; acc[g][i] = (v16){0}; }
         m[g] = -INFINITY; l[g] = 0.f;
     }
-    const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    for (int64_t k0 = first; k0 < ctx; k0 += 16) {
-        int n = ctx - k0 < 16 ? (int)(ctx - k0) : 16;
-        const char *kp[16], *vp[16];
-        for (int j = 0; j < n; j++) {
-            kp[j] = cache_row(kv, h, table, k0 + j, NB, BS, D * es);
-            vp[j] = cache_row(kv, KVH + h, table, k0 + j, NB, BS, D * es);
-        }
-        for (int64_t kk = k0 + 16; kk < ctx && kk < k0 + 32; kk++) {   /* start fetching the next 16 keys */
-            const char *a = cache_row(kv, h, table, kk, NB, BS, D * es);
-            const char *b = cache_row(kv, KVH + h, table, kk, NB, BS, D * es);
-            for (int o = 0; o < D * es; o += 64) { __builtin_prefetch(a + o); __builtin_prefetch(b + o); }
-        }
-        for (int j = 0; j < n; j++)
-            for (int i = 0; i < NV; i++) kf[j][i] = load16(kp[j] + i * 16 * es, bf16);
-        for (int j = n; j < 16; j++)
-            for (int i = 0; i < NV; i++) kf[j][i] = (v16){0};
-        for (int g = 0; g < G; g++) {
-            for (int j = 0; j < 16; j++) {
-                v16 t = qv[g][0] * kf[j][0];
-                for (int i = 1; i < NV; i++) t += qv[g][i] * kf[j][i];
-                part[j] = t;
-            }
-            v16 s = transpose_add(part);
-            s = vsel(lane < (float)n, s, (v16){0} - INFINITY);
-            float bm = hmax(s), nm = bm > m[g] ? bm : m[g];
-            v16 p = vsel(lane < (float)n, vexp(s - nm), (v16){0});   /* keys past ctx: exactly 0 */
-            float corr = m[g] == -INFINITY ? 0.f : vexp((v16){0} + (m[g] - nm))[0];
-            l[g] = l[g] * corr + hsum(p);
-            m[g] = nm;
-            for (int i = 0; i < NV; i++) acc[g][i] *= corr;
-            prob[g] = p;
-        }
-        for (int j = 0; j < n; j++) {
-            v16 vv[MAXNV];
-            for (int i = 0; i < NV; i++) vv[i] = load16(vp[j] + i * 16 * es, bf16);
-            for (int g = 0; g < G; g++) {
-                float pj = prob[g][j];
-                for (int i = 0; i < NV; i++) acc[g][i] += pj * vv[i];
-            }
-        }
-    }
+    int64_t k0 = first;
+    for (; k0 + 16 <= ctx; k0 += 16)
+        key_block(qv, acc, m, l, kv, bf16, h, k0, ctx, table, G, KVH, NB, BS, NV, 16);
+    if (k0 < ctx)
+        key_block(qv, acc, m, l, kv, bf16, h, k0, ctx, table, G, KVH, NB, BS, NV, (int)(ctx - k0));
     for (int g = 0; g < G; g++) {
         char *op = (char *)out + ((r * H + h * G + g) * D) * es;
         float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;   /* ctx == 0: no keys, a zero row (never NaN) */
@@ -133,6 +148,14 @@ static void item_vec(const void *q, void *out, const void *kv, int bf16, int64_t
             } else memcpy(op + i * 64, &x, 64);
         }
     }
+}
+
+/* the head sizes 64 and 128 get their own unrolled copies; others the generic one */
+static void item_vec(const void *q, void *out, const void *kv, int bf16, int64_t r, int h, int64_t first,
+                     int64_t ctx, const int64_t *table, int H, int KVH, int64_t NB, int BS, int NV, float scale) {
+    if (NV == 4) item_nv(q, out, kv, bf16, r, h, first, ctx, table, H, KVH, NB, BS, 4, scale);
+    else if (NV == 8) item_nv(q, out, kv, bf16, r, h, first, ctx, table, H, KVH, NB, BS, 8, scale);
+    else item_nv(q, out, kv, bf16, r, h, first, ctx, table, H, KVH, NB, BS, NV, scale);
 }
 
 int decode_attention(const void *q, void *out, const void *kv, int bf16, int64_t R, const int64_t *ctx,
