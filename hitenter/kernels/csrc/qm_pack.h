@@ -19,11 +19,12 @@
 /* PN (qm_pvec.h): weight rows per packed group, the lanes of one vector */
 #define PG (32 / PN)  /* packed groups per pass (32 weight rows share each activation row's trip from L2) */
 #define PR 8          /* activation rows per microkernel call */
-/* From how many activation rows the packed GEMM beats the row path (measured on Zen 4, 1 thread, the
-   SmolLM2 / Qwen2.5-1.5B shapes: Q4_1 1.6x faster at M = 8, Q4_K/Q6_K even at M = 9; both paths give the
-   same bits, so this is only a speed choice): 32-wide types unpack cheaply per row, K types less so. */
+/* From how many activation rows the packed GEMM beats the row path (measured on Zen 4, 2 threads, the
+   SmolLM2 / Qwen2.5-1.5B shapes streamed from DRAM: Q4_1 and Q8_0 rows win at M = 4-5 by 10-35%, the
+   packed GEMM from M = 6-7 (Q4_1 gate/up 1.6x at M = 8), Q4_K/Q6_K at M = 9; both paths give the same
+   bits, so this is only a speed choice): 32-wide types unpack cheaply per row, K types less so. */
 #ifndef PACK_MIN_M32
-#define PACK_MIN_M32 4
+#define PACK_MIN_M32 6
 #endif
 #ifndef PACK_MIN_M256
 #define PACK_MIN_M256 9
@@ -262,16 +263,25 @@ static void run_packed(pack_fn pack, pkern_fn kern, size_t pbytes, const uint8_t
                        const char *xq, size_t xrow_bytes, int64_t M, int64_t n0, int64_t n1, float *y, int64_t ldy,
                        char *buf) {
     const size_t gbytes = (size_t)nb * pbytes;
+    const int64_t tiles = (M + 7) / 8;   /* kernel calls per group (runs of 8 / 4 / 2 / 1 rows) */
     for (int64_t s = n0; s < n1; s += PG * PN) {
         int ng = 0, rows[PG];
         for (; ng < PG && s + ng * PN < n1; ng++) {
             rows[ng] = n1 - (s + ng * PN) < PN ? (int)(n1 - (s + ng * PN)) : PN;
             pack(w + (s + ng * PN) * ldw, ldw, rows[ng], nb, buf + ng * gbytes);
         }
+        /* the next pass's weight rows (contiguous) are fetched into L2 while this pass computes, a
+           slice per kernel call: packing reads 16 rows a block at a time, a pattern the hardware
+           prefetcher does not follow, so without this every pass waited on DRAM */
+        const int64_t ns = s + PG * PN, ne = ns + PG * PN < n1 ? ns + PG * PN : n1;
+        const char *pf = (const char *)(w + ns * ldw), *pfend = ns < ne ? (const char *)(w + ne * ldw) : pf;
+        const int64_t per = ((pfend - pf) / 64 + tiles * ng - 1) / (tiles * ng) * 64 + 64;
         for (int64_t m = 0; m < M;) {
             const int R = M - m >= 8 ? 8 : M - m >= 4 ? 4 : M - m >= 2 ? 2 : 1;
-            for (int g = 0; g < ng; g++)
+            for (int g = 0; g < ng; g++) {
+                for (const char *e = pf + per < pfend ? pf + per : pfend; pf < e; pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
                 kern(buf + g * gbytes, nb, xq + m * xrow_bytes, (int64_t)xrow_bytes, R, y + m * ldy + s + g * PN, ldy, rows[g]);
+            }
             m += R;
         }
     }

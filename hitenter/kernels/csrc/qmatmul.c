@@ -4,7 +4,7 @@
  * 16-element sums for the K types), then integer dot products run per weight block.
  * Threads take chunks of weight rows (dynamically); within a chunk the row path walks the weight
  * rows once per tile of MT activation rows (M <= MT: every weight byte is streamed from memory
- * once), unpacking each in registers once per MR activation rows; from M >= 4 (32-wide types) or 9 (K types)
+ * once), unpacking each in registers once per MR activation rows; from M >= 6 (32-wide types) or 9 (K types)
  * every type takes the packed
  * GEMM instead (qm_pack.h; Q8_0 only with VNNI). Every (m, n) output is the same function of
  * (row m of x, row n of W) whatever M, the tiling or the thread count: batch invariant.
