@@ -34,19 +34,12 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
             pass
 
 
-class LlamaServer:
-    def __init__(self, binary: str | os.PathLike[str], model: str | os.PathLike[str], *, parallel: int,
-                 ctx_per_slot: int, threads: int = 2, threads_batch: int | None = None,
-                 startup_timeout: float = 120.0) -> None:
-        self.binary = Path(binary).expanduser()
-        if not (self.binary.is_file() and os.access(self.binary, os.X_OK)):
-            raise FileNotFoundError(f"llama-server binary not found or not executable: {self.binary} "
-                                    "(build it with bench/build_llama_server.sh)")
-        self.model = Path(model).expanduser()
-        self.parallel = parallel
-        self.ctx_per_slot = ctx_per_slot
-        self.threads = threads
-        self.threads_batch = threads_batch or threads
+class ServerProcess:
+    """A server in its own process (`command()`), healthy on /health; stopped on leaving the block."""
+
+    name = "server"
+
+    def __init__(self, startup_timeout: float = 120.0) -> None:
         self.startup_timeout = startup_timeout
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -54,15 +47,10 @@ class LlamaServer:
         self._log: IO[bytes] | None = None
 
     def command(self) -> list[str]:
-        # Explicit --parallel gives each slot its own c / parallel cells (no unified KV pool);
-        # continuous batching is llama-server's default, --cont-batching just makes it explicit.
-        return [str(self.binary), "-m", str(self.model), "--parallel", str(self.parallel),
-                "-c", str(self.parallel * self.ctx_per_slot), "--cont-batching",
-                "-t", str(self.threads), "-tb", str(self.threads_batch),
-                "--host", "127.0.0.1", "--port", str(self.port)]
+        raise NotImplementedError
 
-    def start(self) -> LlamaServer:
-        self._log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
+    def start(self) -> ServerProcess:
+        self._log = tempfile.NamedTemporaryFile(prefix=f"{self.name}-", suffix=".log", delete=False)
         cmd = self.command()
         print("starting: " + " ".join(cmd), file=sys.stderr, flush=True)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
@@ -81,19 +69,19 @@ class LlamaServer:
         last = "no answer"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with code {self.proc.returncode} before it was "
+                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} before it was "
                                    f"ready; log tail:\n{self.log_tail()}")
             try:
                 r = httpx.get(self.url + "/health", timeout=2.0)
                 if r.status_code == 200:
-                    print(f"llama-server ready on {self.url} in {time.monotonic() - t0:.1f} s",
+                    print(f"{self.name} ready on {self.url} in {time.monotonic() - t0:.1f} s",
                           file=sys.stderr, flush=True)
                     return
                 last = f"HTTP {r.status_code}"
             except httpx.HTTPError as e:
                 last = type(e).__name__
             time.sleep(0.2)
-        raise TimeoutError(f"llama-server did not report healthy on {self.url}/health within "
+        raise TimeoutError(f"{self.name} did not report healthy on {self.url}/health within "
                            f"{self.startup_timeout:g} s (last: {last}); log tail:\n{self.log_tail()}")
 
     def log_tail(self, n: int = 20) -> str:
@@ -110,7 +98,7 @@ class LlamaServer:
                 proc.terminate()
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                print(f"llama-server did not exit within {timeout:.0f} s of SIGTERM; killing it", file=sys.stderr)
+                print(f"{self.name} did not exit within {timeout:.0f} s of SIGTERM; killing it", file=sys.stderr)
             finally:
                 if proc.poll() is None:
                     proc.kill()
@@ -120,8 +108,35 @@ class LlamaServer:
             Path(self._log.name).unlink(missing_ok=True)
             self._log = None
 
-    def __enter__(self) -> LlamaServer:
+    def __enter__(self) -> ServerProcess:
         return self.start()
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.stop()
+
+
+class LlamaServer(ServerProcess):
+    name = "llama-server"
+
+    def __init__(self, binary: str | os.PathLike[str], model: str | os.PathLike[str], *, parallel: int,
+                 ctx_per_slot: int, threads: int = 2, threads_batch: int | None = None,
+                 startup_timeout: float = 120.0) -> None:
+        super().__init__(startup_timeout)
+        self.binary = Path(binary).expanduser()
+        if not (self.binary.is_file() and os.access(self.binary, os.X_OK)):
+            raise FileNotFoundError(f"llama-server binary not found or not executable: {self.binary} "
+                                    "(build it with bench/build_llama_server.sh)")
+        self.model = Path(model).expanduser()
+        self.parallel = parallel
+        self.ctx_per_slot = ctx_per_slot
+        self.threads = threads
+        self.threads_batch = threads_batch or threads
+
+    def command(self) -> list[str]:
+        # Explicit --parallel gives each slot its own c / parallel cells (no unified KV pool);
+        # continuous batching is llama-server's default, --cont-batching just makes it explicit.
+        return [str(self.binary), "-m", str(self.model), "--parallel", str(self.parallel),
+                "-c", str(self.parallel * self.ctx_per_slot), "--cont-batching",
+                "-t", str(self.threads), "-tb", str(self.threads_batch),
+                "--host", "127.0.0.1", "--port", str(self.port)]

@@ -6,7 +6,7 @@ output lengths are fixed by ``--seed`` (random words, ``--input-len`` words long
 concurrency level it prints output tokens/s (all clients together), p50/p99 time to first token and
 p50/p99 inter-token latency.
 
-    .venv/bin/python bench/serving.py                       # SmolLM2, N = 1, 8, 32, in-process server
+    .venv/bin/python bench/serving.py                       # SmolLM2, N = 1, 8, 32, `hitenter serve` started here
     .venv/bin/python bench/serving.py -c 1,4 --output-len 32 --requests-per-client 2     # quick smoke
     .venv/bin/python bench/serving.py --url http://127.0.0.1:8000       # an already running hitenter
     .venv/bin/python bench/serving.py --llama-server http://127.0.0.1:8081          # plus the baseline
@@ -45,7 +45,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import FORMATS  # noqa: E402
-from llama_server import LlamaServer  # noqa: E402
+from llama_server import LlamaServer, ServerProcess  # noqa: E402
 
 WORDS = ("the cat dog house tree river mountain city music light water fire stone road cloud garden "
          "story window table morning evening summer winter quiet bright small large old new green").split()
@@ -169,22 +169,45 @@ def bench_llama_bin(levels: list[int], args: argparse.Namespace) -> list[dict[st
     return rows
 
 
+class HitenterServer(ServerProcess):
+    """`hitenter serve` in its own process, as llama-server runs in its own: the benchmark's clients
+    then share the CPUs with the server, not its interpreter lock."""
+
+    name = "hitenter"
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(startup_timeout=300.0)
+        self.args = args
+
+    def command(self) -> list[str]:
+        a = self.args
+        cmd = [sys.executable, "-m", "hitenter.cli", "serve", "--model", a.model, "--host", "127.0.0.1",
+               "--port", str(self.port), "--max-model-len", str(a.max_model_len)]
+        for key, value in FORMATS[a.format].items():
+            cmd += [f"--{key}", value]
+        if a.num_threads:
+            cmd += ["--num-threads", str(a.num_threads)]
+        return cmd
+
+
 def start_hitenter(args: argparse.Namespace) -> tuple[str, Any]:
-    from hitenter.engine.llm_engine import LLMEngine
-    from hitenter.server.api import create_app
+    if args.in_process:
+        from hitenter.engine.llm_engine import LLMEngine
+        from hitenter.server.api import create_app
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from test_server_util import LiveServer
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from test_server_util import LiveServer
 
-    kw: dict[str, Any] = {"max_model_len": args.max_model_len,
-                          **FORMATS[args.format]}
-    if args.num_threads:
-        kw["num_threads"] = args.num_threads
-    t0 = time.perf_counter()
-    engine = LLMEngine(args.model, **kw)
-    print(f"loaded {args.model} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    srv = LiveServer(create_app(engine)).start()
-    return srv.url, srv
+        kw: dict[str, Any] = {"max_model_len": args.max_model_len, **FORMATS[args.format]}
+        if args.num_threads:
+            kw["num_threads"] = args.num_threads
+        t0 = time.perf_counter()
+        engine = LLMEngine(args.model, **kw)
+        print(f"loaded {args.model} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        srv = LiveServer(create_app(engine)).start()
+        return srv.url, srv
+    proc = HitenterServer(args).start()
+    return proc.url, proc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,10 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--format", default="gguf", choices=sorted(FORMATS),
-                    help="hitenter's weight format (in-process server only)")
+                    help="hitenter's weight format (not with --url)")
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--num-threads", type=int, default=None)
     ap.add_argument("--url", default=None, help="benchmark an already running hitenter server")
+    ap.add_argument("--in-process", action="store_true",
+                    help="run hitenter's server in this process (default: `hitenter serve` in its own, as llama-server)")
     ap.add_argument("--api-key", default=None)
     base = ap.add_mutually_exclusive_group()
     base.add_argument("--llama-server", default=None, help="URL of a llama.cpp / llama-cpp-python server")
