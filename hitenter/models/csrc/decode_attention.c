@@ -59,12 +59,18 @@ static inline v16 transpose_add(v16 v[16]) {
     return PAIR(c[0], c[1], L4, H4);
 }
 
-/* the row of `key` in plane `plane` (K of head h: h; V of head h: KVH + h) of the cache
-   [2 * KVH planes, NB, BS, row_bytes]; the key lives in block table[key / BS] */
-static inline const char *cache_row(const void *kv, int plane, const int64_t *table, int64_t key, int64_t NB,
-                                    int BS, int row_bytes) {
-    int64_t slot = table[key / BS] * BS + key % BS;
-    return (const char *)kv + ((int64_t)plane * NB * BS + slot) * row_bytes;
+/* the rows of keys k0 .. k0+n-1 in plane `plane` (K of head h: h; V of head h: KVH + h) of the cache
+   [2 * KVH planes, NB, BS, row_bytes]; key k lives in block table[k / BS] at k % BS (one division per
+   call, the block walked after that: a division per key cost more than the attention arithmetic) */
+static inline void cache_rows(const char **out, const void *kv, int plane, const int64_t *table, int64_t k0,
+                              int n, int64_t NB, int BS, int row_bytes) {
+    int64_t b = k0 / BS;
+    int o = (int)(k0 - b * BS);
+    const char *base = (const char *)kv + (int64_t)plane * NB * BS * row_bytes;
+    for (int j = 0; j < n; j++) {
+        out[j] = base + (table[b] * BS + o) * (int64_t)row_bytes;
+        if (++o == BS) o = 0, b++;
+    }
 }
 
 #define INLINE static inline __attribute__((always_inline))
@@ -78,15 +84,15 @@ INLINE void key_block(const v16 qv[MAXG][MAXNV], v16 acc[MAXG][MAXNV], float *m,
     const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     v16 part[16], prob[MAXG];
     float corrs[MAXG];
-    const char *kp[16], *vp[16];
-    for (int j = 0; j < n; j++) {
-        kp[j] = cache_row(kv, h, table, k0 + j, NB, BS, D * es);
-        vp[j] = cache_row(kv, KVH + h, table, k0 + j, NB, BS, D * es);
-    }
-    for (int64_t kk = k0 + 16; kk < ctx && kk < k0 + 32; kk++) {   /* start fetching the next 16 keys */
-        const char *a = cache_row(kv, h, table, kk, NB, BS, D * es);
-        const char *b = cache_row(kv, KVH + h, table, kk, NB, BS, D * es);
-        for (int o = 0; o < D * es; o += 64) { __builtin_prefetch(a + o); __builtin_prefetch(b + o); }
+    const char *kp[16], *vp[16], *nk[16], *nv[16];
+    cache_rows(kp, kv, h, table, k0, n, NB, BS, D * es);
+    cache_rows(vp, kv, KVH + h, table, k0, n, NB, BS, D * es);
+    const int nn = ctx - (k0 + 16) < 16 ? (int)(ctx - (k0 + 16)) : 16;   /* start fetching the next keys */
+    if (nn > 0) {
+        cache_rows(nk, kv, h, table, k0 + 16, nn, NB, BS, D * es);
+        cache_rows(nv, kv, KVH + h, table, k0 + 16, nn, NB, BS, D * es);
+        for (int j = 0; j < nn; j++)
+            for (int o = 0; o < D * es; o += 64) { __builtin_prefetch(nk[j] + o); __builtin_prefetch(nv[j] + o); }
     }
     for (int g = 0; g < G; g++) {
         for (int j = 0; j < n; j++) {   /* the key rows are read in place (L1 after the first head) */
