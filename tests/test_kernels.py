@@ -142,6 +142,25 @@ def test_batch_invariance(qtype: Q) -> None:
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K], ids=lambda t: t.name)
+def test_thread_count_invariance(qtype: Q) -> None:
+    """Threads start on ranges of their own and steal the rest: any thread count (more threads than
+    chunks too) gives the same bits, on the row path (M = 1, 5) and the packed GEMM (M = 16)."""
+    n, k = 1000, 512   # not a multiple of the chunk sizes
+    w = random_weight(qtype, n, k, seed=4)
+    x = torch.randn(16, k, generator=torch.Generator().manual_seed(5))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        ref = {m: qmatmul(x[:m], w) for m in (1, 5, 16)}
+        for t in (2, 3, 7, 40):
+            torch.set_num_threads(t)
+            for m, want in ref.items():
+                assert torch.equal(qmatmul(x[:m], w), want), f"{w.type_name} M={m} threads={t}"
+    finally:
+        torch.set_num_threads(threads)
+
+
 REAL = [("smollm2-135m-instruct", ["Q4_1", "Q8_0"]), ("qwen2.5-coder-0.5b-instruct", ["Q5_0", "Q8_0", "Q6_K"]),
         ("qwen2.5-coder-1.5b-instruct", ["Q4_K", "Q6_K"])]
 
