@@ -59,8 +59,8 @@ class WeightArena:
         return t.untyped_storage().data_ptr() == self.storage.untyped_storage().data_ptr()
 
 
-
-MADV_DONTNEED = 4
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def drop_mapped_pages(address: int, nbytes: int) -> None:
@@ -69,11 +69,10 @@ def drop_mapped_pages(address: int, nbytes: int) -> None:
     a later read faults them back in). A no-op where madvise is unavailable."""
     page = mmap.PAGESIZE
     start, end = (address + page - 1) // page * page, (address + nbytes) // page * page
-    if end <= start:
+    if end <= start or not hasattr(mmap, "MADV_DONTNEED"):
         return
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED)
+        _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), mmap.MADV_DONTNEED)
     except (OSError, AttributeError):
         pass
 
@@ -82,6 +81,6 @@ def trim_heap() -> None:
     """Hand freed heap memory back to the OS: glibc keeps a load's freed temporaries (fused weight copies,
     the tokenizer's build) mapped otherwise, ~40 MB of RSS for Qwen2.5-1.5B. No-op off glibc."""
     try:
-        ctypes.CDLL(None).malloc_trim(0)
+        _libc().malloc_trim(0)
     except (OSError, AttributeError):
         pass

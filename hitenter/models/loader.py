@@ -77,7 +77,6 @@ def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "auto",
     model: Any = (gemma3.Gemma3Model(cfg, weights, act_dtype) if cfg.architecture == "gemma3"
                   else LlamaModel(cfg, weights, act_dtype, tp))
     own_block_bytes(model)
-    del weights
     # the build read the whole map (copies into the arena); what still views it (an untied embedding
     # table) faults back in only the rows it looks up
     drop_mapped_pages(reader.data.ctypes.data, reader.data.nbytes)
