@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
-from hitenter.models import fused_decode
+from hitenter.models import layer_routing
 from hitenter.models.attention import KEY_TILE, AttentionMetadata, paged_attention, write_kv
 from hitenter.models.llama import (
     RMSNorm,
@@ -114,7 +114,7 @@ class Gemma3Layer(nn.Module):
     def forward(self, x: torch.Tensor, rope: Rope, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 attn: AttentionMetadata, kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
         """Generation rows through the fused native layer where it runs, the others `forward_torch`."""
-        return fused_decode.layer_forward(self, x, rope, cos_sin, attn, kv_cache, n_real)
+        return layer_routing.layer_forward(self, x, rope, cos_sin, attn, kv_cache, n_real)
 
     def forward_torch(self, x: torch.Tensor, rope: Rope, cos_sin: tuple[torch.Tensor, torch.Tensor],
                       attn: AttentionMetadata, kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
@@ -176,7 +176,7 @@ class Gemma3Model(nn.Module):
         glob, loc = self.rope_global.table(pos, x.dtype), self.rope_local.table(pos, x.dtype)
         layer_ropes = [(self.rope_local, loc) if layer.window is not None else (self.rope_global, glob)
                        for layer in self.layers]
-        return self.norm(fused_decode.run_layers(self, x, attn, kv_caches, layer_ropes, [glob, loc], n))[:n]
+        return self.norm(layer_routing.run_layers(self, x, attn, kv_caches, layer_ropes, [glob, loc], n))[:n]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

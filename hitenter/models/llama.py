@@ -31,7 +31,7 @@ from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
 from hitenter.kernels import BlockWeight
-from hitenter.models import fused_decode
+from hitenter.models import layer_routing
 from hitenter.models.attention import KEY_TILE, ROW_MULTIPLE, AttentionMetadata, paged_attention, write_kv
 from hitenter.models.block_linear import BlockEmbedding, BlockLinear, fuse_rows
 from hitenter.models.linear import Linear
@@ -168,7 +168,7 @@ class DecoderLayer(nn.Module):
                 attn: AttentionMetadata, kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
         """The layer on the step's rows: generation rows through the fused native layer where it runs
         (models/fused_decode.py), the others through `forward_torch`, the statement of the math."""
-        return fused_decode.layer_forward(self, x, rope, cos_sin, attn, kv_cache, n_real)
+        return layer_routing.layer_forward(self, x, rope, cos_sin, attn, kv_cache, n_real)
 
     def forward_torch(self, x: torch.Tensor, rope: Rope, cos_sin: tuple[torch.Tensor, torch.Tensor],
                       attn: AttentionMetadata, kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
@@ -255,7 +255,7 @@ class LlamaModel(nn.Module):
         x = self.embed(ids)
         cos_sin = self.rope.table(pos, x.dtype)
         layer_ropes = [(self.rope, cos_sin)] * len(self.layers)
-        return self.norm(fused_decode.run_layers(self, x, attn, kv_caches, layer_ropes, [cos_sin], n))[:n]
+        return self.norm(layer_routing.run_layers(self, x, attn, kv_caches, layer_ropes, [cos_sin], n))[:n]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

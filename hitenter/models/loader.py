@@ -22,8 +22,8 @@ import torch
 from hitenter.config import ModelConfig
 from hitenter.errors import ModelLoadError
 from hitenter.kernels import BLOCK_TYPES, block_weight_from_gguf
-from hitenter.models import gemma3
 from hitenter.kernels.arena import drop_mapped_pages
+from hitenter.models import gemma3
 from hitenter.models.block_linear import own_block_bytes
 from hitenter.models.formats import resolve_format
 from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
