@@ -3,90 +3,27 @@
 Requests ignore unknown fields (``extra="ignore"``) like vLLM and OpenAI. Integers and floats are
 never booleans (``Int``/``Float``: ``true`` is refused, not read as 1); roles are the four OpenAI
 chat roles. Ranges are left to :class:`hitenter.sampling_params.SamplingParams`, whose ``ValueError``
-messages start with the field name, which becomes the error's ``param``.
+messages start with the field name, which becomes the error's ``param``. The error model (``APIError``,
+``ErrorBody``...) lives in hitenter/server/api_error.py and is re-exported here.
 """
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Annotated, Any, Literal
 
 from annotated_types import Interval, MaxLen, MinLen
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StringConstraints
 
 from hitenter.sampling_params import MAX_LOGPROBS, SamplingParams
+from hitenter.server.api_error import APIError as APIError
+from hitenter.server.api_error import ErrorBody as ErrorBody
+from hitenter.server.api_error import ErrorDetail as ErrorDetail
+from hitenter.server.api_error import SafeJSONResponse as SafeJSONResponse
+from hitenter.server.api_error import param_of as param_of
+from hitenter.server.api_error import validation_error as validation_error
 from hitenter.server.request_extras import ChatExtras, GuidedFields
-
-
-class SafeJSONResponse(JSONResponse):
-    """JSON whose strings may hold lone surrogates (from ``\\ud800`` escapes in a request): replaced, not a 500."""
-
-    def render(self, content: Any) -> bytes:
-        return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8", "replace")
-
-
-class APIError(Exception):
-    """An error with an HTTP status, rendered as ``{"error": {message, type, param, code, **extra}}``."""
-
-    TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-             405: "MethodNotAllowedError", 408: "RequestTimeoutError", 413: "RequestTooLargeError",
-             429: "RateLimitError", 500: "InternalServerError", 501: "NotImplementedError",
-             503: "ServiceUnavailableError"}
-    HEADERS = {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": "1"}}
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 headers: dict[str, str] | None = None, **extra: Any) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.headers = {**self.HEADERS.get(status, {}), **(headers or {})}
-        self.extra = extra
-
-    def response(self) -> JSONResponse:
-        return SafeJSONResponse(self.body(), status_code=self.status, headers=self.headers)
-
-    def body(self) -> dict[str, Any]:
-        err: dict[str, Any] = {"message": self.message, "type": self.TYPES.get(self.status, "APIError"),
-                               "param": self.param, "code": self.status}
-        err.update(self.extra)
-        return {"error": err}
-
-
-def param_of(message: str) -> str | None:
-    """SamplingParams/engine ValueErrors start with the field name: ``"top_p: must be ..."``."""
-    head, sep, _ = message.partition(":")
-    return head if sep and head.isidentifier() else None
-
-
-def validation_error(exc: RequestValidationError) -> APIError:
-    errs = exc.errors()
-    if not errs:
-        return APIError(400, "invalid request")
-    first = errs[0]
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-    if first.get("type") == "json_invalid":
-        return APIError(400, f"invalid JSON body: {first.get('msg', '')}")
-    param = ".".join(loc) or None
-    msgs = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body') or 'body'}: {e.get('msg', '')}"
-                     for e in errs[:5])
-    return APIError(400, msgs, param)
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: int
-
-
-class ErrorBody(BaseModel):
-    """Every error response: vLLM's shape."""
-    error: ErrorDetail
 
 
 def _no_bool(v: Any) -> Any:
