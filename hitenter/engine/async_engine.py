@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.engine.snapshot import EngineSnapshot, SnapshotView
 from hitenter.errors import QueueFullError
+from hitenter.kernels.arena import trim_heap
 from hitenter.outputs import RequestOutput
 from hitenter.sampling_params import SamplingParams
 
@@ -154,11 +155,16 @@ class AsyncLLMEngine:
 
     def _run(self) -> None:
         eng = self.engine
+        idle = True
         while not self._stop.is_set():
             eng.inbox.wake.clear()
             if eng.inbox or eng.has_unfinished_requests():
                 self._step()
+                idle = False
                 continue
+            if not idle:   # just went idle: hand the steps' freed heap back to the OS (arena.keep_heap)
+                trim_heap()
+                idle = True
             eng.publish_snapshot(idle=True)
             eng.inbox.wake.wait(IDLE_WAIT_S)
 

@@ -152,10 +152,11 @@ def _freeze_gc_once() -> None:
 
 
 def build_engine_parts(cfg: EngineConfig) -> EngineParts:
-    from hitenter.kernels.arena import trim_heap
+    from hitenter.kernels.arena import keep_heap, trim_heap
     from hitenter.models import decode_kernel
 
     _check_combinations(cfg)
+    keep_heap()   # steps reuse their freed buffers instead of faulting fresh pages in (trimmed when idle)
     if cfg.load.num_threads:
         torch.set_num_threads(cfg.load.num_threads)
     dtype = torch_dtype(cfg)

@@ -133,15 +133,19 @@ class MinTokens:
 
 
 class Temperature:
-    """Divides the logits by the row's temperature in fp32 (greedy rows untouched)."""
+    """Divides the logits by the row's temperature in fp32 (greedy rows untouched), in place: one
+    division of the whole batch by a per-row divisor, 1.0 for the rows left alone (x / 1 is x, bit
+    for bit), instead of a gather and a scatter of the rows."""
 
     name = "temperature"
 
     def __call__(self, logits: Tensor, batch: BatchState) -> Tensor:
         rows = batch.rows(sampling_only=True, pred=lambda i, p: p.temperature != 1.0)
         if rows:
-            t = torch.tensor([batch.params[r].temperature for r in rows], dtype=torch.float32)[:, None]
-            logits[rows] = logits[rows] / t
+            t = [1.0] * logits.shape[0]
+            for r in rows:
+                t[r] = batch.params[r].temperature
+            logits.div_(torch.tensor(t, dtype=torch.float32)[:, None])
         return logits
 
 

@@ -9,11 +9,11 @@ Contract:
 - Rows are handled separately: plain greedy rows (no penalty, bias, min_tokens or grammar) take the raw
   logits' argmax with no copy and no chain, even next to rows that need processing; only those rows
   (a grammar, sampling, penalties...) are copied and go through the chain.
-- Other rows draw with gpt-fast's sync-free exponential race: ``argmax(probs / q)``, ``q ~ Exp(1)`` of
-  shape ``[V]`` drawn from the row's own ``torch.Generator`` (one draw of V values per step, as
-  ``-log(U)`` of fp32 uniforms from a per-step PCG64 stream: :func:`exponential_draws`). A seeded
-  request therefore gets the same tokens whatever else is in the batch and wherever its row is. A
-  sampling row whose generator is ``None`` falls back to torch's global RNG (not reproducible).
+- Other rows draw with gpt-fast's sync-free exponential race: ``argmax(probs / q)``, ``q ~ Exp(1)`` per
+  token, counter-based draws from one 63-bit seed a step taken from the row's own ``torch.Generator``
+  (:func:`row_seed`; the race and its draws: ``hitenter.kernels.race``). A seeded request therefore
+  gets the same tokens whatever else is in the batch and wherever its row is. A sampling row whose
+  generator is ``None`` falls back to torch's global RNG (not reproducible).
 - Logprobs are ``log_softmax`` of the **raw** logits (before penalties, temperature and filters), as
   vLLM v1 does by default (``logprobs_mode="raw_logprobs"``): the chosen token's logprob and rank
   (1 + number of tokens with a strictly higher logprob) plus the top ``params.logprobs`` alternatives.
@@ -29,12 +29,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from hitenter.engine.logits_processors import BatchState, LogitsProcessor, default_chain
 from hitenter.engine.logprobs import TokenLogprobs, batch_logprobs, token_logprobs
+from hitenter.kernels.race import race, race_q
 from hitenter.sampling_params import SamplingParams
 
 __all__ = ["Sampler", "SamplingMetadata", "SamplerOutput", "StepSample", "TokenLogprobs", "token_logprobs",
@@ -42,23 +42,12 @@ __all__ = ["Sampler", "SamplingMetadata", "SamplerOutput", "StepSample", "TokenL
 
 TRACE_TOP_N = 50
 _SYS_RANDOM = random.SystemRandom()
-_TINY = torch.finfo(torch.float32).tiny
 
 
-def exponential_draws(generators: Sequence[torch.Generator | None], v: int) -> Tensor:
-    """``[len(generators), v]`` fp32 Exp(1) draws, row ``j`` from ``generators[j]`` (torch's global RNG
-    when None), at least ``_TINY``. The row's generator gives one 63-bit seed per call; a numpy PCG64
-    stream from that seed gives ``v`` fp32 uniforms ``U`` on [0, 1) (24-bit grid) and the draws are
-    ``-log(U)``: a seeded request still gets the same draws wherever its row is. Cost: torch's CPU
-    generator takes ~4.5 ns a value in fp64 (16 sampling rows of a 49k vocabulary: 4.5 ms a step, a
-    seventh of a batch-16 SmolLM2 step), PCG64 fp32 ~1.8 ns. The 24-bit grid moves a token's chance by
-    at most ~2**-24 (llama.cpp draws from fp32 uniforms too)."""
-    u = np.empty((len(generators), v), dtype=np.float32)
-    for j, g in enumerate(generators):
-        seed = int(torch.randint(0, 2**63 - 1, (1,), generator=g))
-        np.random.Generator(np.random.PCG64(seed)).random(v, dtype=np.float32, out=u[j])
-    q = torch.from_numpy(u)
-    return q.log_().neg_().clamp_min_(_TINY)     # U = 0 -> inf: that token cannot win the race
+def row_seed(generator: torch.Generator | None) -> int:
+    """This step's race seed for a sampling row: one 63-bit draw from the row's generator (torch's
+    global RNG when None), so a seeded request gets the same draws wherever its row is."""
+    return int(torch.randint(0, 2**63 - 1, (1,), generator=generator))
 
 
 def make_generator(seed: int | None) -> torch.Generator:
@@ -223,25 +212,25 @@ class Sampler:
             tokens = logits.argmax(dim=-1)
             return SamplerOutput(tokens.tolist(), self._logprobs(logits, tokens, meta.params), None)
         if not any(fast):
-            tokens, q, sample, stages = self._process(logits, meta, trace)
+            tokens, seeds, sample, stages = self._process(logits, meta, trace)
         else:
             # mixed batch: the plain greedy rows keep the fast path (raw argmax), and only the other rows
             # (a grammar, penalties, sampling...) are copied and go through the chain: a constrained or
             # sampling neighbour costs them nothing (the processors are row-independent)
             rest = [i for i, f in enumerate(fast) if not f]
             tokens = logits.argmax(dim=-1)
-            sub, q, sample, stages = self._process(logits[rest], meta.subset(rest), False)
+            sub, seeds, sample, stages = self._process(logits[rest], meta.subset(rest), False)
             tokens[rest] = sub
             sample = [rest[j] for j in sample]
         token_list = tokens.tolist()
         logprobs = self._logprobs(logits, tokens, meta.params)
-        traces = self._traces(stages, q, sample, token_list, meta) if trace else None
+        traces = self._traces(stages, seeds, sample, token_list, meta) if trace else None
         return SamplerOutput(token_list, logprobs, traces)
 
     def _process(self, logits: Tensor, meta: SamplingMetadata, record: bool
-                 ) -> tuple[Tensor, Tensor | None, list[int], list[tuple[str, Tensor]]]:
+                 ) -> tuple[Tensor, list[int], list[int], list[tuple[str, Tensor]]]:
         """The chain, then greedy argmax / the exponential race, over all rows of ``logits``:
-        (tokens, the race's q of the sampling rows, their row indices, the recorded stages)."""
+        (tokens, the race seeds of the sampling rows, their row indices, the recorded stages)."""
         n, v = logits.shape
         batch = BatchState(meta.params, meta.prompt_token_ids, meta.output_token_ids, meta.stop_token_ids,
                            meta.constraints)
@@ -251,14 +240,12 @@ class Sampler:
         sample = [i for i, p in enumerate(meta.params) if not p.is_greedy]
         if greedy:
             tokens[greedy] = x[greedy].argmax(dim=-1) if len(greedy) < n else x.argmax(dim=-1)
-        q: Tensor | None = None
+        seeds = [row_seed(meta.generators[i]) for i in sample]
         if sample:
-            probs = torch.softmax(x[sample], dim=-1)
-            q = exponential_draws([meta.generators[i] for i in sample], v)
-            tokens[sample] = probs.div_(q).nan_to_num_(nan=-1.0).argmax(dim=-1)   # in place: probs is ours
-        return tokens, q, sample, stages
+            tokens[sample] = race(x[sample] if len(sample) < n else x, seeds)
+        return tokens, seeds, sample, stages
 
-    def _traces(self, stages: list[tuple[str, Tensor]], q: Tensor | None, sample: list[int],
+    def _traces(self, stages: list[tuple[str, Tensor]], seeds: list[int], sample: list[int],
                 token_list: list[int], meta: SamplingMetadata) -> list[SamplingTrace]:
         traces = []
         view = _StageView(stages)
@@ -267,10 +254,11 @@ class Sampler:
             cand = _candidates(stages[0][1][i], self.trace_top_n, extra=token_list[i])
             gen = meta.generators[i]
             seed = gen.initial_seed() if gen is not None else None
-            if i in sample_pos and q is not None:
-                qi = q[sample_pos[i]]
-                cq = float(qi[token_list[i]])
-                draw = DrawTrace("exponential_race", token_list[i], seed, qi[cand].tolist(), cq, -math.expm1(-cq))
+            if i in sample_pos:
+                race_seed = seeds[sample_pos[i]]
+                cq = float(race_q(race_seed, [token_list[i]])[0])
+                draw = DrawTrace("exponential_race", token_list[i], seed, race_q(race_seed, cand.tolist()).tolist(),
+                                 cq, -math.expm1(-cq))
             else:
                 draw = DrawTrace("greedy", token_list[i], seed)
             traces.append(SamplingTrace(cand.tolist(), view.row(i, cand), draw))
