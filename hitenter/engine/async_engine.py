@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ from hitenter.sampling_params import SamplingParams
 log = logging.getLogger("hitenter.engine")
 
 IDLE_WAIT_S = 0.05
+TRIM_AFTER_IDLE_S = 1.0   # not after every request: the next one would fault the pages back in
 
 
 class EngineDeadError(RuntimeError):
@@ -155,16 +157,16 @@ class AsyncLLMEngine:
 
     def _run(self) -> None:
         eng = self.engine
-        idle = True
+        busy_until: float | None = None   # when the last step ended, until the heap is trimmed
         while not self._stop.is_set():
             eng.inbox.wake.clear()
             if eng.inbox or eng.has_unfinished_requests():
                 self._step()
-                idle = False
+                busy_until = time.monotonic()
                 continue
-            if not idle:   # just went idle: hand the steps' freed heap back to the OS (arena.keep_heap)
-                trim_heap()
-                idle = True
+            if busy_until is not None and time.monotonic() - busy_until >= TRIM_AFTER_IDLE_S:
+                trim_heap()   # idle for a while: hand the steps' freed heap back to the OS (arena.keep_heap)
+                busy_until = None
             eng.publish_snapshot(idle=True)
             eng.inbox.wake.wait(IDLE_WAIT_S)
 

@@ -44,15 +44,19 @@ class WeightArena:
         self.storage = torch.from_numpy(np.frombuffer(self._map, dtype=np.uint8))
         self.used = 0
 
-    def place(self, t: torch.Tensor) -> torch.Tensor:
-        """A copy of `t` (uint8, any shape) inside the arena, contiguous."""
+    def take(self, nbytes: int) -> torch.Tensor:
+        """The next free, 64-byte aligned slot of `nbytes` (uint8, 1-D, contents undefined)."""
         start = (self.used + ALIGN - 1) // ALIGN * ALIGN
-        end = start + t.numel()
+        end = start + nbytes
         if end > self.size:
             raise MemoryError(f"WeightArena: {end} bytes needed, {self.size} reserved")
-        view = self.storage[start:end].view(t.shape)
-        view.copy_(t)
         self.used = end
+        return self.storage[start:end]
+
+    def place(self, t: torch.Tensor) -> torch.Tensor:
+        """A copy of `t` (uint8, any shape) inside the arena, contiguous."""
+        view = self.take(t.numel()).view(t.shape)
+        view.copy_(t)
         return view
 
     def owns(self, t: torch.Tensor) -> bool:

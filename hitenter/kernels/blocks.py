@@ -20,19 +20,31 @@ BLOCK_TYPES: dict[int, tuple[int, int]] = {
     int(t): gguf.GGML_QUANT_SIZES[t]
     for t in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 }
+# repacked layout (csrc/qm_repack.h): bytes per row and 32-element block (quants, fp16 d, fp16 m for Q4_*)
+REPACK_ROW_BYTES: dict[int, int] = {int(Q.Q4_0): 20, int(Q.Q4_1): 20, int(Q.Q8_0): 34}
 
 
 @dataclass
 class BlockWeight:
-    """`[N, K]` weight: `data` uint8 `[N, K / block_elems * block_bytes]`, rows of GGUF blocks of `qtype`."""
+    """`[N, K]` weight: `data` uint8 `[N, K / block_elems * block_bytes]`, rows of GGUF blocks of `qtype`.
+
+    `lanes > 0`: repacked at load for the native kernel (hitenter.kernels.qmatmul.repack; csrc/qm_repack.h):
+    `data` is then 1-D, groups of `lanes` rows side by side; only qmatmul and `dequantize` read it."""
 
     data: torch.Tensor
     qtype: int
     shape: tuple[int, int]
+    lanes: int = 0
 
     def __post_init__(self) -> None:
         elems, nbytes = BLOCK_TYPES[self.qtype]
         n, k = self.shape
+        if self.lanes:
+            want = (n + self.lanes - 1) // self.lanes * self.lanes * (k // elems) * REPACK_ROW_BYTES.get(self.qtype, 0)
+            if k % elems or self.data.dim() != 1 or self.data.numel() != want or self.data.dtype != torch.uint8:
+                raise ValueError(f"BlockWeight: data {tuple(self.data.shape)} {self.data.dtype} does not hold "
+                                 f"{Q(self.qtype).name} {self.shape} repacked by {self.lanes} rows")
+            return
         if k % elems or tuple(self.data.shape) != (n, k // elems * nbytes) or self.data.dtype != torch.uint8:
             raise ValueError(f"BlockWeight: data {tuple(self.data.shape)} {self.data.dtype} does not hold "
                              f"{Q(self.qtype).name} rows of shape {self.shape}")
@@ -45,27 +57,56 @@ class BlockWeight:
         return self.data.numel()
 
     def narrow(self, dim: int, start: int, length: int) -> BlockWeight:
+        self._rows_only("narrow")
         if dim == 0:
             return BlockWeight(self.data.narrow(0, start, length), self.qtype, (length, self.shape[1]))
         if start == 0 and length == self.shape[1]:
             return self
         raise NotImplementedError("block-quantized weights cannot be split along their input dimension")
 
+    def _rows_only(self, what: str) -> None:
+        if self.lanes:
+            raise NotImplementedError(f"{what}: a repacked weight has no rows (repack after building the model)")
+
     def index_rows(self, index: torch.Tensor) -> BlockWeight:
+        self._rows_only("index_rows")
         return BlockWeight(self.data.index_select(0, index).contiguous(), self.qtype,
                            (int(index.numel()), self.shape[1]))
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 `[N, K]` (or just `rows`), exactly the file's values (gguf's reference dequantizer)."""
-        data = self.data if rows is None else self.data.index_select(0, rows)
+        data = self.file_rows() if self.lanes else self.data
+        data = data if rows is None else data.index_select(0, rows)
         out = gguf.quants.dequantize(data.numpy(), Q(self.qtype))
         return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(data.shape[0], self.shape[1])
 
 
+    def file_rows(self) -> torch.Tensor:
+        """The file's rows `[N, K / block_elems * block_bytes]` of a repacked weight (undoes the repacking)."""
+        if not self.lanes:
+            return self.data
+        n, k = self.shape
+        nb, ln, qt = k // 32, self.lanes, self.qtype
+        g = (n + ln - 1) // ln
+        order = [b for ph in range(4) for b in range(ph, nb, 4)]        # blocks as stored: b % 4, then b / 4
+        r = self.data.numpy().reshape(g, nb, -1)[:, np.argsort(order)]
+        nq = 8 if qt == int(Q.Q8_0) else 4                 # quant vectors per block: [nq, lanes, 4] bytes
+        q = r[..., :nq * ln * 4].reshape(g, nb, nq, ln, 4).transpose(0, 3, 1, 2, 4).reshape(g * ln, nb, nq * 4)
+        d = r[..., nq * ln * 4:nq * ln * 4 + 2 * ln].reshape(g, nb, ln, 2).transpose(0, 2, 1, 3).reshape(g * ln, nb, 2)
+        if qt == int(Q.Q8_0):
+            blocks = np.concatenate([d, q ^ 0x80], axis=-1)
+        elif qt == int(Q.Q4_1):
+            m = r[..., nq * ln * 4 + 2 * ln:].reshape(g, nb, ln, 2).transpose(0, 2, 1, 3).reshape(g * ln, nb, 2)
+            blocks = np.concatenate([d, m, q], axis=-1)
+        else:
+            blocks = np.concatenate([d, q], axis=-1)
+        return torch.from_numpy(np.ascontiguousarray(blocks[:n].reshape(n, -1)))
+
+
 def cat_block_rows(ws: list[BlockWeight]) -> BlockWeight:
     """Rows of several weights of one type and input size, in order (one copy)."""
-    if len({w.qtype for w in ws}) != 1 or len({w.shape[1] for w in ws}) != 1:
-        raise ValueError("cat_block_rows: weights differ in block type or input size")
+    if len({w.qtype for w in ws}) != 1 or len({w.shape[1] for w in ws}) != 1 or any(w.lanes for w in ws):
+        raise ValueError("cat_block_rows: weights differ in block type or input size, or are repacked")
     data = torch.cat([w.data for w in ws])
     return BlockWeight(data, ws[0].qtype, (int(data.shape[0]), ws[0].shape[1]))
 

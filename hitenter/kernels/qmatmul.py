@@ -13,8 +13,10 @@ Threads: the kernel's OpenMP team uses torch.get_num_threads() threads, read on 
 is shared with torch's, so no second thread pool). Zero-copy: x, w.data and `out` are read/written in
 place through their data pointers; no alignment is required, only unit stride along K (x, w) and N
 (out); `out` may be a column slice of a wider buffer (e.g. fused Q/K/V outputs). Paths: small M
-streams each weight row once per 8 activation rows; from M = 4 (32-wide types) / 9 (K types) it repacks 8 weight rows at a time (a GEMM;
-all types with AVX512-VNNI, all but Q8_0 with AVX2); both give the same bits for a row.
+streams each weight row once per 8 activation rows; from M = 6 (32-wide types) / 9 (K types) it packs 16
+(AVX2: 8) weight rows at a time per call (a GEMM; all types with AVX512-VNNI, all but Q8_0 with AVX2);
+a weight repacked at load (`repack`, csrc/qm_repack.h: Q4_0, Q4_1, Q8_0 with VNNI) runs one kernel for
+every M; all give the same bits for a row.
 Per call: the weight is described to the kernel once (a descriptor cached on the BlockWeight), so a
 call costs a few attribute reads on x/out and one 7-argument ctypes call (~3 us with a tiny kernel).
 """
@@ -47,15 +49,20 @@ _lock = threading.Lock()
 _fn: ctypes._CFuncPtr | None = None      # qm_matmul, None when not loaded
 _fn_desc: ctypes._CFuncPtr | None = None  # qm_matmul_desc
 _desc_init: ctypes._CFuncPtr | None = None
+_desc_init_repacked: ctypes._CFuncPtr | None = None
+_repack: ctypes._CFuncPtr | None = None
+_repacked_bytes: ctypes._CFuncPtr | None = None
 _desc_size = 0
 _gen = 0                                   # bumped on every (re)load: descriptors of an older library are stale
 _isa: str | None = None
+_lanes = 0                                 # rows per repacked group in the loaded library (0: none)
 _supported: frozenset[int] = frozenset()
 _tried = False
 
 
 def _load() -> None:
     global _fn, _fn_desc, _desc_init, _desc_size, _gen, _isa, _supported, _tried
+    global _desc_init_repacked, _repack, _repacked_bytes, _lanes
     if _tried:
         return
     with _lock:
@@ -84,6 +91,16 @@ def _load() -> None:
             _desc_init = lib.qm_desc_init
             _desc_init.restype = i32
             _desc_init.argtypes = [p, i32, p, i64, i64, i64]
+            _desc_init_repacked = lib.qm_desc_init_repacked
+            _desc_init_repacked.restype = i32
+            _desc_init_repacked.argtypes = [p, i32, p, i64, i64]
+            _repack = lib.qm_repack
+            _repack.restype = i32
+            _repack.argtypes = [i32, p, i64, i64, i64, p, i32]
+            _repacked_bytes = lib.qm_repacked_bytes
+            _repacked_bytes.restype = i64
+            _repacked_bytes.argtypes = [i32, i64, i64]
+            lib.qm_repack_lanes.restype = i32
             lib.qm_desc_size.restype = i64
             _desc_size = lib.qm_desc_size()
             lib.qm_isa.restype = i32
@@ -93,6 +110,7 @@ def _load() -> None:
             if isa == "avx512" and _isa != "avx512vnni":
                 log.warning("HITENTER_QMATMUL_ISA=avx512 but this CPU/compiler gives %s", _isa)
             _supported = frozenset(t for t in range(64) if lib.qm_supported(t))
+            _lanes = lib.qm_repack_lanes()
             _fn = fn
         finally:
             _gen += 1
@@ -113,9 +131,9 @@ def native_isa() -> str | None:
 
 def _reset_for_tests() -> None:
     """Forget the loaded library so the next call re-reads the environment (tests only)."""
-    global _fn, _fn_desc, _desc_init, _isa, _supported, _tried
+    global _fn, _fn_desc, _desc_init, _isa, _supported, _tried, _lanes
     with _lock:
-        _fn, _fn_desc, _desc_init, _isa, _supported, _tried = None, None, None, None, frozenset(), False
+        _fn, _fn_desc, _desc_init, _isa, _supported, _tried, _lanes = None, None, None, None, frozenset(), False, 0
 
 
 def _check(x: torch.Tensor, w: BlockWeight, out: torch.Tensor | None) -> None:
@@ -147,11 +165,15 @@ class _Desc:
         self.data, self.shape, self.qtype, self.gen = w.data, w.shape, w.qtype, _gen
         self.n, self.k = w.shape
         self.addr, self.buf, self.keep = 0, None, None
-        if _fn_desc is None or w.qtype not in _supported:
-            return   # reference path
-        data = w.data if w.data.stride(1) == 1 else w.data.contiguous()
+        if _fn_desc is None or w.qtype not in _supported or (w.lanes and w.lanes != _lanes):
+            return   # reference path (a weight repacked by another library build also dequantizes)
         buf = ctypes.create_string_buffer(_desc_size)
-        rc = _desc_init(buf, w.qtype, data.data_ptr(), self.n, self.k, data.stride(0))
+        if w.lanes:
+            data = w.data
+            rc = _desc_init_repacked(buf, w.qtype, data.data_ptr(), self.n, self.k)
+        else:
+            data = w.data if w.data.stride(1) == 1 else w.data.contiguous()
+            rc = _desc_init(buf, w.qtype, data.data_ptr(), self.n, self.k, data.stride(0))
         if rc != 0:
             raise RuntimeError(f"qmatmul: the native kernel refuses the {w.type_name} weight {w.shape} (code {rc})")
         self.buf, self.keep, self.addr = buf, data, ctypes.addressof(buf)
@@ -206,6 +228,36 @@ def qmatmul(x: torch.Tensor, w: BlockWeight, out: torch.Tensor | None = None) ->
     if rc != 0:
         raise RuntimeError(f"qmatmul: native kernel failed (code {rc}) on {w.type_name} {w.shape}, x {tuple(x.shape)}")
     return out
+
+
+def repack_enabled() -> bool:
+    """Whether weights get repacked at load: the native library repacks here and HITENTER_REPACK != 0."""
+    _load()
+    return _lanes > 0 and os.environ.get("HITENTER_REPACK", "1") != "0"
+
+
+def repacked_nbytes(w: BlockWeight) -> int:
+    """Bytes `w` takes repacked (csrc/qm_repack.h), 0 where it stays as the file's rows (its type is not
+    repacked in this build, it already is, or repacking is off)."""
+    if w.lanes or not repack_enabled() or _repacked_bytes is None:
+        return 0
+    return int(_repacked_bytes(w.qtype, w.shape[0], w.shape[1]))
+
+
+def repack(w: BlockWeight, out: torch.Tensor) -> BlockWeight:
+    """`w` repacked into `out` (uint8, 1-D, `repacked_nbytes(w)` bytes, e.g. a WeightArena slot): the same
+    values, the same qmatmul bits, no per-call unpacking. Q4_0, Q4_1 (and Q8_0 with AVX512-VNNI)."""
+    n, k = w.shape
+    want = repacked_nbytes(w)
+    if not want or _repack is None:
+        raise ValueError(f"repack: {w.type_name} {w.shape} is not repacked by this build")
+    if out.dtype != torch.uint8 or out.dim() != 1 or out.numel() != want or not out.is_contiguous():
+        raise ValueError(f"repack: out must be uint8 [{want}], got {out.dtype} {tuple(out.shape)}")
+    data = w.data if w.data.stride(1) == 1 else w.data.contiguous()
+    rc = _repack(w.qtype, data.data_ptr(), n, k, data.stride(0), out.data_ptr(), torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"repack: native code {rc} on {w.type_name} {w.shape}")
+    return BlockWeight(out, w.qtype, w.shape, _lanes)
 
 
 def native_entry() -> tuple[int, int]:

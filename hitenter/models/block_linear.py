@@ -21,6 +21,7 @@ from torch import nn
 from hitenter import kernels
 from hitenter.kernels import BlockWeight, cat_block_rows, qmatmul
 from hitenter.kernels.arena import WeightArena, trim_heap
+from hitenter.kernels.qmatmul import repack, repacked_nbytes
 
 
 def fuse_rows(ws: list[BlockWeight]) -> list[BlockWeight]:
@@ -50,11 +51,20 @@ def own_block_bytes(model: nn.Module) -> None:
                         and m.table.data.data_ptr() in unique]
     if not unique:
         return
-    arena = WeightArena([t.numel() for t in unique.values()])
-    placed = {ptr: arena.place(t.contiguous()) for ptr, t in unique.items()}
+    # a matmul-only weight of a repacked type (Q4_0, Q4_1, Q8_0 with VNNI) goes into the arena repacked
+    # (kernels/csrc/qm_repack.h: no per-call unpacking, same size, same bits); a table also read by rows
+    # (a tied embedding) keeps the file's rows
+    weights = {p.data.data_ptr(): p for m in linears for p in m.parts}
+    tied = {m.table.data.data_ptr() for m in owners if isinstance(m, BlockEmbedding)}
+    repacked = {ptr: n for ptr, w in weights.items() if ptr not in tied and (n := repacked_nbytes(w))}
+    arena = WeightArena([repacked.get(ptr, t.numel()) for ptr, t in unique.items()])
+    placed: dict[int, BlockWeight] = {}
+    for ptr, w in weights.items():
+        placed[ptr] = (repack(w, arena.take(repacked[ptr])) if ptr in repacked
+                       else BlockWeight(arena.place(w.data.contiguous()), w.qtype, w.shape))
 
     def own(w: BlockWeight) -> BlockWeight:
-        return BlockWeight(placed[w.data.data_ptr()], w.qtype, w.shape)
+        return placed[w.data.data_ptr()]
 
     for m in owners:
         if isinstance(m, BlockLinear):

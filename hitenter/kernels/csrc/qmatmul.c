@@ -20,6 +20,7 @@
 #include "qm_simd.h"
 #include "qm_squant.h"
 #include "qm_pack.h"
+#include "qm_repack.h"
 #define QM_ISA (QM_VNNI ? 2 : 1)
 #else
 #include "qm_generic.h"
@@ -206,6 +207,8 @@ typedef struct {   /* one call's work, shared by the threads */
     pack_fn pack;
     pkern_fn kern;
     size_t pbytes;
+    rkern_fn rkern;   /* a weight repacked at load (qm_repack.h): every M runs it */
+    size_t rbytes;
 #endif
 } job;
 
@@ -233,6 +236,10 @@ static void worker(job *j, int t) {
         if (c < 0) break;
         const int64_t n0 = c * j->chunk, n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
 #if QM_ISA
+        if (j->rkern) {
+            run_repacked(j->rkern, j->rbytes, j->w, j->nb, j->xq, j->xrow_bytes, j->M, n0, n1, j->y, j->ldy);
+            continue;
+        }
         if (j->packed) {
             if (buf) run_packed(j->pack, j->kern, j->pbytes, j->w, j->ldw, j->nb, j->xq, j->xrow_bytes, j->M, n0, n1, j->y, j->ldy, buf);
             continue;
@@ -250,6 +257,7 @@ typedef struct {
     int64_t N, K, ldw, nb;
     int32_t qt, elems;
     row_fn fn;
+    int32_t lanes;   /* 0: the file's rows; PN: repacked at load (qm_repack) */
 } qm_desc;
 
 int64_t qm_desc_size(void) { return (int64_t)sizeof(qm_desc); }
@@ -261,7 +269,52 @@ int qm_desc_init(qm_desc *d, int qt, const uint8_t *w, int64_t N, int64_t K, int
     if (type_info(qt, &elems, &bytes, &fn)) return -1;
     if (K <= 0 || K % elems || N < 0 || ldw < K / elems * bytes) return -2;
     d->w = w, d->N = N, d->K = K, d->ldw = ldw, d->nb = K / elems, d->qt = qt, d->elems = elems, d->fn = fn;
+    d->lanes = 0;
     return 0;
+}
+
+/* Repacking (qm_repack.h): rows per group (0: no repacking in this build), the bytes a repacked [N, K]
+ * weight of type qt takes (0: this type is not repacked here), the repacking itself (w: the file's
+ * rows, ldw bytes apart; out: qm_repacked_bytes bytes) and a descriptor of the result. */
+int qm_repack_lanes(void) {
+#if QM_ISA
+    return PN;
+#else
+    return 0;
+#endif
+}
+
+int64_t qm_repacked_bytes(int qt, int64_t N, int64_t K) {
+#if QM_ISA
+    const size_t rb = repack_block_bytes(qt);
+    if (!rb || K <= 0 || K % 32 || N <= 0) return 0;
+    return (N + PN - 1) / PN * (K / 32) * (int64_t)rb;
+#else
+    (void)qt, (void)N, (void)K;
+    return 0;
+#endif
+}
+
+int qm_repack(int qt, const uint8_t *w, int64_t N, int64_t K, int64_t ldw, uint8_t *out, int nthreads) {
+    if (!qm_repacked_bytes(qt, N, K)) return -1;
+#if QM_ISA
+    int elems, bytes;
+    row_fn fn;
+    type_info(qt, &elems, &bytes, &fn);
+    const int64_t nb = K / 32, groups = (N + PN - 1) / PN;
+    if (ldw < nb * bytes) return -2;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
+    for (int64_t g = 0; g < groups; g++)
+        repack_group(qt, bytes, w, ldw, N, g, nb, out + (size_t)g * (size_t)nb * repack_block_bytes(qt));
+#endif
+    return 0;
+}
+
+int qm_desc_init_repacked(qm_desc *d, int qt, const uint8_t *w, int64_t N, int64_t K) {
+    if (!qm_repacked_bytes(qt, N, K)) return -1;
+    const int rc = qm_desc_init(d, qt, w, N, K, K / 32 * 34);   /* ldw: any valid stride, unused */
+    d->lanes = qm_repack_lanes();
+    return rc;
 }
 
 /* y[M, N] (row stride ldy) = x[M, K] (row stride ldx) W^T; 0, -2 (bad sizes), -3 (no memory) */
@@ -277,7 +330,11 @@ int qm_matmul_desc(const qm_desc *d, const float *x, int64_t M, int64_t ldx, flo
     if (!xq) return -3;
     j.xq = xq;
 #if QM_ISA
-    j.packed = M >= (elems == 32 ? PACK_MIN_M32 : PACK_MIN_M256) && packed_fns(qt, &j.pack, &j.kern, &j.pbytes);
+    if (d->lanes) {
+        j.rkern = repacked_fn(qt), j.rbytes = repack_block_bytes(qt);
+        if (!j.rkern || d->lanes != PN) { free(xq); return -2; }
+    }
+    j.packed = !d->lanes && M >= (elems == 32 ? PACK_MIN_M32 : PACK_MIN_M256) && packed_fns(qt, &j.pack, &j.kern, &j.pbytes);
 #else
     (void)qt;
 #endif
@@ -288,8 +345,9 @@ int qm_matmul_desc(const qm_desc *d, const float *x, int64_t M, int64_t ldx, flo
      * that finish first stealing the rest: on a shared, oversubscribed machine a descheduled thread
      * leaves its work to the others instead of stalling the call at the barrier.
      * Which thread computes a row changes nothing in its result. */
-    const int64_t unit = j.packed ? 32 : 4, want = N / (nt * (j.packed ? 8 : 16));
-    j.chunk = want > unit ? (want + unit - 1) / unit * unit : (j.packed ? 32 : 16);   /* packed: PG * PN rows */
+    const int grouped = j.packed || d->lanes;   /* chunks of whole packed groups (PG * PN = 32 rows) */
+    const int64_t unit = grouped ? 32 : 4, want = N / (nt * (grouped ? 8 : 16));
+    j.chunk = want > unit ? (want + unit - 1) / unit * unit : (grouped ? 32 : 16);
     j.nchunks = (N + j.chunk - 1) / j.chunk;
     j.nranges = nt < MAXT ? nt : MAXT;
     for (int t = 0; t < j.nranges; t++)

@@ -1,0 +1,167 @@
+/* Weights repacked once at load (llama.cpp's "repack" idea) for Q4_0, Q4_1 and Q8_0: the packed GEMM's
+ * lane layout (qm_pack.h: PN weight rows side by side, int32 lane n = output n), stored instead of the
+ * file's rows, so no call unpacks weights any more (per-call packing was ~20% of a SmolLM2 batch-16
+ * step) and every M, the GEMV included, runs one kernel on one layout.
+ *
+ * Same bytes as the file: Q4_0/Q4_1 keep their nibbles (q[j] byte n * 4 + c holds elements 4j + c
+ * (low nibble) and 16 + 4j + c (high) of lane n's block, the file's own pairing), d and m stay fp16:
+ * 20 bytes per row and block (Q4_1: exactly the file's size; Q4_0: +2). Q8_0: q[e4] holds elements
+ * 4 e4 .. 4 e4 + 3 of each lane + 128 (unsigned for dpbusd), d fp16: 34 bytes, the file's size. Rows
+ * past N (the last group) are zero. Within a group the blocks are stored in the order the kernel reads
+ * them, blocks b % 4 == 0 first, then 1, 2, 3 (the four partial sums of the canonical float sequence),
+ * so a group is one sequential stream (in file order the 4-block stride defeated the prefetcher: GEMV
+ * 0.66-0.97x of the row path, against 1.0-1.1x in kernel order).
+ *
+ * Bits: the exact integer sums and the float steps of p_kern32 / s_grp32 (the canonical sequence of
+ * qm_simd.h), with d and m converted from the same fp16, so a repacked weight gives the same bits as
+ * the file's rows through any path, whatever M. */
+#ifndef QM_REPACK_H
+#define QM_REPACK_H
+
+#include "qm_pack.h"
+
+typedef struct {
+    uint8_t q[4][4 * PN];
+    uint16_t d[PN], m[PN];
+} rblock4;
+
+typedef struct {
+    uint8_t q[8][4 * PN];
+    uint16_t d[PN];
+} rblock8;
+
+#if QM_VNNI
+#define pv_loadu(p) _mm512_loadu_si512((const void *)(p))
+#define pv_nib_lo(v) _mm512_and_si512(v, _mm512_set1_epi8(15))
+#define pv_nib_hi(v) _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15))
+#define pf_loadh(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#else
+#define pv_loadu(p) _mm256_loadu_si256((const __m256i *)(p))
+#define pv_nib_lo(v) _mm256_and_si256(v, _mm256_set1_epi8(15))
+#define pv_nib_hi(v) _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15))
+#define pf_loadh(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#endif
+
+/* bytes of one repacked block (PN rows x 32 elements), 0 for a type not repacked in this build */
+static size_t repack_block_bytes(int qt) {
+    if (qt == QT_Q4_0 || qt == QT_Q4_1) return sizeof(rblock4);
+    if (qt == QT_Q8_0) return QM_VNNI ? sizeof(rblock8) : 0;   /* AVX2's maddubs would saturate on + 128 */
+    return 0;
+}
+
+/* where block b of a group is stored: the kernel's reading order (b % 4, then b / 4) */
+static inline int64_t repack_pos(int64_t b, int64_t nb) {
+    const int64_t ph = b % 4;
+    return ph * (nb / 4) + (ph < nb % 4 ? ph : nb % 4) + b / 4;
+}
+
+/* group g (rows g * PN ...) of the file rows w (ldw bytes apart, nb blocks of bb bytes) -> out */
+static void repack_group(int qt, int bb, const uint8_t *w, int64_t ldw, int64_t N, int64_t g, int64_t nb, uint8_t *out) {
+    const size_t rb = repack_block_bytes(qt);
+    memset(out, 0, rb * (size_t)nb);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = out + rb * (size_t)repack_pos(b, nb);
+        for (int n = 0; n < PN && g * PN + n < N; n++) {
+            const uint8_t *src = w + (g * PN + n) * ldw + b * bb;
+            if (qt == QT_Q8_0) {
+                rblock8 *r = (rblock8 *)o;
+                memcpy(&r->d[n], src, 2);
+                for (int e = 0; e < 32; e++) r->q[e / 4][4 * n + e % 4] = (uint8_t)(src[2 + e] ^ 0x80);
+            } else {
+                rblock4 *r = (rblock4 *)o;
+                memcpy(&r->d[n], src, 2);
+                if (qt == QT_Q4_1) memcpy(&r->m[n], src + 2, 2);
+                const uint8_t *qs = src + (qt == QT_Q4_1 ? 4 : 2);
+                for (int e = 0; e < 16; e++) r->q[e / 4][4 * n + e % 4] = qs[e];
+            }
+        }
+    }
+}
+
+/* y[r, 0..nvalid) for R activation rows (xl layout) against one repacked group of nb blocks */
+QM_INLINE void r_kern(const int qt, const uint8_t *p, int64_t nb, const char *x, int64_t xrow, const int R,
+                      float *y, int64_t ldy, int nvalid) {
+    const size_t rb = qt == QT_Q8_0 ? sizeof(rblock8) : sizeof(rblock4);
+    pvf part[4][PR];
+    const uint8_t *pb = p;   /* blocks in reading order (repack_pos) */
+    for (int ph = 0; ph < 4; ph++) {
+        pvf acc[PR];
+        for (int r = 0; r < R; r++) acc[r] = pf_zero();
+        for (int64_t b = ph; b < nb; b += 4, pb += rb) {
+            pvi t[PR];
+            for (int r = 0; r < R; r++) t[r] = qt == QT_Q4_1 ? pv_zero() : pv_set1(XL_C(x + r * xrow, nb)[b]);
+            if (qt == QT_Q8_0) {
+#pragma GCC unroll 8
+                for (int e4 = 0; e4 < 8; e4++) {
+                    const pvi wv = pv_loadu(((const rblock8 *)pb)->q[e4]);
+                    for (int r = 0; r < R; r++) {
+                        int32_t xv;
+                        memcpy(&xv, x + r * xrow + 32 * b + 4 * e4, 4);
+                        t[r] = pv_dpbusd(t[r], wv, pv_set1(xv));
+                    }
+                }
+            } else {
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) {
+                    const pvi v = pv_loadu(((const rblock4 *)pb)->q[j]), lo = pv_nib_lo(v), hi = pv_nib_hi(v);
+                    for (int r = 0; r < R; r++) {
+                        int32_t xl, xh;
+                        memcpy(&xl, x + r * xrow + 32 * b + 4 * j, 4);
+                        memcpy(&xh, x + r * xrow + 32 * b + 16 + 4 * j, 4);
+                        t[r] = pv_dpbusd(t[r], lo, pv_set1(xl));
+                        t[r] = pv_dpbusd(t[r], hi, pv_set1(xh));
+                    }
+                }
+            }
+            const pvf dv = pf_loadh(qt == QT_Q8_0 ? ((const rblock8 *)pb)->d : ((const rblock4 *)pb)->d);
+            for (int r = 0; r < R; r++) {
+                const char *xr = x + r * xrow;
+                acc[r] = pf_fmadd(pf_cvt(t[r]), pf_mul(dv, pf_set1(XL_D(xr, nb)[b])), acc[r]);
+                if (qt == QT_Q4_1) acc[r] = pf_fmadd(pf_loadh(((const rblock4 *)pb)->m), pf_set1(XL_S(xr, nb)[b]), acc[r]);
+            }
+        }
+        for (int r = 0; r < R; r++) part[ph][r] = acc[r];
+    }
+    for (int r = 0; r < R; r++) {
+        float tmp[PN];
+        pf_storeu(tmp, pf_add(pf_add(part[0][r], part[1][r]), pf_add(part[2][r], part[3][r])));
+        memcpy(y + r * ldy, tmp, (size_t)nvalid * sizeof(float));
+    }
+}
+
+typedef void (*rkern_fn)(const uint8_t *p, int64_t nb, const char *x, int64_t xrow, int R, float *y, int64_t ldy,
+                         int nvalid);
+
+#define DEF_REPACKED(name, qt)                                                                            \
+    static void name(const uint8_t *p, int64_t nb, const char *x, int64_t xrow, int R, float *y, int64_t ldy, \
+                     int nvalid) {                                                                        \
+        if (R == 8) r_kern(qt, p, nb, x, xrow, 8, y, ldy, nvalid);                                        \
+        else if (R == 4) r_kern(qt, p, nb, x, xrow, 4, y, ldy, nvalid);                                   \
+        else if (R == 2) r_kern(qt, p, nb, x, xrow, 2, y, ldy, nvalid);                                   \
+        else r_kern(qt, p, nb, x, xrow, 1, y, ldy, nvalid);                                               \
+    }
+
+DEF_REPACKED(rk_q4_0, QT_Q4_0)
+DEF_REPACKED(rk_q4_1, QT_Q4_1)
+DEF_REPACKED(rk_q8_0, QT_Q8_0)
+
+static rkern_fn repacked_fn(int qt) {
+    return qt == QT_Q4_0 ? rk_q4_0 : qt == QT_Q4_1 ? rk_q4_1 : qt == QT_Q8_0 && QM_VNNI ? rk_q8_0 : NULL;
+}
+
+/* rows [n0, n1) of y (n0 a multiple of PN) for all M rows: each group of PN rows once from memory, then
+ * from L1 for every tile of 8 / 4 / 2 / 1 activation rows */
+static void run_repacked(rkern_fn kern, size_t rb, const uint8_t *w, int64_t nb, const char *xq, size_t xrow_bytes,
+                         int64_t M, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+    for (int64_t s = n0; s < n1; s += PN) {
+        const uint8_t *g = w + (size_t)(s / PN) * (size_t)nb * rb;
+        const int nvalid = n1 - s < PN ? (int)(n1 - s) : PN;
+        for (int64_t m = 0; m < M;) {
+            const int R = M - m >= 8 ? 8 : M - m >= 4 ? 4 : M - m >= 2 ? 2 : 1;
+            kern(g, nb, xq + m * xrow_bytes, (int64_t)xrow_bytes, R, y + m * ldy + s, ldy, nvalid);
+            m += R;
+        }
+    }
+}
+
+#endif
