@@ -187,6 +187,8 @@ class HitenterServer(ServerProcess):
             cmd += [f"--{key}", value]
         if a.num_threads:
             cmd += ["--num-threads", str(a.num_threads)]
+        if a.fresh_tokens is not None:
+            cmd += ["--fresh-tokens", str(a.fresh_tokens)]
         return cmd
 
 
@@ -222,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="hitenter's weight format (not with --url)")
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--num-threads", type=int, default=None)
+    ap.add_argument("--fresh-tokens", type=int, default=None, help="the server's --fresh-tokens (0: no fresh lane)")
     ap.add_argument("--url", default=None, help="benchmark an already running hitenter server")
     ap.add_argument("--in-process", action="store_true",
                     help="run hitenter's server in this process (default: `hitenter serve` in its own, as llama-server)")

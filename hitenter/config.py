@@ -134,8 +134,11 @@ class SchedulerConfig:
     max_num_batched_tokens: int = _opt(2048, "token budget of one engine step")
     max_model_len: int | None = _opt(None, "context window to serve (default: the model's, capped at 8192)")
     max_queued_requests: int | None = _opt(None, "most requests waiting (default: unbounded)", cli=False)
+    fresh_tokens: int = _opt(4, "a new request's first N tokens run in steps of their own, ahead of the "
+                                "running batch (hitenter/engine/fresh_lane.py); 0: off")
 
     def __post_init__(self) -> None:
+        _check_int(self, "fresh_tokens", 0)
         _check_int(self, "max_num_seqs", 1)
         _check_int(self, "max_num_batched_tokens", 1)
         _check_int(self, "max_model_len", 2, optional=True)

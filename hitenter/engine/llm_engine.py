@@ -252,6 +252,7 @@ class LLMEngine:
             for r in finished:
                 self.spec.release(r.request_id)
         self.step_counter += 1 if sched.scheduled else 0
+        self.scheduler.record_step(sched, time.perf_counter() - t0)
         kv_events, self._kv_events[:] = list(self._kv_events), []
         stopped, self._stopped[:] = list(self._stopped), []
         if self.events.active:

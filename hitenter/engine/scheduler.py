@@ -29,6 +29,9 @@ Contracts:
   (not schedulable, holds no blocks); ``remote_kv_ready(id, n)`` queues it once the KV of its first
   ``n`` tokens has arrived, and its admission counts those ``n`` as computed (allocating their blocks;
   the runner copies the KV in), like a prefix hit.
+- Fresh lane (hitenter/engine/fresh_lane.py): a step may run only the requests with fewer than
+  ``fresh_tokens`` outputs (``SchedulerOutput.lane_only``), skipping the older running ones; the
+  engine reports each step's time through ``record_step``, which bounds those steps.
 - ``SchedulerOutput.kv_events`` holds every KV event since the previous ``schedule()`` returned
   (the previous step's cache/free events, then this call's), so each event appears exactly once.
 """
@@ -41,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hitenter.config import SchedulerConfig
+from hitenter.engine.fresh_lane import FreshLane
 from hitenter.engine.request import Request, RequestStatus
 from hitenter.engine.stopping import StopResult, check_token_stop
 from hitenter.errors import ContextOverflowError, QueueFullError
@@ -68,6 +72,7 @@ class SchedulerOutput:
     preempted: list[Request]
     num_batched_tokens: int
     kv_events: list[KVEvent] = field(default_factory=list)
+    lane_only: bool = False             # only fresh requests ran (fresh_lane.py)
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,7 @@ class Scheduler:
         self._num_preemptions = 0
         self._events: list[KVEvent] = []
         kv_manager.subscribe(self._events.append)
+        self.lane = FreshLane(scheduler_config.fresh_tokens)
 
     # ---- queue ------------------------------------------------------------------------------------------
     def add_request(self, request: Request, remote: bool = False) -> None:
@@ -148,6 +154,22 @@ class Scheduler:
     # ---- the step -----------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         """Pick this step's batch under the one rule (see module docstring)."""
+        lane = self.lane.lane_only(self.running, self.waiting)
+        scheduled, preempted, budget = self._pick(lane)
+        if lane and not scheduled:      # the fresh head of the queue did not fit: a full step
+            lane = False
+            scheduled, preempted, budget = self._pick(lane)
+        self._step_id += 1
+        events, self._events[:] = list(self._events), []
+        return SchedulerOutput(self._step_id, scheduled, preempted,
+                               self.config.max_num_batched_tokens - budget, events, lane)
+
+    def record_step(self, out: SchedulerOutput, seconds: float) -> None:
+        """The step of ``out`` ran for ``seconds`` (bounds the fresh lane's steps)."""
+        self.lane.record(out.lane_only, seconds)
+
+    def _pick(self, lane: bool) -> tuple[list[ScheduledRequest], list[Request], int]:
+        """(scheduled, preempted, budget left); with ``lane`` the older running requests sit it out."""
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
@@ -156,7 +178,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if n <= 0:
+            if n <= 0 or (lane and not self.lane.is_fresh(req)):
                 i += 1
                 continue
             if req.spec_token_ids:   # drafts are verified in one pass: drop those past the budget
@@ -199,11 +221,7 @@ class Scheduler:
             self.running.append(req)
             scheduled.append(ScheduledRequest(req, n, num_hit, self.kv.block_table(req.request_id)))
             budget -= n
-
-        self._step_id += 1
-        events, self._events[:] = list(self._events), []
-        return SchedulerOutput(self._step_id, scheduled, preempted,
-                               self.config.max_num_batched_tokens - budget, events)
+        return scheduled, preempted, budget
 
     def _preempt(self, req: Request) -> None:
         self.kv.free(req)
