@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from hitenter.config import SchedulerConfig
 from hitenter.engine.fresh_lane import FreshLane
 from hitenter.engine.request import Request, RequestStatus
-from hitenter.engine.stopping import StopResult, check_token_stop
+from hitenter.engine.stopping import append_until_stop
 from hitenter.errors import ContextOverflowError, QueueFullError
 from hitenter.kv_cache.events import KVEvent
 from hitenter.kv_cache.manager import KVCacheManager
@@ -157,8 +157,7 @@ class Scheduler:
         lane = self.lane.lane_only(self.running, self.waiting)
         scheduled, preempted, budget = self._pick(lane)
         if lane and not scheduled:      # the fresh head of the queue did not fit: a full step
-            lane = False
-            scheduled, preempted, budget = self._pick(lane)
+            lane, (scheduled, preempted, budget) = False, self._pick(False)
         self._step_id += 1
         events, self._events[:] = list(self._events), []
         return SchedulerOutput(self._step_id, scheduled, preempted,
@@ -253,7 +252,7 @@ class Scheduler:
             rejected = len(req.spec_token_ids) + 1 - len(tokens) if tokens else 0
             req.num_computed_tokens = sr.num_computed_tokens + sr.num_new_tokens - rejected
             req.spec_token_ids.clear()
-            stop = self._append(req, tokens)
+            stop = append_until_stop(req, tokens)
             if rejected:
                 self.kv.trim(req, req.num_tokens)
             self.kv.cache_blocks(req, min(req.num_computed_tokens, req.num_tokens))
@@ -263,17 +262,6 @@ class Scheduler:
                                     else RequestStatus.FINISHED_STOPPED)
                 finished.append(req)
         return finished
-
-    @staticmethod
-    def _append(req: Request, tokens: Sequence[int]) -> StopResult | None:
-        """Append tokens in order up to the first that stops the request (its stop, or None)."""
-        out, params = req.output_token_ids, req.sampling_params
-        for tok in tokens:
-            out.append(tok)
-            stop = check_token_stop(tok, len(out), params, req.eos_token_ids, req.max_tokens)
-            if stop is not None:
-                return stop
-        return None
 
     def finish_request(self, request_id: str, status: RequestStatus) -> None:
         """Finish (stop / length / abort) a waiting or running request and free its blocks now.

@@ -16,9 +16,13 @@ that is also the last allowed token reports "stop", not "length". ``finish_reaso
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
 
 from hitenter.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from hitenter.engine.request import Request
 
 StopResult = tuple[str, int | str | None]
 
@@ -33,4 +37,15 @@ def check_token_stop(token_id: int, num_output_tokens: int, params: SamplingPara
             return ("stop", token_id)
     if max_tokens is not None and num_output_tokens >= max_tokens:
         return ("length", None)
+    return None
+
+
+def append_until_stop(req: Request, tokens: Sequence[int]) -> StopResult | None:
+    """Append ``tokens`` to the request's output in order, up to the first that stops it (its stop, or None)."""
+    out, params = req.output_token_ids, req.sampling_params
+    for tok in tokens:
+        out.append(tok)
+        stop = check_token_stop(tok, len(out), params, req.eos_token_ids, req.max_tokens)
+        if stop is not None:
+            return stop
     return None

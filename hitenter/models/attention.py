@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hitenter.config import ModelConfig
-from hitenter.models import decode_kernel
+from hitenter.models import decode_kernel, prompt_kernel
 
 KEY_TILE = 128  # keys per softmax/PV tile; fixed so a row's reduction order never depends on context length
 ROW_MULTIPLE = 8  # query rows are padded to this multiple (batch-invariant GEMM shapes)
@@ -262,6 +262,13 @@ def paged_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Attenti
     kr = meta.kernel_rows(kv_cache_layer.shape[2]) if use_kernel else None
     if kr is not None and kr.all_rows:   # a pure decode step: the kernel only
         return decode_kernel.decode_attention(q, kv_cache_layer, kr.ctx, kr.starts, kr.tables, scale, window)
+    if use_kernel and prompt_kernel.supports(kv_cache_layer, nh, q.dtype):   # prompt rows: their own kernel
+        out = torch.empty_like(q)
+        prompt_kernel.prompt_attention(q, out, kv_cache_layer, meta, scale, window)
+        if kr is not None:
+            out.index_copy_(0, kr.rows, decode_kernel.decode_attention(
+                q.index_select(0, kr.rows), kv_cache_layer, kr.ctx, kr.starts, kr.tables, scale, window))
+        return out
     # per KV head, rows t*G + h of the step's queries, plus one zero row for padding
     qz = q.new_zeros(kvh, t * g + 1, d)
     qz[:, :t * g] = (q * scale).view(t, kvh, g, d).transpose(0, 1).reshape(kvh, t * g, d)

@@ -1,0 +1,105 @@
+"""The paged attention kernel for prompt rows (csrc/prompt_attention.c), built on first use.
+
+Why: the GEMM path (attention.py) computes each work item's whole score matrix with separate torch
+passes (mask, max, exp, sum, P.V per key tile) over gathered copies of the keys: at a 2000-token
+prompt that was ~2/3 of a SmolLM2 prefill. The kernel reads the cache in place, tiles 16 keys at a
+time across a block of rows (keys reused by every row of the block), and keeps an online softmax.
+
+Which rows: the rows the GEMM path would take (prompt rows, before the request's last prompt token)
+when the step uses the fused decode kernel for its generation rows and the cache is fp32, so a row's
+path still depends on its position only (attention.py's batch-invariance contract): the kernel's row
+results do not depend on the rows that share its block or on the chunking (tested).
+`HITENTER_PROMPT_KERNEL=0`, or no compiler: the GEMM path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from hitenter.kernels.build import BuildError, load_library
+
+if TYPE_CHECKING:
+    from hitenter.models.attention import AttentionMetadata
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "prompt_attention.c"
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel, or None (disabled, no compiler, or a failed build: logged once)."""
+    global _lib, _tried
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _tried:
+            return _lib
+        _tried = True
+        if os.environ.get("HITENTER_PROMPT_KERNEL", "1") == "0":
+            return None
+        try:
+            lib = load_library("prompt_attention", SOURCE, [], [SOURCE.parent / "vec16.h"])
+        except BuildError as e:
+            log.warning("prompt attention kernel unavailable: GEMM path for prompt rows. %s", e)
+            return None
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        lib.prompt_attention.restype = i32
+        lib.prompt_attention.argtypes = [p, p, p, i64, p, p, p, p, p, i32, i32, i64, i32, i32, ctypes.c_float, i64,
+                                         i32]
+        _lib = lib
+        return _lib
+
+
+def supports(kv_cache_layer: torch.Tensor, num_heads: int, q_dtype: torch.dtype) -> bool:
+    _, kvh, _, _, d = kv_cache_layer.shape
+    return (kv_cache_layer.dtype == torch.float32 and q_dtype == torch.float32 and kv_cache_layer.is_contiguous()
+            and kv_cache_layer.device.type == "cpu" and d % 16 == 0 and d <= 256 and num_heads % kvh == 0
+            and num_heads // kvh <= 16 and load() is not None)
+
+
+def prompt_attention(q: torch.Tensor, out: torch.Tensor, kv_cache_layer: torch.Tensor, meta: AttentionMetadata,
+                     scale: float, window: int | None) -> None:
+    """Write into `out` `[T, H, D]` the rows of q `[T, H, D]` that take the GEMM path (the first
+    `meta.gemm_rows(i, True)` new rows of each sequence i); the other rows of `out` are left alone."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError("prompt attention kernel is not available")
+    row0: list[int] = []
+    nrows: list[int] = []
+    pos0: list[int] = []
+    starts: list[int] = []
+    flat: list[int] = []
+    qsl = meta.query_start_loc
+    for i, seq_len in enumerate(meta.seq_lens):
+        g = meta.gemm_rows(i, True)
+        if g == 0:
+            continue
+        n = qsl[i + 1] - qsl[i]
+        row0.append(qsl[i])
+        nrows.append(g)
+        pos0.append(seq_len - n)
+        starts.append(len(flat))
+        flat.extend(meta.table(i))
+    if not row0:
+        return
+    _, kvh, nb, bs, d = kv_cache_layer.shape
+    if flat and (min(flat) < 0 or max(flat) >= nb):
+        raise ValueError(f"prompt_attention: a block id outside the cache's {nb} blocks")
+    t = [torch.tensor(x, dtype=torch.long) for x in (row0, nrows, pos0, starts, flat)]
+    q = q.contiguous()
+    rc = lib.prompt_attention(q.data_ptr(), out.data_ptr(), kv_cache_layer.data_ptr(), len(row0),
+                              *(x.data_ptr() for x in t), q.shape[1], kvh, nb, bs, d, scale, int(window or 0),
+                              torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"prompt_attention: kernel failed (code {rc}; heads {q.shape[1]}, kv heads {kvh}, "
+                           f"head_dim {d})")
