@@ -24,7 +24,9 @@ varies only varies in ways that do not change a row's bits on torch CPU:
 Generation rows (position >= prompt length - 1, given per sequence as `kernel_from`) go instead to a
 fused kernel that reads the paged cache in place (decode_kernel.py): a row's path depends on its
 position only, so the contract holds for both paths. Without `kernel_from`, or where the kernel is not
-built, every row takes the GEMM path.
+built, every row takes the GEMM path. Where the cache is fp32 and the prompt kernel is built
+(prompt_kernel.py), that kernel replaces the GEMM path for every row that would take it, for every
+caller alike (the GEMM path then stands as the reference and the fallback).
 """
 
 from __future__ import annotations
@@ -262,9 +264,9 @@ def paged_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Attenti
     kr = meta.kernel_rows(kv_cache_layer.shape[2]) if use_kernel else None
     if kr is not None and kr.all_rows:   # a pure decode step: the kernel only
         return decode_kernel.decode_attention(q, kv_cache_layer, kr.ctx, kr.starts, kr.tables, scale, window)
-    if use_kernel and prompt_kernel.supports(kv_cache_layer, nh, q.dtype):   # prompt rows: their own kernel
+    if prompt_kernel.supports(kv_cache_layer, nh, q.dtype):   # the other rows (prompt rows): their own kernel
         out = torch.empty_like(q)
-        prompt_kernel.prompt_attention(q, out, kv_cache_layer, meta, scale, window)
+        prompt_kernel.prompt_attention(q, out, kv_cache_layer, meta, scale, window, use_kernel)
         if kr is not None:
             out.index_copy_(0, kr.rows, decode_kernel.decode_attention(
                 q.index_select(0, kr.rows), kv_cache_layer, kr.ctx, kr.starts, kr.tables, scale, window))

@@ -5,10 +5,10 @@ passes (mask, max, exp, sum, P.V per key tile) over gathered copies of the keys:
 prompt that was ~2/3 of a SmolLM2 prefill. The kernel reads the cache in place, tiles 16 keys at a
 time across a block of rows (keys reused by every row of the block), and keeps an online softmax.
 
-Which rows: the rows the GEMM path would take (prompt rows, before the request's last prompt token)
-when the step uses the fused decode kernel for its generation rows and the cache is fp32, so a row's
-path still depends on its position only (attention.py's batch-invariance contract): the kernel's row
-results do not depend on the rows that share its block or on the chunking (tested).
+Which rows: every row the GEMM path would take (prompt rows, before the request's last prompt token;
+all rows for callers without generation rows) wherever the cache is fp32, so a row's path still
+depends on its position only (attention.py's batch-invariance contract): the kernel's row results do
+not depend on the rows that share its block or on the chunking (tested).
 `HITENTER_PROMPT_KERNEL=0`, or no compiler: the GEMM path.
 """
 
@@ -68,9 +68,10 @@ def supports(kv_cache_layer: torch.Tensor, num_heads: int, q_dtype: torch.dtype)
 
 
 def prompt_attention(q: torch.Tensor, out: torch.Tensor, kv_cache_layer: torch.Tensor, meta: AttentionMetadata,
-                     scale: float, window: int | None) -> None:
+                     scale: float, window: int | None, use_kernel: bool) -> None:
     """Write into `out` `[T, H, D]` the rows of q `[T, H, D]` that take the GEMM path (the first
-    `meta.gemm_rows(i, True)` new rows of each sequence i); the other rows of `out` are left alone."""
+    `meta.gemm_rows(i, use_kernel)` new rows of each sequence i: all of them unless the generation rows
+    go to the decode kernel); the other rows of `out` are left alone."""
     lib = load()
     if lib is None:
         raise RuntimeError("prompt attention kernel is not available")
@@ -81,7 +82,7 @@ def prompt_attention(q: torch.Tensor, out: torch.Tensor, kv_cache_layer: torch.T
     flat: list[int] = []
     qsl = meta.query_start_loc
     for i, seq_len in enumerate(meta.seq_lens):
-        g = meta.gemm_rows(i, True)
+        g = meta.gemm_rows(i, use_kernel)
         if g == 0:
             continue
         n = qsl[i + 1] - qsl[i]
