@@ -3,9 +3,21 @@ Llama / Qwen2 GGUF models that the tests write themselves."""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+
+@pytest.fixture
+def reload_kernels(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """Reload the quantized-matmul library under a changed environment; the default one is reloaded afterwards."""
+    qm = importlib.import_module("hitenter.kernels.qmatmul")
+    qm._reset_for_tests()
+    yield monkeypatch
+    monkeypatch.undo()
+    qm._reset_for_tests()
 
 
 @pytest.fixture(scope="session")

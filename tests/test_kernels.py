@@ -16,7 +16,6 @@ import importlib
 import logging
 import os
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -82,15 +81,6 @@ def exact_activations(m: int, k: int, seed: int) -> torch.Tensor:
     groups = k // 256 if k % 256 == 0 else 1
     scale = 2.0 ** rng.integers(-8, 3, size=(m, groups, 1))
     return torch.from_numpy((q.reshape(m, groups, -1) * scale).reshape(m, k).astype(np.float32))
-
-
-@pytest.fixture
-def reload_kernels(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    """Reload the library under a changed environment; the default one is reloaded afterwards."""
-    qm_mod._reset_for_tests()
-    yield monkeypatch
-    monkeypatch.undo()
-    qm_mod._reset_for_tests()
 
 
 def shape_for(qtype: Q) -> tuple[int, int]:

@@ -5,7 +5,6 @@ the AVX2 build's 8-lane groups)."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
 
 import gguf
 import numpy as np
@@ -20,14 +19,6 @@ from hitenter.testing.tiny_model import write_tiny_gguf
 qm = importlib.import_module("hitenter.kernels.qmatmul")
 Q = gguf.GGMLQuantizationType
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
-
-
-@pytest.fixture
-def reload_kernels(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    qm._reset_for_tests()
-    yield monkeypatch
-    monkeypatch.undo()
-    qm._reset_for_tests()
 
 
 def weight(qtype: Q, n: int, k: int, seed: int = 0) -> BlockWeight:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hitenter.models.registry import hitenter_home
@@ -76,3 +78,35 @@ def load_library(name: str, main_source: Path, flags: Sequence[str], extra_sourc
         return ctypes.CDLL(str(path))
     except OSError as e:
         raise BuildError(f"loading {path} failed: {e}") from e
+
+
+class LazyLibrary:
+    """A kernel library built and loaded on the first call, once per process: ``lib()`` returns the
+    CDLL (after ``setup(lib)`` declared its functions), or None when the environment switch ``env`` is
+    "0" or the build fails (logged once: "<what> unavailable: <fallback>")."""
+
+    def __init__(self, name: str, source: Path, extra: Sequence[Path], env: str, what: str, fallback: str,
+                 setup: Callable[[ctypes.CDLL], None]) -> None:
+        self.name, self.source, self.extra, self.env = name, source, list(extra), env
+        self.what, self.fallback, self.setup = what, fallback, setup
+        self._lock = threading.Lock()
+        self._lib: ctypes.CDLL | None = None
+        self._tried = False
+
+    def __call__(self) -> ctypes.CDLL | None:
+        if self._lib is not None:      # loaded: no lock (this runs per layer per step)
+            return self._lib
+        with self._lock:
+            if self._tried:
+                return self._lib
+            self._tried = True
+            if os.environ.get(self.env, "1") == "0":
+                return None
+            try:
+                lib = load_library(self.name, self.source, [], self.extra)
+            except BuildError as e:
+                logging.getLogger("hitenter.kernels").warning("%s unavailable: %s. %s", self.what, self.fallback, e)
+                return None
+            self.setup(lib)
+            self._lib = lib
+            return lib

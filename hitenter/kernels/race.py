@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hitenter.kernels.build import BuildError, load_library
+from hitenter.kernels.build import LazyLibrary
 
 __all__ = ["race", "race_reference", "race_q", "race_uniforms"]
 
@@ -43,9 +41,6 @@ _VEC16 = Path(__file__).resolve().parent.parent / "models" / "csrc" / "vec16.h"
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _C1, _C2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_tried = False
 
 
 def race_uniforms(seed: int, ids: np.ndarray) -> np.ndarray:
@@ -73,30 +68,18 @@ def race_reference(x: Tensor, seeds: Sequence[int]) -> Tensor:
     return probs.div_(q).nan_to_num_(nan=-1.0).argmax(dim=-1)
 
 
-def load() -> ctypes.CDLL | None:
-    """The compiled kernel, or None (``HITENTER_RACE_KERNEL=0``, no compiler, or a failed build: logged
-    once; :func:`race` then runs the reference)."""
-    global _lib, _tried
-    if _lib is not None:
-        return _lib
-    with _lock:
-        if _tried:
-            return _lib
-        _tried = True
-        if os.environ.get("HITENTER_RACE_KERNEL", "1") == "0":
-            return None
-        try:
-            lib = load_library("race", SOURCE, [], [_VEC16])
-        except BuildError as e:
-            log.warning("sampling race kernel unavailable: numpy draws (slower). %s", e)
-            return None
-        p, i64 = ctypes.c_void_p, ctypes.c_int64
-        lib.race_argmax.restype = ctypes.c_int
-        lib.race_argmax.argtypes = [p, i64, i64, i64, p, p, ctypes.c_int]
-        lib.race_q.restype = None
-        lib.race_q.argtypes = [ctypes.c_uint64, p, i64, p]
-        _lib = lib
-        return _lib
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.race_argmax.restype = ctypes.c_int
+    lib.race_argmax.argtypes = [p, i64, i64, i64, p, p, ctypes.c_int]
+    lib.race_q.restype = None
+    lib.race_q.argtypes = [ctypes.c_uint64, p, i64, p]
+
+
+# the compiled kernel, or None (HITENTER_RACE_KERNEL=0, no compiler, or a failed build: logged once;
+# race() then runs the reference)
+load = LazyLibrary("race", SOURCE, [_VEC16], "HITENTER_RACE_KERNEL", "sampling race kernel", "numpy draws (slower)",
+                   _declare)
 
 
 def race(x: Tensor, seeds: Sequence[int], num_threads: int | None = None) -> Tensor:

@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from hitenter.kernels.build import BuildError, load_library
+from hitenter.kernels.build import LazyLibrary
 
 if TYPE_CHECKING:
     from hitenter.models.attention import AttentionMetadata
@@ -39,33 +37,17 @@ SOURCE = Path(__file__).resolve().parent / "csrc" / "decode_attention.c"
 MAX_GROUP = 16      # query heads per KV head the kernel supports
 MAX_HEAD_DIM = 256
 
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_tried = False
 
 
-def load() -> ctypes.CDLL | None:
-    """The compiled kernel library, or None (disabled, no compiler, or the build failed: logged once)."""
-    global _lib, _tried
-    if _lib is not None:      # loaded: no lock (this runs once per layer per step)
-        return _lib
-    with _lock:
-        if _tried:
-            return _lib
-        _tried = True
-        if os.environ.get("HITENTER_DECODE_KERNEL", "1") == "0":
-            return None
-        try:
-            lib = load_library("decode_attention", SOURCE, [], [SOURCE.parent / "vec16.h"])
-        except BuildError as e:
-            log.warning("decode attention kernel unavailable: torch path only. %s", e)
-            return None
-        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.decode_attention.restype = i32
-        lib.decode_attention.argtypes = [p, p, p, i32, i64, p, p, p, i32, i32, i64, i32, i32, ctypes.c_float, i64,
-                                         i32]
-        _lib = lib
-        return _lib
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.decode_attention.restype = i32
+    lib.decode_attention.argtypes = [p, p, p, i32, i64, p, p, p, i32, i32, i64, i32, i32, ctypes.c_float, i64, i32]
+
+
+# the compiled kernel library, or None (disabled, no compiler, or the build failed: logged once)
+load = LazyLibrary("decode_attention", SOURCE, [SOURCE.parent / "vec16.h"], "HITENTER_DECODE_KERNEL",
+                   "decode attention kernel", "torch path only", _declare)
 
 
 def supports(kv_cache_layer: torch.Tensor, num_heads: int, q_dtype: torch.dtype) -> bool:

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from hitenter.kernels.build import BuildError, load_library
+from hitenter.kernels.build import LazyLibrary
 
 if TYPE_CHECKING:
     from hitenter.models.attention import AttentionMetadata
@@ -31,33 +29,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "prompt_attention.c"
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_tried = False
 
 
-def load() -> ctypes.CDLL | None:
-    """The compiled kernel, or None (disabled, no compiler, or a failed build: logged once)."""
-    global _lib, _tried
-    if _lib is not None:
-        return _lib
-    with _lock:
-        if _tried:
-            return _lib
-        _tried = True
-        if os.environ.get("HITENTER_PROMPT_KERNEL", "1") == "0":
-            return None
-        try:
-            lib = load_library("prompt_attention", SOURCE, [], [SOURCE.parent / "vec16.h"])
-        except BuildError as e:
-            log.warning("prompt attention kernel unavailable: GEMM path for prompt rows. %s", e)
-            return None
-        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.prompt_attention.restype = i32
-        lib.prompt_attention.argtypes = [p, p, p, i64, p, p, p, p, p, i32, i32, i64, i32, i32, ctypes.c_float, i64,
-                                         i32]
-        _lib = lib
-        return _lib
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.prompt_attention.restype = i32
+    lib.prompt_attention.argtypes = [p, p, p, i64, p, p, p, p, p, i32, i32, i64, i32, i32, ctypes.c_float, i64, i32]
+
+
+# the compiled kernel, or None (disabled, no compiler, or a failed build: logged once)
+load = LazyLibrary("prompt_attention", SOURCE, [SOURCE.parent / "vec16.h"], "HITENTER_PROMPT_KERNEL",
+                   "prompt attention kernel", "GEMM path for prompt rows", _declare)
 
 
 def supports(kv_cache_layer: torch.Tensor, num_heads: int, q_dtype: torch.dtype) -> bool:
