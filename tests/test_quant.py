@@ -174,7 +174,7 @@ def test_smollm2_perplexity_within_2_percent(smollm2_path: Path, smol_ids: list[
 def test_smollm2_next_token_in_fp32_top3(smollm2_path: Path, mode: str) -> None:
     """The quantized model's greedy next token is one of the fp32 model's top 3 on every prompt.
 
-    (Exact greedy equality over 24 tokens: see test_smollm2_int4_greedy_agrees_with_fp32.)"""
+    (Agreement over 24 greedy tokens: see test_smollm2_int4_greedy_agrees_with_fp32.)"""
     from hitenter.tokenizer.bpe import Tokenizer
 
     tok = Tokenizer.from_gguf(smollm2_path)
@@ -189,15 +189,25 @@ def test_smollm2_next_token_in_fp32_top3(smollm2_path: Path, mode: str) -> None:
 
 @pytest.mark.slow
 def test_smollm2_int4_greedy_agrees_with_fp32(smollm2_path: Path) -> None:
-    """int4 (the GGUF's exact Q4_1 weights, bf16 activations, rescored head) continues most prompts
-    exactly like the fp32 model over 24 greedy tokens (measured 6/10; int8, requantized per row, 3/10)."""
+    """int4 (the GGUF's exact Q4_1 weights, bf16 activations, rescored head), fed the fp32 model's 24 greedy
+    tokens after each prompt, predicts that model's next token at >= 95% of the positions (measured 97.9%;
+    int8, requantized per row, 95.4%). Teacher-forced, so one near-tie does not decide a whole
+    continuation: exact 24-token continuations measured 5-6 of 10, flipping with fp32 rounding alone."""
+    from hitenter.quant.evaluate import _Seq
     from hitenter.tokenizer.bpe import Tokenizer
 
     tok = Tokenizer.from_gguf(smollm2_path)
     ref, _ = load_model(smollm2_path, dtype=torch.float32)
     qm, _ = load_model(smollm2_path, quantization="int4")
-    same = [greedy(qm, tok.encode(p), 24) == greedy(ref, tok.encode(p), 24) for p in PROMPTS]
-    assert sum(same) > len(same) / 2, same
+    agree = total = 0
+    for p in PROMPTS:
+        ids = tok.encode(p)
+        cont = greedy(ref, ids, 24)
+        with torch.inference_mode():
+            pred = _Seq(qm, len(ids) + 24).step(ids + cont)[len(ids) - 1:-1].argmax(-1).tolist()
+        agree += sum(a == b for a, b in zip(pred, cont, strict=True))
+        total += len(cont)
+    assert agree >= 0.95 * total, f"{agree}/{total}"
 
 
 def test_rescored_head_gives_exact_logits_to_its_top_k() -> None:
