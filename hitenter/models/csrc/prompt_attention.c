@@ -18,7 +18,8 @@
 
 #include "vec16.h"
 
-#define RB 16         /* rows per work item */
+#define RB 32         /* rows per work item */
+#define QG 8          /* query vectors whose scores are computed together */
 #define MAXG 16
 #define MAXNV 16
 
@@ -42,27 +43,36 @@ static inline __attribute__((always_inline)) float softmax_step(qstate *st, v16 
     return corr;
 }
 
-/* acc[qi[u]] = acc * corr[u] + sum over the tile's keys t (in order) of pr[u][t] * V[t], for nu queries:
-   each V row is loaded once for all of them */
-static inline __attribute__((always_inline)) void pv_update(float *acc, const int qi[4], int nu, const float corr[4],
-                                                            const float pr[4][16], const float *const vrow[16], int nk,
-                                                            const int NV, int D) {
-    for (int i0 = 0; i0 < NV; i0 += 4) {
-        const int ni = NV - i0 < 4 ? NV - i0 : 4;
-        v16 x[4][4];
-        for (int u = 0; u < nu; u++)
-            for (int i = 0; i < ni; i++) {
-                memcpy(&x[u][i], acc + (size_t)qi[u] * D + 16 * (i0 + i), 64);
-                x[u][i] = x[u][i] * corr[u];
-            }
-        for (int t = 0; t < nk; t++)
-            for (int i = 0; i < ni; i++) {
-                v16 vv;
-                memcpy(&vv, vrow[t] + 16 * (i0 + i), 64);
-                for (int u = 0; u < nu; u++) x[u][i] += pr[u][t] * vv;
-            }
-        for (int u = 0; u < nu; u++)
-            for (int i = 0; i < ni; i++) memcpy(acc + (size_t)qi[u] * D + 16 * (i0 + i), &x[u][i], 64);
+/* acc[qi[u]] = acc * corr[u] + sum over the tile's keys t (in order) of pr[u][t] * V[t], for nu <= 4
+   queries and the d-vectors i0 .. i0+ni-1: each V row is loaded once for all of them. Inlined with
+   constant nu and ni for the full case, so the 16 accumulators stay in registers. */
+static inline __attribute__((always_inline)) void pv_part(float *acc, const int *qi, const int nu, const float *corr,
+                                                          const float (*pr)[16], const float *const vrow[16], int nk,
+                                                          int i0, const int ni, int D) {
+    v16 x[4][4];
+    for (int u = 0; u < nu; u++)
+        for (int i = 0; i < ni; i++) {
+            memcpy(&x[u][i], acc + (size_t)qi[u] * D + 16 * (i0 + i), 64);
+            x[u][i] = x[u][i] * corr[u];
+        }
+    for (int t = 0; t < nk; t++)
+        for (int i = 0; i < ni; i++) {
+            v16 vv;
+            memcpy(&vv, vrow[t] + 16 * (i0 + i), 64);
+            for (int u = 0; u < nu; u++) x[u][i] += pr[u][t] * vv;
+        }
+    for (int u = 0; u < nu; u++)
+        for (int i = 0; i < ni; i++) memcpy(acc + (size_t)qi[u] * D + 16 * (i0 + i), &x[u][i], 64);
+}
+
+static void pv_update(float *acc, const int *qi, int nu, const float *corr, const float (*pr)[16],
+                      const float *const vrow[16], int nk, int NV, int D) {
+    for (int u0 = 0; u0 < nu; u0 += 4) {
+        const int nn = nu - u0 < 4 ? nu - u0 : 4;
+        for (int i0 = 0; i0 < NV; i0 += 4) {
+            if (nn == 4 && NV - i0 >= 4) pv_part(acc, qi + u0, 4, corr + u0, pr + u0, vrow, nk, i0, 4, D);
+            else pv_part(acc, qi + u0, nn, corr + u0, pr + u0, vrow, nk, i0, NV - i0 < 4 ? NV - i0 : 4, D);
+        }
     }
 }
 
@@ -99,20 +109,21 @@ static void item(const float *q, float *out, const float *kv, int64_t r0, int n,
         }
         for (int d = 0; d < D; d++)
             for (int t = 0; t < 16; t++) kt[d * 16 + t] = t < nk ? krow[t][d] : 0.f;
-        /* 4 query vectors at a time (any rows / heads of the block): 4 independent FMA chains over d */
+        /* QG query vectors at a time (any rows / heads of the block): QG independent FMA chains over d */
         const int qstart = (int)(k0 > p0 ? k0 - p0 : 0) * G;   /* earlier rows cannot see this tile */
-        for (int q0 = qstart; q0 < nq; q0 += 4) {
-            const int nqq = nq - q0 < 4 ? nq - q0 : 4;
-            const float *qv[4];
-            for (int u = 0; u < 4; u++) qv[u] = qs + (size_t)(q0 + (u < nqq ? u : 0)) * D;
-            v16 s[4] = {{0}, {0}, {0}, {0}};
+        for (int q0 = qstart; q0 < nq; q0 += QG) {
+            const int nqq = nq - q0 < QG ? nq - q0 : QG;
+            const float *qv[QG];
+            for (int u = 0; u < QG; u++) qv[u] = qs + (size_t)(q0 + (u < nqq ? u : 0)) * D;
+            v16 s[QG];
+            for (int u = 0; u < QG; u++) s[u] = (v16){0};
             for (int d = 0; d < D; d++) {
                 v16 kd;
                 memcpy(&kd, kt + d * 16, 64);
-                for (int u = 0; u < 4; u++) s[u] += qv[u][d] * kd;   /* each query: d in order */
+                for (int u = 0; u < QG; u++) s[u] += qv[u][d] * kd;   /* each query: d in order */
             }
-            int qi[4], nu = 0;
-            float corr[4], pr[4][16];
+            int qi[QG], nu = 0;
+            float corr[QG], pr[QG][16];
             for (int u = 0; u < nqq; u++) {
                 const int64_t p = p0 + (q0 + u) / G;
                 if (window > 0 && k0 + 15 <= p - window) continue;   /* the whole tile is outside its window */
@@ -124,7 +135,7 @@ static void item(const float *q, float *out, const float *kv, int64_t r0, int n,
                 memcpy(pr[nu], &pv, 64);
                 qi[nu++] = q0 + u;
             }
-            if (nu) pv_update(acc, qi, nu, corr, pr, vrow, nk, NV, D);
+            if (nu) pv_update(acc, qi, nu, corr, (const float (*)[16])pr, vrow, nk, NV, D);
         }
     }
     for (int j = 0; j < n; j++)
