@@ -24,9 +24,8 @@ varies only varies in ways that do not change a row's bits on torch CPU:
 Generation rows (position >= prompt length - 1, given per sequence as `kernel_from`) go instead to a
 fused kernel that reads the paged cache in place (decode_kernel.py): a row's path depends on its
 position only, so the contract holds for both paths. Without `kernel_from`, or where the kernel is not
-built, every row takes the GEMM path. Where the cache is fp32 and the prompt kernel is built
-(prompt_kernel.py), that kernel replaces the GEMM path for every row that would take it, for every
-caller alike (the GEMM path then stands as the reference and the fallback).
+built, every row takes the GEMM path; where the cache is fp32 and the prompt kernel is built
+(prompt_kernel.py), it replaces the GEMM path for every caller (which then is reference and fallback).
 """
 
 from __future__ import annotations
@@ -267,17 +266,13 @@ def paged_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Attenti
     if prompt_kernel.supports(kv_cache_layer, nh, q.dtype):   # the other rows (prompt rows): their own kernel
         out = torch.empty_like(q)
         prompt_kernel.prompt_attention(q, out, kv_cache_layer, meta, scale, window, use_kernel)
-        if kr is not None:
-            out.index_copy_(0, kr.rows, decode_kernel.decode_attention(
-                q.index_select(0, kr.rows), kv_cache_layer, kr.ctx, kr.starts, kr.tables, scale, window))
-        return out
-    # per KV head, rows t*G + h of the step's queries, plus one zero row for padding
-    qz = q.new_zeros(kvh, t * g + 1, d)
-    qz[:, :t * g] = (q * scale).view(t, kvh, g, d).transpose(0, 1).reshape(kvh, t * g, d)
-    oz = torch.empty_like(qz)
-    for grp in meta.plan(g, row_multiple, use_kernel, window):
-        oz.index_copy_(1, grp.rows, _attend_group(qz, kv_cache_layer, grp, meta.workspace))
-    out = oz[:, :t * g].view(kvh, t, g, d).transpose(0, 1).reshape(t, nh, d)
+    else:   # the GEMM path: per KV head, rows t*G + h of the step's queries, plus one zero row for padding
+        qz = q.new_zeros(kvh, t * g + 1, d)
+        qz[:, :t * g] = (q * scale).view(t, kvh, g, d).transpose(0, 1).reshape(kvh, t * g, d)
+        oz = torch.empty_like(qz)
+        for grp in meta.plan(g, row_multiple, use_kernel, window):
+            oz.index_copy_(1, grp.rows, _attend_group(qz, kv_cache_layer, grp, meta.workspace))
+        out = oz[:, :t * g].view(kvh, t, g, d).transpose(0, 1).reshape(t, nh, d)
     if kr is not None:
         rows = decode_kernel.decode_attention(q.index_select(0, kr.rows), kv_cache_layer, kr.ctx, kr.starts,
                                               kr.tables, scale, window)

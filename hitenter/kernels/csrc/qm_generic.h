@@ -104,4 +104,35 @@ static void g_row256(int qt, int bbytes, const uint8_t *w, int64_t nb, const xq2
     }
 }
 
+/* activation quantization: round to nearest (even) of x / (amax / 127) */
+static void quant_row32(const float *x, int64_t nb, xq32 *o) {
+    for (int64_t b = 0; b < nb; b++, x += 32) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int s = 0;
+        for (int j = 0; j < 32; j++) { o[b].q[j] = (int8_t)lrintf(x[j] * id); s += o[b].q[j]; }
+        o[b].d = d;
+        o[b].s = d * (float)s;
+    }
+}
+
+static void quant_row256(const float *x, int64_t nb, xq256 *o) {
+    for (int64_t b = 0; b < nb; b++, x += 256) {
+        float amax = 0.0f;
+        for (int j = 0; j < 256; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int j = 0; j < 256; j++) o[b].q[j] = (int8_t)lrintf(x[j] * id);
+        for (int g = 0; g < 16; g++) {
+            int s = 0;
+            for (int j = 0; j < 16; j++) s += o[b].q[16 * g + j];
+            o[b].bsum[g] = (int16_t)s;
+            o[b].off6[g] = -32 * s;
+        }
+        for (int g = 0; g < 8; g++) o[b].bsum32[g] = (int16_t)(o[b].bsum[2 * g] + o[b].bsum[2 * g + 1]);
+        o[b].d = amax / 127.0f;
+        o[b].pad = 0.0f;
+    }
+}
+
 #endif

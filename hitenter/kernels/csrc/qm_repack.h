@@ -78,6 +78,20 @@ static void repack_group(int qt, int bb, const uint8_t *w, int64_t ldw, int64_t 
     }
 }
 
+/* bytes of a repacked [N, K] weight (0: not repacked in this build), and the repacking of all its groups */
+static int64_t repacked_bytes(int qt, int64_t N, int64_t K) {
+    const size_t rb = repack_block_bytes(qt);
+    if (!rb || K <= 0 || K % 32 || N <= 0) return 0;
+    return (N + PN - 1) / PN * (K / 32) * (int64_t)rb;
+}
+
+static void repack_all(int qt, int bb, const uint8_t *w, int64_t ldw, int64_t N, int64_t K, uint8_t *out, int nthreads) {
+    const int64_t nb = K / 32, groups = (N + PN - 1) / PN;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
+    for (int64_t g = 0; g < groups; g++)
+        repack_group(qt, bb, w, ldw, N, g, nb, out + (size_t)g * (size_t)nb * repack_block_bytes(qt));
+}
+
 /* y[r, 0..nvalid) for R activation rows (xl layout) against one repacked group of nb blocks */
 QM_INLINE void r_kern(const int qt, const uint8_t *p, int64_t nb, const char *x, int64_t xrow, const int R,
                       float *y, int64_t ldy, int nvalid) {

@@ -29,117 +29,7 @@
 
 #define MT 64   /* activation rows per pass over a thread's weights (64 x K int8 stays in L2) */
 
-/* x: the first of R activation rows, xrow bytes apart */
-typedef void (*row_fn)(const uint8_t *w, int64_t nb, const void *x, int64_t xrow, int R, float *y, int64_t ldy);
-
-#if QM_ISA
-/* one instance per (type, R in 8/4/2/1): R must be a constant for the accumulators to live in registers */
-#define DEF_ROW(name, kern, xt, qt, bb)                                                                   \
-    static void name(const uint8_t *w, int64_t nb, const void *xv, int64_t xrow, int R, float *y,          \
-                     int64_t ldy) {                                                                        \
-        const xt *x = (const xt *)xv;                                                                      \
-        xrow /= (int64_t)sizeof(xt);                                                                       \
-        if (R == 8) kern(qt, bb, w, nb, x, xrow, 8, y, ldy);                                               \
-        else if (R == 4) kern(qt, bb, w, nb, x, xrow, 4, y, ldy);                                          \
-        else if (R == 2) kern(qt, bb, w, nb, x, xrow, 2, y, ldy);                                          \
-        else kern(qt, bb, w, nb, x, xrow, 1, y, ldy);                                                      \
-    }
-#else
-#define DEF_ROW(name, kern, xt, qt, bb)                                                                   \
-    static void name(const uint8_t *w, int64_t nb, const void *xv, int64_t xrow, int R, float *y,          \
-                     int64_t ldy) {                                                                        \
-        kern(qt, bb, w, nb, (const xt *)xv, xrow / (int64_t)sizeof(xt), R, y, ldy);                        \
-    }
-#define s_row32 g_row32
-#define s_row256 g_row256
-#endif
-
-#if QM_ISA
-#define XT32 char    /* legacy activations: the xl row layout of qm_simd.h, addressed in bytes */
-#else
-#define XT32 xq32
-#endif
-
-DEF_ROW(row_q4_0, s_row32, XT32, QT_Q4_0, B_Q4_0)
-DEF_ROW(row_q4_1, s_row32, XT32, QT_Q4_1, B_Q4_1)
-DEF_ROW(row_q5_0, s_row32, XT32, QT_Q5_0, B_Q5_0)
-DEF_ROW(row_q5_1, s_row32, XT32, QT_Q5_1, B_Q5_1)
-DEF_ROW(row_q8_0, s_row32, XT32, QT_Q8_0, B_Q8_0)
-DEF_ROW(row_q4_k, s_row256, xq256, QT_Q4_K, B_Q4_K)
-DEF_ROW(row_q5_k, s_row256, xq256, QT_Q5_K, B_Q5_K)
-DEF_ROW(row_q6_k, s_row256, xq256, QT_Q6_K, B_Q6_K)
-
-#if QM_ISA
-static int packed_fns(int qt, pack_fn *pack, pkern_fn *kern, size_t *pbytes) {
-    *pbytes = sizeof(pblock32);
-    switch (qt) {
-    case QT_Q4_0: *pack = pk_q4_0_pack; *kern = pk_q4_0_kern; return 1;
-    case QT_Q4_1: *pack = pk_q4_1_pack; *kern = pk_q4_1_kern; return 1;
-    case QT_Q5_0: *pack = pk_q5_0_pack; *kern = pk_q5_0_kern; return 1;
-    case QT_Q5_1: *pack = pk_q5_1_pack; *kern = pk_q5_1_kern; return 1;
-    /* Q8_0 + 128 needs dpbusd's exact u8 x s8 sums: AVX2's maddubs would saturate (the row path then) */
-    case QT_Q8_0: *pack = pk_q8_0_pack; *kern = pk_q8_0_kern; return QM_VNNI;
-    }
-    *pbytes = sizeof(pblock);
-    switch (qt) {
-    case QT_Q4_K: *pack = pk_q4_k_pack; *kern = pk_q4_k_kern; return 1;
-    case QT_Q5_K: *pack = pk_q5_k_pack; *kern = pk_q5_k_kern; return 1;
-    case QT_Q6_K: *pack = pk_q6_k_pack; *kern = pk_q6_k_kern; return 1;
-    }
-    return 0;
-}
-#endif
-
-#if !QM_ISA
-/* activation quantization: round to nearest (even) of x / (amax / 127) */
-static void quant_row32(const float *x, int64_t nb, xq32 *o) {
-    for (int64_t b = 0; b < nb; b++, x += 32) {
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int s = 0;
-        for (int j = 0; j < 32; j++) { o[b].q[j] = (int8_t)lrintf(x[j] * id); s += o[b].q[j]; }
-        o[b].d = d;
-        o[b].s = d * (float)s;
-    }
-}
-
-static void quant_row256(const float *x, int64_t nb, xq256 *o) {
-    for (int64_t b = 0; b < nb; b++, x += 256) {
-        float amax = 0.0f;
-        for (int j = 0; j < 256; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        for (int j = 0; j < 256; j++) o[b].q[j] = (int8_t)lrintf(x[j] * id);
-        for (int g = 0; g < 16; g++) {
-            int s = 0;
-            for (int j = 0; j < 16; j++) s += o[b].q[16 * g + j];
-            o[b].bsum[g] = (int16_t)s;
-            o[b].off6[g] = -32 * s;
-        }
-        for (int g = 0; g < 8; g++) o[b].bsum32[g] = (int16_t)(o[b].bsum[2 * g] + o[b].bsum[2 * g + 1]);
-        o[b].d = amax / 127.0f;
-        o[b].pad = 0.0f;
-    }
-}
-#endif
-
-static int type_info(int qt, int *elems, int *bytes, row_fn *fn) {
-    *elems = 32;
-    switch (qt) {
-    case QT_Q4_0: *bytes = B_Q4_0; *fn = row_q4_0; return 0;
-    case QT_Q4_1: *bytes = B_Q4_1; *fn = row_q4_1; return 0;
-    case QT_Q5_0: *bytes = B_Q5_0; *fn = row_q5_0; return 0;
-    case QT_Q5_1: *bytes = B_Q5_1; *fn = row_q5_1; return 0;
-    case QT_Q8_0: *bytes = B_Q8_0; *fn = row_q8_0; return 0;
-    }
-    *elems = 256;
-    switch (qt) {
-    case QT_Q4_K: *bytes = B_Q4_K; *fn = row_q4_k; return 0;
-    case QT_Q5_K: *bytes = B_Q5_K; *fn = row_q5_k; return 0;
-    case QT_Q6_K: *bytes = B_Q6_K; *fn = row_q6_k; return 0;
-    }
-    return -1;
-}
+#include "qm_dispatch.h"
 
 int qm_isa(void) { return QM_ISA; }   /* 0 generic, 1 AVX2, 2 AVX512-VNNI */
 
@@ -286,9 +176,7 @@ int qm_repack_lanes(void) {
 
 int64_t qm_repacked_bytes(int qt, int64_t N, int64_t K) {
 #if QM_ISA
-    const size_t rb = repack_block_bytes(qt);
-    if (!rb || K <= 0 || K % 32 || N <= 0) return 0;
-    return (N + PN - 1) / PN * (K / 32) * (int64_t)rb;
+    return repacked_bytes(qt, N, K);
 #else
     (void)qt, (void)N, (void)K;
     return 0;
@@ -301,11 +189,10 @@ int qm_repack(int qt, const uint8_t *w, int64_t N, int64_t K, int64_t ldw, uint8
     int elems, bytes;
     row_fn fn;
     type_info(qt, &elems, &bytes, &fn);
-    const int64_t nb = K / 32, groups = (N + PN - 1) / PN;
-    if (ldw < nb * bytes) return -2;
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
-    for (int64_t g = 0; g < groups; g++)
-        repack_group(qt, bytes, w, ldw, N, g, nb, out + (size_t)g * (size_t)nb * repack_block_bytes(qt));
+    if (ldw < K / 32 * bytes) return -2;
+    repack_all(qt, bytes, w, ldw, N, K, out, nthreads);
+#else
+    (void)w, (void)ldw, (void)out, (void)nthreads;
 #endif
     return 0;
 }

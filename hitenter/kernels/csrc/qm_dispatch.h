@@ -1,0 +1,87 @@
+/* Which kernel serves which block type (qmatmul.c includes this once, after the ISA headers): the row
+ * path's functions (one instance per type and R in 8/4/2/1), the packed GEMM's (pack + kernel) and the
+ * block geometry of each type. */
+#ifndef QM_DISPATCH_H
+#define QM_DISPATCH_H
+
+/* x: the first of R activation rows, xrow bytes apart */
+typedef void (*row_fn)(const uint8_t *w, int64_t nb, const void *x, int64_t xrow, int R, float *y, int64_t ldy);
+
+#if QM_ISA
+/* one instance per (type, R in 8/4/2/1): R must be a constant for the accumulators to live in registers */
+#define DEF_ROW(name, kern, xt, qt, bb)                                                                   \
+    static void name(const uint8_t *w, int64_t nb, const void *xv, int64_t xrow, int R, float *y,          \
+                     int64_t ldy) {                                                                        \
+        const xt *x = (const xt *)xv;                                                                      \
+        xrow /= (int64_t)sizeof(xt);                                                                       \
+        if (R == 8) kern(qt, bb, w, nb, x, xrow, 8, y, ldy);                                               \
+        else if (R == 4) kern(qt, bb, w, nb, x, xrow, 4, y, ldy);                                          \
+        else if (R == 2) kern(qt, bb, w, nb, x, xrow, 2, y, ldy);                                          \
+        else kern(qt, bb, w, nb, x, xrow, 1, y, ldy);                                                      \
+    }
+#else
+#define DEF_ROW(name, kern, xt, qt, bb)                                                                   \
+    static void name(const uint8_t *w, int64_t nb, const void *xv, int64_t xrow, int R, float *y,          \
+                     int64_t ldy) {                                                                        \
+        kern(qt, bb, w, nb, (const xt *)xv, xrow / (int64_t)sizeof(xt), R, y, ldy);                        \
+    }
+#define s_row32 g_row32
+#define s_row256 g_row256
+#endif
+
+#if QM_ISA
+#define XT32 char    /* legacy activations: the xl row layout of qm_simd.h, addressed in bytes */
+#else
+#define XT32 xq32
+#endif
+
+DEF_ROW(row_q4_0, s_row32, XT32, QT_Q4_0, B_Q4_0)
+DEF_ROW(row_q4_1, s_row32, XT32, QT_Q4_1, B_Q4_1)
+DEF_ROW(row_q5_0, s_row32, XT32, QT_Q5_0, B_Q5_0)
+DEF_ROW(row_q5_1, s_row32, XT32, QT_Q5_1, B_Q5_1)
+DEF_ROW(row_q8_0, s_row32, XT32, QT_Q8_0, B_Q8_0)
+DEF_ROW(row_q4_k, s_row256, xq256, QT_Q4_K, B_Q4_K)
+DEF_ROW(row_q5_k, s_row256, xq256, QT_Q5_K, B_Q5_K)
+DEF_ROW(row_q6_k, s_row256, xq256, QT_Q6_K, B_Q6_K)
+
+#if QM_ISA
+static int packed_fns(int qt, pack_fn *pack, pkern_fn *kern, size_t *pbytes) {
+    *pbytes = sizeof(pblock32);
+    switch (qt) {
+    case QT_Q4_0: *pack = pk_q4_0_pack; *kern = pk_q4_0_kern; return 1;
+    case QT_Q4_1: *pack = pk_q4_1_pack; *kern = pk_q4_1_kern; return 1;
+    case QT_Q5_0: *pack = pk_q5_0_pack; *kern = pk_q5_0_kern; return 1;
+    case QT_Q5_1: *pack = pk_q5_1_pack; *kern = pk_q5_1_kern; return 1;
+    /* Q8_0 + 128 needs dpbusd's exact u8 x s8 sums: AVX2's maddubs would saturate (the row path then) */
+    case QT_Q8_0: *pack = pk_q8_0_pack; *kern = pk_q8_0_kern; return QM_VNNI;
+    }
+    *pbytes = sizeof(pblock);
+    switch (qt) {
+    case QT_Q4_K: *pack = pk_q4_k_pack; *kern = pk_q4_k_kern; return 1;
+    case QT_Q5_K: *pack = pk_q5_k_pack; *kern = pk_q5_k_kern; return 1;
+    case QT_Q6_K: *pack = pk_q6_k_pack; *kern = pk_q6_k_kern; return 1;
+    }
+    return 0;
+}
+#endif
+
+
+static int type_info(int qt, int *elems, int *bytes, row_fn *fn) {
+    *elems = 32;
+    switch (qt) {
+    case QT_Q4_0: *bytes = B_Q4_0; *fn = row_q4_0; return 0;
+    case QT_Q4_1: *bytes = B_Q4_1; *fn = row_q4_1; return 0;
+    case QT_Q5_0: *bytes = B_Q5_0; *fn = row_q5_0; return 0;
+    case QT_Q5_1: *bytes = B_Q5_1; *fn = row_q5_1; return 0;
+    case QT_Q8_0: *bytes = B_Q8_0; *fn = row_q8_0; return 0;
+    }
+    *elems = 256;
+    switch (qt) {
+    case QT_Q4_K: *bytes = B_Q4_K; *fn = row_q4_k; return 0;
+    case QT_Q5_K: *bytes = B_Q5_K; *fn = row_q5_k; return 0;
+    case QT_Q6_K: *bytes = B_Q6_K; *fn = row_q6_k; return 0;
+    }
+    return -1;
+}
+
+#endif
