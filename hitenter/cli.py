@@ -117,7 +117,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     serve(model=a.model, host=a.host, port=a.port, api_key=a.api_key, served_model_name=a.served_model_name,
           max_queued_requests=a.max_queued_requests, extra_models=extra, max_body_bytes=a.max_body_bytes,
           header_timeout=a.header_timeout, metrics_public=a.metrics_public,
-          allow_special_tokens_in_content=a.allow_special_tokens_in_content, **_engine_kwargs(a))
+          allow_special_tokens_in_content=a.allow_special_tokens_in_content, allowed_origins=a.allowed_origins,
+          **_engine_kwargs(a))
     return 0
 
 
@@ -130,6 +131,9 @@ def _server_guard_flags(p: argparse.ArgumentParser) -> None:
                    help="serve /metrics without the --api-key (default: behind it)")
     p.add_argument("--allow-special-tokens-in-content", action="store_true",
                    help="trusted callers only: special-token text in chat messages becomes control tokens")
+    p.add_argument("--allowed-origins", action="append", default=None, metavar="ORIGIN",
+                   help="browser origins allowed cross-origin calls (CORS), e.g. http://localhost:3000 or '*' "
+                        "(repeatable or comma-separated; default none: pages on other origins cannot call the API)")
 
 
 def cmd_pull(a: argparse.Namespace) -> int:

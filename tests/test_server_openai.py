@@ -235,3 +235,13 @@ def test_extra_models_are_routed_by_name(tiny_llama_path: Path) -> None:
         text = c.get("/metrics").text
         assert 'hitenter:request_success_total{finished_reason="length",model_name="tiny"} 1.0' in text
         assert 'model_name="trigram"' in text
+
+
+def test_embeddings_with_the_openai_client(client: openai.OpenAI, server: LiveServer) -> None:
+    """The client asks for base64 by default and decodes it: the same vector as encoding_format float."""
+    r = client.embeddings.create(model=MODEL, input=["Hello world", "abc"])
+    floats = httpx.post(server.url + "/v1/embeddings", json={"input": "Hello world"}).json()["data"][0]["embedding"]
+    assert len(r.data) == 2 and r.data[0].embedding == pytest.approx(floats, abs=1e-6)
+    assert abs(sum(x * x for x in r.data[1].embedding) - 1) < 1e-4
+    f = client.embeddings.create(model=MODEL, input="Hello world", encoding_format="float")
+    assert f.data[0].embedding == pytest.approx(floats, abs=1e-6)

@@ -20,6 +20,7 @@ from hitenter.engine.llm_engine import LLMEngine
 from hitenter.server import protocol as P
 from hitenter.server import routes_admin, routes_openai, routes_tokenize
 from hitenter.server.auth import api_key_dependency
+from hitenter.server.cors import add_cors
 from hitenter.server.errors import error_responses, install_error_handlers
 from hitenter.server.extra_routes import (
     allowed_methods,
@@ -46,9 +47,10 @@ def create_app(engine: LLMEngine | AsyncLLMEngine, served_model_name: str | None
                max_queued_requests: int | None = None,
                extra_engines: dict[str, LLMEngine | AsyncLLMEngine] | None = None, playground: bool = True, *,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics_public: bool = False,
-               allow_special_tokens_in_content: bool = False) -> FastAPI:
+               allow_special_tokens_in_content: bool = False, allowed_origins: list[str] | None = None) -> FastAPI:
     """The app. ``max_queued_requests``, when given, is set on every engine; ``playground`` mounts
-    the web playground (its API under /playground/api, the page at /) when it is installed."""
+    the web playground (its API under /playground/api, the page at /) when it is installed;
+    ``allowed_origins``: the browser origins allowed cross-origin calls (CORS; none by default)."""
     models = {m.name: m for m in [_served(served_model_name, engine, max_queued_requests)]}
     for name, e in (extra_engines or {}).items():
         models[name] = _served(name, e, max_queued_requests)
@@ -80,6 +82,7 @@ def create_app(engine: LLMEngine | AsyncLLMEngine, served_model_name: str | None
         _mount_playground(app, {m.name: m.engine for m in models.values()}, guarded)
     configs = [m.engine.engine.model_config for m in models.values()]
     _schema_for_served(app, state.roles(), min(c.vocab_size for c in configs), {c.hidden_size for c in configs})
+    add_cors(app, allowed_origins)       # outermost: errors and preflights carry the CORS headers too
     return app
 
 
@@ -124,16 +127,23 @@ def _mount_playground(app: FastAPI, engines: dict[str, AsyncLLMEngine], guarded:
     responses = {**error_responses(400, 404, 413, 429), **guarded.get("responses", {})}
     app.include_router(make_playground_router(engines), **{**guarded, "responses": responses})  # behind the key
     if (WEB_DIR / "index.html").exists():     # last: catches the rest
-        app.mount("/", _StaticOr405(app, StaticFiles(directory=WEB_DIR, html=True)), name="playground")
+        app.mount("/", _StaticOr405(app, StaticFiles(directory=WEB_DIR, html=True), WEB_DIR), name="playground")
 
 
 class _StaticOr405:
     """The page's files, except that an API path asked with the wrong method gets 405 with ``Allow``
     (under a catch-all mount Starlette would answer it 404 from the static files), an unknown /v1 path
-    our JSON 404 (never a 405), and a page path asked with another method than GET / HEAD a 405."""
+    our JSON 404 (never a 405), a page file asked with another method than GET / HEAD a 405, and any
+    other path asked with another method our JSON 404 (``POST /chat/completions``: a base URL without /v1)."""
 
-    def __init__(self, app: FastAPI, static: ASGIApp) -> None:
-        self.app, self.static = app, static
+    def __init__(self, app: FastAPI, static: ASGIApp, root: Path) -> None:
+        self.app, self.static, self.root = app, static, root.resolve()
+
+    def _is_page(self, path: str) -> bool:
+        target = (self.root / path.lstrip("/")).resolve()
+        if target != self.root and self.root not in target.parents:
+            return False
+        return target.is_file() or (target / "index.html").is_file()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -142,22 +152,32 @@ class _StaticOr405:
                 await not_found_or_405(self.app, method, path).response()(scope, receive, send)
                 return
             if method not in ("GET", "HEAD"):    # the page's files take GET / HEAD only
-                err = P.APIError(405, "Method Not Allowed", headers={"Allow": "GET, HEAD"})
+                err = (P.APIError(405, "Method Not Allowed", headers={"Allow": "GET, HEAD"}) if self._is_page(path)
+                       else P.APIError(404, f"no route {method} {path}"))
                 await err.response()(scope, receive, send)
                 return
         await self.static(scope, receive, send)
+
+
+def model_name(ref: str) -> str:
+    """The name a model reference is served under: a known name as written (``qwen2.5-coder-0.5b-instruct``,
+    never cut at its last dot), a file or ``hf:`` reference by its file name without ``.gguf``."""
+    last = ref.rstrip("/").rsplit("/", 1)[-1]
+    return last[:-len(".gguf")] if last.lower().endswith(".gguf") else last
 
 
 def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           served_model_name: str | None = None, max_queued_requests: int | None = 256,
           extra_models: list[str] | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
           header_timeout: float = DEFAULT_HEADER_TIMEOUT, metrics_public: bool = False,
-          allow_special_tokens_in_content: bool = False, **engine_kwargs: Any) -> None:
+          allow_special_tokens_in_content: bool = False, allowed_origins: list[str] | None = None,
+          **engine_kwargs: Any) -> None:
     import uvicorn
 
     engine = LLMEngine(model, **engine_kwargs)
-    extra = {Path(ref).stem: LLMEngine(ref) for ref in (extra_models or [])}
+    extra = {model_name(ref): LLMEngine(ref) for ref in (extra_models or [])}
     app = create_app(engine, served_model_name, api_key, max_queued_requests, extra,    # type: ignore[arg-type]
                      max_body_bytes=max_body_bytes, metrics_public=metrics_public,
-                     allow_special_tokens_in_content=allow_special_tokens_in_content)
+                     allow_special_tokens_in_content=allow_special_tokens_in_content,
+                     allowed_origins=allowed_origins)
     uvicorn.Server(uvicorn_config(app, host, port, header_timeout, log_level="info")).run()

@@ -48,6 +48,17 @@ class APIError(Exception):
         return {"error": err}
 
 
+def overflow_error(param: str, n_prompt: int, n_ctx: int, max_tokens: int | None = None,
+                   detail: str = "") -> APIError:
+    """A context overflow (400) in OpenAI's wording, which clients (LangChain, LiteLLM) search for
+    ("maximum context length") to trim a conversation, with ``n_prompt_tokens`` / ``n_ctx`` (llama.cpp)."""
+    asked = n_prompt + (max_tokens or 0)
+    msg = (f"This model's maximum context length is {n_ctx} tokens. However, you requested {asked} tokens "
+           f"({n_prompt} in the {param}, {max_tokens or 0} in the completion). Please reduce the length of the "
+           f"{param} or completion." + (f" ({detail})" if detail else ""))
+    return APIError(400, f"{param}: {msg}", param, n_prompt_tokens=n_prompt, n_ctx=n_ctx)
+
+
 def param_of(message: str) -> str | None:
     """SamplingParams/engine ValueErrors start with the field name: ``"top_p: must be ..."``."""
     head, sep, _ = message.partition(":")

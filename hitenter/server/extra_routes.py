@@ -9,8 +9,10 @@ under ``/v1/`` and for non-GET methods anywhere, both answering 404 in the API's
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Annotated, Any, Literal
 
+import numpy as np
 import torch
 from annotated_types import MinLen
 from fastapi import APIRouter, FastAPI, Request
@@ -32,7 +34,7 @@ class EmbeddingRequest(BaseModel):
     input: (P.NonEmpty | Annotated[list[P.NonEmpty], MinLen(1)] | Annotated[list[P.TokenId], MinLen(1)]
             | Annotated[list[Annotated[list[P.TokenId], MinLen(1)]], MinLen(1)])
     model: str | None = None
-    encoding_format: Literal["float"] = "float"
+    encoding_format: Literal["float", "base64"] = "float"   # the openai client asks for base64 by default
     dimensions: P.PositiveInt | None = None
     user: str | None = None
 
@@ -87,8 +89,6 @@ def make_router() -> APIRouter:
         from hitenter.server.request_extras import check_known_fields
 
         check_known_fields(req)
-        if req.encoding_format != "float":
-            raise P.APIError(400, "encoding_format: only 'float' is supported", "encoding_format")
         m = _served(request, req.model)
         eng = m.engine.engine
         size = eng.model_config.hidden_size
@@ -103,7 +103,9 @@ def make_router() -> APIRouter:
             hidden = await asyncio.to_thread(forward_hidden, eng, prompts)   # a private KV cache, beside the steps
         except ValueError as e:
             raise P.APIError(400, str(e), "input") from e
-        vecs = _pool(hidden)
+        vecs: list[Any] = _pool(hidden)
+        if req.encoding_format == "base64":      # OpenAI's: the float32 little-endian bytes, base64
+            vecs = [base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii") for v in vecs]
         n = sum(map(len, prompts))
         return {"object": "list", "model": m.name, "usage": {"prompt_tokens": n, "total_tokens": n},
                 "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vecs)]}

@@ -28,10 +28,10 @@ def _number(v: Any) -> Any:
     return v
 
 
-_NUM = BeforeValidator(_number)       # after the bounds (Interval), so that the schema states them
+_NUM = BeforeValidator(_number)       # after the bounds (Interval), so that the schema states them; ints add Strict() (8.0 is no int)
 Bool = Annotated[bool, Strict()]
 # the served schema bounds token ids by the vocabulary (api._schema_for_served rewrites this bound)
-TokenId = Annotated[int, Interval(ge=0, lt=2**31), _NUM]
+TokenId = Annotated[int, Interval(ge=0, lt=2**31), Strict(), _NUM]
 
 
 class _Body(BaseModel):
@@ -47,17 +47,17 @@ class PromptBody(_Body):
 
 class Params(_Body):
     temperature: Annotated[float, Interval(ge=0, le=100), _NUM] | None = None
-    top_k: Annotated[int, Interval(ge=-1), _NUM] | None = None
+    top_k: Annotated[int, Interval(ge=-1), Strict(), _NUM] | None = None
     top_p: Annotated[float, Interval(gt=0, le=1), _NUM] | None = None
     min_p: Annotated[float, Interval(ge=0, le=1), _NUM] | None = None
-    seed: Annotated[int, Interval(ge=0, le=2**53), _NUM] | None = None      # integers JSON carries exactly
-    max_tokens: Annotated[int, Interval(ge=1, le=MAX_TOKENS), _NUM] | None = None
+    seed: Annotated[int, Interval(ge=0, le=2**53), Strict(), _NUM] | None = None      # integers JSON carries exactly
+    max_tokens: Annotated[int, Interval(ge=1, le=MAX_TOKENS), Strict(), _NUM] | None = None
     stop: list[str] | str | None = None
     ignore_eos: Bool | None = None
     repetition_penalty: Annotated[float, Interval(gt=0, le=10), _NUM] | None = None
     presence_penalty: Annotated[float, Interval(ge=-2, le=2), _NUM] | None = None
     frequency_penalty: Annotated[float, Interval(ge=-2, le=2), _NUM] | None = None
-    min_tokens: Annotated[int, Interval(ge=0, le=MAX_TOKENS), _NUM] | None = None
+    min_tokens: Annotated[int, Interval(ge=0, le=MAX_TOKENS), Strict(), _NUM] | None = None
     stop_token_ids: list[TokenId] | None = Field(None, max_length=64)
 
 
@@ -68,27 +68,27 @@ class GenerateBody(PromptBody):
 class ReshapeBody(_Body):
     model: str | None = None
     request_id: str = Field(max_length=64)
-    index: Annotated[int, Interval(ge=0, le=MAX_TOKENS), _NUM] = 0
+    index: Annotated[int, Interval(ge=0, le=MAX_TOKENS), Strict(), _NUM] = 0
     params: Params = Field(default_factory=Params)
 
 
 class BurstBody(PromptBody):
-    n: Annotated[int, Interval(ge=1, le=MAX_BURST), _NUM] = 4
-    max_tokens: Annotated[int, Interval(ge=1, le=MAX_TOKENS), _NUM] = 24
+    n: Annotated[int, Interval(ge=1, le=MAX_BURST), Strict(), _NUM] = 4
+    max_tokens: Annotated[int, Interval(ge=1, le=MAX_TOKENS), Strict(), _NUM] = 24
 
 
 class DeterminismBody(GenerateBody):
-    others: Annotated[int, Interval(ge=1, le=MAX_OTHERS), _NUM] = 4
+    others: Annotated[int, Interval(ge=1, le=MAX_OTHERS), Strict(), _NUM] = 4
 
 
 class TraceBody(PromptBody):
-    generate: Annotated[int, Interval(ge=0, le=MAX_TRACE_NEW), _NUM] = 0
+    generate: Annotated[int, Interval(ge=0, le=MAX_TRACE_NEW), Strict(), _NUM] = 0
 
 
 class TraceQuery(_Body):
     trace_id: str = Field(max_length=64)
-    layer: Annotated[int, Interval(ge=0), _NUM] = 0
-    index: Annotated[int, Interval(ge=0), _NUM] = 0         # a token position
+    layer: Annotated[int, Interval(ge=0), Strict(), _NUM] = 0
+    index: Annotated[int, Interval(ge=0), Strict(), _NUM] = 0         # a token position
     temperature: Annotated[float, Interval(ge=0, le=100), _NUM] = 1.0
 
 
@@ -134,5 +134,5 @@ async def parse(request: Request, cls: type[B]) -> B:
 
 class RopeBody(_Body):
     model: str | None = None
-    positions: Annotated[int, Interval(ge=1, le=256), _NUM] = 32
-    max_distance: Annotated[int, Interval(ge=1, le=4096), _NUM] = 256
+    positions: Annotated[int, Interval(ge=1, le=256), Strict(), _NUM] = 32
+    max_distance: Annotated[int, Interval(ge=1, le=4096), Strict(), _NUM] = 256

@@ -1,8 +1,9 @@
 """OpenAI-compatible request schemas and the response pieces built from engine outputs.
 
-Requests ignore unknown fields (``extra="ignore"``) like vLLM and OpenAI. Integers and floats are
-never booleans (``Int``/``Float``: ``true`` is refused, not read as 1); roles are the four OpenAI
-chat roles. Ranges are left to :class:`hitenter.sampling_params.SamplingParams`, whose ``ValueError``
+Top-level /v1 bodies keep unknown fields so that ``request_extras.check_known_fields`` can refuse them
+by name; nested objects (messages, content parts, tools, tool calls, stream_options) forbid them
+outright. Numbers are strict: a string is never a number, a float never an integer, ``true`` never 1;
+roles are the four OpenAI chat roles. Ranges are left to :class:`hitenter.sampling_params.SamplingParams`, whose ``ValueError``
 messages start with the field name, which becomes the error's ``param``. The error model (``APIError``,
 ``ErrorBody``...) lives in hitenter/server/api_error.py and is re-exported here.
 """
@@ -21,6 +22,7 @@ from hitenter.server.api_error import APIError as APIError
 from hitenter.server.api_error import ErrorBody as ErrorBody
 from hitenter.server.api_error import ErrorDetail as ErrorDetail
 from hitenter.server.api_error import SafeJSONResponse as SafeJSONResponse
+from hitenter.server.api_error import overflow_error as overflow_error
 from hitenter.server.api_error import param_of as param_of
 from hitenter.server.api_error import validation_error as validation_error
 from hitenter.server.request_extras import ChatExtras, GuidedFields
@@ -33,25 +35,26 @@ def _no_bool(v: Any) -> Any:
 
 
 _NO_BOOL = BeforeValidator(_no_bool)
+_STRICT = Strict()   # "2" is not a number, 8.0 not an integer (a float field still takes an integer)
 MAX_N = 128          # most completions one request may ask for (n x prompts)
 # Constraints sit before the bool check so that the JSON schema states them (minimum, maximum).
-Int = Annotated[int, _NO_BOOL]
-Float = Annotated[float, _NO_BOOL]
+Int = Annotated[int, _STRICT, _NO_BOOL]
+Float = Annotated[float, _STRICT, _NO_BOOL]
 Bool = Annotated[bool, Strict()]      # true/false only, not 0/1 or "yes"
 TOKEN_ID_LIMIT = 2**31               # the schema states the served vocabulary instead (api._schema_for_served)
-TokenId = Annotated[int, Interval(ge=0, lt=TOKEN_ID_LIMIT), _NO_BOOL]
-Count = Annotated[int, Interval(ge=1, le=MAX_N), _NO_BOOL]
-PositiveInt = Annotated[int, Interval(ge=1), _NO_BOOL]
-NonNegInt = Annotated[int, Interval(ge=0), _NO_BOOL]
-TopK = Annotated[int, Interval(ge=-1), _NO_BOOL]
-Seed = Annotated[int, Interval(ge=-(2**53), le=2**53), _NO_BOOL]    # integers JSON carries exactly (I-JSON)
-NLogprobs = Annotated[int, Interval(ge=0, le=MAX_LOGPROBS), _NO_BOOL]
-Temperature = Annotated[float, Interval(ge=0, le=2), _NO_BOOL]
-TopP = Annotated[float, Interval(gt=0, le=1), _NO_BOOL]
-Fraction = Annotated[float, Interval(ge=0, le=1), _NO_BOOL]
-Penalty = Annotated[float, Interval(ge=-2, le=2), _NO_BOOL]
-PositiveFloat = Annotated[float, Interval(gt=0), _NO_BOOL]
-Bias = Annotated[float, Interval(ge=-100, le=100), _NO_BOOL]
+TokenId = Annotated[int, Interval(ge=0, lt=TOKEN_ID_LIMIT), _STRICT, _NO_BOOL]
+Count = Annotated[int, Interval(ge=1, le=MAX_N), _STRICT, _NO_BOOL]
+PositiveInt = Annotated[int, Interval(ge=1), _STRICT, _NO_BOOL]
+NonNegInt = Annotated[int, Interval(ge=0), _STRICT, _NO_BOOL]
+TopK = Annotated[int, Interval(ge=-1), _STRICT, _NO_BOOL]
+Seed = Annotated[int, Interval(ge=-(2**53), le=2**53), _STRICT, _NO_BOOL]    # integers JSON carries exactly (I-JSON)
+NLogprobs = Annotated[int, Interval(ge=0, le=MAX_LOGPROBS), _STRICT, _NO_BOOL]
+Temperature = Annotated[float, Interval(ge=0, le=2), _STRICT, _NO_BOOL]
+TopP = Annotated[float, Interval(gt=0, le=1), _STRICT, _NO_BOOL]
+Fraction = Annotated[float, Interval(ge=0, le=1), _STRICT, _NO_BOOL]
+Penalty = Annotated[float, Interval(ge=-2, le=2), _STRICT, _NO_BOOL]
+PositiveFloat = Annotated[float, Interval(gt=0), _STRICT, _NO_BOOL]
+Bias = Annotated[float, Interval(ge=-100, le=100), _STRICT, _NO_BOOL]
 TokenKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,10}$")]
 NonEmpty = Annotated[str, MinLen(1)]
 Role = Literal["system", "user", "assistant", "tool"]
@@ -61,8 +64,14 @@ class _Base(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class StreamOptions(_Base):
+class _Nested(BaseModel):
+    """An object inside a request body: a key it does not define is a 400 naming it."""
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Nested):
     include_usage: Bool = False
+    continuous_usage_stats: Bool = False     # vLLM's: every chunk carries the usage so far
 
 
 class _SamplingRequest(GuidedFields, _Base):
@@ -110,6 +119,10 @@ class _SamplingRequest(GuidedFields, _Base):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
 
 # /v1 request bodies refuse fields they do not define (request_extras.check_known_fields: 400 naming it)
 _NO_UNKNOWN: dict[str, Any] = {"additionalProperties": False}
@@ -133,7 +146,7 @@ class CompletionRequest(_SamplingRequest):
     echo: Bool = False
     suffix: Annotated[str, MaxLen(0)] | None = None
     # best_of: only 1, with n = 1 (no best-of selection; JSON Schema can state this, unlike best_of == n)
-    best_of: Annotated[int, Interval(ge=1, le=1), _NO_BOOL] | None = None
+    best_of: Annotated[int, Interval(ge=1, le=1), _STRICT, _NO_BOOL] | None = None
     max_tokens: NonNegInt | None = None
 
     def to_sampling_params(self) -> SamplingParams:
@@ -159,17 +172,34 @@ class CompletionRequest(_SamplingRequest):
         return list(p)  # type: ignore[arg-type]
 
 
-class ContentPart(_Base):
+class ContentPart(_Nested):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(_Base):
+class FunctionCall(_Nested):
+    name: str
+    arguments: str | dict[str, Any]                    # OpenAI sends a JSON string; some clients an object
+
+
+class ToolCall(_Nested):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+    index: NonNegInt | None = None                     # present when a client joins streamed deltas
+
+
+class ChatMessage(_Nested):
     role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None     # assistant turns that called tools
+    tool_calls: list[ToolCall] | None = None           # assistant turns that called tools
     tool_call_id: str | None = None                    # tool results
+    # OpenAI's own assistant-message fields, as a client sends back a message it received: only empty
+    refusal: None = None
+    function_call: None = None
+    audio: None = None
+    annotations: Annotated[list[Any], MaxLen(0)] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         c = self.content
@@ -185,7 +215,8 @@ class ChatMessage(_Base):
         if self.tool_calls or self.tool_call_id:
             from hitenter.server.tools import message_tool_fields
 
-            d.update(message_tool_fields(self.tool_calls, self.tool_call_id))
+            calls = [tc.model_dump(exclude_none=True) for tc in self.tool_calls or []]
+            d.update(message_tool_fields(calls or None, self.tool_call_id))
         return d
 
 

@@ -15,7 +15,7 @@ import json
 from typing import Annotated, Any
 
 from annotated_types import Interval, MinLen
-from pydantic import BaseModel, BeforeValidator, Strict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Strict
 
 from hitenter.engine.structured import GuidedSpec
 
@@ -34,7 +34,7 @@ def _no_bool(v: Any) -> Any:
 
 
 Bool = Annotated[bool, Strict()]      # true/false only, as the schema says (not 0/1)
-PromptLogprobs = Annotated[int, Interval(ge=0, le=20), BeforeValidator(_no_bool)]
+PromptLogprobs = Annotated[int, Interval(ge=0, le=20), Strict(), BeforeValidator(_no_bool)]
 
 # Sent by clients as pure metadata (no effect on generation, documented as such)
 METADATA_FIELDS = frozenset({"user"})
@@ -87,21 +87,37 @@ def _choice_spec(choices: Any, param: str) -> GuidedSpec | None:
     return GuidedSpec("choice", json.dumps(choices), param)
 
 
+_RF_KEYS = {"text": {"type"}, "json_object": {"type", "schema"}, "json_schema": {"type", "json_schema"}}
+_JSON_SCHEMA_KEYS = {"name", "schema", "strict", "description"}
+
+
+def _unknown_keys(obj: dict[str, Any], known: set[str], param: str) -> None:
+    extra = sorted(set(obj) - known)
+    if extra:
+        raise APIError(400, f"{param}: unsupported key(s) {extra}; known: {sorted(known)}", param)
+
+
 def _response_format(rf: dict[str, Any] | None) -> GuidedSpec | None:
+    """OpenAI's ``response_format``; ``json_object`` may carry a ``schema`` (llama.cpp's extension),
+    which then constrains the output like ``json_schema`` does. Any other key is a 400."""
     if rf is None:
         return None
     kind = rf.get("type")
+    if kind not in _RF_KEYS:
+        raise APIError(400, f"response_format: type must be text, json_object or json_schema, got {kind!r}",
+                       "response_format")
+    _unknown_keys(rf, _RF_KEYS[kind], "response_format")
     if kind == "text":
         return None
     if kind == "json_object":
+        if rf.get("schema") is not None:
+            return _schema_spec(rf["schema"], "response_format")
         return GuidedSpec("json", "", "response_format")
-    if kind == "json_schema":
-        js = rf.get("json_schema")
-        if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
-            raise APIError(400, "response_format: json_schema must be {name, schema, strict?}", "response_format")
-        return _schema_spec(js.get("schema") or {"type": "object"}, "response_format")
-    raise APIError(400, f"response_format: type must be text, json_object or json_schema, got {kind!r}",
-                   "response_format")
+    js = rf.get("json_schema")
+    if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
+        raise APIError(400, "response_format: json_schema must be {name, schema, strict?}", "response_format")
+    _unknown_keys(js, _JSON_SCHEMA_KEYS, "response_format.json_schema")
+    return _schema_spec(js.get("schema") or {"type": "object"}, "response_format")
 
 
 def _structured_outputs(so: dict[str, Any] | None) -> GuidedSpec | None:
@@ -125,13 +141,15 @@ def _structured_outputs(so: dict[str, Any] | None) -> GuidedSpec | None:
 
 
 class ToolFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    strict: Bool | None = None
 
 
 class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     type: str = "function"
     function: ToolFunction
 

@@ -34,7 +34,7 @@ async def completions(req: P.CompletionRequest, request: Request,
     handles = await submit(m, prompts, params, "prompt")
     return await respond(request, state, m, handles, req.stream,
                          lambda s: X.decorate_stream(stream_completion(s, m.name, params.n, echo,
-                                                                       req.include_usage)),
+                                                                       req.include_usage, req.continuous_usage)),
                          lambda outs: X.decorate_completion(build_completion(outs, m.name, params.n, echo),
                                                             m, req, scores))
 
@@ -51,7 +51,8 @@ async def chat_completions(req: P.ChatCompletionRequest, request: Request,
     handles = await submit(m, [prompt], params, "messages")
     k, tb, echo = req.top_logprobs or 0, m.tokenizer.token_bytes, X.chat_echo_prefix(req)
     return await respond(request, state, m, handles, req.stream,
-                         lambda s: X.decorate_stream(stream_chat(s, m.name, params.n, k, tb, req.include_usage),
+                         lambda s: X.decorate_stream(stream_chat(s, m.name, params.n, k, tb, req.include_usage,
+                                                                 req.continuous_usage, len(prompt)),
                                                      plan, echo),
                          lambda outs: X.decorate_chat(build_chat(outs, m.name, k, tb), m, req, plan, echo, scores))
 

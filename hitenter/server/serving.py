@@ -45,7 +45,7 @@ async def submit(m: ServedModel, prompts: list[list[int]], params: SamplingParam
         for rid, _ in handles:
             abort_soon(m.engine)(rid)
         if isinstance(e, ContextOverflowError):
-            raise P.APIError(400, f"{param}: {e}", param, n_prompt_tokens=e.n_prompt_tokens, n_ctx=e.n_ctx) from e
+            raise P.overflow_error(param, e.n_prompt_tokens, e.n_ctx, e.max_tokens, str(e)) from e
         if isinstance(e, QueueFullError):
             raise P.APIError(429, str(e)) from e
         if isinstance(e, (ValueError, OverflowError)):

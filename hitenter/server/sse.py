@@ -165,6 +165,22 @@ def usage(outs: list[RequestOutput]) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
+class UsageSoFar:
+    """Token counts as a stream goes (``stream_options.continuous_usage_stats``): every output seen."""
+
+    def __init__(self, prompt_tokens: dict[int, int] | None = None) -> None:
+        self.prompt: dict[int, int] = dict(prompt_tokens or {})
+        self.completion = 0
+
+    def add(self, i: int, out: RequestOutput) -> None:
+        self.prompt.setdefault(i, len(out.prompt_token_ids))
+        self.completion += sum(len(c.delta_token_ids) for c in out.outputs)
+
+    def usage(self) -> dict[str, int]:
+        p = sum(self.prompt.values())
+        return {"prompt_tokens": p, "completion_tokens": self.completion, "total_tokens": p + self.completion}
+
+
 def finish_fields(finish_reason: str | None, stop_reason: int | str | None) -> dict[str, Any]:
     fr = finish_reason if finish_reason in (None, "stop", "length") else "stop"
     return {"finish_reason": fr, "stop_reason": stop_reason if fr is not None else None}
@@ -195,13 +211,16 @@ def build_chat(outs: list[RequestOutput], model: str, k: int, token_bytes: Token
             "choices": choices, "usage": usage(outs)}
 
 
-async def stream_completion(src: Source, model: str, n: int, echo: list[str],
-                            include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+async def stream_completion(src: Source, model: str, n: int, echo: list[str], include_usage: bool,
+                            continuous: bool = False) -> AsyncIterator[dict[str, Any]]:
+    """Completion chunks; ``continuous``: each carries the usage so far (vLLM's continuous_usage_stats)."""
     head = {"id": new_id("cmpl"), "object": "text_completion", "created": now(), "model": model}
     tok_offset: dict[int, int] = {}
     done: set[int] = set()
     finals: dict[int, RequestOutput] = {}
+    so_far = UsageSoFar()
     async for i, out in src:
+        so_far.add(i, out)
         if out.finished:
             finals[i] = out
         for c in out.outputs:
@@ -220,21 +239,27 @@ async def stream_completion(src: Source, model: str, n: int, echo: list[str],
                 continue
             if c.finish_reason:
                 done.add(idx)
-            yield {**head, "choices": [{"index": idx, "text": text, "logprobs": lps,
-                                        **finish_fields(c.finish_reason, c.stop_reason)}]}
+            chunk = {**head, "choices": [{"index": idx, "text": text, "logprobs": lps,
+                                          **finish_fields(c.finish_reason, c.stop_reason)}]}
+            yield {**chunk, "usage": so_far.usage()} if continuous else chunk
     if include_usage:
         yield {**head, "choices": [], "usage": usage([finals[i] for i in sorted(finals)])}
 
 
-async def stream_chat(src: Source, model: str, n: int, k: int, token_bytes: TokenBytes,
-                      include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+async def stream_chat(src: Source, model: str, n: int, k: int, token_bytes: TokenBytes, include_usage: bool,
+                      continuous: bool = False, prompt_tokens: int = 0) -> AsyncIterator[dict[str, Any]]:
+    """Chat chunks: a role chunk per choice, content deltas, finish; ``continuous`` as in stream_completion
+    (``prompt_tokens``: the prompt's length, for the role chunks' usage)."""
     head = {"id": new_id("chatcmpl"), "object": "chat.completion.chunk", "created": now(), "model": model}
+    so_far = UsageSoFar({0: prompt_tokens})
+    extra: Callable[[], dict[str, Any]] = (lambda: {"usage": so_far.usage()}) if continuous else dict
     for idx in range(n):
         yield {**head, "choices": [{"index": idx, "delta": {"role": "assistant", "content": ""},
-                                    "logprobs": None, "finish_reason": None}]}
+                                    "logprobs": None, "finish_reason": None}], **extra()}
     done: set[int] = set()
     final: list[RequestOutput] = []
     async for _, out in src:
+        so_far.add(0, out)
         if out.finished:
             final = [out]
         for c in out.outputs:
@@ -247,6 +272,6 @@ async def stream_chat(src: Source, model: str, n: int, k: int, token_bytes: Toke
                 done.add(c.index)
             delta = {"content": c.delta_text} if c.delta_text else {}
             yield {**head, "choices": [{"index": c.index, "delta": delta, "logprobs": lps,
-                                        **finish_fields(c.finish_reason, c.stop_reason)}]}
+                                        **finish_fields(c.finish_reason, c.stop_reason)}], **extra()}
     if include_usage:
         yield {**head, "choices": [], "usage": usage(final)}

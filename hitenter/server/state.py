@@ -96,8 +96,7 @@ async def encode(m: ServedModel, prompt: str | list[int], param: str, add_bos: b
     choice when None (lm-eval's remote tokenizer asks for none)."""
     if not isinstance(prompt, str):
         if len(prompt) > m.max_model_len:
-            raise P.APIError(400, f"{param}: {len(prompt)} tokens exceed the context window",
-                             param, n_prompt_tokens=len(prompt), n_ctx=m.max_model_len)
+            raise P.overflow_error(param, len(prompt), m.max_model_len)
         vocab = m.engine.engine.model_config.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:      # here, not only in the engine: prompt scoring runs the model on them before that

@@ -70,6 +70,13 @@ def _call_schema(fn: dict[str, Any]) -> dict[str, Any]:
             "required": ["name", "arguments"], "additionalProperties": False}
 
 
+def _named_choice(choice: dict[str, Any]) -> bool:
+    """``{"type": "function", "function": {"name": str}}`` and nothing else."""
+    fn = choice.get("function")
+    return (set(choice) <= {"type", "function"} and choice.get("type", "function") == "function"
+            and isinstance(fn, dict) and set(fn) == {"name"} and isinstance(fn["name"], str))
+
+
 def plan_tools(req: Any, chat_template: str | None) -> ToolPlan:
     """The request's tool plan; 400 for an unknown choice, a missing function, or a template without tools."""
     tools = [t.model_dump(exclude_none=True) for t in (req.tools or [])]
@@ -87,7 +94,7 @@ def plan_tools(req: Any, chat_template: str | None) -> ToolPlan:
         return ToolPlan("none")
     elif choice == "required":
         mode, allowed = "required", names
-    elif isinstance(choice, dict) and isinstance((choice.get("function") or {}).get("name"), str):
+    elif isinstance(choice, dict) and _named_choice(choice):
         mode, allowed = "named", [choice["function"]["name"]]
         if allowed[0] not in names:
             raise APIError(400, f"tool_choice: function {allowed[0]!r} is not among tools {names}", "tool_choice")
