@@ -1,0 +1,398 @@
+"""Tiny random GGUFs of every model family, laid out exactly as llama.cpp's convert_hf_to_gguf.py writes
+them (tests only): llama.cpp's tensor names and metadata keys, Q/K permuted where the converter permutes
+them, norms stored as the converter stores them. `write_tiny_family(path, family)` writes one in well under a
+second; scripts/make_family_goldens.py runs llama.cpp on them (tests/goldens/families/<family>.npz).
+
+Common to all: tiny_model.py's 310-token GPT-2-style vocabulary (`add_tokenizer`), hidden 64, 4 query heads,
+2 KV heads, head_dim 16 unless noted, ffn 128, F32 tensors (or the layers' projections in `quant`). The
+sources read: llama.cpp src/llama-arch.cpp (names), src/llama-model.cpp + src/models/<arch>.cpp (hparams,
+graphs), conversion/*.py (what convert_hf_to_gguf writes), ggml-cpu (rope, GELU). Notation: x the residual
+stream, rms(x, w) = x / sqrt(mean(x^2) + eps) * w with the stored w as is (gemma's 1 + w is stored already),
+attention scale s multiplies q.k before the softmax. RoPE "NORM" (llama.cpp LLAMA_ROPE_TYPE_NORM) rotates
+consecutive pairs (x[2i], x[2i+1]); "NEOX" rotates (x[i], x[i + n_rot/2]); both with
+theta_i = pos * base^(-2i/n_rot) / freq_factor[i] (freq_factor 1 without a factor tensor), i < n_rot/2,
+dims past n_rot untouched. Pre-norm block unless noted: h = x + attn(rms(x, attn_norm)),
+out = h + ffn(rms(h, ffn_norm)); SwiGLU ffn = down(silu(gate(y)) * up(y));
+logits = output(rms(x, output_norm)) with output.weight or, where absent, token_embd.weight (tied).
+
+Families (name: general.architecture, what differs):
+
+- llama (llama): 2 layers, untied output.weight, attn_q/attn_k permuted by convert's LlamaModel.permute
+  (HF rotate-half rows -> interleaved pairs), so RoPE NORM; rope.freq_base 10000; s = 1/sqrt(16).
+- llama3 (llama): Llama 3.x. 2 layers, tied, permuted, NORM, rope.freq_base 500000, context_length 16384,
+  and the tensor `rope_freqs.weight` [8] = convert's llama3 factors for factor 32, low_freq_factor 1,
+  high_freq_factor 4, original_max_position_embeddings 8192: with freq_i = 1/base^(2i/16) and
+  wavelen = 2 pi / freq_i: 1 if wavelen < 8192/4, 32 if wavelen > 8192/1, else 1/((1 - a)/32 + a) with
+  a = (8192/wavelen - 1)/(4 - 1). Here [1, 1, 1, 1, 3.29, 32, 32, 32]. llama.cpp divides theta_i by it at
+  every position (no position threshold). convert writes NO rope.scaling.* keys for llama3 (llama.cpp
+  would abort on a scaling type "llama3": it knows none/linear/yarn/longrope); the tensor is the only sign.
+- mixtral (llama): 2 layers, untied, permuted, NORM, rope.freq_base 1e6, expert_count 8,
+  expert_used_count 2, feed_forward_length 128 = each expert's width; no ffn_gate/ffn_up/ffn_down but
+  ffn_gate_inp [8, 64] (router) and ffn_gate_exps / ffn_up_exps [8, 128, 64], ffn_down_exps [8, 64, 128]
+  (numpy order: expert, out, in). Router: p = softmax(gate_inp @ y) over all 8, top-2 by p, weights
+  p_top / sum(p_top) (llama.cpp build_moe_ffn with norm_w = true; the same as HF's softmax over the top-2
+  logits), out = sum_k w_k * down_k(silu(gate_k(y)) * up_k(y)).
+- qwen2 (qwen2): 2 layers, untied, attn_q/k/v with biases, NOT permuted, RoPE NEOX, rope.freq_base 1e6,
+  rms eps 1e-6.
+- qwen3 (qwen3): 2 layers, tied, no biases, key_length = value_length = 32 (head_dim 32, so the q
+  projection is 128 wide != hidden 64), attn_q_norm / attn_k_norm [32]: rms over each head's 32 dims
+  of q and k, after the projection, before RoPE. NEOX, base 1e6, eps 1e-6.
+- qwen3moe (qwen3moe): qwen3's attention (head_dim 32, q/k norms) and, in every layer, 8 experts top-2
+  with expert_feed_forward_length 64 (feed_forward_length 128 is written but unused): ffn_gate_inp,
+  ffn_{gate,up}_exps [8, 64, 64], ffn_down_exps [8, 64, 64]; routing as mixtral (llama.cpp always
+  renormalizes the top-k weights for qwen3moe, HF's norm_topk_prob is not read). Untied.
+- gemma2 (gemma2): 4 layers, head_dim 32 (key_length/value_length), tied, x0 = token_embd[ids] * sqrt(64);
+  all norms stored as 1 + w (convert adds 1 to every *norm.weight); sandwich norms:
+  h = x + rms(attn(rms(x, attn_norm)), post_attention_norm),
+  out = h + rms(ffn(rms(h, ffn_norm)), post_ffw_norm)
+  with GeGLU ffn = down(gelu_tanh(gate(y)) * up(y)). Attention: q scaled by 1/sqrt(head_dim) = 1/sqrt(32)
+  (llama.cpp: 1/sqrt(n_embd/n_head) only for the 27B), then scores = c * tanh(scores / c) with
+  attn_logit_softcapping c = 5, then the mask and softmax; logits = f * tanh(logits / f) with
+  final_logit_softcapping f = 10 (Gemma 2 itself uses 50 / 30; smaller here so the caps bend these tiny
+  values). attention.sliding_window 8, no pattern key: llama.cpp's gemma2 pattern 2, layer il slides iff
+  il % 2 == 0 (layers 0, 2 local; 1, 3 global); a local query at p sees keys p - 7 .. p (masked when
+  p - k >= 8). No rope keys: base 10000, n_rot 32, NEOX.
+- gemma3 (gemma3): hitenter.testing.tiny_gemma.write_tiny_gemma3 (4 layers, head_dim 32, window 8,
+  sliding_window_pattern 2 so layers 0, 2 local, q/k norms, sandwich norms, GeGLU, scale 1/sqrt(32), base
+  1e6 on global layers, 10000 (llama.cpp's default, no freq_base_swa key) on local ones).
+- phi3 (phi3): Phi-3-mini. 2 layers, untied, fused attn_qkv [128, 64] = rows q (64) | k (32) | v (32),
+  no attn_q/k/v; ffn_up [256, 64] = rows gate (128) | up (128) with ffn = down(silu(gate) * up); NEOX,
+  not permuted, rope.dimension_count 16, context_length 4096, rope.scaling.original_context_length 4096,
+  attention.sliding_window 2047 (llama.cpp ignores Phi-3's sliding window: "Phi SWA is currently
+  disabled"), no rope.scaling.type (convert's Phi3 writer writes none), no factor tensors.
+- phi3_partial (phi3): Phi-4-mini. As phi3 but tied, partial rotary: rope.dimension_count 8 < head_dim 16
+  (NEOX over the first 8 dims of each head: pairs (i, i + 4), theta_i = pos * 10000^(-2i/8) / factor_i,
+  dims 8..15 unrotated), LongRoPE tensors rope_factors_long [4] and rope_factors_short [4],
+  context_length 4096, rope.scaling.original_context_length 256, rope.scaling.attn_factor
+  sqrt(1 + ln(4096/256)/ln(256)) = 1.2247 (convert's longrope attention factor), sliding_window 0.
+  llama.cpp multiplies cos and sin (so the rotated dims only) by attn_factor, with either factor set,
+  and picks rope_factors_long iff its context size n_ctx > original_context_length (256), else
+  rope_factors_short (the choice is per context, not per position). The golden `logits` are at
+  n_ctx 4096 (long factors), `logits_short` (first 32 positions) at n_ctx 256 (short factors).
+- granite (granite): 2 layers, tied, permuted, NORM, and the multipliers: x0 = token_embd[ids] *
+  embedding_scale (4.0); each residual branch scaled: h = x + residual_scale * attn(...),
+  out = h + residual_scale * ffn(...) (0.25); attention s = attention.scale (0.1, not 1/sqrt(16));
+  logits = output(...) / logit_scale (2.0).
+- olmo2 (olmo2): 2 layers, untied (output.weight required), NO attn_norm / ffn_norm; NEOX, not permuted,
+  base 500000, eps 1e-6. q_norm over the whole projection: q = rms(Wq x, attn_q_norm[64]),
+  k = rms(Wk x, attn_k_norm[32]) (one rms over all heads together), then RoPE; post norms only:
+  h = x + rms(attn(x), post_attention_norm), out = h + rms(ffn(h), post_ffw_norm).
+- smollm3 (smollm3): 4 layers, tied, permuted, NORM, base 50000. No-RoPE layers: llama.cpp reads no key
+  for them, it hard-codes n_no_rope_layer_step = 4: layer il skips RoPE iff (il + 1) % 4 == 0 (here
+  layer 3; HF's no_rope_layer_interval 4). Otherwise plain llama.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from hitenter.testing.tiny_model import (
+    _KQUANT_SCALES,
+    _permute_for_gguf,
+    add_tokenizer,
+    add_weight,
+    random_kquant,
+)
+
+FAMILIES = ("llama", "llama3", "mixtral", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3",
+            "phi3_partial", "granite", "olmo2", "smollm3")
+ARCHITECTURES = {"llama": "llama", "llama3": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+                 "qwen3moe": "qwen3moe", "gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3",
+                 "phi3_partial": "phi3", "granite": "granite", "olmo2": "olmo2", "smollm3": "smollm3"}
+
+HIDDEN, HEADS, KV_HEADS, FFN = 64, 4, 2, 128
+
+# llama3 rope scaling (Llama 3.2's values)
+LLAMA3_ROPE = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+# phi3_partial LongRoPE factors (n_rot / 2 = 4 each) and contexts
+PHI3_LONG_FACTORS = [1.0, 2.5, 6.0, 16.0]
+PHI3_SHORT_FACTORS = [1.0, 1.1, 1.3, 1.7]
+PHI3_PARTIAL_CTX, PHI3_PARTIAL_ORIG_CTX = 4096, 256
+
+
+def llama3_rope_factors(base: float, dim: int, factor: float, low_freq_factor: float, high_freq_factor: float,
+                        original_max_position_embeddings: int) -> np.ndarray:
+    """convert_hf_to_gguf's LlamaModel.generate_extra_tensors for rope_type llama3 (float32, as its torch)."""
+    exponents = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
+    freqs = (1.0 / (np.float32(base) ** exponents)).astype(np.float32)
+    old = original_max_position_embeddings
+    low_wavelen, high_wavelen = old / low_freq_factor, old / high_freq_factor
+    out = []
+    for freq in freqs:
+        wavelen = np.float32(2 * math.pi) / freq
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (np.float32(old) / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+class _Writer:
+    """One GGUF: the metadata helpers, the random tensors (one generator, fixed order) and the tokenizer."""
+
+    def __init__(self, path: Path, arch: str, family: str, seed: int, quant: str | None) -> None:
+        self.arch, self.rng = arch, np.random.default_rng(seed)
+        self.qtype = None if quant is None else gguf.GGMLQuantizationType[quant]
+        self.w = gguf.GGUFWriter(str(path), arch)
+        self.w.add_name(f"tiny-{family}")
+
+    def kv(self, key: str, value: float | int, kind: str = "f32") -> None:
+        getattr(self.w, {"f32": "add_float32", "u32": "add_uint32"}[kind])(f"{self.arch}.{key}", value)
+
+    def hparams(self, layers: int, context: int, ffn: int, eps: float, heads: int = HEADS,
+                kv_heads: int = KV_HEADS) -> None:
+        w = self.w
+        w.add_block_count(layers)
+        w.add_context_length(context)
+        w.add_embedding_length(HIDDEN)
+        w.add_feed_forward_length(ffn)
+        w.add_head_count(heads)
+        w.add_head_count_kv(kv_heads)
+        w.add_layer_norm_rms_eps(eps)
+
+    def finish_metadata(self) -> int:
+        self.w.add_file_type(_file_type(self.qtype))
+        return add_tokenizer(self.w)
+
+    def normal(self, *shape: int, std: float) -> np.ndarray:
+        return (self.rng.standard_normal(shape) * std).astype(np.float32)
+
+    def norm(self, n: int) -> np.ndarray:
+        return (1.0 + self.rng.standard_normal(n) * 0.1).astype(np.float32)
+
+    def add(self, name: str, arr: np.ndarray) -> None:
+        """F32, or the layers' projection matrices (2-D, and 3-D expert stacks) in `quant`."""
+        q = self.qtype if name.startswith("blk.") and arr.ndim >= 2 else None
+        if arr.ndim == 3 and q is not None and arr.shape[-1] % gguf.GGML_QUANT_SIZES[q][0] == 0:
+            e, r, c = arr.shape
+            data = (random_kquant(q, e * r, c, self.rng) if q.name in _KQUANT_SCALES
+                    else gguf.quants.quantize(arr.reshape(e * r, c), q))
+            self.w.add_tensor(name, data.reshape(e, r, -1), raw_dtype=q)
+            return
+        add_weight(self.w, name, arr, q if arr.ndim == 2 else None, self.rng)
+
+    def close(self) -> None:
+        self.w.write_header_to_file()
+        self.w.write_kv_data_to_file()
+        self.w.write_tensors_to_file()
+        self.w.close()
+
+
+def _file_type(qtype: gguf.GGMLQuantizationType | None) -> int:
+    if qtype is None:
+        return int(gguf.LlamaFileType.ALL_F32)
+    ft = getattr(gguf.LlamaFileType, f"MOSTLY_{qtype.name}", None)
+    return int(ft) if ft is not None else int(gguf.LlamaFileType.GUESSED)
+
+
+def _attention(f: _Writer, p: str, head_dim: int, permute: bool, bias: bool = False,
+               q_std: float = 0.15) -> None:
+    """attn_q/k/v/output (HF rows, permuted for NORM rope when `permute`, as convert's LlamaModel does)."""
+    q = f.normal(HEADS * head_dim, HIDDEN, std=q_std)
+    k = f.normal(KV_HEADS * head_dim, HIDDEN, std=q_std)
+    if permute:
+        q, k = _permute_for_gguf(q, HEADS), _permute_for_gguf(k, KV_HEADS)
+    f.add(p + "attn_q.weight", q)
+    f.add(p + "attn_k.weight", k)
+    f.add(p + "attn_v.weight", f.normal(KV_HEADS * head_dim, HIDDEN, std=0.15))
+    if bias:
+        f.add(p + "attn_q.bias", f.normal(HEADS * head_dim, std=0.1))
+        f.add(p + "attn_k.bias", f.normal(KV_HEADS * head_dim, std=0.1))
+        f.add(p + "attn_v.bias", f.normal(KV_HEADS * head_dim, std=0.1))
+    f.add(p + "attn_output.weight", f.normal(HIDDEN, HEADS * head_dim, std=0.1))
+
+
+def _gated_ffn(f: _Writer, p: str, ffn: int = FFN) -> None:
+    """ffn_gate / ffn_up / ffn_down (SwiGLU, or GeGLU for gemma)."""
+    f.add(p + "ffn_gate.weight", f.normal(ffn, HIDDEN, std=0.15))
+    f.add(p + "ffn_up.weight", f.normal(ffn, HIDDEN, std=0.15))
+    f.add(p + "ffn_down.weight", f.normal(HIDDEN, ffn, std=0.1))
+
+
+def _experts(f: _Writer, p: str, n_expert: int, ffn: int) -> None:
+    f.add(p + "ffn_gate_inp.weight", f.normal(n_expert, HIDDEN, std=0.3))
+    f.add(p + "ffn_gate_exps.weight", f.normal(n_expert, ffn, HIDDEN, std=0.15))
+    f.add(p + "ffn_up_exps.weight", f.normal(n_expert, ffn, HIDDEN, std=0.15))
+    f.add(p + "ffn_down_exps.weight", f.normal(n_expert, HIDDEN, ffn, std=0.1))
+
+
+def _embeddings(f: _Writer, vocab: int, tied: bool, std: float = 0.5, out_std: float = 0.3) -> None:
+    f.add("token_embd.weight", f.normal(vocab, HIDDEN, std=std))
+    f.add("output_norm.weight", f.norm(HIDDEN))
+    if not tied:
+        f.add("output.weight", f.normal(vocab, HIDDEN, std=out_std))
+
+
+def _llama_like(f: _Writer, family: str) -> None:
+    """llama, llama3, mixtral, granite, smollm3: convert's LlamaModel layout (Q/K permuted, NORM rope)."""
+    layers = 4 if family == "smollm3" else 2
+    tied = family in ("llama3", "granite", "smollm3")
+    base = {"llama": 1e4, "llama3": 5e5, "mixtral": 1e6, "granite": 1e4, "smollm3": 5e4}[family]
+    context = {"llama3": 16384, "mixtral": 32768}.get(family, 2048)
+    head_dim = HIDDEN // HEADS
+    f.hparams(layers, context, FFN, 1e-5)
+    f.w.add_rope_freq_base(base)
+    n_expert = 8 if family == "mixtral" else 0
+    if n_expert:
+        f.w.add_expert_count(n_expert)
+        f.w.add_expert_used_count(2)
+    vocab = f.finish_metadata()
+    f.w.add_vocab_size(vocab)
+    f.w.add_rope_dimension_count(head_dim)
+    if family == "granite":
+        f.w.add_attention_scale(0.1)
+        f.w.add_embedding_scale(4.0)
+        f.w.add_residual_scale(0.25)
+        f.w.add_logit_scale(2.0)
+    _embeddings(f, vocab, tied)
+    if family == "llama3":
+        f.add("rope_freqs.weight", llama3_rope_factors(base, head_dim, **LLAMA3_ROPE))
+    for i in range(layers):
+        p = f"blk.{i}."
+        f.add(p + "attn_norm.weight", f.norm(HIDDEN))
+        _attention(f, p, head_dim, permute=True)
+        f.add(p + "ffn_norm.weight", f.norm(HIDDEN))
+        if n_expert:
+            _experts(f, p, n_expert, FFN)
+        else:
+            _gated_ffn(f, p)
+
+
+def _qwen(f: _Writer, family: str) -> None:
+    """qwen2 (biases), qwen3 (q/k norms, head_dim 32), qwen3moe (+ experts): NEOX, not permuted."""
+    head_dim = 16 if family == "qwen2" else 32
+    f.hparams(2, 4096, FFN, 1e-6)
+    f.w.add_rope_freq_base(1e6)
+    if family == "qwen3moe":
+        f.w.add_expert_count(8)
+        f.w.add_expert_used_count(2)
+    if family != "qwen2":
+        f.w.add_key_length(head_dim)
+        f.w.add_value_length(head_dim)
+    if family == "qwen3moe":
+        f.w.add_expert_feed_forward_length(64)
+    vocab = f.finish_metadata()
+    _embeddings(f, vocab, tied=family == "qwen3")
+    for i in range(2):
+        p = f"blk.{i}."
+        f.add(p + "attn_norm.weight", f.norm(HIDDEN))
+        _attention(f, p, head_dim, permute=False, bias=family == "qwen2",
+                   q_std=0.15 if family == "qwen2" else 0.2)
+        if family != "qwen2":
+            f.add(p + "attn_q_norm.weight", f.norm(head_dim))
+            f.add(p + "attn_k_norm.weight", f.norm(head_dim))
+        f.add(p + "ffn_norm.weight", f.norm(HIDDEN))
+        if family == "qwen3moe":
+            _experts(f, p, 8, 64)
+        else:
+            _gated_ffn(f, p)
+
+
+def _gemma2(f: _Writer) -> None:
+    head_dim, layers = 32, 4
+    f.hparams(layers, 8192, FFN, 1e-6)
+    f.w.add_key_length(head_dim)
+    f.w.add_value_length(head_dim)
+    vocab = f.finish_metadata()
+    f.w.add_attn_logit_softcapping(5.0)
+    f.w.add_final_logit_softcapping(10.0)
+    f.w.add_sliding_window(8)
+    f.add("token_embd.weight", f.normal(vocab, HIDDEN, std=0.5))
+    f.add("output_norm.weight", f.norm(HIDDEN))   # every norm stored as 1 + w, like convert
+    for i in range(layers):
+        p = f"blk.{i}."
+        f.add(p + "attn_norm.weight", f.norm(HIDDEN))
+        _attention(f, p, head_dim, permute=False, q_std=0.2)
+        f.add(p + "post_attention_norm.weight", f.norm(HIDDEN))
+        f.add(p + "ffn_norm.weight", f.norm(HIDDEN))
+        _gated_ffn(f, p)
+        f.add(p + "post_ffw_norm.weight", f.norm(HIDDEN))
+
+
+def _phi3(f: _Writer, partial: bool) -> None:
+    head_dim = HIDDEN // HEADS
+    rope_dims = 8 if partial else head_dim      # int(partial_rotary_factor * n_embd) // n_head
+    context, orig = (PHI3_PARTIAL_CTX, PHI3_PARTIAL_ORIG_CTX) if partial else (4096, 4096)
+    w = f.w
+    w.add_context_length(context)
+    w.add_rope_scaling_orig_ctx_len(orig)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(FFN)
+    w.add_block_count(2)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(rope_dims)
+    w.add_rope_freq_base(10000.0)
+    w.add_file_type(_file_type(f.qtype))
+    w.add_sliding_window(0 if partial else 2047)
+    if partial:   # convert's longrope attention factor, sqrt(1 + ln(scale) / ln(original context))
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(context / orig) / math.log(orig)))
+    vocab = add_tokenizer(w)
+    _embeddings(f, vocab, tied=partial)
+    if partial:
+        f.add("rope_factors_long.weight", np.array(PHI3_LONG_FACTORS, np.float32))
+        f.add("rope_factors_short.weight", np.array(PHI3_SHORT_FACTORS, np.float32))
+    for i in range(2):
+        p = f"blk.{i}."
+        f.add(p + "attn_norm.weight", f.norm(HIDDEN))
+        qkv = np.concatenate([f.normal(HEADS * head_dim, HIDDEN, std=0.15),
+                              f.normal(KV_HEADS * head_dim, HIDDEN, std=0.15),
+                              f.normal(KV_HEADS * head_dim, HIDDEN, std=0.15)])
+        f.add(p + "attn_qkv.weight", qkv)
+        f.add(p + "attn_output.weight", f.normal(HIDDEN, HEADS * head_dim, std=0.1))
+        f.add(p + "ffn_norm.weight", f.norm(HIDDEN))
+        gate_up = [f.normal(FFN, HIDDEN, std=0.15), f.normal(FFN, HIDDEN, std=0.15)]
+        f.add(p + "ffn_up.weight", np.concatenate(gate_up))
+        f.add(p + "ffn_down.weight", f.normal(HIDDEN, FFN, std=0.1))
+
+
+def _olmo2(f: _Writer) -> None:
+    head_dim = HIDDEN // HEADS
+    f.hparams(2, 4096, FFN, 1e-6)
+    f.w.add_rope_freq_base(5e5)
+    vocab = f.finish_metadata()
+    _embeddings(f, vocab, tied=False)
+    for i in range(2):
+        p = f"blk.{i}."
+        _attention(f, p, head_dim, permute=False)
+        f.add(p + "attn_q_norm.weight", f.norm(HEADS * head_dim))
+        f.add(p + "attn_k_norm.weight", f.norm(KV_HEADS * head_dim))
+        f.add(p + "post_attention_norm.weight", f.norm(HIDDEN))
+        _gated_ffn(f, p)
+        f.add(p + "post_ffw_norm.weight", f.norm(HIDDEN))
+
+
+def write_tiny_family(path: str | Path, family: str, seed: int = 0, quant: str | None = None) -> Path:
+    """Write the tiny random `family` model (one of FAMILIES) to `path`; return it. The same arguments
+    always give the same bytes. quant: None (all F32) or a GGML type name ("Q8_0", "Q4_0", "Q4_K", ...)
+    for the layers' projection matrices (see tiny_model.add_weight); norms, embeddings, factors stay F32."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; families: {', '.join(FAMILIES)}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if family == "gemma3":
+        from hitenter.testing.tiny_gemma import write_tiny_gemma3
+
+        return write_tiny_gemma3(path, seed=seed, quant=quant)
+    f = _Writer(path, ARCHITECTURES[family], family, seed, quant)
+    if family in ("llama", "llama3", "mixtral", "granite", "smollm3"):
+        _llama_like(f, family)
+    elif family in ("qwen2", "qwen3", "qwen3moe"):
+        _qwen(f, family)
+    elif family == "gemma2":
+        _gemma2(f)
+    elif family in ("phi3", "phi3_partial"):
+        _phi3(f, partial=family == "phi3_partial")
+    else:
+        _olmo2(f)
+    f.close()
+    return path

@@ -1,0 +1,312 @@
+"""Write llama.cpp's per-position logits on the tiny family GGUFs (hitenter/testing/tiny_families.py) as
+goldens: tests/goldens/families/<family>.npz, checked by tests/test_families.py.
+
+Reference: llama.cpp through llama-cpp-python 0.3.36 in its own venv (not a hitenter dependency):
+    python3 -m venv /work/venvs/llamacpp
+    CMAKE_BUILD_PARALLEL_LEVEL=2 /work/venvs/llamacpp/bin/pip install llama-cpp-python==0.3.36 numpy
+It runs as a worker subprocess (this file with --worker): `Llama(path, n_ctx, n_batch >= len(tokens),
+logits_all=True, type_k=type_v=0 (F32 KV cache), flash_attn=False, n_threads=2)`, one `eval` of the token
+sequence, `scores` = the logits at every position (float32, llama.cpp's CPU backend).
+
+Regenerate (from the repo root, with the project venv):
+    .venv/bin/python scripts/make_family_goldens.py [--llama-python PYTHON] [FAMILY ...]
+(PYTHON defaults to /work/venvs/llamacpp/bin/python; no FAMILY: all of them).
+
+Each npz holds: tokens [40] (int32; deterministic from the seed, ids 3.. so no special token), logits
+[40, V] float32, gguf_sha256 (of write_tiny_family(family, seed)), llama_cpp_version, n_ctx, seed; llama3
+also long_tokens [8300] and long_logits [16, V] at long_positions (8284..8299, past 8192); phi3_partial also
+logits_short [8, V]: positions 32..39 of the same tokens at n_ctx 256 <= original_context_length, where
+llama.cpp uses rope_factors_short (the main logits run at n_ctx 4096 use rope_factors_long). Plus
+ref64_max_rel_diff: max |llama.cpp - ref| / max |llama.cpp| against this script's own float64 numpy
+forward of llama.cpp's graph (`reference_forward`, read from the same GGUF), a check that the golden is
+what the module docstring of tiny_families.py says; for gemma2/gemma3 that reference emulates ggml's
+GELU (its CPU op rounds the input to fp16 and looks the result up in an fp16 table) and
+ref64_exact_gelu_max_rel_diff is the same against an exact tanh-GELU, i.e. how far llama.cpp's own GELU
+rounding puts it from exact arithmetic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "tests/goldens/families"
+N_TOKENS, LONG_TOKENS, LONG_LAST = 40, 8300, 16
+PHI3_SHORT_ROWS = slice(32, 40)
+
+
+def golden_tokens(vocab: int, seed: int = 0, n: int = N_TOKENS) -> np.ndarray:
+    """The fixed sequence: n ids in [3, vocab) (no special token), deterministic from the seed."""
+    return np.random.default_rng([seed, n]).integers(3, vocab, size=n).astype(np.int32)
+
+
+# ---- worker: runs inside the llama-cpp-python venv (numpy and llama_cpp only) -------------------------
+
+
+def worker() -> None:
+    """stdin: {"model": path, "out": npz path, "runs": [{"tokens", "n_ctx", "rows": [start, stop]}]};
+    writes run<i> = logits[rows] (float32) and the llama_cpp version to `out`."""
+    import llama_cpp
+
+    req = json.load(sys.stdin)
+    arrays: dict[str, np.ndarray] = {"version": np.array(llama_cpp.__version__)}
+    for i, run in enumerate(req["runs"]):
+        n = len(run["tokens"])
+        llm = llama_cpp.Llama(model_path=req["model"], n_ctx=run["n_ctx"], n_batch=max(n, 64),
+                              n_ubatch=min(max(n, 64), 512), n_threads=2, n_threads_batch=2, logits_all=True,
+                              type_k=0, type_v=0, flash_attn=False, swa_full=True, verbose=False)
+        llm.eval(run["tokens"])
+        start, stop = run["rows"]
+        arrays[f"run{i}"] = np.array(llm.scores[start:stop], dtype=np.float32)
+        del llm
+    np.savez(req["out"], **arrays)
+
+
+def llama_logits(llama_python: str, model: Path, runs: list[dict]) -> tuple[list[np.ndarray], str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.npz"
+        req = {"model": str(model), "out": str(out), "runs": runs}
+        proc = subprocess.run(["nice", llama_python, __file__, "--worker"], input=json.dumps(req),
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            sys.exit(f"llama.cpp worker failed on {model.name}:\n{proc.stderr[-3000:]}")
+        with np.load(out) as z:
+            return [z[f"run{i}"] for i in range(len(runs))], str(z["version"])
+
+
+# ---- an independent float64 forward of llama.cpp's graphs (numpy + gguf only) --------------------------
+
+NEOX = {"qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2"}
+
+
+def _rms(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
+    y = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    return y if w is None else y * w
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * x * (1.0 + 0.044715 * x * x)))
+
+
+def _gelu_ggml(x: np.ndarray) -> np.ndarray:
+    """ggml-cpu's GELU (GGML_GELU_FP16): fp16 input -> fp16 table of gelu; 0 below -10, x above 10."""
+    x16 = x.astype(np.float16).astype(np.float64)
+    t = _gelu_tanh(x16).astype(np.float16).astype(np.float64)
+    return np.where(x <= -10, 0.0, np.where(x >= 10, x, t))
+
+
+def _rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool, factors: np.ndarray | None,
+          mscale: float) -> np.ndarray:
+    """x [T, H, D]: ggml_rope_ext with freq_scale 1, ext_factor 0 (cos, sin times mscale)."""
+    half = n_rot // 2
+    theta = pos[:, None] * base ** (-2.0 * np.arange(half) / n_rot)
+    if factors is not None:
+        theta = theta / factors
+    cos, sin = (np.cos(theta) * mscale)[:, None], (np.sin(theta) * mscale)[:, None]
+    out = x.copy()
+    if neox:
+        a, b = x[..., :half], x[..., half:n_rot]
+        out[..., :half], out[..., half:n_rot] = a * cos - b * sin, a * sin + b * cos
+    else:
+        a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+        out[..., 0:n_rot:2], out[..., 1:n_rot:2] = a * cos - b * sin, a * sin + b * cos
+    return out
+
+
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int | None,
+            softcap: float | None) -> np.ndarray:
+    """q [T, H, D], k/v [T, KV, D]: causal (and sliding: key j masked when i - j >= window) attention."""
+    t, h, _ = q.shape
+    rep = h // k.shape[1]
+    k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+    s = np.einsum("ihd,jhd->hij", q, k) * scale
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+    masked = (j > i) | ((i - j >= window) if window else False)
+    s = np.where(masked[None], -np.inf, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("hij,jhd->ihd", p, v).reshape(t, -1)
+
+
+def _moe(y: np.ndarray, w: dict, p: str, n_used: int) -> np.ndarray:
+    logits = y @ w[p + "ffn_gate_inp.weight"].T
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.zeros_like(y)
+    for t in range(len(y)):
+        top = np.argsort(-probs[t], kind="stable")[:n_used]
+        wt = probs[t, top] / probs[t, top].sum()
+        for e, we in zip(top, wt, strict=True):
+            g = w[p + "ffn_gate_exps.weight"][e] @ y[t]
+            u = w[p + "ffn_up_exps.weight"][e] @ y[t]
+            out[t] += we * (w[p + "ffn_down_exps.weight"][e] @ (g / (1 + np.exp(-g)) * u))
+    return out
+
+
+def reference_forward(path: Path, tokens: np.ndarray, n_ctx: int, ggml_gelu: bool = True) -> np.ndarray:
+    """float64 logits [T, V] of llama.cpp's graph for the GGUF's architecture, hparams read as llama.cpp reads
+    them (the families of tiny_families.py, F32 files)."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    meta = {f.name: f.contents() for f in reader.fields.values()}
+    w = {t.name: np.asarray(t.data, dtype=np.float64).reshape([int(d) for d in reversed(t.shape)])
+         for t in reader.tensors}
+    arch = meta["general.architecture"]
+
+    def hp(key: str, default: object = None) -> object:
+        return meta.get(f"{arch}.{key}", default)
+
+    n_embd, n_head = int(hp("embedding_length")), int(hp("attention.head_count"))
+    n_kv, n_layer = int(hp("attention.head_count_kv", n_head)), int(hp("block_count"))
+    eps = float(hp("attention.layer_norm_rms_epsilon"))
+    hd = int(hp("attention.key_length", n_embd // n_head))
+    n_rot, base = int(hp("rope.dimension_count", hd)), float(hp("rope.freq_base", 10000.0))
+    mscale = float(hp("rope.scaling.attn_factor", 1.0))
+    neox = arch in NEOX
+    factors = w.get("rope_freqs.weight")
+    if "rope_factors_long.weight" in w:   # llama.cpp: long iff n_ctx_seq (n_ctx padded to 256) > orig ctx
+        orig = int(hp("rope.scaling.original_context_length", hp("context_length")))
+        padded = -(-n_ctx // 256) * 256
+        factors = w["rope_factors_long.weight" if padded > orig else "rope_factors_short.weight"]
+    gelu = _gelu_ggml if ggml_gelu else _gelu_tanh
+    n_used = int(hp("expert_used_count", 0))
+    t = len(tokens)
+    pos = np.arange(t, dtype=np.float64)
+    x = w["token_embd.weight"][tokens]
+    if arch in ("gemma2", "gemma3"):
+        x = x * np.sqrt(np.float32(n_embd))
+    if arch == "granite":
+        x = x * float(hp("embedding_scale"))
+    res_scale = float(hp("residual_scale", 1.0)) if arch == "granite" else 1.0
+    window, pattern = hp("attention.sliding_window"), {"gemma2": 2, "gemma3": 6}.get(arch)
+    if arch == "gemma3":
+        pattern = int(hp("attention.sliding_window_pattern", 6))
+    softcap = float(hp("attn_logit_softcapping")) if arch == "gemma2" else None
+    scale = float(hp("attention.scale", 0.0)) or hd ** -0.5
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        swa = pattern is not None and il % pattern < pattern - 1
+        h = x if arch == "olmo2" else _rms(x, w[p + "attn_norm.weight"], eps)
+        if p + "attn_qkv.weight" in w:
+            qkv = h @ w[p + "attn_qkv.weight"].T
+            q, k, v = np.split(qkv, [n_head * hd, (n_head + n_kv) * hd], axis=-1)
+        else:
+            q, k, v = (h @ w[p + f"attn_{n}.weight"].T + w.get(p + f"attn_{n}.bias", 0.0) for n in "qkv")
+        if arch == "olmo2":
+            q, k = _rms(q, w[p + "attn_q_norm.weight"], eps), _rms(k, w[p + "attn_k_norm.weight"], eps)
+        q, k, v = q.reshape(t, n_head, hd), k.reshape(t, n_kv, hd), v.reshape(t, n_kv, hd)
+        if arch in ("qwen3", "qwen3moe", "gemma3"):
+            q, k = _rms(q, w[p + "attn_q_norm.weight"], eps), _rms(k, w[p + "attn_k_norm.weight"], eps)
+        if not (arch == "smollm3" and (il + 1) % 4 == 0):
+            b = float(hp("rope.freq_base_swa", 10000.0)) if arch == "gemma3" and swa else base
+            q = _rope(q, pos, n_rot, b, neox, factors, mscale)
+            k = _rope(k, pos, n_rot, b, neox, factors, mscale)
+        a = _attend(q, k, v, scale, int(window) if swa else None, softcap) @ w[p + "attn_output.weight"].T
+        if arch in ("gemma2", "gemma3", "olmo2"):
+            a = _rms(a, w[p + "post_attention_norm.weight"], eps)
+        x = x + res_scale * a
+        y = x if arch == "olmo2" else _rms(x, w[p + "ffn_norm.weight"], eps)
+        if p + "ffn_gate_inp.weight" in w:
+            m = _moe(y, w, p, n_used)
+        elif arch == "phi3":
+            gu = y @ w[p + "ffn_up.weight"].T
+            g, u = np.split(gu, 2, axis=-1)
+            m = (g / (1 + np.exp(-g)) * u) @ w[p + "ffn_down.weight"].T
+        else:
+            g, u = y @ w[p + "ffn_gate.weight"].T, y @ w[p + "ffn_up.weight"].T
+            act = gelu(g) if arch in ("gemma2", "gemma3") else g / (1 + np.exp(-g))
+            m = (act * u) @ w[p + "ffn_down.weight"].T
+        if arch in ("gemma2", "gemma3", "olmo2"):
+            m = _rms(m, w[p + "post_ffw_norm.weight"], eps)
+        x = x + res_scale * m
+    logits = _rms(x, w["output_norm.weight"], eps) @ w.get("output.weight", w["token_embd.weight"]).T
+    if arch == "granite":
+        logits = logits / float(hp("logit_scale"))
+    if (cap := hp("final_logit_softcapping")) is not None and arch in ("gemma2", "gemma3") and float(cap):
+        logits = float(cap) * np.tanh(logits / float(cap))
+    return logits
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / np.abs(a).max())
+
+
+# ---- driver: runs in the project venv ------------------------------------------------------------------
+
+
+def make(family: str, llama_python: str, seed: int = 0) -> Path:
+    from hitenter.testing.tiny_families import PHI3_PARTIAL_CTX, PHI3_PARTIAL_ORIG_CTX, write_tiny_family
+    from hitenter.testing.tiny_model import tiny_vocab
+
+    vocab = len(tiny_vocab()[0])
+    tokens = golden_tokens(vocab, seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_tiny_family(Path(tmp) / f"{family}.gguf", family, seed=seed)
+        sha = hashlib.sha256(path.read_bytes()).hexdigest()
+        n_ctx = PHI3_PARTIAL_CTX if family == "phi3_partial" else 256
+        runs = [{"tokens": tokens.tolist(), "n_ctx": n_ctx, "rows": [0, N_TOKENS]}]
+        long_tokens = golden_tokens(vocab, seed, LONG_TOKENS)
+        if family == "llama3":
+            runs.append({"tokens": long_tokens.tolist(), "n_ctx": LONG_TOKENS + 20,
+                         "rows": [LONG_TOKENS - LONG_LAST, LONG_TOKENS]})
+        if family == "phi3_partial":
+            runs.append({"tokens": tokens.tolist(), "n_ctx": PHI3_PARTIAL_ORIG_CTX,
+                         "rows": [PHI3_SHORT_ROWS.start, PHI3_SHORT_ROWS.stop]})
+        outs, version = llama_logits(llama_python, path, runs)
+        logits = outs[0]
+        ref = reference_forward(path, tokens, n_ctx)
+        extra: dict[str, np.ndarray] = {"ref64_max_rel_diff": np.float64(_rel(logits, ref))}
+        if family in ("gemma2", "gemma3"):
+            extra["ref64_exact_gelu_max_rel_diff"] = np.float64(_rel(logits, reference_forward(
+                path, tokens, n_ctx, ggml_gelu=False)))
+        if family == "llama3":
+            extra.update(long_tokens=long_tokens.astype(np.int16), long_logits=outs[1],
+                         long_positions=np.arange(LONG_TOKENS - LONG_LAST, LONG_TOKENS, dtype=np.int32))
+        if family == "phi3_partial":
+            short_ref = reference_forward(path, tokens, PHI3_PARTIAL_ORIG_CTX)[PHI3_SHORT_ROWS]
+            rows = np.arange(PHI3_SHORT_ROWS.start, PHI3_SHORT_ROWS.stop, dtype=np.int32)
+            extra.update(logits_short=outs[1], short_positions=rows,
+                         short_n_ctx=np.int32(PHI3_PARTIAL_ORIG_CTX),
+                         ref64_short_max_rel_diff=np.float64(_rel(outs[1], short_ref)))
+    OUT.mkdir(parents=True, exist_ok=True)
+    out = OUT / f"{family}.npz"
+    np.savez_compressed(out, tokens=tokens, logits=logits, gguf_sha256=np.array(sha),
+                        llama_cpp_version=np.array(version), n_ctx=np.int32(n_ctx), seed=np.int32(seed),
+                        **extra)
+    argmax_ref = int((ref.argmax(-1) == logits.argmax(-1)).sum())
+    print(f"{family:13s} logits std {logits.std():5.2f} max|.| {np.abs(logits).max():6.2f}  vs float64 ref: "
+          f"max rel {extra['ref64_max_rel_diff']:.1e}, argmax {argmax_ref}/{N_TOKENS}"
+          + "".join(f"  {k} {float(v):.1e}" for k, v in extra.items()
+                    if k.startswith("ref64_") and k != "ref64_max_rel_diff")
+          + f"  -> {out.relative_to(ROOT)} ({out.stat().st_size // 1024} KB)")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--llama-python", default="/work/venvs/llamacpp/bin/python")
+    ap.add_argument("families", nargs="*")
+    args = ap.parse_args()
+    if args.worker:
+        return worker()
+    sys.path.insert(0, str(ROOT))
+    from hitenter.testing.tiny_families import FAMILIES
+
+    for family in args.families or FAMILIES:
+        make(family, args.llama_python)
+
+
+if __name__ == "__main__":
+    main()
