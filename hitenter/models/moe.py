@@ -19,7 +19,7 @@ Routing (llama.cpp's build_moe_ffn order): logits = x router^T (+ router_bias, f
 probs = softmax over all experts ("softmax"), sigmoid ("sigmoid") or the logits ("softmax_weight");
 top-k of probs (+ selection_bias, DeepSeek's exp_probs_b, for the choice only), ties to the lower
 expert index; weights = the chosen probs (softmax over the k for "softmax_weight"), divided by their
-sum when norm_topk (sum clamped at 2^-14 as llama.cpp does), times weights_scale when given.
+sum when norm_topk (summed in order, clamped at 2^-14 as llama.cpp does), times weights_scale when given.
 y = sum over ranks k = 0..K-1, in that order, of w_k * down_e(act(gate_e x) * up_e x).
 
 Grouped execution: the rows routed to each active expert are gathered and run through one qmatmul per
@@ -219,11 +219,8 @@ class MoEFFN(nn.Module):
         w = probs.gather(1, idx)
         if self.gating == "softmax_weight":
             w = torch.softmax(w, dim=-1)
-        if self.norm_topk:
-            total = w[:, 0]
-            for k in range(1, self.top_k):   # a fixed order (a reduction's order may depend on T)
-                total = total + w[:, k]
-            w = w / total.clamp(min=WEIGHTS_SUM_MIN).unsqueeze(1)
+        if self.norm_topk:   # cumsum: each row summed in order (in double on CPU), whatever T
+            w = w / w.cumsum(dim=-1)[:, -1:].clamp(min=WEIGHTS_SUM_MIN)
         if self.weights_scale is not None:
             w = w * self.weights_scale
         return idx, w
@@ -233,7 +230,7 @@ class MoEFFN(nn.Module):
         n = x.shape[0]
         gu, down = self.gate_up[e], self.down[e]
         h = gu(pad_rows(x) if _needs_padding(gu) else x)
-        a = self.act(h[:, :self.ffn]) * h[:, self.ffn:]
+        a = self.act(h[:, :self.ffn]).mul_(h[:, self.ffn:])
         return down(pad_rows(a) if _needs_padding(down) else a)[:n]
 
     def forward(self, x: torch.Tensor, n_real: int | None = None) -> torch.Tensor:
@@ -244,30 +241,42 @@ class MoEFFN(nn.Module):
         if n == 0:
             return x.new_zeros(t, self.hidden)
         idx, w = self.route(x[:n])
-        k = self.top_k
-        slots = x.new_empty(n * k, self.hidden)   # (row, rank) -> its weighted expert output
-        if n == 1:
-            for r, e in enumerate(idx[0].tolist()):
-                slots[r:r + 1] = self.expert_ffn(e, x[:1]) * w[:, r:r + 1]
-        else:
-            flat = idx.reshape(-1)
-            order = torch.argsort(flat, stable=True)
-            start = 0
-            for e, c in enumerate(torch.bincount(flat, minlength=self.n_expert).tolist()):
-                if c == 0:
-                    continue
-                sel = order[start:start + c]
-                start += c
-                ye = self.expert_ffn(e, x[:n].index_select(0, sel // k))
-                slots.index_copy_(0, sel, ye * w.reshape(-1, 1).index_select(0, sel))
-        y = slots.view(n, k, self.hidden)
-        acc = y[:, 0].clone()
-        for r in range(1, k):   # rank order, as llama.cpp adds the views
-            acc += y[:, r]
+        acc = self._decode_row(x, idx, w) if n == 1 else self._grouped(x[:n], idx, w)
         if out is None:
             return acc
         out[:n] = acc
         return out
+
+    def _decode_row(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """One row: its experts in rank order, each output times its weight, added as they come (the
+        same operations per row as `_grouped`, so the same bits)."""
+        acc = None
+        for r, e in enumerate(idx[0].tolist()):
+            o = self.expert_ffn(e, x[:1]).mul_(w[:, r:r + 1])
+            acc = o if acc is None else acc.add_(o)
+        return acc
+
+    def _grouped(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Rows grouped by expert (one call per projection per active expert); each (row, rank) result
+        times its weight lands in its own slot, then a row's K slots are added in rank order."""
+        n, k = idx.shape
+        flat = idx.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        w_flat = w.reshape(-1, 1)
+        slots = x.new_empty(n * k, self.hidden)
+        start = 0
+        for e, c in enumerate(torch.bincount(flat, minlength=self.n_expert).tolist()):
+            if c == 0:
+                continue
+            sel = order[start:start + c]
+            start += c
+            ye = self.expert_ffn(e, x.index_select(0, sel // k))
+            slots.index_copy_(0, sel, ye.mul_(w_flat.index_select(0, sel)))
+        y = slots.view(n, k, self.hidden)
+        acc = y[:, 0].clone()
+        for r in range(1, k):   # rank order, as llama.cpp adds the views
+            acc += y[:, r]
+        return acc
 
 
 def reference_moe(x: torch.Tensor, router: torch.Tensor, gate: ExpertWeight, up: ExpertWeight, down: ExpertWeight,
