@@ -18,7 +18,8 @@ Q = gguf.GGMLQuantizationType
 # types kept as blocks and run natively: (elements per block, bytes per block), from gguf's own table
 BLOCK_TYPES: dict[int, tuple[int, int]] = {
     int(t): gguf.GGML_QUANT_SIZES[t]
-    for t in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+    for t in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+              Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4)
 }
 # repacked layout (csrc/qm_repack.h): bytes per row and 32-element block (quants, fp16 d, fp16 m for Q4_*)
 REPACK_ROW_BYTES: dict[int, int] = {int(Q.Q4_0): 20, int(Q.Q4_1): 20, int(Q.Q8_0): 34}

@@ -54,23 +54,30 @@ def _permute_for_gguf(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-# K-quant blocks: gguf-py cannot quantize these types, so the tests write random valid blocks: random
-# quants, and scales chosen so the weights are small and centred like real ones. Q4_K / Q5_K store
+# K-quant and codebook blocks: gguf-py cannot quantize these types, so the tests write random valid blocks:
+# random quants, and scales chosen so the weights are small and centred like real ones. Q4_K / Q5_K store
 # w = d * sc * q - dmin * m per sub-block; the 12 packed 6-bit (sc, m) bytes all equal to 0x11 * v give
-# sc == m in every sub-block, so dmin = d * (q_max / 2) centres w = d * sc * (q - q_max / 2). Q6_K's
-# w = d * sc * (q - 32) with signed int8 sc is centred already. Values: (offset of d, d, dmin / d).
-_KQUANT_SCALES = {"Q4_K": (0, 2e-4, 7.5), "Q5_K": (0, 1e-4, 15.5), "Q6_K": (208, 2e-5, None)}
+# sc == m in every sub-block, so dmin = d * (q_max / 2) centres w = d * sc * (q - q_max / 2). Q2_K likewise
+# (16 bytes of 4-bit (sc, m), each 0x11 * v: dmin = 1.5 d). Q6_K's w = d * sc * (q - 32) with signed int8 sc,
+# Q3_K's d * (sc - 32) * (q - 4) and IQ4_XS's d * (sc - 32) * codebook[q] are centred by random scale bytes,
+# IQ4_NL's d * codebook[q] by its near-symmetric codebook. Values: (offset of d, d, dmin / d).
+_KQUANT_SCALES = {"Q4_K": (0, 2e-4, 7.5), "Q5_K": (0, 1e-4, 15.5), "Q6_K": (208, 2e-5, None),
+                  "Q2_K": (80, 1e-3, 1.5), "Q3_K": (108, 2e-4, None), "IQ4_NL": (0, 1e-4, None),
+                  "IQ4_XS": (0, 1e-5, None)}
 
 
 def random_kquant(qtype: gguf.GGMLQuantizationType, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """Random valid `rows x cols` blocks of a K-quant type (`uint8 [rows, cols / 256 * block_bytes]`)."""
+    """Random valid `rows x cols` blocks of a type in `_KQUANT_SCALES` (`uint8 [rows, cols / block * block_bytes]`)."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     d_at, d, dmin_ratio = _KQUANT_SCALES[qtype.name]
     raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
     raw[..., d_at:d_at + 2] = np.array([d], np.float16).view(np.uint8)
-    if dmin_ratio is not None:   # Q4_K / Q5_K: d, dmin, scales[12], ...
+    if qtype.name in ("Q4_K", "Q5_K"):   # d, dmin, scales[12], ...
         raw[..., 2:4] = np.array([d * dmin_ratio], np.float16).view(np.uint8)
         raw[..., 4:16] = (0x11 * rng.integers(1, 16, size=(rows, cols // block, 1))).astype(np.uint8)
+    elif qtype.name == "Q2_K":           # scales[16], qs[64], d, dmin
+        raw[..., 82:84] = np.array([d * dmin_ratio], np.float16).view(np.uint8)
+        raw[..., 0:16] = (0x11 * rng.integers(1, 16, size=(rows, cols // block, 16))).astype(np.uint8)
     return raw.reshape(rows, -1)
 
 
@@ -118,9 +125,9 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", seed: int = 0, hidden
 
     quant: None (all F32), or a GGML type name ("Q8_0", "Q4_0", "F16", ...) used for the 2-D projection
     weights whose row length allows it (the rest stay F32), or a dict from a tensor-name part
-    ("attn_v", "ffn_down", "token_embd", ...) to a type name, for a mix like Q4_K_M's. K-quant types
-    (Q4_K, Q5_K, Q6_K; rows of a multiple of 256) get random valid blocks (see `random_kquant`), not the
-    quantized random weights. tied: tie the output head to the embedding (default: llama tied, qwen2
+    ("attn_v", "ffn_down", "token_embd", ...) to a type name, for a mix like Q4_K_M's. Types gguf-py cannot
+    quantize (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS: rows of a multiple of 256; IQ4_NL) get random valid
+    blocks (see `random_kquant`), not the quantized random weights. tied: tie the output head to the embedding (default: llama tied, qwen2
     separate output.weight).
     """
     if arch not in ("llama", "qwen2"):

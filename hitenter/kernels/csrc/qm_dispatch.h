@@ -43,6 +43,11 @@ DEF_ROW(row_q8_0, s_row32, XT32, QT_Q8_0, B_Q8_0)
 DEF_ROW(row_q4_k, s_row256, xq256, QT_Q4_K, B_Q4_K)
 DEF_ROW(row_q5_k, s_row256, xq256, QT_Q5_K, B_Q5_K)
 DEF_ROW(row_q6_k, s_row256, xq256, QT_Q6_K, B_Q6_K)
+DEF_ROW(row_q2_k, s_row256, xq256, QT_Q2_K, B_Q2_K)
+DEF_ROW(row_q3_k, s_row256, xq256, QT_Q3_K, B_Q3_K)
+DEF_ROW(row_iq4_xs, s_row256, xq256, QT_IQ4_XS, B_IQ4_XS)
+DEF_ROW(row_iq4_nl, s_row32, XT32, QT_IQ4_NL, B_IQ4_NL)
+DEF_ROW(row_mxfp4, s_row32, XT32, QT_MXFP4, B_MXFP4)
 
 #if QM_ISA
 static int packed_fns(int qt, pack_fn *pack, pkern_fn *kern, size_t *pbytes) {
@@ -54,12 +59,17 @@ static int packed_fns(int qt, pack_fn *pack, pkern_fn *kern, size_t *pbytes) {
     case QT_Q5_1: *pack = pk_q5_1_pack; *kern = pk_q5_1_kern; return 1;
     /* Q8_0 + 128 needs dpbusd's exact u8 x s8 sums: AVX2's maddubs would saturate (the row path then) */
     case QT_Q8_0: *pack = pk_q8_0_pack; *kern = pk_q8_0_kern; return QM_VNNI;
+    case QT_IQ4_NL: *pack = pk_iq4_nl_pack; *kern = pk_iq4_nl_kern; return QM_VNNI;   /* signed, as Q8_0 */
+    case QT_MXFP4: *pack = pk_mxfp4_pack; *kern = pk_mxfp4_kern; return 1;           /* codes + 12 <= 24 */
     }
     *pbytes = sizeof(pblock);
     switch (qt) {
     case QT_Q4_K: *pack = pk_q4_k_pack; *kern = pk_q4_k_kern; return 1;
     case QT_Q5_K: *pack = pk_q5_k_pack; *kern = pk_q5_k_kern; return 1;
     case QT_Q6_K: *pack = pk_q6_k_pack; *kern = pk_q6_k_kern; return 1;
+    case QT_Q2_K: *pack = pk_q2_k_pack; *kern = pk_q2_k_kern; return 1;
+    case QT_Q3_K: *pack = pk_q3_k_pack; *kern = pk_q3_k_kern; return 1;
+    case QT_IQ4_XS: *pack = pk_iq4_xs_pack; *kern = pk_iq4_xs_kern; return QM_VNNI;   /* + 128: dpbusd only */
     }
     return 0;
 }
@@ -74,12 +84,17 @@ static int type_info(int qt, int *elems, int *bytes, row_fn *fn) {
     case QT_Q5_0: *bytes = B_Q5_0; *fn = row_q5_0; return 0;
     case QT_Q5_1: *bytes = B_Q5_1; *fn = row_q5_1; return 0;
     case QT_Q8_0: *bytes = B_Q8_0; *fn = row_q8_0; return 0;
+    case QT_IQ4_NL: *bytes = B_IQ4_NL; *fn = row_iq4_nl; return 0;
+    case QT_MXFP4: *bytes = B_MXFP4; *fn = row_mxfp4; return 0;
     }
     *elems = 256;
     switch (qt) {
     case QT_Q4_K: *bytes = B_Q4_K; *fn = row_q4_k; return 0;
     case QT_Q5_K: *bytes = B_Q5_K; *fn = row_q5_k; return 0;
     case QT_Q6_K: *bytes = B_Q6_K; *fn = row_q6_k; return 0;
+    case QT_Q2_K: *bytes = B_Q2_K; *fn = row_q2_k; return 0;
+    case QT_Q3_K: *bytes = B_Q3_K; *fn = row_q3_k; return 0;
+    case QT_IQ4_XS: *bytes = B_IQ4_XS; *fn = row_iq4_xs; return 0;
     }
     return -1;
 }

@@ -8,6 +8,14 @@
 
 /* legacy block -> signed ints e[32] (offset applied), its scale d and min m (0 for *_0 types) */
 static inline void g_decode32(int qt, const uint8_t *b, int e[32], float *d, float *m) {
+    if (qt == QT_IQ4_NL || qt == QT_MXFP4) {   /* 16 bytes of two 4-bit codebook indices */
+        const int8_t *kv = qt == QT_IQ4_NL ? qm_kv_iq4nl : qm_kv_mxfp4;
+        const uint8_t *qs = b + (qt == QT_IQ4_NL ? 2 : 1);
+        *d = qt == QT_IQ4_NL ? qm_h2f(b) : qm_e8m0_half(b[0]);
+        *m = 0.0f;
+        for (int j = 0; j < 16; j++) e[j] = kv[qs[j] & 15], e[j + 16] = kv[qs[j] >> 4];
+        return;
+    }
     *d = qm_h2f(b);
     *m = (qt == QT_Q4_1 || qt == QT_Q5_1) ? qm_h2f(b + 2) : 0.0f;
     if (qt == QT_Q8_0) {
@@ -43,9 +51,51 @@ static void g_row32(int qt, int bbytes, const uint8_t *w, int64_t nb, const xq32
     }
 }
 
+/* Q2_K / Q3_K / IQ4_XS block -> as g_decode256 (Q3_K's offset 4 applied, IQ4_XS's codebook values) */
+static inline void g_decode256_low(int qt, const uint8_t *b, int e[256], int sc[16], int mn[16], float *d,
+                                   float *dmin) {
+    if (qt == QT_IQ4_XS) {
+        int s8[8];
+        qm_iq4xs_scales(b, s8);
+        *d = qm_h2f(b);
+        *dmin = 0.0f;
+        for (int g = 0; g < 16; g++) sc[g] = s8[g / 2], mn[g] = 0;
+        for (int ib = 0; ib < 8; ib++)
+            for (int j = 0; j < 16; j++) {
+                e[32 * ib + j] = qm_kv_iq4nl[b[8 + 16 * ib + j] & 15];
+                e[32 * ib + 16 + j] = qm_kv_iq4nl[b[8 + 16 * ib + j] >> 4];
+            }
+        return;
+    }
+    /* element 128 h + 32 j + l: bits 2j of qs[32 h + l] (Q3_K: bit 4h + j of hmask[l] set means no -4) */
+    const int three = qt == QT_Q3_K;
+    const uint8_t *qs = b + (three ? 32 : 16);
+    if (three) {
+        qm_q3k_scales(b + 96, sc);
+        *d = qm_h2f(b + 108);
+        *dmin = 0.0f;
+        for (int g = 0; g < 16; g++) mn[g] = 0;
+    } else {
+        *d = qm_h2f(b + 80);
+        *dmin = qm_h2f(b + 82);
+        for (int g = 0; g < 16; g++) sc[g] = b[g] & 15, mn[g] = b[g] >> 4;
+    }
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) {
+                int q = (qs[32 * h + l] >> (2 * j)) & 3;
+                if (three) q -= (b[l] >> (4 * h + j)) & 1 ? 0 : 4;
+                e[128 * h + 32 * j + l] = q;
+            }
+}
+
 /* K block -> ints e[256] (Q6_K offset applied), per-16 scales sc, per-16 mins mn, d and dmin */
 static inline void g_decode256(int qt, const uint8_t *b, int e[256], int sc[16], int mn[16], float *d,
                                float *dmin) {
+    if (qt == QT_Q2_K || qt == QT_Q3_K || qt == QT_IQ4_XS) {
+        g_decode256_low(qt, b, e, sc, mn, d, dmin);
+        return;
+    }
     if (qt == QT_Q6_K) {
         *d = qm_h2f(b + 208);
         *dmin = 0.0f;
@@ -93,7 +143,7 @@ static void g_row256(int qt, int bbytes, const uint8_t *w, int64_t nb, const xq2
                 is += sc[g] * s;
                 ms += mn[g] * xr[b].bsum[g];
             }
-            if (qt == QT_Q6_K) {   /* the same float steps as the SIMD kernels (k_step) */
+            if (!QM_KMIN(qt)) {   /* the same float steps as the SIMD kernels (k_step) */
                 acc = fmaf((float)(is - ms), d * xr[b].d, acc);
             } else {
                 acc = fmaf((float)is, d * xr[b].d, acc);

@@ -32,8 +32,9 @@
 
 typedef struct {
     uint8_t q[64][4 * PN];  /* [dword e4 of the block][lane n * 4 + byte]: weights unsigned */
-    int32_t sc[16][PN];   /* scale of group g per lane (32-element groups for Q4_K/Q5_K, 16 for Q6_K) */
-    int32_t mn[4][PN];    /* Q4_K/Q5_K: int16 pairs (m_2i, m_2i+1) of the per-32 mins per lane (Q6_K: none) */
+    int32_t sc[16][PN];   /* scale of group g per lane (32-element groups for Q4_K/Q5_K/IQ4_XS, else 16) */
+    int32_t mn[8][PN];    /* int16 pairs (m_2i, m_2i+1) of the mins per lane: Q4_K/Q5_K per-32 (i < 4), Q2_K
+                           * per-16 (i < 8); the other types have none */
     float d[PN], dmin[PN];
 } pblock;
 
@@ -77,12 +78,25 @@ static void pack8(const int qt, const int bb, const uint8_t *w, int64_t ldw, int
             _mm256_storeu_si256((__m256i *)mn16, mins);
             if (qt == QT_Q6_K) {
                 for (int g = 0; g < 16; g++) pb->sc[g][n] = (int8_t)blk[192 + g];
+            } else if (qt == QT_Q2_K) {
+                for (int g = 0; g < 16; g++) pb->sc[g][n] = blk[g] & 15;
+                for (int i = 0; i < 8; i++)   /* mn16: the 16 per-16 mins */
+                    pb->mn[i][n] = (int32_t)((uint32_t)(uint16_t)mn16[2 * i] | ((uint32_t)(uint16_t)mn16[2 * i + 1] << 16));
+            } else if (qt == QT_Q3_K) {
+                int s16[16];
+                qm_q3k_scales(blk + 96, s16);
+                for (int g = 0; g < 16; g++) pb->sc[g][n] = s16[g];
+            } else if (qt == QT_IQ4_XS) {   /* + 128: unsigned for dpbusd (VNNI only), -128 * sum(x) from t's start */
+                int s8[8];
+                qm_iq4xs_scales(blk, s8);
+                for (int g = 0; g < 8; g++) pb->sc[g][n] = s8[g];
+                for (int j = 0; j < 8; j++) st[n][j] = _mm256_xor_si256(st[n][j], _mm256_set1_epi8((char)0x80));
             } else {
                 uint32_t u[4];
                 qm_k4_scales(blk + 4, u);
                 for (int g = 0; g < 8; g++) pb->sc[g][n] = ((const uint8_t *)u)[g];
             }
-            for (int i = 0; i < 4 && qt != QT_Q6_K; i++)   /* mn16 holds each per-32 min twice */
+            for (int i = 0; i < 4 && (qt == QT_Q4_K || qt == QT_Q5_K); i++)   /* mn16: each per-32 min twice */
                 pb->mn[i][n] = (int32_t)((uint32_t)(uint16_t)mn16[4 * i] | ((uint32_t)(uint16_t)mn16[4 * i + 2] << 16));
             pb->d[n] = d;
             pb->dmin[n] = dmin;
@@ -99,7 +113,7 @@ static void pack8(const int qt, const int bb, const uint8_t *w, int64_t ldw, int
 /* y[r, 0..nvalid) for R activation rows against one packed group */
 QM_INLINE void p_kern(const int qt, const pblock *p, int64_t nb, const xq256 *x, int64_t xrow, const int R,
                       float *y, int64_t ldy, int nvalid) {
-    const int GS = qt == QT_Q6_K ? 4 : 8;    /* dwords per scale group */
+    const int GS = qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_IQ4_XS ? 8 : 4;    /* dwords per scale group */
     pvf acc[PR];
     for (int r = 0; r < R; r++) acc[r] = pf_zero();
     for (int64_t b = 0; b < nb; b++) {
@@ -108,8 +122,13 @@ QM_INLINE void p_kern(const int qt, const pblock *p, int64_t nb, const xq256 *x,
         for (int r = 0; r < R; r++) I[r] = Mn[r] = pv_zero();
 #pragma GCC unroll 2
         for (int g = 0; g < 64 / GS; g++) {
-            pvi t[PR];   /* Q6_K: from -32 * bsum_g, so I - Mn comes out of the dots and scales directly */
-            for (int r = 0; r < R; r++) t[r] = qt == QT_Q6_K ? pv_set1(x[r * xrow + b].off6[g]) : pv_zero();
+            pvi t[PR];   /* from -offset * sum(x) over the group (Q6_K 32, Q3_K 4, IQ4_XS 128), so I - Mn comes
+                          * out of the dots and scales directly */
+            for (int r = 0; r < R; r++) {
+                const xq256 *xb = x + r * xrow + b;
+                t[r] = qt == QT_Q6_K ? pv_set1(xb->off6[g]) : qt == QT_Q3_K ? pv_set1(-4 * xb->bsum[g])
+                     : qt == QT_IQ4_XS ? pv_set1(-128 * xb->bsum32[g]) : pv_zero();
+            }
 #pragma GCC unroll 8
             for (int k = 0; k < GS; k++) {
                 const int e4 = g * GS + k;
@@ -123,19 +142,20 @@ QM_INLINE void p_kern(const int qt, const pblock *p, int64_t nb, const xq256 *x,
             const pvi s = pv_load(pb->sc[g]);
             for (int r = 0; r < R; r++) I[r] = pv_add(I[r], pv_mullo(t[r], s));
         }
-#pragma GCC unroll 4
-        for (int i = 0; i < 4 && qt != QT_Q6_K; i++) {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {   /* Q4_K/Q5_K: 4 pairs of per-32 sums, Q2_K: 8 of per-16 sums */
+            if (!QM_KMIN(qt) || (i >= 4 && qt != QT_Q2_K)) continue;
             const pvi mv = pv_load(pb->mn[i]);
             for (int r = 0; r < R; r++) {
                 int32_t bs;
-                memcpy(&bs, x[r * xrow + b].bsum32 + 2 * i, 4);
+                memcpy(&bs, (qt == QT_Q2_K ? x[r * xrow + b].bsum : x[r * xrow + b].bsum32) + 2 * i, 4);
                 Mn[r] = pv_dpwssd(Mn[r], mv, pv_set1(bs));
             }
         }
         const pvf dv = pf_load(pb->d), dmv = pf_load(pb->dmin);
         for (int r = 0; r < R; r++) {   /* k_step, lane-wise */
             const pvf dx = pf_set1(x[r * xrow + b].d);
-            if (qt == QT_Q6_K) {   /* I already holds I - Mn */
+            if (!QM_KMIN(qt)) {   /* I already holds I - Mn */
                 acc[r] = pf_fmadd(pf_cvt(I[r]), pf_mul(dv, dx), acc[r]);
             } else {
                 acc[r] = pf_fmadd(pf_cvt(I[r]), pf_mul(dv, dx), acc[r]);
@@ -166,7 +186,7 @@ static void pack8_32(const int qt, const int bb, const uint8_t *w, int64_t ldw, 
             st[n] = _mm256_setzero_si256();
             if (n < nrows) {
                 st[n] = unpack32(qt, w + n * ldw + b * bb, &d, &m);
-                if (qt == QT_Q8_0) st[n] = _mm256_xor_si256(st[n], _mm256_set1_epi8((char)0x80));
+                if (QM_SIGNED32(qt)) st[n] = _mm256_xor_si256(st[n], _mm256_set1_epi8((char)0x80));
             }
             pb->d[n] = d;
             pb->m[n] = m;
@@ -237,6 +257,9 @@ typedef void (*pkern_fn)(const void *p, int64_t nb, const char *x, int64_t xrow,
 DEF_PACKED(pk_q4_k, QT_Q4_K, B_Q4_K)
 DEF_PACKED(pk_q5_k, QT_Q5_K, B_Q5_K)
 DEF_PACKED(pk_q6_k, QT_Q6_K, B_Q6_K)
+DEF_PACKED(pk_q2_k, QT_Q2_K, B_Q2_K)
+DEF_PACKED(pk_q3_k, QT_Q3_K, B_Q3_K)
+DEF_PACKED(pk_iq4_xs, QT_IQ4_XS, B_IQ4_XS)
 
 /* legacy types: x rows in the xl layout (qm_simd.h), xrow bytes apart */
 #define DEF_PACKED32(name, qt, bb)                                                                        \
@@ -257,6 +280,8 @@ DEF_PACKED32(pk_q4_1, QT_Q4_1, B_Q4_1)
 DEF_PACKED32(pk_q5_0, QT_Q5_0, B_Q5_0)
 DEF_PACKED32(pk_q5_1, QT_Q5_1, B_Q5_1)
 DEF_PACKED32(pk_q8_0, QT_Q8_0, B_Q8_0)
+DEF_PACKED32(pk_iq4_nl, QT_IQ4_NL, B_IQ4_NL)
+DEF_PACKED32(pk_mxfp4, QT_MXFP4, B_MXFP4)
 
 /* rows [n0, n1) of y for all M rows through the packed path; buf holds PG * nb packed blocks of pbytes */
 static void run_packed(pack_fn pack, pkern_fn kern, size_t pbytes, const uint8_t *w, int64_t ldw, int64_t nb,

@@ -14,13 +14,15 @@
 #include <math.h>
 #include "qm_common.h"
 
+#define QM_INLINE static inline __attribute__((always_inline))
+#include "qm_sunpack.h"
+
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
 #define QM_VNNI 1
 #else
 #define QM_VNNI 0
 #endif
 
-#define QM_INLINE static inline __attribute__((always_inline))
 #define MR 8    /* most activation rows per weight-row pass */
 
 QM_INLINE float s_h2f(const uint8_t *p) {
@@ -65,7 +67,7 @@ QM_INLINE float hsum8(__m256 v) {   /* fixed order: (lo + hi), then pairs, then 
 
 /* Legacy activations (SIMD builds), one row of nb blocks laid out as arrays so 4 blocks' scales load
  * as one vector: q[nb][32] int8, then d[nbp], s[nbp] (fp32: d_x and d_x * sum(q)), c[nbp] (int32:
- * -off * sum(q), off = 8 / 16 / 128 for Q4_0 / Q5_0 / Q8_0, the weight offset applied exactly in
+ * -off * sum(q), off = 8 / 16 / 128 / 128 / 12 for Q4_0 / Q5_0 / Q8_0 / IQ4_NL / MXFP4, the weight offset applied exactly in
  * integers), nbp = nb rounded up to 4, padded with zeros. */
 static inline int64_t xl_nbp(int64_t nb) { return (nb + 3) & ~(int64_t)3; }
 static inline size_t xl_row_bytes(int64_t nb) { return ((size_t)nb * 32 + 12 * (size_t)xl_nbp(nb) + 63) / 64 * 64; }
@@ -73,12 +75,16 @@ static inline size_t xl_row_bytes(int64_t nb) { return ((size_t)nb * 32 + 12 * (
 #define XL_S(x, nb) (XL_D(x, nb) + xl_nbp(nb))
 #define XL_C(x, nb) ((const int32_t *)(XL_D(x, nb) + 2 * xl_nbp(nb)))
 
-static inline int qm_off32(int qt) { return qt == QT_Q4_0 ? 8 : qt == QT_Q5_0 ? 16 : qt == QT_Q8_0 ? 128 : 0; }
+static inline int qm_off32(int qt) {
+    if (qt == QT_Q8_0 || qt == QT_IQ4_NL) return 128;
+    return qt == QT_Q4_0 ? 8 : qt == QT_Q5_0 ? 16 : qt == QT_MXFP4 ? QM_MXFP4_OFF : 0;
+}
 
-/* legacy block -> 32 weight bytes (unsigned, offset not applied; Q8_0 signed as stored), its scale d
- * and min m (0 for the *_0 types) */
+/* legacy block -> 32 weight bytes (unsigned, offset not applied; Q8_0 signed as stored; IQ4_NL / MXFP4:
+ * qm_sunpack.h), its scale d and min m (0 for the *_0 types) */
 QM_INLINE __m256i unpack32q(const int qt, const uint8_t *b) {
     if (qt == QT_Q8_0) return _mm256_loadu_si256((const __m256i *)(b + 2));
+    if (qt == QT_IQ4_NL || qt == QT_MXFP4) return s_unpack32_cb(qt, b);
     const int off = qt == QT_Q4_0 ? 2 : qt == QT_Q4_1 ? 4 : qt == QT_Q5_0 ? 6 : 8;
     /* the 16 bytes in both halves, the high half shifted by 4: low nibbles are elements 0..15 */
     const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + off)));
@@ -92,7 +98,7 @@ QM_INLINE __m256i unpack32q(const int qt, const uint8_t *b) {
 }
 
 QM_INLINE __m256i unpack32(const int qt, const uint8_t *b, float *d, float *m) {
-    *d = s_h2f(b);
+    *d = qt == QT_MXFP4 ? qm_e8m0_half(b[0]) : s_h2f(b);
     *m = qt == QT_Q4_1 || qt == QT_Q5_1 ? s_h2f(b + 2) : 0.0f;
     return unpack32q(qt, b);
 }
@@ -123,14 +129,15 @@ QM_INLINE void s_grp32(const int qt, const int bb, const uint8_t *w, int64_t nb,
     }
     const __m256 f = _mm256_cvtph_ps(dm);
     const __m128 lo = _mm256_castps256_ps128(f), hi = _mm256_extractf128_ps(f, 1);
-    const __m128 d4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)), m4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+    const __m128 d4 = qt == QT_MXFP4 ? s_e8m0_half4(dm) : _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
+    const __m128 m4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
     /* Q8_0: with VNNI (exact u8 x s8 sums) the stored bytes + 128, the offset back through c as for the
      * 4/5-bit types; AVX2's maddubs would saturate there, so |w| with the sign moved onto x instead */
-    const int q8sign = qt == QT_Q8_0 && !QM_VNNI;
+    const int q8sign = QM_SIGNED32(qt) && !QM_VNNI;
     __m256i wabs[4];
     if (q8sign)
         for (int j = 0; j < 4; j++) wabs[j] = _mm256_sign_epi8(wq[j], wq[j]);
-    else if (qt == QT_Q8_0)
+    else if (QM_SIGNED32(qt))
         for (int j = 0; j < 4; j++) wq[j] = _mm256_xor_si256(wq[j], _mm256_set1_epi8((char)0x80));
     for (int r = 0; r < R; r++) {
         const char *xr = x + r * xrow;
@@ -180,6 +187,10 @@ QM_INLINE __m128i k4_scales_vec(const uint8_t *s12) {
  * the per-16 min multipliers (Q6_K: 32 * scale, the offset), d and dmin */
 QM_INLINE void unpack256(const int qt, const uint8_t *b, __m256i wq[8], __m256i sc[8], __m256i *mins, float *d,
                          float *dmin) {
+    if (qt == QT_Q2_K || qt == QT_Q3_K || qt == QT_IQ4_XS) {
+        s_unpack256_low(qt, b, wq, sc, mins, d, dmin);
+        return;
+    }
     const __m256i m4 = _mm256_set1_epi8(15);
     if (qt == QT_Q6_K) {
         *d = *dmin = s_h2f(b + 208);
@@ -241,22 +252,22 @@ QM_INLINE int32_t hsum_i32(__m256i v) {   /* exact: integer adds */
 }
 
 /* K types, canonical float part (shared with the packed GEMM, qm_pack.h): per block, in block order,
- *   acc = fma(float(I), d * dx, acc); acc = fma(-float(Mn), dmin * dx, acc)       (Q4_K, Q5_K)
- *   acc = fma(float(I - Mn), d * dx, acc)                                         (Q6_K)
+ *   acc = fma(float(I), d * dx, acc); acc = fma(-float(Mn), dmin * dx, acc)       (QM_KMIN: Q2_K, Q4_K, Q5_K)
+ *   acc = fma(float(I - Mn), d * dx, acc)                                         (Q3_K, Q6_K, IQ4_XS)
  * with I = sum_g sc_g (q . x)_g and Mn = sum_g mn_g bsum_g the block's exact integer sums. */
 QM_INLINE float k_step(const int qt, float acc, int32_t I, int32_t Mn, float d, float dmin, float dx) {
-    if (qt == QT_Q6_K) return fmaf((float)(I - Mn), d * dx, acc);
+    if (!QM_KMIN(qt)) return fmaf((float)(I - Mn), d * dx, acc);
     acc = fmaf((float)I, d * dx, acc);
     return fmaf(-(float)Mn, dmin * dx, acc);
 }
 
-/* k_step on lane 0 of vectors, the sums already converted (t: I - Mn in lane 0 for Q6_K; I in lane 0
+/* k_step on lane 0 of vectors, the sums already converted (t: I - Mn in lane 0 for !QM_KMIN; I in lane 0
  * and Mn in lane 2 otherwise): the same fp32 operations without moving the integer sums through
  * general registers and back (vmovd + cvtsi2ss sat on the critical path of every block) */
 QM_INLINE __m128 k_step_v(const int qt, __m128 acc, __m128 t, float d, float dmin, float dx) {
     const __m128 dxv = _mm_set_ss(dx);
     acc = _mm_fmadd_ss(t, _mm_mul_ss(_mm_set_ss(d), dxv), acc);
-    if (qt != QT_Q6_K) acc = _mm_fnmadd_ss(_mm_movehl_ps(t, t), _mm_mul_ss(_mm_set_ss(dmin), dxv), acc);
+    if (QM_KMIN(qt)) acc = _mm_fnmadd_ss(_mm_movehl_ps(t, t), _mm_mul_ss(_mm_set_ss(dmin), dxv), acc);
     return acc;
 }
 
@@ -270,22 +281,27 @@ QM_INLINE void s_row256(const int qt, const int bb, const uint8_t *w, int64_t nb
     __m128 acc[MR];
     for (int r = 0; r < R; r++) acc[r] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i wq[8], sc[8], mins, is[MR][NCMAX];
+        __m256i wq[8], sc[8], mins, is[MR][NCMAX], ws[8];
         float d, dmin;
         unpack256(qt, w + b * bb, wq, sc, &mins, &d, &dmin);
+        if (qt == QT_IQ4_XS)   /* signed weights: |w| . sign(x, w), as the legacy Q8_0 without VNNI */
+            for (int j = 0; j < 8; j++) ws[j] = wq[j], wq[j] = _mm256_abs_epi8(wq[j]);
         for (int r = 0; r < R; r++)
             for (int c = 0; c < NC; c++) is[r][c] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++)
-            for (int r = 0; r < R; r++)
-                is[r][j % NC] = dot_scaled(is[r][j % NC], wq[j],
-                                           _mm256_loadu_si256((const __m256i *)(x[r * xrow + b].q + 32 * j)), sc[j]);
+            for (int r = 0; r < R; r++) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(x[r * xrow + b].q + 32 * j));
+                if (qt == QT_IQ4_XS) xv = _mm256_sign_epi8(xv, ws[j]);
+                is[r][j % NC] = dot_scaled(is[r][j % NC], wq[j], xv, sc[j]);
+            }
         for (int r = 0; r < R; r++) {
             const xq256 *xb = x + r * xrow + b;
             for (int c = 1; c < NC; c++) is[r][0] = _mm256_add_epi32(is[r][0], is[r][c]);
-            const __m256i ms = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)xb->bsum));
+            const __m256i ms = qt == QT_IQ4_XS ? _mm256_setzero_si256()
+                                               : _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)xb->bsum));
             __m128i t;
-            if (qt == QT_Q6_K) {   /* I - Mn is exact: one reduction, to lane 0 */
+            if (!QM_KMIN(qt)) {   /* I - Mn is exact: one reduction, to lane 0 */
                 const __m256i v = _mm256_sub_epi32(is[r][0], ms);
                 t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
                 t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));

@@ -1,12 +1,13 @@
-/* y[M, N] = x[M, K] W[N, K]^T with W in GGUF blocks (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K).
+/* y[M, N] = x[M, K] W[N, K]^T with W in GGUF blocks (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL MXFP4, 32 elements;
+ * Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS, 256 elements).
  *
- * x is quantized once per call to int8 blocks (32 per fp32 scale for the legacy types, 256 with
- * 16-element sums for the K types), then integer dot products run per weight block.
+ * x is quantized once per call to int8 blocks (32 per fp32 scale for the 32-wide types, 256 with
+ * 16-element sums for the 256-wide ones), then integer dot products run per weight block.
  * Threads take chunks of weight rows (dynamically); within a chunk the row path walks the weight
  * rows once per tile of MT activation rows (M <= MT: every weight byte is streamed from memory
  * once), unpacking each in registers once per MR activation rows; from M >= 6 (32-wide types) or 9 (K types)
  * every type takes the packed
- * GEMM instead (qm_pack.h; Q8_0 only with VNNI). Every (m, n) output is the same function of
+ * GEMM instead (qm_pack.h; Q8_0, IQ4_NL and IQ4_XS only with VNNI). Every (m, n) output is the same function of
  * (row m of x, row n of W) whatever M, the tiling or the thread count: batch invariant.
  *
  * ISA: chosen at compile time (-march=native, or forced down with -mno-avx512f / -DQM_GENERIC). */
