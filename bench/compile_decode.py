@@ -55,7 +55,7 @@ def _post(x: Any, o: Any, layer_bufs: tuple[Any, ...], nw: Any, eps: float) -> A
 
 
 def make_forward(pre: Any, post: Any) -> Any:
-    """A DecoderLayer.forward (same contract as hitenter/models/llama.py) built on `pre` and `post`."""
+    """A DecoderLayer.forward (same contract as hitenter/models/decoder.py) built on `pre` and `post`."""
     from hitenter.models.attention import paged_attention, write_kv
 
     def forward(self: Any, x: Any, rope: Any, cos_sin: Any, attn: Any, kv_cache: Any, n_real: int) -> Any:

@@ -55,7 +55,7 @@ def _check_choice(obj: Any, name: str, choices: tuple[Any, ...]) -> None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str          # "llama" or "qwen2"
+    architecture: str          # general.architecture: a family of hitenter/models/families
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -69,13 +69,28 @@ class ModelConfig:
     tie_word_embeddings: bool  # True when the GGUF has no output.weight
     attention_bias: bool = False  # qwen2: Q/K/V projections have biases
     name: str = ""
-    # Gemma 3 (defaults: off, so llama / qwen2 configs are unchanged)
+    # What a family does differently from Llama (hitenter/models/families): the defaults are Llama's.
     sliding_window: int = 0           # keys a local layer sees (its own included); 0 = every layer is global
     sliding_window_pattern: int = 0   # layer i is global when (i + 1) % pattern == 0; 0 = all local if window
-    rope_local_theta: float = 10000.0  # RoPE base of the local (sliding-window) layers
-    rope_scaling_factor: float = 1.0  # linear RoPE scaling of the global layers (1 = none)
+    rope_local_theta: float = 0.0     # RoPE base of the local (sliding-window) layers; 0 = rope_theta
+    rope_scaling_factor: float = 1.0  # linear RoPE scaling: positions / factor (Gemma 3: global layers only)
+    rope_dim: int = 0                 # dimensions rotated (partial rotary: the first rope_dim); 0 = head_dim
+    rope_attn_factor: float = 1.0     # cos/sin multiplied by this (LongRoPE / YaRN's attention factor)
+    no_rope_interval: int = 0         # layer i has no RoPE when (i + 1) % interval == 0 (SmolLM3); 0 = none
     query_pre_attn_scalar: float = 0.0  # attention scale = this ** -0.5; 0 = head_dim
+    attention_scale: float = 0.0      # the attention scale itself where a family sets it (Granite); 0 = above
+    attn_logit_softcap: float = 0.0   # scores = cap * tanh(scores / cap) before the softmax; 0 = none
     final_logit_softcap: float = 0.0  # logits = cap * tanh(logits / cap); 0 = none
+    logit_scale: float = 1.0          # logits multiplied by this (Granite: 1 / its logit_scale)
+    embedding_scale: float = 1.0      # token embeddings multiplied by this (Gemma: sqrt(hidden); Granite)
+    residual_scale: float = 1.0       # each block's output multiplied by this before its residual add
+    norm_placement: str = "pre"       # "pre": x + f(norm(x)); "sandwich": x + norm(f(norm(x))); "post": x + norm(f(x))
+    qk_norm: str = "none"             # "head": RMSNorm of each Q/K head (Qwen3, Gemma); "full": of the whole Q/K
+    activation: str = "silu"          # the gated FFN's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    num_experts: int = 0              # mixture of experts: experts per layer (0 = a dense FFN)
+    num_experts_used: int = 0         # experts each token is routed to
+    expert_intermediate_size: int = 0  # one expert's FFN width
+    expert_norm_topk: bool = True     # the top-k routing weights renormalised to sum to 1
 
     def __post_init__(self) -> None:
         for f in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -83,6 +98,29 @@ class ModelConfig:
             _require(getattr(self, f) > 0, f, f"must be > 0, got {getattr(self, f)}")
         _require(self.num_heads % self.num_kv_heads == 0, "num_kv_heads",
                  f"{self.num_heads} heads are not a multiple of {self.num_kv_heads} KV heads")
+        _check_choice(self, "norm_placement", ("pre", "sandwich", "post"))
+        _check_choice(self, "qk_norm", ("none", "head", "full"))
+        _check_choice(self, "activation", ("silu", "gelu_tanh"))
+        _require(0 <= self.rope_dim <= self.head_dim and self.rope_dim % 2 == 0, "rope_dim",
+                 f"must be even and <= head_dim {self.head_dim}, got {self.rope_dim}")
+        _require(not self.num_experts or 0 < self.num_experts_used <= self.num_experts, "num_experts_used",
+                 f"must be in 1..{self.num_experts}, got {self.num_experts_used}")
+
+    @property
+    def attn_scale(self) -> float:
+        """The factor on Q.K: the family's own, else query_pre_attn_scalar ** -0.5, else head_dim ** -0.5."""
+        return self.attention_scale or (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def layer_window(self, i: int) -> int | None:
+        """Layer i's sliding window (a local layer) or None (a global layer); llama.cpp's swa pattern."""
+        if self.sliding_window <= 0:
+            return None
+        p = self.sliding_window_pattern
+        return None if p > 0 and (i + 1) % p == 0 else self.sliding_window
+
+    def layer_has_rope(self, i: int) -> bool:
+        """False for the layers a family runs without RoPE (SmolLM3: every no_rope_interval-th)."""
+        return not (self.no_rope_interval and (i + 1) % self.no_rope_interval == 0)
 
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
         """2 (K and V) x layers x KV heads x head dim x bytes per element."""

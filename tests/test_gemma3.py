@@ -14,6 +14,7 @@ from test_model import Runner, greedy_batch
 from torch.nn import functional as F
 
 from hitenter import LLM, SamplingParams
+from hitenter.config import ModelConfig
 from hitenter.models import decode_kernel
 from hitenter.models.attention import (
     AttentionMetadata,
@@ -21,7 +22,7 @@ from hitenter.models.attention import (
     paged_attention,
     reference_attention,
 )
-from hitenter.models.gemma3 import Gemma3Model, layer_windows
+from hitenter.models.decoder import CausalLM as Gemma3Model
 from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
 from hitenter.models.loader import load_model
 from hitenter.models.registry import hitenter_home
@@ -91,7 +92,7 @@ def test_config_and_layer_pattern(tiny: Gemma3Model) -> None:
 
 
 def test_windowed_kv_bytes_reports_the_saving(tiny: Gemma3Model) -> None:
-    from hitenter.models.gemma3 import windowed_kv_bytes
+    from hitenter.models.decoder import windowed_kv_bytes
 
     cfg = tiny.config   # 4 layers, 2 local with window 8; 2 KV heads x 32 dims x 2 (K, V) x 4 bytes per layer-token
     per = 2 * 2 * 32 * 4
@@ -285,3 +286,7 @@ def test_openai_server_completions_and_chat(tiny_gemma_path: Path) -> None:
         r = httpx.post(srv.url + "/v1/chat/completions", timeout=120,
                        json={**body, "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
+
+
+def layer_windows(cfg: ModelConfig) -> list[int | None]:
+    return [cfg.layer_window(i) for i in range(cfg.num_layers)]

@@ -10,8 +10,9 @@ import torch
 from torch.nn import functional as F
 
 from hitenter.models.attention import AttentionMetadata, allocate_kv_caches
+from hitenter.models.decoder import CausalLM as LlamaModel
+from hitenter.models.layers import pad_rows
 from hitenter.models.linear import Linear, packed_rows_invariant
-from hitenter.models.llama import LlamaModel, pad_rows
 from hitenter.models.loader import load_model
 from hitenter.models.registry import hitenter_home
 

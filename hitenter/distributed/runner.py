@@ -38,7 +38,7 @@ from hitenter.distributed.group import TensorParallelError, TPGroup, broadcast_o
 from hitenter.engine.model_runner import ModelRunner, ModelRunnerOutput
 from hitenter.engine.scheduler import SchedulerOutput
 from hitenter.models.attention import AttentionMetadata, allocate_kv_caches
-from hitenter.models.llama import LlamaModel
+from hitenter.models.decoder import CausalLM
 
 LOAD_TIMEOUT_S = 600.0
 
@@ -131,7 +131,7 @@ class _Workers:
 class _Rank0Model:
     """Rank 0's shard, wrapped so each call first tells the workers to make the same call."""
 
-    def __init__(self, inner: LlamaModel, group: TPGroup) -> None:
+    def __init__(self, inner: CausalLM, group: TPGroup) -> None:
         self.inner = inner
         self.group = group
         self.broadcast_seconds = 0.0
@@ -172,7 +172,7 @@ class DistributedModelRunner(ModelRunner):
         self._finalizer = weakref.finalize(self, workers.close)
 
     @classmethod
-    def launch(cls, model: LlamaModel, dtype: torch.dtype, num_blocks: int, block_size: int,
+    def launch(cls, model: CausalLM, dtype: torch.dtype, num_blocks: int, block_size: int,
                batch_invariant: bool = True, timeout_s: float | None = None) -> DistributedModelRunner:
         """Join the group with the workers `load_rank0` started, size their KV caches, return the runner."""
         workers = getattr(model, "_tp_workers", None)
@@ -230,7 +230,7 @@ class DistributedModelRunner(ModelRunner):
 
 
 def load_rank0(path: str, dtype: torch.dtype, tp_size: int,
-               num_threads: int | None = None) -> tuple[LlamaModel, ModelConfig]:
+               num_threads: int | None = None) -> tuple[CausalLM, ModelConfig]:
     """Check that `tp_size` ranks can shard the GGUF at `path` (ValueError, nothing started), start the
     workers loading their shards, and load rank 0's meanwhile. `DistributedModelRunner.launch` finishes;
     the workers are stopped if the model is dropped before that."""
@@ -250,7 +250,7 @@ def load_rank0(path: str, dtype: torch.dtype, tp_size: int,
             workers.start(r, dict(size=tp_size, port=workers.port, path=str(path), dtype=dtype, num_threads=threads))
         torch.set_num_threads(threads)
         cfg, weights = load_weights(path)
-        model = LlamaModel(cfg, weights, dtype, TPGroup(0, tp_size))
+        model = CausalLM(cfg, weights, dtype, TPGroup(0, tp_size))
     except BaseException:
         workers.healthy = False
         workers.close()

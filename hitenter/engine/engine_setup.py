@@ -124,10 +124,12 @@ def _runner(cfg: EngineConfig, path: str, net: torch.nn.Module, mcfg: ModelConfi
     runner = ModelRunner(net, kv_caches, bs)
     if tp > 1:   # this process becomes rank 0 of a tensor-parallel group and spawns the others
         from hitenter.distributed.runner import DistributedModelRunner
-        from hitenter.models.llama import LlamaModel
+        from hitenter.models.decoder import CausalLM
+        from hitenter.models.loader import check_shardable
 
-        if not isinstance(net, LlamaModel):
-            raise ValueError("tensor_parallel_size: only llama / qwen2 GGUF models can be sharded")
+        if not isinstance(net, CausalLM):
+            raise ValueError("tensor_parallel_size: only GGUF transformer models can be sharded")
+        check_shardable(mcfg)
         runner = DistributedModelRunner.launch(net, dtype, num_blocks, bs, cfg.load.batch_invariant)
     if cfg.parallel.disaggregate is not None:   # a prefill worker process computes prompts' KV; this one decodes
         from hitenter.distributed.disagg import launch_runner
@@ -168,7 +170,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     num_blocks = _num_blocks(cfg, mcfg, dtype, max_model_len)
     decode_kernel.load()   # build / load the fused attention kernel at start-up, not on the first request
     if mcfg.sliding_window:   # sliding-window layers keep their old blocks (masked): say what that costs
-        from hitenter.models.gemma3 import windowed_kv_bytes
+        from hitenter.models.decoder import windowed_kv_bytes
 
         now, held = windowed_kv_bytes(mcfg, max_model_len, cfg.cache.block_size,
                                       torch.empty(0, dtype=dtype).element_size())

@@ -220,8 +220,9 @@ def _scratch(workspace: dict[torch.dtype, torch.Tensor], dtype: torch.dtype, num
 
 
 def _attend_group(qz: torch.Tensor, kv_cache_layer: torch.Tensor, grp: _Group,
-                  workspace: dict[torch.dtype, torch.Tensor]) -> torch.Tensor:
-    """Output rows `[KVH, B*M, D]` of one work group (queries already scaled)."""
+                  workspace: dict[torch.dtype, torch.Tensor], softcap: float = 0.0) -> torch.Tensor:
+    """Output rows `[KVH, B*M, D]` of one work group (queries already scaled; scores soft-capped
+    cap * tanh(s / cap) when `softcap`, Gemma 2's)."""
     _, kvh, num_blocks, bs, d = kv_cache_layer.shape
     b, m, nt = grp.num_items, grp.num_rows, grp.num_tiles
     length = nt * KEY_TILE
@@ -233,7 +234,10 @@ def _attend_group(qz: torch.Tensor, kv_cache_layer: torch.Tensor, grp: _Group,
     if kv.shape[3] != length:          # block size not dividing KEY_TILE: cut the extra keys
         kv = kv[:, :, :, :length]
     k, v = kv[0], kv[1]
-    scores = torch.matmul(q, k.transpose(-1, -2)).masked_fill_(grp.mask, float("-inf"))  # [KVH, B, M, L]
+    scores = torch.matmul(q, k.transpose(-1, -2))
+    if softcap:
+        scores = scores.div_(softcap).tanh_().mul_(softcap)
+    scores = scores.masked_fill_(grp.mask, float("-inf"))  # [KVH, B, M, L]
     e = scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_().view(kvh * b, m, nt, KEY_TILE)
     den_t = e.sum(dim=-1)  # [KVH*B, M, nt]
     num_t = torch.matmul(e.permute(0, 2, 1, 3), v.reshape(kvh * b, nt, KEY_TILE, d))  # [KVH*B, nt, M, D]
@@ -245,7 +249,8 @@ def _attend_group(qz: torch.Tensor, kv_cache_layer: torch.Tensor, grp: _Group,
 
 
 def paged_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: AttentionMetadata,
-                    scale: float, row_multiple: int = ROW_MULTIPLE, window: int | None = None) -> torch.Tensor:
+                    scale: float, row_multiple: int = ROW_MULTIPLE, window: int | None = None,
+                    softcap: float = 0.0) -> torch.Tensor:
     """Causal attention of the flat batch q `[T, H, D]` against each sequence's paged K/V.
 
     The new tokens' K/V must already be written (write_kv). Query row j of sequence i sits at position
@@ -253,17 +258,18 @@ def paged_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Attenti
     keys position - window + 1 .. position (HF / llama.cpp: masked when q - k >= window). Returns
     `[T, H, D]` (contiguous).
     Batch invariant, see the module docstring; `row_multiple` 1 only where GEMMs in this dtype are
-    row-count invariant (hitenter/models/row_invariance.py).
+    row-count invariant (hitenter/models/row_invariance.py). `softcap` (Gemma 2's attention logit
+    soft-cap): every row takes the GEMM path, which the native kernels do not cover yet.
     """
     t, nh, d = q.shape
     kvh = kv_cache_layer.shape[1]
     g = nh // kvh
-    use_kernel = meta.kernel_from is not None and (
+    use_kernel = not softcap and meta.kernel_from is not None and (
         meta.use_kernel if meta.use_kernel is not None else decode_kernel.supports(kv_cache_layer, nh, q.dtype))
     kr = meta.kernel_rows(kv_cache_layer.shape[2]) if use_kernel else None
     if kr is not None and kr.all_rows:   # a pure decode step: the kernel only
         return decode_kernel.decode_attention(q, kv_cache_layer, kr.ctx, kr.starts, kr.tables, scale, window)
-    if prompt_kernel.supports(kv_cache_layer, nh, q.dtype):   # the other rows (prompt rows): their own kernel
+    if not softcap and prompt_kernel.supports(kv_cache_layer, nh, q.dtype):   # the other rows: their own kernel
         out = torch.empty_like(q)
         prompt_kernel.prompt_attention(q, out, kv_cache_layer, meta, scale, window, use_kernel)
     else:   # the GEMM path: per KV head, rows t*G + h of the step's queries, plus one zero row for padding
@@ -271,7 +277,7 @@ def paged_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Attenti
         qz[:, :t * g] = (q * scale).view(t, kvh, g, d).transpose(0, 1).reshape(kvh, t * g, d)
         oz = torch.empty_like(qz)
         for grp in meta.plan(g, row_multiple, use_kernel, window):
-            oz.index_copy_(1, grp.rows, _attend_group(qz, kv_cache_layer, grp, meta.workspace))
+            oz.index_copy_(1, grp.rows, _attend_group(qz, kv_cache_layer, grp, meta.workspace, softcap))
         out = oz[:, :t * g].view(kvh, t, g, d).transpose(0, 1).reshape(t, nh, d)
     if kr is not None:
         rows = decode_kernel.decode_attention(q.index_select(0, kr.rows), kv_cache_layer, kr.ctx, kr.starts,
@@ -281,7 +287,7 @@ def paged_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Attenti
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int,
-                        scale: float | None = None, window: int | None = None) -> torch.Tensor:
+                        scale: float | None = None, window: int | None = None, softcap: float = 0.0) -> torch.Tensor:
     """Plain contiguous causal GQA attention in float64 (tests only).
 
     q `[n, H, D]` at positions start_pos.., k/v `[L, KVH, D]` with L = start_pos + n. Returns fp32 `[n, H, D]`.
@@ -292,6 +298,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start
     kk = k.double().repeat_interleave(nh // kvh, dim=1)
     vv = v.double().repeat_interleave(nh // kvh, dim=1)
     s = torch.einsum("nhd,lhd->hnl", q.double() * scale, kk)
+    if softcap:
+        s = torch.tanh(s / softcap) * softcap
     pos = torch.arange(start_pos, start_pos + n)
     keys = torch.arange(k.shape[0])[None, :]
     s = s.masked_fill(keys > pos[:, None], float("-inf"))

@@ -80,7 +80,7 @@ class BlockLinear(nn.Module):
 
     Row padding: the native kernel fixes each row's reduction order, so a row's bits do not depend on
     the row count; the torch reference path (no native library) is a plain fp32 GEMM, which needs the
-    model's row padding for that (`needs_row_padding`, read by LlamaModel)."""
+    model's row padding for that (`needs_row_padding`, read by decoder.CausalLM)."""
 
     def __init__(self, parts: list[BlockWeight], bias: torch.Tensor | None = None) -> None:
         super().__init__()

@@ -1,4 +1,4 @@
-"""A decoder layer's generation rows in one native call (csrc/decode_layer.c): Llama, Qwen2, Gemma 3.
+"""A decoder layer's generation rows in one native call (csrc/decode_layer.c), for every dense family.
 
 Why: at batch 1 a decode step's matmuls are a few ms, but the torch glue around them (norms, bias, RoPE,
 the cache write, SiLU*up, residual adds, views) was ~130 eager ops per layer, several ms per step.
@@ -50,7 +50,8 @@ class _Layer(ctypes.Structure):
                 ("gate_up", _Proj), ("down", _Proj), ("H", c_i32), ("NH", c_i32), ("KVH", c_i32), ("D", c_i32),
                 ("F", c_i32), ("eps", c_f), ("scale", c_f), ("q_norm", c_p), ("k_norm", c_p),
                 ("post_attn_norm", c_p), ("post_ffw_norm", c_p), ("gelu", c_i32), ("rope_table", c_i32),
-                ("window", c_i64)]
+                ("window", c_i64), ("qk_full", c_i32), ("rope_dim", c_i32), ("no_rope", c_i32), ("pad2", c_i32),
+                ("residual_scale", c_f), ("pad3", c_f)]
 
 
 class _Step(ctypes.Structure):
@@ -124,18 +125,19 @@ class FusedLayer:
         if any(p is None for p in projs):
             raise ValueError("a projection is not native GGUF blocks")
         L = _Layer()
-        L.attn_norm, L.ffn_norm = layer.attn_norm.weight.data_ptr(), layer.ffn_norm.weight.data_ptr()
+        L.attn_norm, L.ffn_norm = _ptr(layer.attn_norm), _ptr(layer.ffn_norm)
         L.qkv_bias = 0 if self.bias is None else self.bias.data_ptr()
         L.qkv, L.o, L.gate_up, L.down = projs
         L.H, L.NH, L.KVH, L.D = cfg.hidden_size, layer.num_heads, layer.num_kv_heads, cfg.head_dim
         L.F = layer.gate_up.out_features // 2
-        L.eps, L.scale = layer.attn_norm.eps, layer.scale
-        for name in ("q_norm", "k_norm", "post_attn_norm", "post_ffw_norm"):   # Gemma 3's extra norms
-            norm = getattr(layer, name, None)
-            setattr(L, name, 0 if norm is None else norm.weight.data_ptr())
-        gemma = hasattr(layer, "post_ffw_norm")
-        L.gelu, L.window = int(gemma), int(getattr(layer, "window", None) or 0)
-        L.rope_table = int(L.window > 0)   # Gemma 3's local layers: the second table of the step
+        L.eps, L.scale = cfg.rms_norm_eps, layer.scale
+        for name in ("q_norm", "k_norm", "post_attn_norm", "post_ffw_norm"):   # the families' extra norms
+            setattr(L, name, _ptr(getattr(layer, name)))
+        L.gelu, L.window = int(cfg.activation == "gelu_tanh"), int(layer.window or 0)
+        # local layers with a RoPE of their own (Gemma 3): the second table of the step
+        L.rope_table = int(L.window > 0 and bool(cfg.rope_local_theta))
+        L.qk_full, L.rope_dim, L.no_rope = int(cfg.qk_norm == "full"), cfg.rope_dim, int(not layer.has_rope)
+        L.residual_scale = layer.residual_scale
         self.struct = L
 
     def run(self, x: torch.Tensor, step: tuple[_Step, torch.Tensor, tuple], kv_cache: torch.Tensor) -> torch.Tensor:
@@ -149,6 +151,10 @@ class FusedLayer:
         return y
 
 
+def _ptr(norm: Any) -> int:
+    return 0 if norm is None else norm.weight.data_ptr()
+
+
 def fused_layer(layer: Any, kv_cache: torch.Tensor) -> FusedLayer | None:
     """The layer's FusedLayer (built once, cached on the layer), or None where the torch layer must run."""
     f = layer.__dict__.get("_fused")
@@ -160,6 +166,9 @@ def fused_layer(layer: Any, kv_cache: torch.Tensor) -> FusedLayer | None:
     if lib is None:
         return None
     cfg = layer.cfg
+    if layer.moe is not None or layer.softcap:   # experts and soft-capped scores: the torch layer
+        layer.__dict__["_fused"] = False
+        return None
     projections = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
     norms = [m for m in layer.children() if type(m).__name__ == "RMSNorm"]
     ok = (all(isinstance(m, BlockLinear) for m in projections) and getattr(layer, "tp", None) is None

@@ -88,8 +88,6 @@ def read_gguf_metadata(reader_or_path: gguf.GGUFReader | str | os.PathLike[str])
     return out
 
 
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "gemma3")
-
 SUPPORTED_TENSOR_TYPES: frozenset[gguf.GGMLQuantizationType] = frozenset({
     gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16,
     gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1,
@@ -100,86 +98,22 @@ SUPPORTED_TENSOR_TYPES: frozenset[gguf.GGMLQuantizationType] = frozenset({
 })
 
 
-def _meta_get(meta: dict[str, Any], key: str, default: Any = None, required: bool = True) -> Any:
-    if key in meta:
-        return meta[key]
-    if required:
-        raise ModelLoadError(f"GGUF metadata is missing the required key {key!r}")
-    return default
-
-
 def model_config_from_metadata(meta: dict[str, Any], tensor_names: set[str] | None = None) -> ModelConfig:
-    """Build a ModelConfig from GGUF metadata (see read_gguf_metadata).
+    """Build a ModelConfig from GGUF metadata (see read_gguf_metadata), by the file's family
+    (hitenter/models/families).
 
-    Contract: architecture comes from `general.architecture` and must be one of SUPPORTED_ARCHITECTURES,
-    otherwise ModelLoadError names it and the supported ones. A missing required key raises
-    ModelLoadError naming the key. `tensor_names` (when given) decides tie_word_embeddings (True when
-    there is no `output.weight`) and attention_bias (True when `blk.0.attn_q.bias` exists); without
-    it, llama is assumed tied without biases and qwen2 untied with Q/K/V biases.
+    Contract: architecture comes from `general.architecture` and must be a supported family, otherwise
+    ModelLoadError names it and the supported ones. A missing required key raises ModelLoadError naming
+    the key. `tensor_names` (when given) decides tie_word_embeddings (True when there is no
+    `output.weight`) and attention_bias (True when `blk.0.attn_q.bias` exists); without it, an untied
+    head without biases is assumed.
     """
-    from hitenter.config import ModelConfig
+    from hitenter.models.families import family_for
 
-    arch = _meta_get(meta, "general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(
-            f"unsupported model architecture {arch!r}; supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}")
-    hidden = int(_meta_get(meta, f"{arch}.embedding_length"))
-    heads = int(_meta_get(meta, f"{arch}.attention.head_count"))
-    kv_heads = int(_meta_get(meta, f"{arch}.attention.head_count_kv", heads, required=False))
-    head_dim = int(_meta_get(meta, f"{arch}.attention.key_length", 0, required=False)) or hidden // max(heads, 1)
-    vocab = _meta_get(meta, f"{arch}.vocab_size", None, required=False)
-    if vocab is None:
-        vocab = len(_meta_get(meta, "tokenizer.ggml.tokens"))
-    if tensor_names is not None:
-        tied = "output.weight" not in tensor_names
-        bias = "blk.0.attn_q.bias" in tensor_names
-    else:
-        tied, bias = arch in ("llama", "gemma3"), arch == "qwen2"
-    try:
-        return ModelConfig(
-            architecture=arch,
-            vocab_size=int(vocab),
-            hidden_size=hidden,
-            intermediate_size=int(_meta_get(meta, f"{arch}.feed_forward_length")),
-            num_layers=int(_meta_get(meta, f"{arch}.block_count")),
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            rope_theta=float(_meta_get(meta, f"{arch}.rope.freq_base", 10000.0, required=False)),
-            rms_norm_eps=float(_meta_get(meta, f"{arch}.attention.layer_norm_rms_epsilon")),
-            context_length=int(_meta_get(meta, f"{arch}.context_length")),
-            tie_word_embeddings=tied,
-            attention_bias=bias,
-            name=str(meta.get("general.name", "")),
-            **_gemma3_fields(meta, arch, head_dim),
-        )
-    except ValueError as e:
-        raise ModelLoadError(f"GGUF metadata describes an invalid model: {e}") from e
-
-
-# llama.cpp (llama-model.cpp, LLM_ARCH_GEMMA3) hard-codes these when the GGUF does not say otherwise
-GEMMA3_SWA_PATTERN = 6            # 5 local layers, then 1 global
-GEMMA3_LOCAL_ROPE_THETA = 10000.0
-
-
-def _gemma3_fields(meta: dict[str, Any], arch: str, head_dim: int) -> dict[str, Any]:
-    """Gemma 3's extra ModelConfig fields (none for other architectures). llama.cpp's conventions: the
-    attention scale is 1/sqrt(head_dim) (query_pre_attn_scalar == head_dim for all but the 27B model,
-    whose converter writes no key for it either), the local layers use RoPE base 10k."""
-    if arch != "gemma3":
-        return {}
-    scaling = meta.get(f"{arch}.rope.scaling.type")
-    factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0)) if scaling in (None, "linear") else 1.0
-    if scaling not in (None, "none", "linear"):
-        raise ModelLoadError(f"gemma3: RoPE scaling type {scaling!r} is not supported (only linear)")
-    return {
-        "sliding_window": int(_meta_get(meta, f"{arch}.attention.sliding_window")),
-        "sliding_window_pattern": int(meta.get(f"{arch}.attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)),
-        "rope_local_theta": GEMMA3_LOCAL_ROPE_THETA,
-        "rope_scaling_factor": factor or 1.0,
-        "query_pre_attn_scalar": float(meta.get(f"{arch}.attention.query_pre_attn_scalar", head_dim)),
-        "final_logit_softcap": float(meta.get(f"{arch}.final_logit_softcapping", 0.0)),
-    }
+    arch = meta.get("general.architecture")
+    if arch is None:
+        raise ModelLoadError("GGUF metadata is missing the required key 'general.architecture'")
+    return family_for(str(arch)).config(meta, tensor_names)
 
 
 def load_tensors(reader: gguf.GGUFReader, names: set[str] | None = None) -> dict[str, torch.Tensor]:

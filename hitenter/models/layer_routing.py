@@ -1,4 +1,4 @@
-"""Which path each row of a step takes through a model's layers (Llama, Qwen2, Gemma 3): the fused native
+"""Which path each row of a step takes through a model's layers (every family): the fused native
 layers (hitenter/models/fused_decode.py) for generation rows, the torch layers (`forward_torch`, the
 statement of the math) for the others.
 
@@ -53,9 +53,9 @@ def split_forward(model: Any, x: torch.Tensor, attn: Any, kv_caches: list[torch.
     xg = x.index_select(0, rows)
     sub: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for layer, cache, (rope, cs) in zip(model.layers, kv_caches, layer_ropes, strict=True):
-        if id(cs[0]) not in sub:
+        if cs is not None and id(cs[0]) not in sub:
             sub[id(cs[0])] = (cs[0].index_select(0, rows), cs[1].index_select(0, rows))
-        xg = layer.forward_torch(xg, rope, sub[id(cs[0])], meta, cache, xg.shape[0])
+        xg = layer.forward_torch(xg, rope, None if cs is None else sub[id(cs[0])], meta, cache, xg.shape[0])
     out.index_copy_(0, rows, xg)
     gen = fused_decode.run_all_layers(model, x.index_select(0, kr.rows), attn, tables, kv_caches, fused, kr)
     out.index_copy_(0, kr.rows, gen)
@@ -64,7 +64,7 @@ def split_forward(model: Any, x: torch.Tensor, attn: Any, kv_caches: list[torch.
 
 def run_layers(model: Any, x: torch.Tensor, attn: Any, kv_caches: list[torch.Tensor],
                layer_ropes: list[tuple[Any, tuple[torch.Tensor, torch.Tensor]]], tables: Tables, n: int) -> torch.Tensor:
-    """Every layer of a model (Llama, Qwen2, Gemma 3) on the step's rows x `[T, H]` (T >= n: padding rows kept),
+    """Every layer of a model (every family) on the step's rows x `[T, H]` (T >= n: padding rows kept),
     before the final norm: `split_forward` when the step has generation rows and every layer runs fused,
     else each layer in turn. layer_ropes: each layer's (RoPE, cos/sin table); tables: the step's tables."""
     plain = getattr(model, "tp", None) is None and not model.dense_gemms   # no TP shards, no padded GEMMs
@@ -84,6 +84,9 @@ def layer_forward(layer: Any, x: torch.Tensor, rope: Any, cos_sin: tuple[torch.T
     kr = attn.kernel_rows(kv_cache.shape[2]) if fused is not None else None
     if kr is None:
         return layer.forward_torch(x, rope, cos_sin, attn, kv_cache, n_real)
+    if cos_sin is None:   # a layer without RoPE (the C layer skips it): any table of the right shape
+        ones = x.new_ones(x.shape[0], 1, 2)
+        cos_sin = (ones, ones)
     step = fused_decode.step_state(attn, kr, [cos_sin], kv_cache, fused)
     if kr.all_rows and n_real == x.shape[0]:
         return fused.run(x, step, kv_cache)

@@ -69,7 +69,7 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor | None:
 
 
 class Linear(nn.Module):
-    """y = x W^T (+ b) in fp32/bf16. Callers pass row counts that are multiples of 8 (models/llama.py).
+    """y = x W^T (+ b) in fp32/bf16. Callers pass row counts that are multiples of 8 (models/decoder.py).
 
     The weight lives either packed (`packed`, an opaque oneDNN tensor) or plain (`weight`), never both."""
 

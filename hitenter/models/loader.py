@@ -1,4 +1,4 @@
-"""load_model(path) -> (model, config): GGUF file -> LlamaModel in one of the weight formats.
+"""load_model(path) -> (model, config): GGUF file -> decoder.CausalLM of its family, in one of the weight formats.
 
 The format follows `dtype` / `quantization` (hitenter/models/formats.py): by default ("auto") the
 GGUF's own blocks (hitenter/kernels BlockWeight, run by qmatmul with fp32 activations; dense fp32 where
@@ -6,8 +6,10 @@ the native kernels are absent); dtype "float32" / "bfloat16" dequantizes every t
 reference / bf16); `quantization="int8" | "int4"` keeps torch's quantized layouts (hitenter/quant).
 The resident weight bytes are logged.
 
-Every failure (missing/not GGUF/truncated file, unsupported architecture or tensor type, missing or
-misshapen tensor) raises ModelLoadError with a message naming the problem.
+The file's family (hitenter/models/families, by general.architecture) reads its config, says which
+tensors the file must hold, and prepares them under the decoder's names (Q/K un-permuted, fused tensors
+split). Every failure (missing/not GGUF/truncated file, unsupported architecture or tensor type, missing
+or misshapen tensor) raises ModelLoadError with a message naming the problem.
 """
 
 from __future__ import annotations
@@ -23,47 +25,27 @@ from hitenter.config import ModelConfig
 from hitenter.errors import ModelLoadError
 from hitenter.kernels import BLOCK_TYPES, block_weight_from_gguf
 from hitenter.kernels.arena import drop_mapped_pages
-from hitenter.models import gemma3
 from hitenter.models.block_linear import own_block_bytes
+from hitenter.models.decoder import CausalLM
+from hitenter.models.families import family_for
 from hitenter.models.formats import resolve_format
 from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
-from hitenter.models.llama import LlamaModel, unpermute_qk
 from hitenter.models.shard import TensorParallel
 from hitenter.quant.weights import quantize_weights
 
 log = logging.getLogger("hitenter.loader")
 
 
-def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Torch-order shape of every tensor the model needs."""
-    if cfg.architecture == "gemma3":
-        return gemma3.expected_shapes(cfg)
-    h, d = cfg.hidden_size, cfg.head_dim
-    q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
-    shapes: dict[str, tuple[int, ...]] = {
-        "token_embd.weight": (cfg.vocab_size, h),
-        "output_norm.weight": (h,),
-    }
-    if not cfg.tie_word_embeddings:
-        shapes["output.weight"] = (cfg.vocab_size, h)
-    for i in range(cfg.num_layers):
-        p = f"blk.{i}."
-        shapes.update({
-            p + "attn_norm.weight": (h,), p + "ffn_norm.weight": (h,),
-            p + "attn_q.weight": (q, h), p + "attn_k.weight": (kv, h), p + "attn_v.weight": (kv, h),
-            p + "attn_output.weight": (h, q),
-            p + "ffn_gate.weight": (cfg.intermediate_size, h), p + "ffn_up.weight": (cfg.intermediate_size, h),
-            p + "ffn_down.weight": (h, cfg.intermediate_size),
-        })
-        if cfg.attention_bias:
-            shapes.update({p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)})
-    return shapes
+def expected_shapes(cfg: ModelConfig, names: set[str] | frozenset[str] = frozenset()) -> dict[str, tuple[int, ...]]:
+    """Torch-order shape of every tensor a file of this config must hold (`names`: the file's own, for
+    optional tensors such as rope_freqs)."""
+    return family_for(cfg.architecture).file_shapes(cfg, set(names))
 
 
 def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "auto",
-               tp: TensorParallel | None = None, quantization: str | None = None) -> tuple[Any, ModelConfig]:
-    """Load a llama / qwen2 GGUF into an eval-mode LlamaModel (gemma3: gemma3.Gemma3Model). Raises
-    ModelLoadError on any problem.
+               tp: TensorParallel | None = None, quantization: str | None = None,
+               batch_invariant: bool = True) -> tuple[Any, ModelConfig]:
+    """Load a GGUF of any supported family into an eval-mode CausalLM. Raises ModelLoadError on any problem.
 
     `dtype`: "auto" (the file's blocks, fp32 activations), "float32", "bfloat16" (or a torch dtype):
     dense weights. `quantization`: None / "none", "gguf" (the file's blocks, explicitly), "int8", "int4".
@@ -72,29 +54,30 @@ def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "auto",
     act_dtype, fmt = resolve_format(dtype, quantization, tp is not None)
     reader = open_gguf(path)
     cfg, weights = load_weights_from(reader, "none" if fmt == "dense" else fmt)
-    if cfg.architecture == "gemma3" and tp is not None:
-        raise ModelLoadError("tensor parallelism is not supported for gemma3 models yet")
-    model: Any = (gemma3.Gemma3Model(cfg, weights, act_dtype) if cfg.architecture == "gemma3"
-                  else LlamaModel(cfg, weights, act_dtype, tp))
+    if tp is not None:
+        check_shardable(cfg)
+    model = CausalLM(cfg, weights, act_dtype, tp, batch_invariant, fmt)
     own_block_bytes(model)
     # the build read the whole map (copies into the arena); what still views it (an untied embedding
     # table) faults back in only the rows it looks up
     drop_mapped_pages(reader.data.ctypes.data, reader.data.nbytes)
-    model.weight_format = fmt
     model.eval()
     log.info("loaded %s: %s weights, %.1f MB resident", os.fspath(path),
              act_dtype if fmt == "dense" else fmt, model.weight_bytes() / 1e6)
     return model, cfg
 
 
-def _unpermute(w: Any, n_head: int) -> Any:
-    if isinstance(w, torch.Tensor):
-        return unpermute_qk(w, n_head)
-    return w.index_rows(unpermute_qk(torch.arange(w.shape[0]), n_head))   # a quantized layout: same row order
+def check_shardable(cfg: ModelConfig) -> None:
+    """ModelLoadError unless tensor parallelism can split this config's layers (heads split across ranks:
+    a norm over the whole Q/K or a mixture of experts would need more than the one all-reduce per block)."""
+    why = ("its QK-norm spans all heads" if cfg.qk_norm == "full" else "experts are not sharded yet"
+           if cfg.num_experts else "")
+    if why:
+        raise ModelLoadError(f"tensor parallelism is not supported for {cfg.architecture} models: {why}")
 
 
 def load_weights(path: str | os.PathLike[str], quantization: str = "none") -> tuple[ModelConfig, dict[str, Any]]:
-    """The config and the full tensors (llama Q/K un-permuted), checked against the config.
+    """The config and the full tensors (under the decoder's names, Q/K un-permuted), checked against the config.
 
     quantization "none": every tensor dequantized to fp32. "gguf": block-type matrices as BlockWeight
     (one copy of the file's bytes; see `block_weights`), the rest fp32. "int8" / "int4": the projection
@@ -108,7 +91,7 @@ def load_weights_from(reader: Any, quantization: str = "none") -> tuple[ModelCon
     meta = read_gguf_metadata(reader)
     names = {t.name for t in reader.tensors}
     cfg = model_config_from_metadata(meta, names)
-    shapes = expected_shapes(cfg)
+    shapes = expected_shapes(cfg, names)
     missing = sorted(set(shapes) - names)
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
@@ -120,11 +103,7 @@ def load_weights_from(reader: Any, quantization: str = "none") -> tuple[ModelCon
     out: dict[str, Any] = dict(weights)
     if quantization in ("int8", "int4"):
         out = quantize_weights(reader, out, quantization)
-    if cfg.architecture == "llama":
-        for i in range(cfg.num_layers):
-            out[f"blk.{i}.attn_q.weight"] = _unpermute(out[f"blk.{i}.attn_q.weight"], cfg.num_heads)
-            out[f"blk.{i}.attn_k.weight"] = _unpermute(out[f"blk.{i}.attn_k.weight"], cfg.num_kv_heads)
-    return cfg, out
+    return cfg, family_for(cfg.architecture).prepare(out, cfg)
 
 
 def block_weights(reader: Any, names: set[str]) -> dict[str, Any]:

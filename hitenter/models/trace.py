@@ -37,32 +37,27 @@ class Trace:
 
 
 def traceable(model: object) -> bool:
-    """True for the engine's transformer (LlamaModel, single process); False e.g. for the trigram toy."""
+    """True for the engine's transformer (decoder.CausalLM, single process); False e.g. for the trigram toy."""
     return all(hasattr(model, a) for a in ("embed", "layers", "norm", "rope", "compute_logits")) \
         and getattr(model, "tp", None) is None
 
 
-def _layer_rope(model: torch.nn.Module, layer: torch.nn.Module) -> torch.nn.Module:
-    """The RoPE a layer uses: Gemma 3's local (sliding-window) layers have their own base."""
-    if getattr(layer, "window", None) is not None and hasattr(model, "rope_local"):
-        return model.rope_local
-    return model.rope
+def _layer_rope(model: torch.nn.Module, layer: torch.nn.Module) -> torch.nn.Module | None:
+    """The RoPE a layer uses: the local layers' own (Gemma 3), the global one, or none (SmolLM3's NoPE layers)."""
+    return model.layer_rope(layer)
 
 
-def _probs(layer: torch.nn.Module, rope: torch.nn.Module, x: torch.Tensor,
-           cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """One layer's attention probabilities [H, T, T] on the whole sequence, in fp32 (for drawing);
-    with QK-norm and a sliding window where the layer has them (Gemma 3)."""
-    d, t = layer.cfg.head_dim, x.shape[0]
-    qkv = layer.qkv(layer.attn_norm(x))
-    q = qkv[:, :layer.q_size].reshape(t, layer.num_heads, d)
-    k = qkv[:, layer.q_size:layer.q_size + layer.kv_size].reshape(t, layer.num_kv_heads, d)
-    if hasattr(layer, "q_norm"):
-        q, k = layer.q_norm(q), layer.k_norm(k)
-    q = rope.rotate(q, cos_sin).float().transpose(0, 1)                     # [H, T, d]
-    k = rope.rotate(k, cos_sin).float().transpose(0, 1)                     # [Hkv, T, d]
+def _probs(layer: torch.nn.Module, rope: torch.nn.Module | None, x: torch.Tensor,
+           cos_sin: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """One layer's attention probabilities [H, T, T] on the whole sequence, in fp32 (for drawing): the
+    layer's own Q/K (its norms, QK-norm and RoPE), its scale, soft-cap and sliding window."""
+    t = x.shape[0]
+    q, k, _ = layer.qkv_heads(x, rope, cos_sin)
+    q, k = q.float().transpose(0, 1), k.float().transpose(0, 1)            # [H, T, d], [Hkv, T, d]
     k = k.repeat_interleave(layer.num_heads // layer.num_kv_heads, 0)      # GQA: a K head serves a group
     scores = q @ k.transpose(1, 2) * layer.scale
+    if layer.softcap:
+        scores = torch.tanh(scores / layer.softcap) * layer.softcap
     i = torch.arange(t)
     mask = i[None, :] > i[:, None]                                          # causal: no look ahead
     window = getattr(layer, "window", None)
@@ -103,7 +98,7 @@ def trace_forward(model: torch.nn.Module, token_ids: list[int], num_prompt: int 
     pad = getattr(model, "_pad", lambda t: t)
     ids, pos = pad(torch.tensor(token_ids, dtype=torch.long)), pad(torch.arange(n, dtype=torch.long))
     x = model.embed(ids)
-    if getattr(model, "embed_scale", None) is not None:   # Gemma 3 scales its embeddings
+    if model.embed_scale != 1.0:   # Gemma, Granite scale their embeddings
         x = x * model.embed_scale
     emb = x[:n].float().clone()
     tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -111,10 +106,10 @@ def trace_forward(model: torch.nn.Module, token_ids: list[int], num_prompt: int 
     hidden, attns = [emb], []
     for layer, cache in zip(model.layers, caches, strict=True):
         rope = _layer_rope(model, layer)
-        if id(rope) not in tables:                      # one table per RoPE, shared by its layers
+        if rope is not None and id(rope) not in tables:   # one table per RoPE, shared by its layers
             tables[id(rope)] = rope.table(pos, x.dtype)
-        cos_sin = tables[id(rope)]
-        attns.append(_probs(layer, rope, x[:n], (cos_sin[0][:n], cos_sin[1][:n])))
+        cos_sin = None if rope is None else tables[id(rope)]
+        attns.append(_probs(layer, rope, x[:n], None if cos_sin is None else (cos_sin[0][:n], cos_sin[1][:n])))
         x = layer(x, rope, cos_sin, meta, cache, n)
         hidden.append(x[:n].float().clone())
     normed = model.norm(x)[:n]

@@ -1,6 +1,6 @@
 """Quality checks for weight formats: perplexity on the bundled English text and greedy continuations.
 
-Both drive a LlamaModel directly (one sequence at a time, contiguous KV blocks), so they compare weight
+Both drive a decoder.CausalLM directly (one sequence at a time, contiguous KV blocks), so they compare weight
 formats without the engine in the way."""
 
 from __future__ import annotations

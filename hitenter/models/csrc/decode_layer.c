@@ -1,7 +1,8 @@
-/* One Llama / Qwen2 / Gemma 3 decoder layer for generation rows, as a single native call (hitenter/models/fused_decode.py).
+/* One decoder layer of any family for generation rows, as a single native call (hitenter/models/fused_decode.py).
 
-   For R rows x (the residual stream, [R, H] fp32, updated in place), in this order (Gemma 3 adds its
-   QK-norm, post-norms, GELU and sliding window, see `layer`):
+   For R rows x (the residual stream, [R, H] fp32, updated in place), in this order (the families add
+   QK-norm per head or over the whole projection, post-norms, no pre-norms (OLMo 2), GELU, partial or no
+   RoPE, a residual multiplier and a sliding window, see `layer`; hitenter/models/decoder.py states them):
      h  = rmsnorm(x) * attn_norm                       qkv = h Wqkv^T (+ bias)     (qm_matmul_desc per part)
      q, k = rotate-half RoPE(q, k) with the rows' cos/sin tables            k, v -> the paged cache slots
      o  = attention of q over each row's keys 0 .. ctx-1                   (decode_attention, in place)
@@ -56,6 +57,11 @@ typedef struct {   /* one layer's weights and shapes (built once at load, fused_
     const float *q_norm, *k_norm, *post_attn_norm, *post_ffw_norm;
     int32_t gelu, rope_table;
     int64_t window;
+    /* attn_norm / ffn_norm NULL: no pre-norm (OLMo 2). qk_full: q_norm / k_norm span all heads (OLMo 2).
+       rope_dim: dimensions rotated (tables of rope_dim per row). no_rope: this layer skips RoPE (SmolLM3).
+       residual_scale: block outputs multiplied before their residual add (Granite). */
+    int32_t qk_full, rope_dim, no_rope, pad2;
+    float residual_scale, pad3;
 } layer;
 
 typedef struct {   /* one step's generation rows (shared by the layers) */
@@ -77,9 +83,10 @@ static void rmsnorm(const float *x, const float *w, float *y, int n, float eps) 
     for (int i = 0; i < n; i += 16) st(y + i, ld(x + i) * inv * ld(w + i));
 }
 
-/* rotate-half RoPE of `heads` heads of D at p, in place: pairs (i, i + D/2); cos/sin tables of D */
-static void rope(float *p, int heads, int D, const float *cs, const float *sn) {
-    const int half = D / 2;
+/* rotate-half RoPE of the first rd dims of `heads` heads of D at p, in place: pairs (i, i + rd/2); cos/sin
+   tables of rd */
+static void rope(float *p, int heads, int D, int rd, const float *cs, const float *sn) {
+    const int half = rd / 2;
     for (int h = 0; h < heads; h++, p += D)
         for (int i = 0; i < half; i++) {
             const float a = p[i], b = p[i + half];
@@ -96,6 +103,18 @@ static void gelu_mul(const float *g, const float *u, float *a, int64_t F) {
         const v16 t = 1.0f - 2.0f / (vexp(2.0f * z) + 1.0f);
         st(a + i, 0.5f * x * (1.0f + t) * ld(u + i));
     }
+}
+
+/* h = rmsnorm(x) * w per row, or h = x where the family has no pre-norm (w NULL) */
+static void pre_norm(const float *w, const float *x, float *h, int64_t R, int H, float eps) {
+    if (!w) { memcpy(h, x, (size_t)(R * H) * sizeof(float)); return; }
+    for (int64_t r = 0; r < R; r++) rmsnorm(x + r * H, w, h + r * H, H, eps);
+}
+
+/* x += y (x += s * y with a residual multiplier s != 1) */
+static void residual_add(float *x, const float *y, int64_t n, float s) {
+    if (s == 1.0f) { for (int64_t i = 0; i < n; i += 16) st(x + i, ld(x + i) + ld(y + i)); return; }
+    for (int64_t i = 0; i < n; i += 16) st(x + i, ld(x + i) + ld(y + i) * s);
 }
 
 static int project(const proj *pr, const float *x, int64_t R, int64_t ldx, float *y, int64_t ldy, int nth) {
@@ -121,11 +140,17 @@ static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf
         float *row = qkv + r * n;
         if (L->qkv_bias)
             for (int64_t i = 0; i < n; i++) row[i] += L->qkv_bias[i];
-        if (L->q_norm)
+        if (L->q_norm && L->qk_full) {
+            rmsnorm(row, L->q_norm, row, (int)q, L->eps);
+            rmsnorm(row + q, L->k_norm, row + q, (int)kvw, L->eps);
+        } else if (L->q_norm)
             for (int h = 0; h < L->NH + L->KVH; h++)
                 rmsnorm(row + (int64_t)h * D, h < L->NH ? L->q_norm : L->k_norm, row + (int64_t)h * D, D, L->eps);
-        const float *cs = L->rope_table ? S->cos2 : S->cos, *sn = L->rope_table ? S->sin2 : S->sin;
-        rope(row, L->NH + L->KVH, D, cs + r * D, sn + r * D);
+        if (!L->no_rope) {
+            const int rd = L->rope_dim ? L->rope_dim : D;
+            const float *cs = L->rope_table ? S->cos2 : S->cos, *sn = L->rope_table ? S->sin2 : S->sin;
+            rope(row, L->NH + L->KVH, D, rd, cs + r * rd, sn + r * rd);
+        }
         memcpy(qbuf + r * q, row, q * sizeof(float));
         for (int h = 0; h < L->KVH; h++) {   /* plane h of K and of V: [KVH][NB * BS][D] */
             const int64_t at = ((int64_t)h * S->NB * S->BS + S->slots[r]) * D;
@@ -145,14 +170,14 @@ int dl_layer(const layer *L, const step *S, float *x, void *kv, float *scratch) 
     float *gu = tmp + R * H, *act = gu + R * 2 * F;
     int rc;
     if (!g_qm || !g_attn) return -10;
-    for (int64_t r = 0; r < R; r++) rmsnorm(x + r * H, L->attn_norm, h + r * H, (int)H, L->eps);
+    pre_norm(L->attn_norm, x, h, R, (int)H, L->eps);
     if ((rc = project(&L->qkv, h, R, H, qkv, n, S->nthreads))) return rc;
     if ((rc = attention_part(L, S, qkv, qbuf, obuf, kv))) return rc;
     if ((rc = project(&L->o, obuf, R, q, tmp, H, S->nthreads))) return rc;
     if (L->post_attn_norm)
         for (int64_t r = 0; r < R; r++) rmsnorm(tmp + r * H, L->post_attn_norm, tmp + r * H, (int)H, L->eps);
-    for (int64_t i = 0; i < R * H; i += 16) st(x + i, ld(x + i) + ld(tmp + i));
-    for (int64_t r = 0; r < R; r++) rmsnorm(x + r * H, L->ffn_norm, h + r * H, (int)H, L->eps);
+    residual_add(x, tmp, R * H, L->residual_scale);
+    pre_norm(L->ffn_norm, x, h, R, (int)H, L->eps);
     if ((rc = project(&L->gate_up, h, R, H, gu, 2 * F, S->nthreads))) return rc;
     for (int64_t r = 0; r < R; r++) {
         const float *g = gu + r * 2 * F, *u = g + F;
@@ -167,7 +192,7 @@ int dl_layer(const layer *L, const step *S, float *x, void *kv, float *scratch) 
     if ((rc = project(&L->down, act, R, F, tmp, H, S->nthreads))) return rc;
     if (L->post_ffw_norm)
         for (int64_t r = 0; r < R; r++) rmsnorm(tmp + r * H, L->post_ffw_norm, tmp + r * H, (int)H, L->eps);
-    for (int64_t i = 0; i < R * H; i += 16) st(x + i, ld(x + i) + ld(tmp + i));
+    residual_add(x, tmp, R * H, L->residual_scale);
     return 0;
 }
 

@@ -1,0 +1,251 @@
+"""The decoder every family runs: one layer class and one model class, shaped by the ModelConfig a family
+file (hitenter/models/families) reads from the GGUF. PyTorch, fp32 (or bf16) activations on CPU.
+
+The layer, in the order it computes (each step present only where the config says so):
+
+    h = attn_norm(x)                       ("pre" and "sandwich" placement; "post" (OLMo 2): h = x)
+    q, k, v = split(h Wqkv^T + b)          (one fused projection; biases: Qwen2)
+    q, k = q_norm(q), k_norm(k)            (qk_norm "head": per head over D (Qwen3, Gemma 3); "full": over
+                                            the whole projection (OLMo 2))
+    q, k = RoPE(q, k)                      (the layer's table: global, local (Gemma 3), or none (SmolLM3))
+    a = attention(q, K, V) Wo^T            (scale cfg.attn_scale, optional logit soft-cap (Gemma 2),
+                                            sliding window (Gemma 2/3, Phi-3))
+    x = x + residual_scale * post_attn_norm(a)     (post norm: "sandwich" and "post")
+    the same around the FFN: act(h Wg^T) * (h Wu^T) Wd^T (SwiGLU, or GeGLU), or a mixture of experts
+    (hitenter/models/moe.py: top-k routing, one GEMM per active expert).
+
+The model: embeddings x embedding_scale, the layers, the final norm, the LM head, logits x logit_scale,
+then the optional final soft-cap.
+
+Contracts (as before the families): `model(input_ids [T], positions [T], attn, kv_caches) -> hidden [T, H]`
+after the final norm, the new tokens' K/V written into `kv_caches` (one tensor per layer, attention.py);
+`model.compute_logits(hidden [N, H]) -> fp32 logits [N, V]`. Batch invariance: every op is row-wise and
+dense GEMMs run on row counts padded to a multiple of 8 (quantized kernels are row-count invariant, so
+such models skip the padding). Tensor parallelism (hitenter/distributed): Q/K/V and gate/up
+column-parallel, o_proj and down row-parallel, one all-reduce each (`tp_shard`), the group supplying the
+vocab-parallel embedding / head; tp=None is exactly the single-process model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from hitenter.config import ModelConfig
+from hitenter.models import layer_routing
+from hitenter.models.attention import KEY_TILE, AttentionMetadata, paged_attention, write_kv
+from hitenter.models.layers import (
+    RMSNorm,
+    Rope,
+    embed_and_head,
+    fused_linear,
+    has_dense_gemms,
+    make_linear,
+    pad_rows,
+)
+from hitenter.models.row_invariance import attention_row_multiple
+from hitenter.models.shard import TensorParallel, tp_shard
+from hitenter.quant import weight_bytes
+
+CosSin = tuple[torch.Tensor, torch.Tensor]
+
+
+def _norm(w: dict[str, Any], name: str, cfg: ModelConfig, dtype: torch.dtype, present: bool) -> RMSNorm | None:
+    return RMSNorm(w[name], cfg.rms_norm_eps, dtype) if present else None
+
+
+class DecoderLayer(nn.Module):
+    """One decoder layer of any family (see the module docstring); `window` None for a global layer."""
+
+    def __init__(self, cfg: ModelConfig, w: dict[str, Any], i: int, dtype: torch.dtype,
+                 tp: TensorParallel | None = None) -> None:
+        super().__init__()
+        p = f"blk.{i}."
+        self.cfg, self.tp, self.index = cfg, tp, i
+        self.window = cfg.layer_window(i)
+        self.has_rope = cfg.layer_has_rope(i)
+        pre, post = cfg.norm_placement != "post", cfg.norm_placement != "pre"
+        self.attn_norm = _norm(w, p + "attn_norm.weight", cfg, dtype, pre)
+        self.ffn_norm = _norm(w, p + "ffn_norm.weight", cfg, dtype, pre)
+        self.post_attn_norm = _norm(w, p + "post_attention_norm.weight", cfg, dtype, post)
+        self.post_ffw_norm = _norm(w, p + "post_ffw_norm.weight", cfg, dtype, post)
+        self.qk_norm = cfg.qk_norm
+        self.q_norm = _norm(w, p + "attn_q_norm.weight", cfg, dtype, cfg.qk_norm != "none")
+        self.k_norm = _norm(w, p + "attn_k_norm.weight", cfg, dtype, cfg.qk_norm != "none")
+        d = cfg.head_dim
+        q0, self.num_heads, kv0, self.num_kv_heads, f0, f = tp_shard(cfg, tp)
+
+        def rows(name: str, start: int, n: int) -> Any:   # this rank's output rows (whole when tp=None)
+            return w[p + name].narrow(0, start, n)
+
+        nq, nkv = self.num_heads * d, self.num_kv_heads * d
+        qkv_w = [rows("attn_q.weight", q0 * d, nq), rows("attn_k.weight", kv0 * d, nkv),
+                 rows("attn_v.weight", kv0 * d, nkv)]
+        qkv_b = None
+        if cfg.attention_bias:
+            qkv_b = torch.cat([rows("attn_q.bias", q0 * d, nq), rows("attn_k.bias", kv0 * d, nkv),
+                               rows("attn_v.bias", kv0 * d, nkv)])
+        self.qkv = fused_linear(qkv_w, qkv_b, dtype)                             # column-parallel
+        self.o_proj = make_linear(w[p + "attn_output.weight"].narrow(1, q0 * d, nq), None, dtype)
+        self.moe: nn.Module | None = None
+        if cfg.num_experts:
+            from hitenter.models.moe import moe_from_weights
+
+            self.moe = moe_from_weights(cfg, w, i)
+        else:
+            self.gate_up = fused_linear([rows("ffn_gate.weight", f0, f), rows("ffn_up.weight", f0, f)], None, dtype)
+            self.down = make_linear(w[p + "ffn_down.weight"].narrow(1, f0, f), None, dtype)  # row-parallel
+        self.q_size, self.kv_size = nq, nkv
+        self.scale = cfg.attn_scale
+        self.softcap = cfg.attn_logit_softcap
+        self.residual_scale = cfg.residual_scale
+        self.attn_row_multiple = attention_row_multiple(dtype, d, KEY_TILE)
+
+    def forward(self, x: torch.Tensor, rope: Rope | None, cos_sin: CosSin | None, attn: AttentionMetadata,
+                kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
+        """The layer on the step's rows: generation rows through the fused native layer where it runs
+        (models/fused_decode.py), the others through `forward_torch`, the statement of the math."""
+        return layer_routing.layer_forward(self, x, rope, cos_sin, attn, kv_cache, n_real)
+
+    def qkv_heads(self, x: torch.Tensor, rope: Rope | None,
+                  cos_sin: CosSin | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q `[T, NH, D]`, k and v `[T, KVH, D]` of the rows x: projected, QK-normed and rotated."""
+        d = self.cfg.head_dim
+        qkv = self.qkv(self.attn_norm(x) if self.attn_norm is not None else x)
+        t = qkv.shape[0]
+        q, k = qkv[:, :self.q_size], qkv[:, self.q_size:self.q_size + self.kv_size]
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.reshape(t, self.num_heads, d), k.reshape(t, self.num_kv_heads, d)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None and cos_sin is not None:
+            q, k = rope.rotate(q, cos_sin), rope.rotate(k, cos_sin)
+        return q, k, qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, d)
+
+    def ffn(self, h: torch.Tensor) -> torch.Tensor:
+        """The FFN on normed rows h: gated (SwiGLU / GeGLU) or the mixture of experts."""
+        if self.moe is not None:
+            return self.moe(h)
+        gate, up = self.gate_up(h).chunk(2, dim=-1)
+        act = F.gelu(gate, approximate="tanh") if self.cfg.activation == "gelu_tanh" else F.silu(gate)
+        return self.down(act * up)
+
+    def _residual(self, x: torch.Tensor, y: torch.Tensor, post: RMSNorm | None) -> torch.Tensor:
+        if self.tp is not None:
+            y = self.tp.all_reduce(y)
+        if post is not None:
+            y = post(y)
+        if self.residual_scale != 1.0:
+            y = y * self.residual_scale
+        return x + y
+
+    def forward_torch(self, x: torch.Tensor, rope: Rope | None, cos_sin: CosSin | None, attn: AttentionMetadata,
+                      kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
+        q, k, v = self.qkv_heads(x, rope, cos_sin)
+        t = q.shape[0]
+        write_kv(kv_cache, k[:n_real], v[:n_real], attn.slot_mapping)
+        o = paged_attention(q[:n_real], kv_cache, attn, self.scale, self.attn_row_multiple,
+                            window=self.window, softcap=self.softcap).view(n_real, -1)
+        if n_real < t:   # padding rows (batch-invariant GEMM shapes)
+            o = torch.cat([o, o.new_zeros(t - n_real, o.shape[1])])
+        x = self._residual(x, self.o_proj(o), self.post_attn_norm)
+        h = self.ffn_norm(x) if self.ffn_norm is not None else x
+        return self._residual(x, self.ffn(h), self.post_ffw_norm)
+
+
+def _ropes(cfg: ModelConfig, w: dict[str, Any], max_pos: int) -> tuple[Rope, Rope]:
+    """(the global layers' RoPE, the local layers') from the config and the file's frequency factors."""
+    glob = Rope(cfg.head_dim, cfg.rope_theta, max_pos, cfg.rope_dim, w.get("rope_freqs.weight"),
+                cfg.rope_scaling_factor, cfg.rope_attn_factor)
+    if not cfg.sliding_window or not cfg.rope_local_theta:
+        return glob, glob
+    return glob, Rope(cfg.head_dim, cfg.rope_local_theta, max_pos, cfg.rope_dim)
+
+
+class CausalLM(nn.Module):
+    """A causal LM of any family, built from the loader's tensors (Q/K already un-permuted where the family
+    stores them permuted): dense fp32/bf16 tensors, GGUF BlockWeights (fp32 activations) or hitenter/quant
+    layouts, per tensor. `batch_invariant`: GEMM row counts padded to a multiple of 8 where dense GEMMs need
+    it, so a row's bits never depend on the batch. `weight_format`: the format the loader built."""
+
+    def __init__(self, cfg: ModelConfig, w: dict[str, Any], dtype: torch.dtype = torch.float32,
+                 tp: TensorParallel | None = None, batch_invariant: bool = True, weight_format: str = "dense") -> None:
+        super().__init__()
+        self.config, self.dtype, self.tp = cfg, dtype, tp
+        self.embed, self.head = embed_and_head(cfg, w, dtype, tp)
+        # HF (Gemma): the scale rounded to the weight dtype before the multiply
+        self.embed_scale = float(torch.tensor(cfg.embedding_scale, dtype=dtype))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, w, i, dtype, tp) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(w["output_norm.weight"], cfg.rms_norm_eps, dtype)
+        self.rope, self.rope_local = _ropes(cfg, w, min(cfg.context_length, 4096))
+        self.batch_invariant = batch_invariant
+        # only dense (fp32/bf16) GEMMs need the padding: torch's int8/int4 weight-only kernels and the native
+        # block kernels give a row the same bits for any row count (tests/test_quant.py, test_native_format.py)
+        self.dense_gemms = has_dense_gemms(self)
+        self.weight_format = weight_format
+
+    def layer_rope(self, layer: DecoderLayer) -> Rope | None:
+        """The RoPE a layer rotates with: none, the local layers' (Gemma 3) or the global one."""
+        if not layer.has_rope:
+            return None
+        return self.rope_local if layer.window is not None else self.rope
+
+    def _pad(self, x: torch.Tensor) -> torch.Tensor:
+        """x with its rows padded to a multiple of 8 where batch invariance needs it (see the module doc)."""
+        return pad_rows(x) if self.batch_invariant and self.dense_gemms else x
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
+                kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        """Hidden states after the final norm, `[T, H]`; writes the new tokens' K/V into kv_caches."""
+        n = int(input_ids.shape[0])
+        ids, pos = self._pad(input_ids.long()), self._pad(positions.long())
+        x = self.embed(ids)
+        if self.embed_scale != 1.0:
+            x = x * self.embed_scale
+        tables = {id(r): r.table(pos, x.dtype) for r in (self.rope, self.rope_local)}
+        layer_ropes = []
+        for layer in self.layers:
+            rope = self.layer_rope(layer)
+            layer_ropes.append((rope, None if rope is None else tables[id(rope)]))
+        step_tables = [tables[id(self.rope)]] + ([tables[id(self.rope_local)]] if self.rope_local is not self.rope else [])
+        return self.norm(layer_routing.run_layers(self, x, attn, kv_caches, layer_ropes, step_tables, n))[:n]
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits `[N, V]` (row-padded GEMM, batch invariant), scaled and soft-capped as the family says."""
+        n = hidden.shape[0]
+        logits = self.head(self._pad(hidden.to(self.dtype)))[:n].float()
+        if self.tp is not None:
+            logits = self.tp.gather_logits(logits)
+        cfg = self.config
+        if cfg.logit_scale != 1.0:
+            logits = logits * cfg.logit_scale
+        cap = cfg.final_logit_softcap
+        return torch.tanh(logits / cap) * cap if cap > 0 else logits
+
+    def weight_bytes(self) -> int:
+        """Resident bytes of the weights (each storage counted once; the tied head shares the embedding's)."""
+        return weight_bytes(self)
+
+
+def windowed_kv_bytes(cfg: ModelConfig, num_tokens: int, block_size: int, dtype_bytes: int = 4) -> tuple[int, int]:
+    """(KV bytes one sequence of num_tokens holds now, bytes it would hold if each local layer kept only
+    the blocks its window can still reach) -- the memory a hybrid allocator (vLLM's) would save.
+
+    hitenter keeps one block table for all layers (so prefix caching, preemption and the kernels stay as
+    they are) and masks old keys instead of freeing them; this is the cost of that choice, logged at start."""
+    per_layer_token = 2 * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+    blocks = -(-num_tokens // block_size)
+    now = held = 0
+    for i in range(cfg.num_layers):
+        win = cfg.layer_window(i)
+        now += blocks * block_size * per_layer_token
+        # the next token's window starts at num_tokens + 1 - win: blocks wholly before it are dead
+        dead = 0 if win is None else max(0, num_tokens + 1 - win) // block_size
+        held += (blocks - dead) * block_size * per_layer_token
+    return now, held

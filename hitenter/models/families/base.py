@@ -1,0 +1,160 @@
+"""What every family shares: reading the common GGUF hyper-parameters, the tensors a config needs, and the
+load-time preparation of the file's tensors into the names the decoder reads (hitenter/models/decoder.py).
+
+A family (one file beside this one) subclasses `Family` and states only what differs from Llama:
+its `arch` (general.architecture), whether convert_hf_to_gguf stored Q/K permuted for llama.cpp's
+interleaved (NORM) RoPE, the config fields it reads (`fields`), and, where its file holds tensors under
+other names (Phi-3's fused QKV), `file_shapes` / `prepare`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hitenter.config import ModelConfig
+from hitenter.errors import ModelLoadError
+
+
+@dataclass(frozen=True)
+class Meta:
+    """A GGUF file's metadata seen from one architecture: `get("context_length")` reads `{arch}.context_length`."""
+
+    values: dict[str, Any]
+    arch: str
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(f"{self.arch}.{key}", default)
+
+    def require(self, key: str) -> Any:
+        full = f"{self.arch}.{key}"
+        if full not in self.values:
+            raise ModelLoadError(f"GGUF metadata is missing the required key {full!r}")
+        return self.values[full]
+
+
+def unpermute_qk(w: Any, n_head: int) -> Any:
+    """Undo convert_hf_to_gguf's llama Q/K permutation (interleaved -> rotate-half row order); a quantized
+    layout (BlockWeight, hitenter/quant) gets the same row order by index."""
+    if isinstance(w, torch.Tensor):
+        dim = w.shape[0] // n_head // 2
+        return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return w.index_rows(unpermute_qk(torch.arange(w.shape[0]), n_head))
+
+
+class Family:
+    """The Llama defaults; a family file overrides what its architecture does differently."""
+
+    arch = "llama"
+    permuted_qk = False      # llama.cpp NORM-rope families: Q/K rows stored interleaved (un-permuted at load)
+
+    def fields(self, meta: Meta, cfg: dict[str, Any], names: set[str]) -> dict[str, Any]:
+        """The family's ModelConfig fields beyond the common ones (`cfg`: those, already read)."""
+        return {}
+
+    def config(self, values: dict[str, Any], names: set[str] | None) -> ModelConfig:
+        """The ModelConfig of a file with this metadata (and tensor names, which decide tied heads and
+        biases; without them, untied with no biases is assumed). ModelLoadError names what is wrong."""
+        meta = Meta(values, self.arch)
+        base = common_fields(meta, names)
+        base.update(self.fields(meta, base, names or set()))
+        try:
+            return ModelConfig(**base)
+        except ValueError as e:
+            raise ModelLoadError(f"GGUF metadata describes an invalid model: {e}") from e
+
+    def file_shapes(self, cfg: ModelConfig, names: set[str]) -> dict[str, tuple[int, ...]]:
+        """Torch-order shape of every tensor the file must hold (`names`: what it does hold, for the
+        optional ones such as `rope_freqs.weight`)."""
+        return standard_shapes(cfg, names)
+
+    def prepare(self, w: dict[str, Any], cfg: ModelConfig) -> dict[str, Any]:
+        """The file's tensors under the decoder's names, Q/K in rotate-half row order."""
+        if self.permuted_qk:
+            for i in range(cfg.num_layers):
+                w[f"blk.{i}.attn_q.weight"] = unpermute_qk(w[f"blk.{i}.attn_q.weight"], cfg.num_heads)
+                w[f"blk.{i}.attn_k.weight"] = unpermute_qk(w[f"blk.{i}.attn_k.weight"], cfg.num_kv_heads)
+        return w
+
+
+def common_fields(meta: Meta, names: set[str] | None) -> dict[str, Any]:
+    """The hyper-parameters every family reads, llama.cpp's keys and defaults."""
+    hidden = int(meta.require("embedding_length"))
+    heads = int(meta.require("attention.head_count"))
+    head_dim = int(meta.get("attention.key_length", 0)) or hidden // max(heads, 1)
+    vocab = meta.get("vocab_size")
+    if vocab is None:
+        tokens = meta.values.get("tokenizer.ggml.tokens")
+        if tokens is None:
+            raise ModelLoadError("GGUF metadata is missing the required key 'tokenizer.ggml.tokens'")
+        vocab = len(tokens)
+    rope_dim = int(meta.get("rope.dimension_count", head_dim))
+    return dict(
+        architecture=meta.arch, vocab_size=int(vocab), hidden_size=hidden,
+        intermediate_size=int(meta.require("feed_forward_length")), num_layers=int(meta.require("block_count")),
+        num_heads=heads, num_kv_heads=int(meta.get("attention.head_count_kv", heads)), head_dim=head_dim,
+        rope_theta=float(meta.get("rope.freq_base", 10000.0)),
+        rms_norm_eps=float(meta.require("attention.layer_norm_rms_epsilon")),
+        context_length=int(meta.require("context_length")),
+        tie_word_embeddings=names is not None and "output.weight" not in names,
+        attention_bias=names is not None and "blk.0.attn_q.bias" in names,
+        name=str(meta.values.get("general.name", "")),
+        rope_dim=0 if rope_dim == head_dim else rope_dim,
+        rope_scaling_factor=linear_rope_factor(meta),
+    )
+
+
+def linear_rope_factor(meta: Meta, allowed: tuple[str, ...] = ()) -> float:
+    """The linear RoPE scaling factor (1: none). Other scaling types are refused at load, naming the
+    type, unless the family handles them itself (`allowed`: e.g. Llama 3's, carried by `rope_freqs`)."""
+    kind = meta.get("rope.scaling.type")
+    if kind in (None, "none") or kind in allowed:
+        return 1.0
+    if kind != "linear":
+        raise ModelLoadError(f"{meta.arch}: RoPE scaling type {kind!r} is not supported (linear and Llama 3's "
+                             "rope_freqs are)")
+    return float(meta.get("rope.scaling.factor", 1.0)) or 1.0
+
+
+def experts_fields(meta: Meta, ffn: int) -> dict[str, Any]:
+    """Mixture-of-experts fields (llama.cpp's expert_count / expert_used_count / expert_feed_forward_length)."""
+    n = int(meta.get("expert_count", 0))
+    if not n:
+        return {}
+    return {"num_experts": n, "num_experts_used": int(meta.require("expert_used_count")),
+            "expert_intermediate_size": int(meta.get("expert_feed_forward_length", ffn))}
+
+
+def standard_shapes(cfg: ModelConfig, names: set[str]) -> dict[str, tuple[int, ...]]:
+    """The tensors the decoder reads, by llama.cpp's names, for this config."""
+    h, d, f = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (cfg.vocab_size, h), "output_norm.weight": (h,)}
+    if not cfg.tie_word_embeddings:
+        shapes["output.weight"] = (cfg.vocab_size, h)
+    if "rope_freqs.weight" in names:
+        shapes["rope_freqs.weight"] = ((cfg.rope_dim or d) // 2,)
+    for i in range(cfg.num_layers):
+        p = f"blk.{i}."
+        norms = {"pre": ("attn_norm", "ffn_norm"), "post": ("post_attention_norm", "post_ffw_norm"),
+                 "sandwich": ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")}
+        for norm in norms[cfg.norm_placement]:
+            shapes[p + norm + ".weight"] = (h,)
+        if cfg.qk_norm != "none":
+            full = cfg.qk_norm == "full"
+            shapes[p + "attn_q_norm.weight"] = (q if full else d,)
+            shapes[p + "attn_k_norm.weight"] = (kv if full else d,)
+        shapes.update({p + "attn_q.weight": (q, h), p + "attn_k.weight": (kv, h), p + "attn_v.weight": (kv, h),
+                       p + "attn_output.weight": (h, q)})
+        if cfg.attention_bias:
+            shapes.update({p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)})
+        if cfg.num_experts:
+            e, ef = cfg.num_experts, cfg.expert_intermediate_size
+            shapes.update({p + "ffn_gate_inp.weight": (e, h), p + "ffn_gate_exps.weight": (e, ef, h),
+                           p + "ffn_up_exps.weight": (e, ef, h), p + "ffn_down_exps.weight": (e, h, ef)})
+        else:
+            shapes.update({p + "ffn_gate.weight": (f, h), p + "ffn_up.weight": (f, h),
+                           p + "ffn_down.weight": (h, f)})
+    return shapes
