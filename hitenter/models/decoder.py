@@ -53,6 +53,20 @@ from hitenter.quant import weight_bytes
 CosSin = tuple[torch.Tensor, torch.Tensor]
 
 
+def _experts(cfg: ModelConfig, w: dict[str, Any], p: str) -> nn.Module:
+    """The layer's mixture of experts (models/moe.py): softmax router over all experts, top-k by rank,
+    the expert tensors as the loader read them (the file's blocks, or dense fp32)."""
+    from hitenter.models.moe import ExpertWeight, MoEFFN, dense_experts
+
+    def experts(name: str) -> ExpertWeight:
+        t = w[p + name]
+        return t if isinstance(t, ExpertWeight) else dense_experts(t)
+
+    return MoEFFN(w[p + "ffn_gate_inp.weight"], experts("ffn_gate_exps.weight"), experts("ffn_up_exps.weight"),
+                  experts("ffn_down_exps.weight"), cfg.num_experts_used, cfg.expert_norm_topk,
+                  act="gelu" if cfg.activation == "gelu_tanh" else "silu")
+
+
 def _norm(w: dict[str, Any], name: str, cfg: ModelConfig, dtype: torch.dtype, present: bool) -> RMSNorm | None:
     return RMSNorm(w[name], cfg.rms_norm_eps, dtype) if present else None
 
@@ -92,9 +106,7 @@ class DecoderLayer(nn.Module):
         self.o_proj = make_linear(w[p + "attn_output.weight"].narrow(1, q0 * d, nq), None, dtype)
         self.moe: nn.Module | None = None
         if cfg.num_experts:
-            from hitenter.models.moe import moe_from_weights
-
-            self.moe = moe_from_weights(cfg, w, i)
+            self.moe = _experts(cfg, w, p)
         else:
             self.gate_up = fused_linear([rows("ffn_gate.weight", f0, f), rows("ffn_up.weight", f0, f)], None, dtype)
             self.down = make_linear(w[p + "ffn_down.weight"].narrow(1, f0, f), None, dtype)  # row-parallel

@@ -30,6 +30,7 @@ from hitenter.models.decoder import CausalLM
 from hitenter.models.families import family_for
 from hitenter.models.formats import resolve_format
 from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
+from hitenter.models.moe import ExpertWeight, expert_weights
 from hitenter.models.shard import TensorParallel
 from hitenter.quant.weights import quantize_weights
 
@@ -98,12 +99,18 @@ def load_weights_from(reader: Any, quantization: str = "none") -> tuple[ModelCon
         raise ModelLoadError(f"{path}: missing tensor(s) {', '.join(missing[:5])}{more}")
     weights = block_weights(reader, set(shapes)) if quantization == "gguf" else load_tensors(reader, set(shapes))
     for name, shape in shapes.items():
-        if tuple(weights[name].shape) != shape:
-            raise ModelLoadError(f"{path}: tensor {name!r} has shape {tuple(weights[name].shape)}, expected {shape}")
+        if _shape(weights[name]) != shape:
+            raise ModelLoadError(f"{path}: tensor {name!r} has shape {_shape(weights[name])}, expected {shape}")
     out: dict[str, Any] = dict(weights)
     if quantization in ("int8", "int4"):
         out = quantize_weights(reader, out, quantization)
     return cfg, family_for(cfg.architecture).prepare(out, cfg)
+
+
+def _shape(w: Any) -> tuple[int, ...]:
+    if isinstance(w, ExpertWeight):
+        return (w.n_expert, w.out_features, w.in_features)
+    return tuple(w.shape)
 
 
 def block_weights(reader: Any, names: set[str]) -> dict[str, Any]:
@@ -115,6 +122,9 @@ def block_weights(reader: Any, names: set[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     file_size = len(reader.data)
     for t in reader.tensors:
+        if t.name in names and len(t.shape) == 3:   # a mixture's experts (models/moe.py): blocks or dense
+            out[t.name] = expert_weights(reader, t.name)
+            continue
         if t.name not in names or int(t.tensor_type) not in BLOCK_TYPES or len(t.shape) != 2:
             continue
         if t.data_offset + t.n_bytes > file_size or t.data.nbytes != t.n_bytes:
