@@ -25,6 +25,7 @@ from hitenter.models.loader import load_model
 from hitenter.models.registry import model_path
 from hitenter.quant.evaluate import english_text
 from hitenter.sampling_params import SamplingParams
+from hitenter.testing.tiny_families import write_tiny_family
 from hitenter.testing.tiny_gemma import write_tiny_gemma3
 from hitenter.testing.tiny_model import write_tiny_gguf
 from hitenter.tokenizer import Tokenizer
@@ -86,6 +87,13 @@ def _compare(path: Path, n: int = 40) -> None:
 @pytest.mark.parametrize("name", ["kmix_llama", "q8_qwen2", "q8_gemma3"])
 def test_fused_layer_matches_the_torch_layer(paths: dict[str, Path], name: str) -> None:
     _compare(paths[name])
+
+
+# what each family adds to the C layer: rope_freqs tables, QK-norm per head, a partial rotary, multipliers,
+# no pre-norms with QK-norm over the whole projection, NoPE layers
+@pytest.mark.parametrize("family", ["llama3", "qwen3", "phi3_partial", "granite", "olmo2", "smollm3"])
+def test_fused_layer_matches_the_torch_layer_per_family(family: str, tmp_path: Path) -> None:
+    _compare(write_tiny_family(tmp_path / f"{family}.gguf", family, seed=3, quant="Q8_0"))
 
 
 def test_fused_rows_batch_invariant(paths: dict[str, Path]) -> None:
