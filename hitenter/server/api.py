@@ -1,52 +1,68 @@
-"""OpenAI-compatible HTTP server (FastAPI) on AsyncLLMEngine: /v1/completions, /v1/chat/completions,
-/v1/models, /tokenize, /detokenize, /health, /metrics, and the playground. Errors use vLLM's body
-shape (see protocol.APIError). The routes live in routes_*.py; this module assembles the app:
-engines, guards (body limit, framing, errors), and ``--api-key`` on every router that runs the
-model, tokenizes or shows requests (only the static page and /health stay open)."""
+"""The HTTP server (FastAPI): every API surface on one port, each endpoint a serving_*.py module
+behind one EngineClient per served model (hitenter/server/engine_client.py):
+
+- OpenAI: /v1/completions, /v1/chat/completions, /v1/embeddings, /v1/models (serving_completion,
+  serving_chat, serving_embedding, serving_models); vLLM's /tokenize, /detokenize, /tokenizer_info
+  (serving_tokenize); /health and /metrics (serving_admin); the playground (playground*.py).
+
+This module assembles the app: clients, guards (body limit, framing, errors, CORS), and ``--api-key``
+on every router that runs the model, tokenizes or shows requests (only the static page and /health
+stay open)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hitenter.engine.async_engine import AsyncLLMEngine
 from hitenter.engine.llm_engine import LLMEngine
-from hitenter.server import protocol as P
-from hitenter.server import routes_admin, routes_openai, routes_tokenize
+from hitenter.server import (
+    serving_admin,
+    serving_chat,
+    serving_completion,
+    serving_embedding,
+    serving_models,
+    serving_tokenize,
+)
+from hitenter.server.api_error import SafeJSONResponse
 from hitenter.server.auth import api_key_dependency
 from hitenter.server.cors import add_cors
+from hitenter.server.engine_client import EngineClient
 from hitenter.server.errors import error_responses, install_error_handlers
-from hitenter.server.extra_routes import (
-    allowed_methods,
-    include_extra_routes,
-    not_found_or_405,
-)
+from hitenter.server.fallback import StaticOr405
 from hitenter.server.guards import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from hitenter.server.http import DEFAULT_HEADER_TIMEOUT, uvicorn_config
+from hitenter.server.local_engine import LocalEngineClient
 from hitenter.server.metrics import ServerMetrics
+from hitenter.server.schema_types import TOKEN_ID_LIMIT
 from hitenter.server.state import ServedModel, ServerState
 
-__all__ = ["ServedModel", "create_app", "serve"]
+__all__ = ["ServedModel", "create_app", "model_name", "serve"]
+Served = LLMEngine | AsyncLLMEngine | EngineClient
+API_ROUTERS = [serving_completion.router, serving_chat.router, serving_embedding.router, serving_models.router,
+               serving_tokenize.router]
 
 
-def _served(name: str | None, e: LLMEngine | AsyncLLMEngine, max_queued: int | None) -> ServedModel:
-    """An LLMEngine is wrapped in an AsyncLLMEngine the app owns (and shuts down with it)."""
-    ae = e if isinstance(e, AsyncLLMEngine) else AsyncLLMEngine(e, max_queued)
+def _served(name: str | None, e: Served, max_queued: int | None) -> ServedModel:
+    """An LLMEngine is wrapped in an AsyncLLMEngine the app owns (and shuts down with it); an engine gets
+    a LocalEngineClient; a client is served as it is."""
+    owned = isinstance(e, LLMEngine)
+    if isinstance(e, LLMEngine | AsyncLLMEngine):
+        client: EngineClient = LocalEngineClient(AsyncLLMEngine(e, max_queued) if owned else e)  # type: ignore[arg-type]
+    else:
+        client = e
     if max_queued is not None:
-        ae.max_queued_requests = max_queued
-    return ServedModel(name or Path(ae.engine.parts.model_path).stem, ae, ae is not e)
+        client.set_max_queued(max_queued)
+    return ServedModel(name or model_name(client.info.path or "model"), client, owned)
 
 
-def create_app(engine: LLMEngine | AsyncLLMEngine, served_model_name: str | None = None, api_key: str | None = None,
-               max_queued_requests: int | None = None,
-               extra_engines: dict[str, LLMEngine | AsyncLLMEngine] | None = None, playground: bool = True, *,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics_public: bool = False,
+def create_app(engine: Served, served_model_name: str | None = None, api_key: str | None = None,
+               max_queued_requests: int | None = None, extra_engines: dict[str, Served] | None = None,
+               playground: bool = True, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics_public: bool = False,
                allow_special_tokens_in_content: bool = False, allowed_origins: list[str] | None = None) -> FastAPI:
     """The app. ``max_queued_requests``, when given, is set on every engine; ``playground`` mounts
     the web playground (its API under /playground/api, the page at /) when it is installed;
@@ -63,9 +79,9 @@ def create_app(engine: LLMEngine | AsyncLLMEngine, served_model_name: str | None
         yield
         for m in models.values():
             if m.owned:
-                await asyncio.to_thread(m.engine.shutdown)
+                await asyncio.to_thread(m.client.shutdown)
 
-    app = FastAPI(title="hitenter", version="0.1.0", lifespan=lifespan, default_response_class=P.SafeJSONResponse)
+    app = FastAPI(title="hitenter", version="0.1.0", lifespan=lifespan, default_response_class=SafeJSONResponse)
     app.state.server = state
     app.state.models, app.state.metrics = models, state.metrics
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
@@ -73,15 +89,14 @@ def create_app(engine: LLMEngine | AsyncLLMEngine, served_model_name: str | None
     guarded: dict[str, Any] = {}
     if api_key:
         guarded = {"dependencies": [api_key_dependency(api_key)], "responses": error_responses(401)}
-    app.include_router(routes_openai.router, **guarded)
-    app.include_router(routes_tokenize.router, **guarded)
-    app.include_router(routes_admin.health_router)
-    app.include_router(routes_admin.metrics_router, **({} if metrics_public else guarded))
-    include_extra_routes(app, guarded)          # /v1/models/{id}, /v1/embeddings, /tokenizer_info
+    for router in API_ROUTERS:
+        app.include_router(router, **guarded)
+    app.include_router(serving_admin.health_router)
+    app.include_router(serving_admin.metrics_router, **({} if metrics_public else guarded))
     if playground:   # without it Starlette's own 404 / 405 (+ Allow) answer unknown paths, in our shape
-        _mount_playground(app, {m.name: m.engine for m in models.values()}, guarded)
-    configs = [m.engine.engine.model_config for m in models.values()]
-    _schema_for_served(app, state.roles(), min(c.vocab_size for c in configs), {c.hidden_size for c in configs})
+        _mount_playground(app, {m.name: m.client for m in models.values()}, guarded)
+    infos = [m.client.info for m in models.values()]
+    _schema_for_served(app, state.roles(), min(i.vocab_size for i in infos), {i.hidden_size for i in infos})
     add_cors(app, allowed_origins)       # outermost: errors and preflights carry the CORS headers too
     return app
 
@@ -94,7 +109,7 @@ def _schema_for_served(app: FastAPI, roles: list[str], vocab: int, hidden: set[i
 
     def bound_ids(node: Any) -> None:
         if isinstance(node, dict):
-            if node.get("exclusiveMaximum") == P.TOKEN_ID_LIMIT:
+            if node.get("exclusiveMaximum") == TOKEN_ID_LIMIT:
                 node["exclusiveMaximum"] = vocab
             for v in node.values():
                 bound_ids(v)
@@ -117,7 +132,7 @@ def _schema_for_served(app: FastAPI, roles: list[str], vocab: int, hidden: set[i
     app.openapi = openapi    # type: ignore[method-assign]
 
 
-def _mount_playground(app: FastAPI, engines: dict[str, AsyncLLMEngine], guarded: dict[str, Any]) -> None:
+def _mount_playground(app: FastAPI, clients: dict[str, EngineClient], guarded: dict[str, Any]) -> None:
     try:
         from fastapi.staticfiles import StaticFiles
 
@@ -125,38 +140,9 @@ def _mount_playground(app: FastAPI, engines: dict[str, AsyncLLMEngine], guarded:
     except ImportError:           # the playground is optional
         return
     responses = {**error_responses(400, 404, 413, 429), **guarded.get("responses", {})}
-    app.include_router(make_playground_router(engines), **{**guarded, "responses": responses})  # behind the key
+    app.include_router(make_playground_router(clients), **{**guarded, "responses": responses})  # behind the key
     if (WEB_DIR / "index.html").exists():     # last: catches the rest
-        app.mount("/", _StaticOr405(app, StaticFiles(directory=WEB_DIR, html=True), WEB_DIR), name="playground")
-
-
-class _StaticOr405:
-    """The page's files, except that an API path asked with the wrong method gets 405 with ``Allow``
-    (under a catch-all mount Starlette would answer it 404 from the static files), an unknown /v1 path
-    our JSON 404 (never a 405), a page file asked with another method than GET / HEAD a 405, and any
-    other path asked with another method our JSON 404 (``POST /chat/completions``: a base URL without /v1)."""
-
-    def __init__(self, app: FastAPI, static: ASGIApp, root: Path) -> None:
-        self.app, self.static, self.root = app, static, root.resolve()
-
-    def _is_page(self, path: str) -> bool:
-        target = (self.root / path.lstrip("/")).resolve()
-        if target != self.root and self.root not in target.parents:
-            return False
-        return target.is_file() or (target / "index.html").is_file()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            path, method = scope["path"], scope.get("method", "GET")
-            if allowed_methods(self.app, path) or path.startswith("/v1/") or path == "/v1":
-                await not_found_or_405(self.app, method, path).response()(scope, receive, send)
-                return
-            if method not in ("GET", "HEAD"):    # the page's files take GET / HEAD only
-                err = (P.APIError(405, "Method Not Allowed", headers={"Allow": "GET, HEAD"}) if self._is_page(path)
-                       else P.APIError(404, f"no route {method} {path}"))
-                await err.response()(scope, receive, send)
-                return
-        await self.static(scope, receive, send)
+        app.mount("/", StaticOr405(app, StaticFiles(directory=WEB_DIR, html=True), WEB_DIR), name="playground")
 
 
 def model_name(ref: str) -> str:

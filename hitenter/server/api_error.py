@@ -1,7 +1,12 @@
-"""The server's error model: ``APIError`` (status, message, param; rendered in vLLM's shape
-``{"error": {message, type, param, code}}``), the mapping of pydantic validation errors onto it, and the
-body models the OpenAPI schema declares for error responses (hitenter/server/errors.py installs the
-handlers)."""
+"""The server's error model: ``APIError`` (status, message, param), rendered in the shape of the API
+the request's path belongs to (``dialect_of``):
+
+- OpenAI / vLLM (``/v1/*``, everything else): ``{"error": {message, type, param, code}}``;
+- Anthropic (``/v1/messages*``): ``{"type": "error", "error": {"type": "invalid_request_error", "message"}}``;
+- Ollama (``/api/*``): ``{"error": "message"}``.
+
+Also the mapping of pydantic validation errors onto it, and the body models the OpenAPI schema declares
+for error responses (hitenter/server/errors.py installs the handlers)."""
 
 from __future__ import annotations
 
@@ -38,14 +43,35 @@ class APIError(Exception):
         self.headers = {**self.HEADERS.get(status, {}), **(headers or {})}
         self.extra = extra
 
-    def response(self) -> JSONResponse:
-        return SafeJSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self, path: str = "") -> JSONResponse:
+        """The error response in the dialect of ``path`` (OpenAI's when none is given)."""
+        return SafeJSONResponse(self.body(dialect_of(path)), status_code=self.status, headers=self.headers)
 
-    def body(self) -> dict[str, Any]:
+    def body(self, dialect: str = "openai") -> dict[str, Any]:
+        if dialect == "anthropic":
+            return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(self.status, "api_error"),
+                                               "message": self.message}}
+        if dialect == "ollama":
+            return {"error": self.message}
         err: dict[str, Any] = {"message": self.message, "type": self.TYPES.get(self.status, "APIError"),
                                "param": self.param, "code": self.status}
         err.update(self.extra)
         return {"error": err}
+
+
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 405: "invalid_request_error", 408: "timeout_error",
+                   413: "request_too_large", 429: "rate_limit_error", 500: "api_error", 501: "api_error",
+                   503: "overloaded_error"}
+
+
+def dialect_of(path: str) -> str:
+    """Which API's error shape a path answers in: "anthropic", "ollama" or "openai"."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return "anthropic"
+    if path == "/api" or path.startswith("/api/"):
+        return "ollama"
+    return "openai"
 
 
 def overflow_error(param: str, n_prompt: int, n_ctx: int, max_tokens: int | None = None,

@@ -1,6 +1,7 @@
 """``--api-key``: a FastAPI dependency attached to every router that runs the model, tokenizes or shows
-requests (the OpenAI routes, /tokenize, /detokenize, /playground/api/*, and /metrics unless public).
-It is declared as HTTP bearer security in the OpenAPI schema."""
+requests (every API surface, /tokenize, /detokenize, /playground/api/*, and /metrics unless public).
+The key is read from ``Authorization: Bearer <key>`` (OpenAI, Ollama clients) or ``x-api-key: <key>``
+(Anthropic clients); both are declared as security schemes in the OpenAPI schema."""
 
 from __future__ import annotations
 
@@ -8,21 +9,24 @@ import secrets
 from typing import Annotated, Any
 
 from fastapi import Depends
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from hitenter.server import protocol as P
+from hitenter.server.api_error import APIError
 
 _bearer = HTTPBearer(auto_error=False, description="the server's --api-key")
+_x_api_key = APIKeyHeader(name="x-api-key", auto_error=False, description="the server's --api-key (Anthropic clients)")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+XApiKey = Annotated[str | None, Depends(_x_api_key)]
 
 
 def api_key_dependency(api_key: str) -> Any:
-    """``Depends(...)`` that answers 401 (with ``WWW-Authenticate: Bearer``) unless the key matches."""
+    """``Depends(...)`` that answers 401 (with ``WWW-Authenticate: Bearer``) unless a key matches."""
     expected = api_key.encode()
 
-    async def require_api_key(creds: Credentials) -> None:
-        got = creds.credentials.encode() if creds is not None else b""
-        if not secrets.compare_digest(got, expected):
-            raise P.APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'")
+    async def require_api_key(creds: Credentials, x_api_key: XApiKey) -> None:
+        sent = [creds.credentials if creds is not None else "", x_api_key or ""]
+        if not any(secrets.compare_digest(k.encode(), expected) for k in sent):
+            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>' "
+                           "(or 'x-api-key: <key>')")
 
     return Depends(require_api_key)

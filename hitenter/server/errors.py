@@ -1,6 +1,7 @@
-"""Every error the server answers, in vLLM's shape ``{"error": {message, type, param, code}}``:
-the exception handlers, the catch-all that turns a bug into a 500 without dropping the connection,
-and the error responses declared in the OpenAPI schema."""
+"""Every error the server answers, in the shape of the API its path belongs to (api_error.dialect_of:
+vLLM's ``{"error": {message, type, param, code}}``, Anthropic's, Ollama's): the exception handlers, the
+catch-all that turns a bug into a 500 without dropping the connection, and the error responses declared
+in the OpenAPI schema."""
 
 from __future__ import annotations
 
@@ -14,46 +15,46 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hitenter.engine.async_engine import EngineDeadError
-from hitenter.server import protocol as P
+from hitenter.server.api_error import APIError, ErrorBody, validation_error
 
 log = logging.getLogger("hitenter.server")
 
 _DESCRIPTIONS = {400: "Bad request: a parameter (named in `param`) or the body is invalid",
-                 401: "Missing or wrong API key (`Authorization: Bearer <key>`)",
+                 401: "Missing or wrong API key (`Authorization: Bearer <key>` or `x-api-key: <key>`)",
                  404: "Unknown model or path", 413: "Request body too large",
                  429: "Too many queued requests; retry after `Retry-After` seconds"}
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` for these statuses, each with the error body model."""
-    return {s: {"model": P.ErrorBody, "description": _DESCRIPTIONS.get(s, "Error")} for s in statuses}
+    return {s: {"model": ErrorBody, "description": _DESCRIPTIONS.get(s, "Error")} for s in statuses}
 
 
 def internal_message(e: BaseException) -> str:
     return str(e) if isinstance(e, EngineDeadError) else f"internal error: {type(e).__name__}: {e}"
 
 
-async def _api_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, P.APIError)
-    return exc.response()
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, APIError)
+    return exc.response(request.url.path)
 
 
-async def _invalid(_: Request, exc: Exception) -> JSONResponse:
+async def _invalid(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return P.validation_error(exc).response()
+    return validation_error(exc).response(request.url.path)
 
 
-async def _http(_: Request, exc: Exception) -> JSONResponse:
+async def _http(request: Request, exc: Exception) -> JSONResponse:
     """Starlette's own errors (404 path, 405 method with its ``Allow`` header, a router's HTTPException)."""
     assert isinstance(exc, StarletteHTTPException)
     headers = dict(exc.headers or {})
     if exc.status_code == 405:
         headers.setdefault("Allow", "GET, HEAD")    # the static files' 405 (routes send their own Allow)
-    return P.APIError(exc.status_code, str(exc.detail), headers=headers).response()
+    return APIError(exc.status_code, str(exc.detail), headers=headers).response(request.url.path)
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(P.APIError, _api_error)
+    app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_middleware(CatchAllMiddleware)
@@ -106,4 +107,4 @@ class CatchAllMiddleware:
         except Exception as e:
             log.exception("internal error")
             if not started:
-                await P.APIError(500, internal_message(e)).response()(scope, receive, send)
+                await APIError(500, internal_message(e)).response(scope["path"])(scope, receive, send)

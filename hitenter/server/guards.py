@@ -13,30 +13,30 @@ from __future__ import annotations
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hitenter.server import protocol as P
+from hitenter.server.api_error import APIError
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 DRAIN_CAP = 64 << 20
 _CLOSE = {"Connection": "close"}
 
 
-def framing_problem(headers: list[tuple[bytes, bytes]], limit: int) -> P.APIError | None:
+def framing_problem(headers: list[tuple[bytes, bytes]], limit: int) -> APIError | None:
     lengths = [v for k, v in headers if k == b"content-length"]
     chunked = any(k == b"transfer-encoding" for k, _ in headers)
     if lengths and chunked or len(lengths) > 1:
-        return P.APIError(400, "ambiguous framing: send either Content-Length or Transfer-Encoding, once",
+        return APIError(400, "ambiguous framing: send either Content-Length or Transfer-Encoding, once",
                           headers=_CLOSE)
     if not lengths:
         return None
     try:
         n = int(lengths[0])
     except ValueError:
-        return P.APIError(400, "Content-Length is not a number", headers=_CLOSE)
+        return APIError(400, "Content-Length is not a number", headers=_CLOSE)
     return too_large(limit) if n > limit else None
 
 
-def too_large(limit: int) -> P.APIError:
-    return P.APIError(413, f"request body too large: the limit is {limit} bytes (--max-body-bytes)",
+def too_large(limit: int) -> APIError:
+    return APIError(413, f"request body too large: the limit is {limit} bytes (--max-body-bytes)",
                       headers=_CLOSE)
 
 
@@ -60,7 +60,7 @@ class BodyLimitMiddleware:
         if problem is not None:
             if problem.status == 413:
                 await _drain(receive)
-            await problem.response()(scope, receive, send)
+            await problem.response(scope["path"])(scope, receive, send)
             return
         received = 0
 

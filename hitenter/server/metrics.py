@@ -1,8 +1,8 @@
 """Prometheus metrics of one server app, each app with its own CollectorRegistry (vLLM's names, hitenter: prefix).
 
 Token counters are fed as outputs stream out (so aborted requests still count the work they did);
-latency histograms and the success counter when a request finishes; gauges are read from the engine
-under its lock when ``/metrics`` is scraped.
+latency histograms and the success counter when a request finishes; gauges are read from each engine
+client's published snapshot when ``/metrics`` is scraped (never waiting on a step).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from hitenter.outputs import RequestOutput
 
 if TYPE_CHECKING:
-    from hitenter.engine.async_engine import AsyncLLMEngine
+    from hitenter.server.engine_client import EngineClient
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                     10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
@@ -98,21 +98,18 @@ class ServerMetrics:
     def on_abort(self, m: str) -> None:
         self.aborted.labels(m).inc()
 
-    def render(self, engines: dict[str, AsyncLLMEngine]) -> bytes:
-        """Read the gauges under each engine's lock (call from a worker thread) and render the text format."""
-        for m, engine in engines.items():
-            e = engine.engine
-            running, waiting, usage, hit_rate = engine.run_locked(
-                lambda e=e: (e.scheduler.num_running, e.scheduler.num_waiting, float(e.kv_manager.usage),
-                             float(e.kv_manager.prefix_cache_stats.hit_rate)))
-            self.prefix_hit_rate.labels(m).set(hit_rate)
-            spec = getattr(e, "spec_decode", None)
+    def render(self, clients: dict[str, EngineClient]) -> bytes:
+        """Set the gauges from each client's latest snapshot and render the text format."""
+        for m, client in clients.items():
+            snap = client.snapshot()
+            self.prefix_hit_rate.labels(m).set(float(snap.scheduler.prefix_cache_hit_rate))
+            spec = client.spec_stats()
             if spec is not None:
                 self.spec_draft.labels(m).set(spec.num_draft_tokens)
                 self.spec_accepted.labels(m).set(spec.num_accepted_tokens)
                 self.spec_rate.labels(m).set(spec.acceptance_rate)
                 self.spec_len.labels(m).set(spec.mean_accepted_length)
-            self.running.labels(m).set(running)
-            self.waiting.labels(m).set(waiting)
-            self.kv_usage.labels(m).set(usage)
+            self.running.labels(m).set(snap.num_running)
+            self.waiting.labels(m).set(snap.num_waiting)
+            self.kv_usage.labels(m).set(float(snap.kv_usage))
         return generate_latest(self.registry)

@@ -1,10 +1,11 @@
 """The playground's API: everything the web page at ``/`` draws comes from here, and everything here
-comes from the engine itself: its tokenizer, its per-step ``EngineEvent``s (``engine.subscribe``), its
-sampler traces and raw logits rows (``engine.trace_requests`` / ``last_traces`` / ``last_logits``), its KV
-manager (``snapshot()``), its RequestOutputs, and traced forwards of its model (playground_trace.py).
-Nothing is simulated.
+comes from the engine itself, through its EngineClient and that client's ``inspector``
+(hitenter/server/engine_client.py): its tokenizer, its per-step ``EngineEvent``s, its sampler traces and
+raw logits rows, its KV block map, its RequestOutputs, and traced forwards of its model
+(playground_trace.py). Nothing is simulated.
 
-Mount it with ``app.include_router(make_playground_router(engines))`` and serve ``WEB_DIR`` at ``/``.
+Mount it with ``app.include_router(make_playground_router(clients))`` (EngineClients, or AsyncLLMEngines
+which get a local client each) and serve ``WEB_DIR`` at ``/``.
 Streams are Server-Sent Events (``data: {json}``); POST streams are read with ``fetch`` on the page.
 Bodies are pydantic models (playground_models.py): a bad one is a 400, never a 500.
 """
@@ -24,6 +25,7 @@ from hitenter.engine.events import EngineEvent
 from hitenter.engine.logits_processors import BatchState, default_chain
 from hitenter.engine.sampler import reshape_distribution, run_chain
 from hitenter.sampling_params import SamplingParams
+from hitenter.server.engine_client import EngineClient
 from hitenter.server.playground_models import (
     BurstBody,
     DeterminismBody,
@@ -36,37 +38,38 @@ from hitenter.server.playground_models import (
 )
 from hitenter.server.playground_stream import GenerateStream
 from hitenter.server.playground_trace import trace_routes
-from hitenter.server.playground_util import entropy_bits, kv_state, piece, sse
+from hitenter.server.playground_util import entropy_bits, piece, sse
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 
 
 class Playground:
-    """What the routes share: the served engines, the cached logits rows, the background tasks."""
+    """What the routes share: the served models' clients, the cached logits rows, the background tasks."""
 
-    def __init__(self, async_engines: dict[str, AsyncLLMEngine]) -> None:
-        self.engines = async_engines
+    def __init__(self, clients: dict[str, EngineClient]) -> None:
+        self.engines = clients
         self.rows: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()   # (request id, step) -> logits
         self.background: set[asyncio.Task[Any]] = set()
 
-    def engine_of(self, name: str | None) -> AsyncLLMEngine:
+    def engine_of(self, name: str | None) -> EngineClient:
         if name not in self.engines:
             raise HTTPException(404, f"model: {name!r} is not served; served: {sorted(self.engines)}")
         return self.engines[name]
 
-    def prompt_ids_of(self, eng: Any, body: PromptBody) -> tuple[list[int], bool]:
+    def prompt_ids_of(self, client: EngineClient, body: PromptBody) -> tuple[list[int], bool]:
+        vocab, tok = client.info.vocab_size, client.tokenizer
         if body.prompt_ids:
-            bad = [t for t in body.prompt_ids if not 0 <= t < eng.model_config.vocab_size]
+            bad = [t for t in body.prompt_ids if not 0 <= t < vocab]
             if bad:
-                raise HTTPException(400, f"prompt_ids: {bad[:4]} outside the vocabulary [0, {eng.model_config.vocab_size})")
-            return eng.encode_prompt(list(body.prompt_ids)), False
-        if body.chat and not hasattr(eng.parts.model, "lookup"):   # the trigram toy never saw a chat template
+                raise HTTPException(400, f"prompt_ids: {bad[:4]} outside the vocabulary [0, {vocab})")
+            return list(body.prompt_ids), False
+        if body.chat and not client.info.toy:   # the trigram toy never saw a chat template
             try:
-                ids = eng.tokenizer.apply_chat_template([{"role": "user", "content": body.text}], tokenize=True)
+                ids = tok.apply_chat_template([{"role": "user", "content": body.text}], tokenize=True)
                 return list(ids), True
             except Exception:          # no chat template in this model: the raw text it is
                 pass
-        return eng.tokenizer.encode(body.text), False
+        return tok.encode(body.text), False
 
     @staticmethod
     def params_of(p: Params) -> SamplingParams:
@@ -76,9 +79,9 @@ class Playground:
         except (ValueError, TypeError) as e:
             raise HTTPException(400, str(e)) from e
 
-    async def run(self, ae: AsyncLLMEngine, prompt: list[int], params: SamplingParams) -> Any:
+    async def run(self, client: EngineClient, prompt: list[int], params: SamplingParams) -> Any:
         last = None
-        async for out in ae.generate(prompt, params):
+        async for out in client.generate(prompt, params):
             last = out
         return last
 
@@ -87,27 +90,25 @@ def _info_routes(router: APIRouter, pg: Playground) -> None:
     @router.get("/models")
     async def models() -> list[dict[str, Any]]:
         out = []
-        for name, ae in pg.engines.items():
-            e = ae.engine
-            out.append({"name": name, "architecture": e.model_config.architecture, "vocab_size": e.model_config.vocab_size,
-                        "max_model_len": e.max_model_len, "block_size": e.kv_manager.block_size,
-                        "num_blocks": e.kv_manager.num_blocks, "kv_bytes_per_token": e.model_config.kv_bytes_per_token(
-                            e.runner.kv_caches[0].element_size()), "trigram": hasattr(e.parts.model, "lookup"),
-                        "eog": [piece(e.tokenizer, t) for t in sorted(e.tokenizer.eog_token_ids)]})
+        for name, c in pg.engines.items():
+            i, tok = c.info, c.tokenizer
+            out.append({"name": name, "architecture": i.architecture, "vocab_size": i.vocab_size,
+                        "max_model_len": i.max_model_len, "block_size": i.block_size, "num_blocks": i.num_blocks,
+                        "kv_bytes_per_token": i.kv_bytes_per_token, "trigram": i.toy,
+                        "eog": [piece(tok, t) for t in sorted(tok.eog_token_ids)]})
         return out
 
     @router.post("/tokenize", openapi_extra=body_doc(PromptBody))
     async def tokenize(request: Request) -> dict[str, Any]:
         body = await parse(request, PromptBody)
-        eng = pg.engine_of(body.model).engine
-        ids, templ = pg.prompt_ids_of(eng, body)
-        return {"ids": ids, "pieces": [piece(eng.tokenizer, t) for t in ids], "template_used": templ,
-                "count": len(ids), "max_model_len": eng.max_model_len}
+        c = pg.engine_of(body.model)
+        ids, templ = pg.prompt_ids_of(c, body)
+        return {"ids": ids, "pieces": [piece(c.tokenizer, t) for t in ids], "template_used": templ,
+                "count": len(ids), "max_model_len": c.info.max_model_len}
 
     @router.get("/kv")
     async def kv(model: str | None = None) -> dict[str, Any]:
-        ae = pg.engine_of(model)
-        return await asyncio.to_thread(ae.run_locked, kv_state, ae.engine)
+        return await asyncio.to_thread(pg.engine_of(model).inspector.kv_map)
 
 
 def _sampling_routes(router: APIRouter, pg: Playground) -> None:
@@ -118,7 +119,7 @@ def _sampling_routes(router: APIRouter, pg: Playground) -> None:
         row = pg.rows.get((body.request_id, body.index))
         if row is None:
             raise HTTPException(404, "no cached logits for that step (only recent steps are kept)")
-        params, tok = pg.params_of(body.params), pg.engine_of(body.model).engine.tokenizer
+        params, tok = pg.params_of(body.params), pg.engine_of(body.model).tokenizer
         d = reshape_distribution(row["logits"], params, row["prompt"], row["output"])
         _, stages = run_chain(default_chain(), row["logits"].reshape(1, -1),
                               BatchState([params], [row["prompt"]], [row["output"]], [frozenset()]), record=True)
@@ -129,9 +130,9 @@ def _sampling_routes(router: APIRouter, pg: Playground) -> None:
     @router.post("/generate", openapi_extra=body_doc(GenerateBody))
     async def generate(request: Request) -> StreamingResponse:
         body = await parse(request, GenerateBody)
-        ae = pg.engine_of(body.model)
-        prompt, templ = pg.prompt_ids_of(ae.engine, body)
-        stream = GenerateStream(ae, prompt, templ, pg.params_of(body.params), pg.rows)
+        c = pg.engine_of(body.model)
+        prompt, templ = pg.prompt_ids_of(c, body)
+        stream = GenerateStream(c, prompt, templ, pg.params_of(body.params), pg.rows)
         return StreamingResponse(stream.run(), media_type="text/event-stream")
 
 
@@ -139,8 +140,7 @@ def _events_route(router: APIRouter, pg: Playground) -> None:
     @router.get("/events")
     async def events(model: str | None = None) -> StreamingResponse:
         """Every engine step of one model (batch, preemptions, timings) and the KV block map."""
-        ae = pg.engine_of(model)
-        eng = ae.engine
+        insp = pg.engine_of(model).inspector
 
         async def gen() -> Any:
             loop, q = asyncio.get_running_loop(), asyncio.Queue()
@@ -150,20 +150,20 @@ def _events_route(router: APIRouter, pg: Playground) -> None:
                         "batch": [[w.request_id, w.kind, w.start, w.num_tokens] for w in ev.work],
                         "accepted": [[w.request_id, len(w.tokens)] for w in ev.work if w.tokens],
                         "finished": ev.finished, "preempted": ev.preempted, "num_running": ev.num_running,
-                        "num_waiting": ev.num_waiting, "kv": kv_state(eng),
+                        "num_waiting": ev.num_waiting, "kv": insp.kv_map(live=True),
                         "kv_events": [e.to_dict() for e in ev.kv_events]}
                 loop.call_soon_threadsafe(q.put_nowait, item)
 
-            unsubscribe = eng.subscribe(on_step)
+            unsubscribe = insp.subscribe(on_step)
             try:
-                last = await asyncio.to_thread(ae.run_locked, kv_state, eng)
+                last = await asyncio.to_thread(insp.kv_map)
                 yield sse({"type": "kv", "kv": last})
                 while True:
                     try:
                         item = await asyncio.wait_for(q.get(), 0.5)
                         last = item["kv"]
                     except TimeoutError:           # no step: an abort may still have freed blocks
-                        now = await asyncio.to_thread(ae.run_locked, kv_state, eng)
+                        now = await asyncio.to_thread(insp.kv_map)
                         if now == last:
                             yield ": idle\n\n"
                             continue
@@ -180,14 +180,14 @@ def _batch_routes(router: APIRouter, pg: Playground) -> None:
     async def burst(request: Request) -> dict[str, Any]:
         """N concurrent requests (different seeds) so continuous batching shows on the block map."""
         body = await parse(request, BurstBody)
-        ae = pg.engine_of(body.model)
-        prompt = pg.prompt_ids_of(ae.engine, body)[0]
-        room = ae.engine.max_model_len - len(prompt)
+        c = pg.engine_of(body.model)
+        prompt = pg.prompt_ids_of(c, body)[0]
+        room = c.info.max_model_len - len(prompt)
         if room < 1:
             raise HTTPException(400, f"burst: the prompt ({len(prompt)} tokens) fills the context window")
         for i in range(body.n):
             p = SamplingParams(temperature=1.0, seed=1000 + i, max_tokens=max(1, min(body.max_tokens + 4 * i, room)))
-            task = asyncio.create_task(pg.run(ae, prompt, p))
+            task = asyncio.create_task(pg.run(c, prompt, p))
             pg.background.add(task)
             task.add_done_callback(pg.background.discard)
         return {"started": body.n}
@@ -196,29 +196,34 @@ def _batch_routes(router: APIRouter, pg: Playground) -> None:
     async def determinism(request: Request) -> dict[str, Any]:
         """The same prompt and seed alone, then among N others: tokens and logprobs side by side."""
         body = await parse(request, DeterminismBody)
-        ae = pg.engine_of(body.model)
-        prompt, params = pg.prompt_ids_of(ae.engine, body)[0], pg.params_of(body.params)
+        c = pg.engine_of(body.model)
+        prompt, params = pg.prompt_ids_of(c, body)[0], pg.params_of(body.params)
         try:
-            alone = await pg.run(ae, prompt, params)
-            others = [asyncio.create_task(pg.run(ae, prompt[: max(1, len(prompt) - 1 - i)] + prompt[-1:],
+            alone = await pg.run(c, prompt, params)
+            others = [asyncio.create_task(pg.run(c, prompt[: max(1, len(prompt) - 1 - i)] + prompt[-1:],
                                                  SamplingParams(temperature=1.0, seed=i, max_tokens=params.max_tokens or 16)))
                       for i in range(body.others)]
-            loaded = await pg.run(ae, prompt, params)
+            loaded = await pg.run(c, prompt, params)
             await asyncio.gather(*others)
         except ValueError as e:          # the engine's own refusal (e.g. the window overflows)
             raise HTTPException(400, str(e)) from e
 
         def view(o: Any) -> dict[str, Any]:
-            return {"ids": o.token_ids, "pieces": [piece(ae.engine.tokenizer, t) for t in o.token_ids],
+            return {"ids": o.token_ids, "pieces": [piece(c.tokenizer, t) for t in o.token_ids],
                     "logprobs": [p.chosen.logprob for p in o.logprobs or []]}
         return {"alone": view(alone), "loaded": view(loaded), "others": body.others,
                 "same_ids": alone.token_ids == loaded.token_ids,
                 "same_logprobs": view(alone)["logprobs"] == view(loaded)["logprobs"]}
 
 
-def make_playground_router(async_engines: dict[str, AsyncLLMEngine]) -> APIRouter:
+def make_playground_router(engines: dict[str, EngineClient] | dict[str, AsyncLLMEngine]) -> APIRouter:
+    """The playground's routes over these models (an AsyncLLMEngine gets a local client of its own)."""
+    from hitenter.server.local_engine import LocalEngineClient
+
+    clients: dict[str, EngineClient] = {
+        name: LocalEngineClient(e) if isinstance(e, AsyncLLMEngine) else e for name, e in engines.items()}
     router = APIRouter(prefix="/playground/api")
-    pg = Playground(async_engines)
+    pg = Playground(clients)
     for add in (_info_routes, _sampling_routes, _events_route, _batch_routes, trace_routes):
         add(router, pg)
     return router

@@ -10,16 +10,15 @@ import uuid
 from collections import OrderedDict
 from typing import Any
 
-from hitenter.engine.async_engine import AsyncLLMEngine
 from hitenter.engine.events import EngineEvent
 from hitenter.errors import ContextOverflowError, HitenterError
 from hitenter.sampling_params import SamplingParams
+from hitenter.server.engine_client import EngineClient
 from hitenter.server.playground_util import (
     MAX_LOGIT_ROWS,
     _clean,
     _output_event,
     entropy_bits,
-    kv_state,
     piece,
     sse,
 )
@@ -28,26 +27,25 @@ from hitenter.server.playground_util import (
 class GenerateStream:
     """One traced request. ``rows`` is the router's shared cache of logits rows (for /reshape)."""
 
-    def __init__(self, ae: AsyncLLMEngine, prompt: list[int], templ: bool, params: SamplingParams,
+    def __init__(self, client: EngineClient, prompt: list[int], templ: bool, params: SamplingParams,
                  rows: OrderedDict[tuple[str, int], dict[str, Any]]) -> None:
-        self.ae, self.eng, self.tok = ae, ae.engine, ae.engine.tokenizer
+        self.client, self.insp, self.tok = client, client.inspector, client.tokenizer
         self.prompt, self.templ, self.params, self.rows = prompt, templ, params, rows
         self.rid = f"pg-{uuid.uuid4().hex[:10]}"
         self.tokens = list(prompt)
-        self.per_tok = self.eng.model_config.kv_bytes_per_token(self.eng.runner.kv_caches[0].element_size())
+        self.per_tok = client.info.kv_bytes_per_token
         self.t0 = time.perf_counter()
         self.q: asyncio.Queue[Any] = asyncio.Queue()
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def _sampled(self, item: dict[str, Any], mine: Any) -> None:
-        """The fields of a step that sampled a token for this request (engine thread, lock held)."""
-        eng, tok, model = self.eng, self.tok, self.eng.parts.model
+        """The fields of a step that sampled a token for this request (engine thread)."""
+        tok = self.tok
         index = len(self.tokens) - len(self.prompt)
-        trace = eng.last_traces.pop(self.rid, None)
-        logits = eng.last_logits.pop(self.rid, None)
-        if hasattr(model, "lookup"):
-            t2 = self.tokens[-2] if len(self.tokens) > 1 else model.end_id
-            item["lookup"] = model.lookup(t2, self.tokens[-1])
+        trace, logits = self.insp.pop_trace(self.rid)
+        if self.client.info.toy:
+            t2 = self.tokens[-2] if len(self.tokens) > 1 else self.insp.toy_end_id()
+            item["lookup"] = self.insp.toy_lookup(t2, self.tokens[-1])   # type: ignore[arg-type]
             item["lookup_pieces"] = {t: piece(tok, t) for t in {t2, self.tokens[-1], *dict(
                 item["lookup"]["counts"]), *dict(item["lookup"]["backoff_counts"])}}
         if trace is not None:
@@ -64,8 +62,8 @@ class GenerateStream:
         self.tokens.extend(mine.tokens or [mine.sampled])
 
     def on_step(self, ev: EngineEvent) -> None:
-        """Engine thread, engine lock held: this request's view of one engine step."""
-        rid, eng = self.rid, self.eng
+        """Engine thread: this request's view of one engine step."""
+        rid = self.rid
         mine = next((w for w in ev.work if w.request_id == rid), None)
         if mine is None and rid not in {r for r, _ in ev.finished}:
             return
@@ -73,7 +71,7 @@ class GenerateStream:
             "type": "step", "step_id": ev.step_id, "t_start": ev.t_start - self.t0, "t_end": ev.t_end - self.t0,
             "t_model": ev.t_model, "batch": [[w.request_id, w.kind, w.start, w.num_tokens] for w in ev.work],
             "num_running": ev.num_running, "num_waiting": ev.num_waiting, "preempted": ev.preempted,
-            "mine": mine, "kv": kv_state(eng), "block_table": eng.kv_manager.block_table(rid), "freed": False,
+            "mine": mine, "kv": self.insp.kv_map(live=True), "block_table": self.insp.block_table(rid), "freed": False,
             "kv_events": [e.to_dict() for e in ev.kv_events]}
         for e in ev.kv_events:            # finished this step: its table is in the "free" event (tail first)
             if e.kind == "free" and e.request_id == rid:
@@ -88,37 +86,36 @@ class GenerateStream:
 
     def _start_event(self, before: int) -> dict[str, Any]:
         return {"type": "start", "request_id": self.rid, "prompt_ids": self.prompt, "template_used": self.templ,
-                "pieces": [piece(self.tok, t) for t in self.prompt], "max_model_len": self.eng.max_model_len,
+                "pieces": [piece(self.tok, t) for t in self.prompt], "max_model_len": self.client.info.max_model_len,
                 "params": dataclasses.asdict(self.params), "kv_bytes_per_token": self.per_tok,
-                "block_size": self.eng.kv_manager.block_size, "step_counter": before}
+                "block_size": self.client.info.block_size, "step_counter": before}
 
     async def run(self) -> Any:
         """The SSE stream: start (or a rejection), then steps and outputs in the engine's order, then done."""
-        eng, rid = self.eng, self.rid
+        rid, insp = self.rid, self.insp
         self.loop = asyncio.get_running_loop()
-        eng.trace_requests.add(rid)
-        unsubscribe = eng.subscribe(self.on_step)
-        start = self._start_event(eng.step_counter)
+        insp.trace(rid, True)
+        unsubscribe = insp.subscribe(self.on_step)
+        start = self._start_event(insp.step_counter())
         try:
             try:
-                _, outq = self.ae.add_request(self.prompt, self.params, request_id=rid)
+                _, outq = await self.client.add(self.prompt, self.params, request_id=rid)
             except (ContextOverflowError, HitenterError, ValueError) as e:
                 await asyncio.sleep(0.2)        # give the engine loop a chance to prove it does nothing
                 yield sse({**start, "type": "error", "error": str(e), "kind": type(e).__name__,
                            "overflow": isinstance(e, ContextOverflowError),
                            "n_prompt_tokens": getattr(e, "n_prompt_tokens", len(self.prompt)),
-                           "n_ctx": getattr(e, "n_ctx", eng.max_model_len), "max_tokens": getattr(e, "max_tokens", None),
-                           "step_counter_after": eng.step_counter})
+                           "n_ctx": getattr(e, "n_ctx", self.client.info.max_model_len),
+                           "max_tokens": getattr(e, "max_tokens", None),
+                           "step_counter_after": insp.step_counter()})
                 return
             yield sse(start)
             async for chunk in self._merge(outq):
                 yield chunk
         finally:
             unsubscribe()
-            eng.trace_requests.discard(rid)
-            eng.last_traces.pop(rid, None)
-            eng.last_logits.pop(rid, None)
-            self.ae.abort(rid)
+            insp.trace(rid, False)
+            self.client.abort(rid)
 
     async def _merge(self, outq: asyncio.Queue[Any]) -> Any:
         async def forward() -> None:       # outputs join the step events, in the engine's order
@@ -143,5 +140,5 @@ class GenerateStream:
                     extra = self.q.get_nowait()
                     if isinstance(extra, dict):
                         yield sse(extra)
-                yield sse({"type": "done", "request_id": self.rid, "step_counter": self.eng.step_counter})
+                yield sse({"type": "done", "request_id": self.rid, "step_counter": self.insp.step_counter()})
                 return

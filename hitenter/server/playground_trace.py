@@ -1,6 +1,6 @@
 """The playground's "inside the model" routes: traced forwards of the served model (hitenter/models/trace.py)
-and what the panels draw from them. A trace runs in a worker thread on the model's weights, outside the
-engine's lock, scheduler and KV cache: requests that are not traced are not held up by it.
+and what the panels draw from them. A trace runs in a worker thread on the model's weights (EngineInspector.model()), outside the
+engine's scheduler and KV cache: requests that are not traced are not held up by it.
 
 POST /trace makes one (prompt <= MAX_TRACE_TOKENS tokens) and returns its id and summaries; the other
 routes read a kept trace (the last MAX_TRACES) by id: /trace/attention (one layer, all heads),
@@ -72,7 +72,7 @@ class Traces:
         self.one_at_a_time = asyncio.Semaphore(1)    # traced forwards share the CPU with the engine: one at once
 
     def model_of(self, name: str | None) -> Any:
-        model = self.pg.engine_of(name).engine.runner.model
+        model = self.pg.engine_of(name).inspector.model()
         if not traceable(model):
             raise HTTPException(400, f"model {name!r}: not a transformer that can be traced (the trigram toy?)")
         return model
@@ -81,7 +81,7 @@ class Traces:
         if trace_id not in self.kept:
             raise HTTPException(404, "no such trace (only the last few are kept): make one with POST /trace")
         name, tr = self.kept[trace_id]
-        return name, tr, self.pg.engine_of(name).engine
+        return name, tr, self.pg.engine_of(name)
 
     def keep(self, name: str, tr: Trace) -> str:
         tid = f"tr-{uuid.uuid4().hex[:10]}"
@@ -91,8 +91,8 @@ class Traces:
         return tid
 
 
-def summary(tid: str, tr: Trace, eng: Any) -> dict[str, Any]:
-    cfg, tok = eng.model_config, eng.tokenizer
+def summary(tid: str, tr: Trace, client: Any) -> dict[str, Any]:
+    cfg, tok = client.info, client.tokenizer
     p = torch.softmax(tr.logits[-1], -1)
     top_p, top_i = p.topk(10)
     return {"trace_id": tid, "pieces": [piece(tok, t) for t in tr.token_ids], "num_prompt": tr.num_prompt,
@@ -114,7 +114,7 @@ def _make_routes(router: APIRouter, T: Traces) -> None:
     async def trace(request: Request) -> dict[str, Any]:
         body = await parse(request, TraceBody)
         model = T.model_of(body.model)
-        eng = T.pg.engine_of(body.model).engine
+        eng = T.pg.engine_of(body.model)
         ids, _ = T.pg.prompt_ids_of(eng, body)
         if not ids or len(ids) + body.generate > MAX_TRACE_TOKENS:
             raise HTTPException(400, f"trace: {len(ids)} prompt tokens (+{body.generate}); 1 to {MAX_TRACE_TOKENS} are traced")
@@ -137,7 +137,7 @@ def _make_routes(router: APIRouter, T: Traces) -> None:
         _, tr, eng = T.get(q.trace_id)
         i = _index(tr, q.index)
         vec = tr.embeddings[i]
-        ids, sims = await asyncio.to_thread(nearest_tokens, eng.runner.model, vec, 8, T.norms)
+        ids, sims = await asyncio.to_thread(nearest_tokens, eng.inspector.model(), vec, 8, T.norms)
         return {"index": i, "piece": piece(eng.tokenizer, tr.token_ids[i]), "vector": r4(vec), "norm": float(vec.norm()),
                 "nearest": [{"piece": piece(eng.tokenizer, t), "cos": s} for t, s in zip(ids, sims, strict=True)]}
 
@@ -146,7 +146,7 @@ def _make_routes(router: APIRouter, T: Traces) -> None:
         q = await parse(request, TraceQuery)
         _, tr, eng = T.get(q.trace_id)
         i = _index(tr, q.index)
-        probs, ids = await asyncio.to_thread(logit_lens, eng.runner.model, tr.hidden[:, i])
+        probs, ids = await asyncio.to_thread(logit_lens, eng.inspector.model(), tr.hidden[:, i])
         return {"index": i, "norms": r4(tr.hidden[:, i].norm(dim=-1)),
                 "top": [[{"piece": piece(eng.tokenizer, int(t)), "p": float(p)} for p, t in zip(pr, row, strict=True)]
                         for pr, row in zip(probs, ids, strict=True)]}
@@ -181,7 +181,7 @@ def _model_routes(router: APIRouter, T: Traces) -> None:
         """The same word in two sentences: cosine of its hidden states layer by layer (identical at the
         embedding, pulled apart by attention to its context), and where it looks in the last layer."""
         body = await parse(request, CompareBody)
-        model, eng = T.model_of(body.model), T.pg.engine_of(body.model).engine
+        model, eng = T.model_of(body.model), T.pg.engine_of(body.model)
         tok, out = eng.tokenizer, []
         for text in (body.a, body.b):
             ids = tok.encode(text)[:MAX_TRACE_TOKENS]
@@ -199,16 +199,10 @@ def _model_routes(router: APIRouter, T: Traces) -> None:
 
     @router.get("/fast")
     async def fast(model: str | None = None) -> dict[str, Any]:
-        eng = T.pg.engine_of(model).engine
-        net = eng.runner.model
-        wb = int(net.weight_bytes()) if hasattr(net, "weight_bytes") else 0
-        kv_tok = eng.model_config.kv_bytes_per_token(eng.runner.kv_caches[0].element_size())
-        layer = getattr(net, "layers", [None])[0]
-        spec = eng.spec
-        return {"weight_format": f"{type(getattr(layer, 'qkv', net)).__name__} · {getattr(net, 'dtype', '')}".replace("torch.", ""),
-                "weight_bytes": wb, "kv_bytes_per_token": kv_tok, "bandwidth": await asyncio.to_thread(copy_bandwidth),
-                "key_tile": KEY_TILE, "max_model_len": eng.max_model_len,
-                "spec": None if spec is None else {"method": spec.method, "k": spec.k}}
+        c = T.pg.engine_of(model)
+        return {**c.inspector.facts(), "kv_bytes_per_token": c.info.kv_bytes_per_token,
+                "bandwidth": await asyncio.to_thread(copy_bandwidth), "key_tile": KEY_TILE,
+                "max_model_len": c.info.max_model_len}
 
 
 def trace_routes(router: APIRouter, pg: Playground) -> None:

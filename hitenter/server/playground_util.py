@@ -1,5 +1,5 @@
-"""Helpers of the playground API: SSE framing, token pieces, entropy, the KV map and the page's view
-of a RequestOutput."""
+"""Helpers of the playground API: SSE framing, token pieces, entropy and the page's view of a
+RequestOutput."""
 
 from __future__ import annotations
 
@@ -44,16 +44,6 @@ def piece(tok: Any, tid: int) -> dict[str, Any]:
 def entropy_bits(logits: torch.Tensor) -> float:
     p = torch.softmax(logits.to(torch.float64), -1)
     return float(-(p[p > 0] * torch.log2(p[p > 0])).sum())
-
-
-def kv_state(eng: Any) -> dict[str, Any]:
-    """The whole paged cache (call with the engine lock held): blocks that are not pristine-free."""
-    kv = eng.kv_manager
-    snap = kv.snapshot()
-    return {"num_blocks": kv.num_blocks, "block_size": kv.block_size, "num_free": kv.num_free_blocks,
-            "blocks": [[b.block_id, b.ref_cnt, list(b.owners), b.hashed] for b in snap
-                       if b.owners or b.hashed or b.ref_cnt],
-            "free_order": list(kv.pool.free_queue)[:64], "step_counter": eng.step_counter}
 
 
 def _output_event(tok: Any, out: Any, params: SamplingParams, t0: float) -> dict[str, Any]:

@@ -1,16 +1,23 @@
-"""Prompt scoring: one model forward over whole prompts, for prompt logprobs (``echo`` + ``logprobs``,
+"""Prompt scoring: model forwards over whole prompts, for prompt logprobs (``echo`` + ``logprobs``,
 ``max_tokens=0``, vLLM's ``prompt_logprobs``) and for embeddings.
 
-The forward runs under the engine lock (between engine steps) on a private scratch KV cache, so it
-never takes prefix-cache hits and never disturbs the engine's cache: every prompt position is always
-computed, and the numbers are the same whether or not the prompt's prefix is cached for generation.
-Its rows take the same kernels as a prefill in the engine (the GEMM path, the last row the fused
-kernel), so a prompt token's logprob equals the sampler's raw logprob for the same text.
+The forwards run on a private scratch KV cache, so they never take prefix-cache hits and never disturb
+the engine's cache: every prompt position is always computed, and the numbers are the same whether or
+not the prompt's prefix is cached for generation. Rows take the same kernels as a prefill in the engine
+(the GEMM path, the last prompt row the fused kernel), so a prompt token's logprob equals the sampler's
+raw logprob for the same text; a forward is cut into chunks of at most ``slice_tokens`` tokens (a long
+prompt continues on its scratch cache, as a chunked prefill does), which batch invariance keeps bitwise
+equal to one forward.
+
+``hidden_states_job`` / ``score_job`` are generators that yield after every forward: the server runs
+them on the engine thread one slice per engine step (hitenter/server/engine_jobs.py).
+``forward_hidden`` / ``score_prompts`` run them to the end at once (a caller that owns the engine).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +27,10 @@ from torch import Tensor
 from hitenter.engine.sampler import TokenLogprobs, token_logprobs
 from hitenter.models.attention import AttentionMetadata, allocate_kv_caches
 
-MAX_SCORE_TOKENS = 4096        # tokens per scoring forward (a request with more runs several)
+MAX_SCORE_TOKENS = 4096        # tokens sharing one scratch cache (a longer prompt gets one of its own)
+SLICE_TOKENS = 512             # tokens per forward when run between engine steps
 _LOGITS_CHUNK = 256            # rows per logits GEMM (keeps [rows, V] fp32 small)
+Job = Generator[None, None, Any]
 
 
 def _model_and_cache_shape(engine: Any) -> tuple[Any, int, torch.dtype, int]:
@@ -33,42 +42,76 @@ def _model_and_cache_shape(engine: Any) -> tuple[Any, int, torch.dtype, int]:
     return runner.model, int(caches[0].shape[1]), caches[0].dtype, int(runner.block_size)
 
 
-@torch.inference_mode()
-def _forward(engine: Any, prompts: list[list[int]]) -> list[Tensor]:
+def _groups(prompts: list[list[int]]) -> list[list[int]]:
+    """Indices of prompts sharing one scratch cache: <= MAX_SCORE_TOKENS tokens (or one longer prompt)."""
+    groups: list[list[int]] = []
+    size = 0
+    for i, p in enumerate(prompts):
+        if not groups or size + len(p) > MAX_SCORE_TOKENS:
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += len(p)
+    return groups
+
+
+def _group_forwards(engine: Any, prompts: list[list[int]], slice_tokens: int) -> Generator[None, None, list[Tensor]]:
+    """Hidden states of prompts sharing one scratch cache, ``slice_tokens`` rows per forward."""
     model, kvh, dtype, bs = _model_and_cache_shape(engine)
-    blocks = [math.ceil(len(p) / bs) for p in prompts]
-    caches = allocate_kv_caches(engine.model_config, sum(blocks), bs, dtype, num_kv_heads=kvh)
+    nblocks = [math.ceil(len(p) / bs) for p in prompts]
+    caches = allocate_kv_caches(engine.model_config, sum(nblocks), bs, dtype, num_kv_heads=kvh)
+    starts = [sum(nblocks[:i]) for i in range(len(prompts))]
+    tables = [list(range(s, s + n)) for s, n in zip(starts, nblocks, strict=True)]
+    done = [0] * len(prompts)
+    parts: list[list[Tensor]] = [[] for _ in prompts]
+    while any(d < len(p) for d, p in zip(done, prompts, strict=True)):    # no torch mode held across a yield
+        budget, rows = slice_tokens, []
+        for i, p in enumerate(prompts):
+            n = min(len(p) - done[i], budget)
+            if n > 0:
+                rows.append((i, done[i], n))
+                budget -= n
+            if budget == 0:
+                break
+        hidden, qsl = _forward(model, caches, [(prompts[i], tables[i], s, n) for i, s, n in rows], bs)
+        for k, (i, _, n) in enumerate(rows):
+            parts[i].append(hidden[qsl[k]:qsl[k + 1]])
+            done[i] += n
+        yield
+    return [torch.cat(ps) if len(ps) > 1 else ps[0] for ps in parts]
+
+
+@torch.inference_mode()
+def _forward(model: Any, caches: list[Tensor], rows: list[tuple[list[int], list[int], int, int]],
+             bs: int) -> tuple[Tensor, list[int]]:
+    """One forward of (prompt, block table, first position, count) rows on the scratch caches."""
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
-    qsl, tables, first = [0], [], 0
-    for p, nb in zip(prompts, blocks, strict=True):
-        table = list(range(first, first + nb))
-        first += nb
-        ids.extend(p)
-        positions.extend(range(len(p)))
-        slots.extend(table[i // bs] * bs + i % bs for i in range(len(p)))
-        qsl.append(qsl[-1] + len(p))
-        tables.append(table)
-    meta = AttentionMetadata(query_start_loc=qsl, seq_lens=[len(p) for p in prompts], block_tables=tables,
+    qsl = [0]
+    for p, table, s, n in rows:
+        ids.extend(p[s:s + n])
+        positions.extend(range(s, s + n))
+        slots.extend(table[i // bs] * bs + i % bs for i in range(s, s + n))
+        qsl.append(qsl[-1] + n)
+    meta = AttentionMetadata(query_start_loc=qsl, seq_lens=[s + n for _, _, s, n in rows],
+                             block_tables=[t for _, t, _, _ in rows],
                              slot_mapping=torch.tensor(slots, dtype=torch.long), block_size=bs,
-                             kernel_from=[len(p) - 1 for p in prompts], workspace={})
+                             kernel_from=[len(p) - 1 for p, _, _, _ in rows], workspace={})
     hidden = model(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), meta, caches)
-    return [hidden[qsl[i]:qsl[i + 1]] for i in range(len(prompts))]
+    return hidden, qsl
 
 
-def forward_hidden(engine: Any, prompts: list[list[int]]) -> list[Tensor]:
-    """Final (normed) hidden states ``[len(p), H]`` of each prompt, in forwards of <= MAX_SCORE_TOKENS."""
-    out: list[Tensor] = []
-    batch: list[list[int]] = []
-    for p in prompts:
-        if batch and sum(map(len, batch)) + len(p) > MAX_SCORE_TOKENS:
-            out.extend(_forward(engine, batch))
-            batch = []
-        batch.append(p)
-    if batch:
-        out.extend(_forward(engine, batch))
-    return out
+def hidden_states_job(engine: Any, prompts: list[list[int]],
+                      slice_tokens: int = SLICE_TOKENS) -> Generator[None, None, list[Tensor]]:
+    """Final (normed) hidden states ``[len(p), H]`` of each prompt; yields after every forward."""
+    _model_and_cache_shape(engine)            # refuse at once where there is no local model
+    out: list[Tensor | None] = [None] * len(prompts)
+    for group in _groups(prompts):
+        hidden = yield from _group_forwards(engine, [prompts[i] for i in group], max(1, slice_tokens))
+        for i, h in zip(group, hidden, strict=True):
+            out[i] = h
+    return [h for h in out if h is not None]
 
 
 @dataclass
@@ -77,52 +120,44 @@ class PromptScores:
     logprobs: list[TokenLogprobs | None]     # None at position 0 (nothing predicts the first token)
 
 
-@torch.inference_mode()
-def score_prompts(engine: Any, prompts: list[list[int]], k: int) -> list[PromptScores]:
+def score_job(engine: Any, prompts: list[list[int]], k: int,
+              slice_tokens: int = SLICE_TOKENS) -> Generator[None, None, list[PromptScores]]:
     """Raw logprob, rank and top ``k`` of every prompt token given the tokens before it."""
-    model = engine.runner.model
-    out = []
-    for p, h in zip(prompts, forward_hidden(engine, prompts), strict=True):
-        lps: list[TokenLogprobs | None] = [None]
-        for s in range(0, len(p) - 1, _LOGITS_CHUNK):
-            e = min(s + _LOGITS_CHUNK, len(p) - 1)
-            logits = model.compute_logits(h[s:e])
-            lps.extend(token_logprobs(logits, torch.tensor(p[s + 1:e + 1], dtype=torch.long), [k] * (e - s)))
-        out.append(PromptScores(p, lps))
-    return out
+    hidden = yield from hidden_states_job(engine, prompts, slice_tokens)
+    return [PromptScores(p, _token_logprobs(engine.runner.model, p, h, k)) for p, h in zip(prompts, hidden, strict=True)]
 
 
-def legacy_prompt_logprobs(sc: PromptScores, decode: Any) -> dict[str, Any]:
-    """The completions ``logprobs`` object of an echoed prompt: leading null, tokens, text_offset."""
-    tokens, lps, tops, offsets, offset = [], [], [], [], 0
-    for tid, lp in zip(sc.token_ids, sc.logprobs, strict=True):
-        piece = decode([tid])
-        tokens.append(piece)
-        offsets.append(offset)
-        offset += len(piece)
-        if lp is None:
-            lps.append(None)
-            tops.append(None)
-            continue
-        lps.append(_finite(lp.logprob))
-        top = {decode([t]): _finite(v) for t, v, _ in lp.top}
-        top.setdefault(piece, _finite(lp.logprob))
-        tops.append(top)
-    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+@torch.inference_mode()
+def _token_logprobs(model: Any, p: list[int], h: Tensor, k: int) -> list[TokenLogprobs | None]:
+    lps: list[TokenLogprobs | None] = [None]
+    for s in range(0, len(p) - 1, _LOGITS_CHUNK):
+        e = min(s + _LOGITS_CHUNK, len(p) - 1)
+        logits = model.compute_logits(h[s:e])
+        lps.extend(token_logprobs(logits, torch.tensor(p[s + 1:e + 1], dtype=torch.long), [k] * (e - s)))
+    return lps
 
 
-def vllm_prompt_logprobs(sc: PromptScores, decode: Any) -> list[dict[str, Any] | None]:
-    """vLLM's ``prompt_logprobs``: per position null (first) or {token_id: {logprob, rank, decoded_token}}."""
-    out: list[dict[str, Any] | None] = []
-    for tid, lp in zip(sc.token_ids, sc.logprobs, strict=True):
-        if lp is None:
-            out.append(None)
-            continue
-        d = {str(t): {"logprob": _finite(v), "rank": r, "decoded_token": decode([t])} for t, v, r in lp.top}
-        d[str(tid)] = {"logprob": _finite(lp.logprob), "rank": lp.rank, "decoded_token": decode([tid])}
-        out.append(d)
-    return out
+def embed_job(engine: Any, prompts: list[list[int]],
+              slice_tokens: int = SLICE_TOKENS) -> Generator[None, None, list[list[float]]]:
+    """Mean over the tokens of the final (normed) hidden states, then L2-normalized."""
+    hidden = yield from hidden_states_job(engine, prompts, slice_tokens)
+    return [torch.nn.functional.normalize(h.float().mean(dim=0), dim=0).tolist() for h in hidden]
 
 
-def _finite(x: float) -> float:
-    return x if math.isfinite(x) else -9999.0
+def run_now(job: Generator[None, None, Any]) -> Any:
+    """Run a job to its end in this thread; its result."""
+    while True:
+        try:
+            next(job)
+        except StopIteration as done:
+            return done.value
+
+
+def forward_hidden(engine: Any, prompts: list[list[int]]) -> list[Tensor]:
+    """``hidden_states_job`` at once (the caller owns the engine)."""
+    return run_now(hidden_states_job(engine, prompts, MAX_SCORE_TOKENS))     # type: ignore[no-any-return]
+
+
+def score_prompts(engine: Any, prompts: list[list[int]], k: int) -> list[PromptScores]:
+    """``score_job`` at once (the caller owns the engine, e.g. bench/lm_eval_check.py)."""
+    return run_now(score_job(engine, prompts, k, MAX_SCORE_TOKENS))     # type: ignore[no-any-return]

@@ -1,72 +1,61 @@
-"""OpenAI-compatible request schemas and the response pieces built from engine outputs.
+"""OpenAI's request schemas (/v1/completions, /v1/chat/completions) and vLLM's (/tokenize, /detokenize).
 
-Top-level /v1 bodies keep unknown fields so that ``request_extras.check_known_fields`` can refuse them
-by name; nested objects (messages, content parts, tools, tool calls, stream_options) forbid them
-outright. Numbers are strict: a string is never a number, a float never an integer, ``true`` never 1;
-roles are the four OpenAI chat roles. Ranges are left to :class:`hitenter.sampling_params.SamplingParams`, whose ``ValueError``
-messages start with the field name, which becomes the error's ``param``. The error model (``APIError``,
-``ErrorBody``...) lives in hitenter/server/api_error.py and is re-exported here.
+Top-level bodies keep unknown fields in ``model_extra`` so that ``check_known_fields`` can refuse
+them by name (400, as OpenAI does); nested objects (messages, content parts, tools, tool calls,
+stream_options) forbid them outright; numbers are strict (hitenter/server/schema_types.py). Ranges
+are left to :class:`hitenter.sampling_params.SamplingParams`, whose ``ValueError`` messages start with
+the field name, which becomes the error's ``param``.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Annotated, Any, Literal
 
 from annotated_types import Interval, MaxLen, MinLen
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field
 
-from hitenter.sampling_params import MAX_LOGPROBS, SamplingParams
-from hitenter.server.api_error import APIError as APIError
-from hitenter.server.api_error import ErrorBody as ErrorBody
-from hitenter.server.api_error import ErrorDetail as ErrorDetail
-from hitenter.server.api_error import SafeJSONResponse as SafeJSONResponse
-from hitenter.server.api_error import overflow_error as overflow_error
-from hitenter.server.api_error import param_of as param_of
-from hitenter.server.api_error import validation_error as validation_error
-from hitenter.server.request_extras import ChatExtras, GuidedFields
+from hitenter.engine.structured import GuidedSpec
+from hitenter.sampling_params import SamplingParams
+from hitenter.server import guided as G
+from hitenter.server.api_error import APIError
+from hitenter.server.schema_types import (
+    NO_BOOL,
+    STRICT,
+    Bias,
+    Bool,
+    Count,
+    Fraction,
+    NLogprobs,
+    NonEmpty,
+    NonNegInt,
+    Penalty,
+    PositiveFloat,
+    PositiveInt,
+    PromptLogprobs,
+    Seed,
+    Temperature,
+    TokenId,
+    TokenKey,
+    TopK,
+    TopP,
+)
+from hitenter.server.schema_types import Lenient as _Lenient
+from hitenter.server.schema_types import Nested as _Nested
+from hitenter.server.tools import message_tool_fields
 
-
-def _no_bool(v: Any) -> Any:
-    if isinstance(v, bool):
-        raise ValueError("must be a number, not a boolean")
-    return v
-
-
-_NO_BOOL = BeforeValidator(_no_bool)
-_STRICT = Strict()   # "2" is not a number, 8.0 not an integer (a float field still takes an integer)
-MAX_N = 128          # most completions one request may ask for (n x prompts)
-# Constraints sit before the bool check so that the JSON schema states them (minimum, maximum).
-Int = Annotated[int, _STRICT, _NO_BOOL]
-Float = Annotated[float, _STRICT, _NO_BOOL]
-Bool = Annotated[bool, Strict()]      # true/false only, not 0/1 or "yes"
-TOKEN_ID_LIMIT = 2**31               # the schema states the served vocabulary instead (api._schema_for_served)
-TokenId = Annotated[int, Interval(ge=0, lt=TOKEN_ID_LIMIT), _STRICT, _NO_BOOL]
-Count = Annotated[int, Interval(ge=1, le=MAX_N), _STRICT, _NO_BOOL]
-PositiveInt = Annotated[int, Interval(ge=1), _STRICT, _NO_BOOL]
-NonNegInt = Annotated[int, Interval(ge=0), _STRICT, _NO_BOOL]
-TopK = Annotated[int, Interval(ge=-1), _STRICT, _NO_BOOL]
-Seed = Annotated[int, Interval(ge=-(2**53), le=2**53), _STRICT, _NO_BOOL]    # integers JSON carries exactly (I-JSON)
-NLogprobs = Annotated[int, Interval(ge=0, le=MAX_LOGPROBS), _STRICT, _NO_BOOL]
-Temperature = Annotated[float, Interval(ge=0, le=2), _STRICT, _NO_BOOL]
-TopP = Annotated[float, Interval(gt=0, le=1), _STRICT, _NO_BOOL]
-Fraction = Annotated[float, Interval(ge=0, le=1), _STRICT, _NO_BOOL]
-Penalty = Annotated[float, Interval(ge=-2, le=2), _STRICT, _NO_BOOL]
-PositiveFloat = Annotated[float, Interval(gt=0), _STRICT, _NO_BOOL]
-Bias = Annotated[float, Interval(ge=-100, le=100), _STRICT, _NO_BOOL]
-TokenKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,10}$")]
-NonEmpty = Annotated[str, MinLen(1)]
 Role = Literal["system", "user", "assistant", "tool"]
+METADATA_FIELDS = frozenset({"user"})       # sent by clients as pure metadata (no effect on generation)
 
 
-class _Base(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class _Nested(BaseModel):
-    """An object inside a request body: a key it does not define is a 400 naming it."""
-    model_config = ConfigDict(extra="forbid")
+def check_known_fields(req: BaseModel) -> None:
+    """400 for fields the request model does not define (``extra="allow"`` keeps them in model_extra);
+    ``stream_options`` without ``stream`` is a 400 too (as vLLM does)."""
+    extra = sorted(set(req.model_extra or {}) - METADATA_FIELDS)
+    if extra:
+        raise APIError(400, f"{extra[0]}: unsupported request field(s) {extra}; see the README for the fields "
+                       "this server implements", extra[0])
+    if getattr(req, "stream_options", None) is not None and not getattr(req, "stream", False):
+        raise APIError(400, "stream_options: only allowed when stream is true", "stream_options")
 
 
 class StreamOptions(_Nested):
@@ -74,9 +63,50 @@ class StreamOptions(_Nested):
     continuous_usage_stats: Bool = False     # vLLM's: every chunk carries the usage so far
 
 
-class _SamplingRequest(GuidedFields, _Base):
-    # unknown fields are kept (not ignored) so that request_extras.check_known_fields can 400 them
-    model_config = ConfigDict(extra="allow")
+class GuidedFields(BaseModel):
+    """OpenAI's ``response_format`` and vLLM's guided_* / ``structured_outputs``: at most one."""
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: Annotated[list[Annotated[str, MinLen(1)]], MinLen(1)] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None    # vLLM >= 0.10: {json | regex | choice | grammar}
+    prompt_logprobs: PromptLogprobs | None = None
+
+    def guided_spec(self) -> GuidedSpec | None:
+        return G.one_of([
+            ("response_format", G.response_format_spec(self.response_format)),
+            ("guided_json", G.schema_spec(self.guided_json, "guided_json")),
+            ("guided_regex", None if self.guided_regex is None else GuidedSpec("regex", self.guided_regex,
+                                                                                "guided_regex")),
+            ("guided_choice", G.choice_spec(self.guided_choice, "guided_choice")),
+            ("guided_grammar", None if self.guided_grammar is None else GuidedSpec("grammar", self.guided_grammar,
+                                                                                    "guided_grammar")),
+            ("structured_outputs", G.structured_outputs_spec(self.structured_outputs)),
+        ])
+
+
+class ToolFunction(_Nested):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: Bool | None = None
+
+
+class Tool(_Nested):
+    type: str = "function"
+    function: ToolFunction
+
+
+class ChatExtras(BaseModel):
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: Bool | None = None
+    continue_final_message: Bool = False
+    echo: Bool = False
+
+
+class _SamplingRequest(GuidedFields, _Lenient):
 
     model: str | None = None
     n: Count = 1
@@ -124,7 +154,7 @@ class _SamplingRequest(GuidedFields, _Base):
         return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
-# /v1 request bodies refuse fields they do not define (request_extras.check_known_fields: 400 naming it)
+# /v1 request bodies refuse fields they do not define (check_known_fields: 400 naming it)
 _NO_UNKNOWN: dict[str, Any] = {"additionalProperties": False}
 
 
@@ -146,7 +176,7 @@ class CompletionRequest(_SamplingRequest):
     echo: Bool = False
     suffix: Annotated[str, MaxLen(0)] | None = None
     # best_of: only 1, with n = 1 (no best-of selection; JSON Schema can state this, unlike best_of == n)
-    best_of: Annotated[int, Interval(ge=1, le=1), _STRICT, _NO_BOOL] | None = None
+    best_of: Annotated[int, Interval(ge=1, le=1), STRICT, NO_BOOL] | None = None
     max_tokens: NonNegInt | None = None
 
     def to_sampling_params(self) -> SamplingParams:
@@ -213,8 +243,6 @@ class ChatMessage(_Nested):
         if self.name:
             d["name"] = self.name
         if self.tool_calls or self.tool_call_id:
-            from hitenter.server.tools import message_tool_fields
-
             calls = [tc.model_dump(exclude_none=True) for tc in self.tool_calls or []]
             d.update(message_tool_fields(calls or None, self.tool_call_id))
         return d
@@ -251,7 +279,7 @@ class ChatCompletionRequest(ChatExtras, _SamplingRequest):
         return [m.as_dict() for m in self.messages]
 
 
-class TokenizeRequest(_Base):
+class TokenizeRequest(BaseModel):
     """Exactly one of ``prompt`` or ``messages`` (neither may be null)."""
     model_config = ConfigDict(extra="ignore", json_schema_extra={"oneOf": [{"required": ["prompt"]},
                                                                         {"required": ["messages"]}]})
@@ -262,16 +290,6 @@ class TokenizeRequest(_Base):
     add_special_tokens: Bool = True      # False: no BOS (lm-eval's remote tokenizer sends it)
 
 
-class DetokenizeRequest(_Base):
+class DetokenizeRequest(BaseModel):
     model: str | None = None
     tokens: list[TokenId]
-
-
-# ---- responses ---------------------------------------------------------------------------------
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def now() -> int:
-    return int(time.time())

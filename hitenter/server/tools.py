@@ -1,11 +1,16 @@
-"""Tool calling: tools rendered through the model's own chat template (its ``tools`` variable), the
-model's ``<tool_call>{json}</tool_call>`` markup (Qwen2.5 / Hermes) parsed into OpenAI ``tool_calls``.
+"""Tool calling for every surface: tools rendered through the model's own chat template (its ``tools``
+variable), the model's ``<tool_call>{json}</tool_call>`` markup (Qwen2.5 / Hermes) parsed into calls.
 
-``tool_choice``: ``none`` renders no tools and parses nothing; ``auto`` (the default with tools) lets
-the model decide; ``required`` and a named function constrain generation (structured outputs) to
-``<tool_call>`` blocks whose JSON is ``{"name": <one of the allowed functions>, "arguments": <its
-parameters schema>}``. ``parallel_tool_calls: false`` allows (and keeps) one call. A template that has
-no ``tools`` variable (SmolLM2's) -> 400.
+A surface turns its own spelling into ``plan_tools(tools, choice, parallel, chat_template)``:
+``tools`` in OpenAI's ``{"type": "function", "function": {name, description, parameters}}`` form,
+``choice`` one of ``none`` (render no tools, parse nothing), ``auto`` (the model decides), ``required``
+or ``{"type": "function", "function": {"name": ...}}`` (generation constrained by the grammar to
+``<tool_call>`` blocks whose JSON is ``{"name": <an allowed function>, "arguments": <its parameters
+schema>}``); ``parallel: False`` allows (and keeps) one call. A template without a ``tools`` variable
+(SmolLM2's) -> 400.
+
+Calls come back as ``{"id", "type": "function", "function": {"name", "arguments": <JSON string>}}``;
+``ToolTextStream`` holds streamed text back while it may still turn into a call.
 """
 
 from __future__ import annotations
@@ -13,12 +18,11 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from hitenter.engine.structured import GuidedSpec
-from hitenter.server.protocol import APIError
+from hitenter.server.api_error import APIError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
@@ -42,6 +46,9 @@ class ToolPlan:
 
     def template_kwargs(self) -> dict[str, Any]:
         return {"tools": self.tools} if self.parses else {}
+
+
+NO_TOOLS = ToolPlan("none")
 
 
 def message_tool_fields(tool_calls: list[dict[str, Any]] | None, tool_call_id: str | None) -> dict[str, Any]:
@@ -77,40 +84,37 @@ def _named_choice(choice: dict[str, Any]) -> bool:
             and isinstance(fn, dict) and set(fn) == {"name"} and isinstance(fn["name"], str))
 
 
-def plan_tools(req: Any, chat_template: str | None) -> ToolPlan:
+def plan_tools(tools: list[dict[str, Any]], choice: Any, parallel: bool | None, chat_template: str | None,
+               param: str = "tools", choice_param: str = "tool_choice") -> ToolPlan:
     """The request's tool plan; 400 for an unknown choice, a missing function, or a template without tools."""
-    tools = [t.model_dump(exclude_none=True) for t in (req.tools or [])]
-    choice = req.tool_choice
     if tools and any(t.get("type") != "function" for t in tools):
-        raise APIError(400, "tools: only type 'function' is supported", "tools")
+        raise APIError(400, f"{param}: only type 'function' is supported", param)
     if not tools:
         if choice not in (None, "none"):
-            raise APIError(400, "tool_choice: requires tools", "tool_choice")
-        return ToolPlan("none")
+            raise APIError(400, f"{choice_param}: requires tools", choice_param)
+        return NO_TOOLS
     names = [t["function"]["name"] for t in tools]
     if choice is None or choice == "auto":
         mode, allowed = "auto", names
     elif choice == "none":
-        return ToolPlan("none")
+        return NO_TOOLS
     elif choice == "required":
         mode, allowed = "required", names
     elif isinstance(choice, dict) and _named_choice(choice):
         mode, allowed = "named", [choice["function"]["name"]]
         if allowed[0] not in names:
-            raise APIError(400, f"tool_choice: function {allowed[0]!r} is not among tools {names}", "tool_choice")
+            raise APIError(400, f"{choice_param}: function {allowed[0]!r} is not among tools {names}", choice_param)
     else:
-        raise APIError(400, "tool_choice: must be none, auto, required or {type: function, function: {name}}",
-                       "tool_choice")
+        raise APIError(400, f"{choice_param}: must be none, auto, required or a named function", choice_param)
     if not chat_template or "tools" not in chat_template:
-        raise APIError(400, "tools: this model's chat template does not support tools (it has no `tools` "
-                       "variable); call without tools", "tools")
-    parallel = req.parallel_tool_calls is not False
-    plan = ToolPlan(mode, tools, parallel)
+        raise APIError(400, f"{param}: this model's chat template does not support tools (it has no `tools` "
+                       "variable); call without tools", param)
+    plan = ToolPlan(mode, tools, parallel is not False)
     if mode in ("required", "named"):
         fns = [t["function"] for t in tools if t["function"]["name"] in allowed]
         schema = _call_schema(fns[0]) if len(fns) == 1 else {"anyOf": [_call_schema(f) for f in fns]}
-        plan.guided = GuidedSpec("tool_calls", json.dumps({"schema": schema, "parallel": parallel}),
-                                 "tool_choice")
+        plan.guided = GuidedSpec("tool_calls", json.dumps({"schema": schema, "parallel": plan.parallel}),
+                                 choice_param)
     return plan
 
 
@@ -128,9 +132,9 @@ def _as_call(raw: str, names: set[str] | None = None) -> dict[str, Any] | None:
 
 def parse_tool_calls(text: str, parallel: bool = True,
                      names: set[str] | None = None) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content outside the markup or None, OpenAI tool_calls) of a generated text. Without markup, a
-    reply that is exactly one ``{"name": <a tool in names>, "arguments": ...}`` object (small models
-    often drop the tags; fenced or not) is a call too."""
+    """(content outside the markup or None, calls) of a generated text. Without markup, a reply that is
+    exactly one ``{"name": <a tool in names>, "arguments": ...}`` object (small models often drop the
+    tags; fenced or not) is a call too."""
     calls = [c for c in (_as_call(m.group(1)) for m in _CALL.finditer(text)) if c is not None]
     if not calls and names:
         bare = _as_call(_FENCE.sub("", text.strip()).strip(), names)
@@ -141,13 +145,11 @@ def parse_tool_calls(text: str, parallel: bool = True,
     return (content or None), (calls if parallel else calls[:1])
 
 
-def rewrite_chat_body(body: dict[str, Any], plan: ToolPlan) -> dict[str, Any]:
-    for ch in body["choices"]:
-        content, calls = parse_tool_calls(ch["message"]["content"] or "", plan.parallel, plan.names)
-        if calls:
-            ch["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
-            ch["finish_reason"] = "tool_calls"
-    return body
+def split_reply(text: str, plan: ToolPlan) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, calls) of a finished reply under ``plan`` (no calls when the plan parses none)."""
+    if not plan.parses:
+        return text, []
+    return parse_tool_calls(text, plan.parallel, plan.names)
 
 
 def _held_back(text: str) -> int:
@@ -158,36 +160,32 @@ def _held_back(text: str) -> int:
     return 0
 
 
-async def stream_tool_calls(chunks: AsyncIterator[dict[str, Any]], plan: ToolPlan) -> AsyncIterator[dict[str, Any]]:
-    """Content deltas pass until ``<tool_call>`` may begin; at the finish the calls follow as
-    ``tool_calls`` deltas (one per call, with its whole arguments) and finish_reason ``tool_calls``."""
-    text: dict[int, str] = {}
-    sent: dict[int, int] = {}
-    async for chunk in chunks:
-        if not chunk.get("choices"):
-            yield chunk
-            continue
-        ch = chunk["choices"][0]
-        i = ch["index"]
-        delta = ch.get("delta", {})
-        if "role" in delta:
-            yield chunk
-            continue
-        text[i] = text.get(i, "") + delta.get("content", "")
-        full, done = text[i], sent.get(i, 0)
-        cut = full.find(OPEN)
-        safe = (cut if cut >= 0 else len(full) - _held_back(full)) if not ch.get("finish_reason") else len(full)
-        if not ch.get("finish_reason") and done == 0 and full.lstrip()[:1] in ("{", "`"):
-            safe = 0          # may be a bare {"name", "arguments"} call: held until the end
-        if ch.get("finish_reason"):
-            content, calls = parse_tool_calls(full, plan.parallel, plan.names)
-            if calls:
-                pre = (content or "")[done:] if content and len(content) > done else ""
-                new_delta: dict[str, Any] = {"content": pre} if pre else {}
-                new_delta["tool_calls"] = [{"index": j, **c} for j, c in enumerate(calls)]
-                yield {**chunk, "choices": [{**ch, "delta": new_delta, "finish_reason": "tool_calls"}]}
-                continue
-        piece = full[done:max(safe, done)]
-        sent[i] = max(safe, done)
-        if piece or ch.get("finish_reason") or ch.get("logprobs"):
-            yield {**chunk, "choices": [{**ch, "delta": {"content": piece} if piece else {}}]}
+class ToolTextStream:
+    """One choice's streamed text under a plan: ``feed(delta)`` returns the text safe to send now (none
+    once ``<tool_call>`` may have begun, or while the reply may be a bare JSON call); ``finish()``
+    returns the rest of the content and the calls."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self.plan, self.text, self.sent = plan, "", 0
+
+    def feed(self, delta: str) -> str:
+        self.text += delta
+        if not self.plan.parses:
+            safe = len(self.text)
+        elif self.sent == 0 and self.text.lstrip()[:1] in ("{", "`"):
+            safe = 0                    # may be a bare {"name", "arguments"} call: held until the end
+        else:
+            cut = self.text.find(OPEN)
+            safe = cut if cut >= 0 else len(self.text) - _held_back(self.text)
+        piece = self.text[self.sent:max(safe, self.sent)]
+        self.sent = max(safe, self.sent)
+        return piece
+
+    def finish(self) -> tuple[str, list[dict[str, Any]]]:
+        """(content not sent yet, calls)."""
+        content, calls = split_reply(self.text, self.plan)
+        if not calls:
+            rest, self.sent = self.text[self.sent:], len(self.text)
+            return rest, []
+        rest = (content or "")[self.sent:] if content and len(content) > self.sent else ""
+        return rest, calls

@@ -1,131 +1,26 @@
-"""Response bodies: SSE framing, the output streams of one HTTP request, and OpenAI-shaped JSON.
+"""OpenAI's response shapes built from engine outputs: completion and chat bodies, their stream chunks,
+logprobs (the legacy completions form, chat's ``content`` form, vLLM's ``prompt_logprobs``), usage
+(also as a stream goes: ``continuous_usage_stats``) and ``finish_reason`` / ``stop_reason``.
 
-``RequestStreams.outputs`` reads the queues that ``AsyncLLMEngine.add_request`` returned and yields
-``(prompt_index, RequestOutput)`` as they arrive. However it ends (done, an engine error raised to the
-caller, or the consumer closed/cancelled because the client went away), every engine request of it
-that has not finished is aborted, which frees its KV blocks at once.
+JSON has no -inf: a logprob of -inf is sent as -9999.0 (vLLM clamps the same way).
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
-from starlette.requests import Request
-
-from hitenter.engine.async_engine import AsyncLLMEngine
 from hitenter.outputs import PositionLogprobs, RequestOutput
-from hitenter.sampling_params import SamplingParams
-from hitenter.server.protocol import new_id, now
+from hitenter.server.prompt_logprobs import PromptScores
+from hitenter.server.schema_types import new_id, now
+from hitenter.server.streams import Source
 
-_LOGPROB_FLOOR = -9999.0      # JSON has no -inf; vLLM clamps the same way
-Source = AsyncIterator[tuple[int, RequestOutput]]
+_LOGPROB_FLOOR = -9999.0
 TokenBytes = Callable[[int], bytes]
-T = TypeVar("T")
+Decode = Callable[[list[int]], str]
+SYSTEM_FINGERPRINT = None     # OpenAI's field, present (null: no fixed backend configuration id)
 
-DONE = "data: [DONE]\n\n"
-
-Handle = tuple[str, "asyncio.Queue[RequestOutput | BaseException]"]
-
-
-def sse(obj: Any) -> str:
-    """One event: ``data: {json}`` and a blank line."""
-    return "data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n\n"
-
-
-class RequestStreams:
-    """The engine requests of one HTTP request. ``outputs()`` merges their queues; ``close()`` aborts
-    every one not finished yet (idempotent), and runs whenever ``outputs()`` ends, or from the
-    response's own ``finally`` when the client left before ``outputs()`` ever started."""
-
-    def __init__(self, handles: list[Handle], abort: Callable[[str], None],
-                 on_abort: Callable[[], None] | None = None) -> None:
-        self.handles, self.abort, self.on_abort = handles, abort, on_abort
-        self.live = set(range(len(handles)))
-
-    def close(self) -> None:
-        for i in sorted(self.live):
-            self.abort(self.handles[i][0])
-            if self.on_abort is not None:
-                self.on_abort()
-        self.live.clear()
-
-    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        live, handles = self.live, self.handles
-        pending: dict[asyncio.Future[Any], int] = {}
-        try:
-            while live:
-                if len(live) == 1 and not pending:        # the common case: no helper tasks
-                    i = next(iter(live))
-                    ready = [(i, await handles[i][1].get())]
-                else:
-                    for i in live - set(pending.values()):
-                        pending[asyncio.ensure_future(handles[i][1].get())] = i
-                    done, _ = await asyncio.wait(list(pending), return_when=asyncio.FIRST_COMPLETED)
-                    ready = sorted(((pending.pop(t), t.result()) for t in done), key=lambda x: x[0])
-                for i, item in ready:
-                    if isinstance(item, BaseException):
-                        raise item
-                    if item.finished:
-                        live.discard(i)
-                    yield i, item
-        finally:
-            for t in pending:
-                t.cancel()
-            self.close()
-
-
-# ---- engine calls off the event loop, and client disconnects -----------------------------------
-
-async def add_request(engine: AsyncLLMEngine, prompt: list[int], params: SamplingParams) -> Handle:
-    """``engine.add_request`` off the event loop (its lock is held for a whole engine step, which
-    would otherwise stall every other stream of this server)."""
-    loop = asyncio.get_running_loop()
-    fut = asyncio.ensure_future(asyncio.to_thread(engine.add_request, prompt, params, None, loop=loop))
-    try:
-        return await asyncio.shield(fut)
-    except asyncio.CancelledError:      # the caller went away mid-add: abort what got added
-        fut.add_done_callback(lambda f: None if f.cancelled() or f.exception() else engine.abort(f.result()[0]))
-        raise
-
-
-def abort_soon(engine: AsyncLLMEngine) -> Callable[[str], None]:
-    """An abort that does not block the event loop on the engine lock (it runs in a worker thread)."""
-
-    def abort(request_id: str) -> None:
-        try:
-            asyncio.get_running_loop().run_in_executor(None, engine.abort, request_id)
-        except RuntimeError:            # no loop (closing): abort here
-            engine.abort(request_id)
-    return abort
-
-
-async def wait_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def until_disconnected(request: Request, work: Awaitable[T]) -> T | None:
-    """Run work; if the client goes away first, cancel it (its streams abort their requests) -> None."""
-    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(wait_disconnect(request))
-    try:
-        await asyncio.wait([task, watch], return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-        return None
-    finally:
-        watch.cancel()
-
-
-# ---- OpenAI shapes ---------------------------------------------------------------------------
 
 def _lp(x: float) -> float:
     return x if math.isfinite(x) else _LOGPROB_FLOOR
@@ -275,3 +170,35 @@ async def stream_chat(src: Source, model: str, n: int, k: int, token_bytes: Toke
                                         **finish_fields(c.finish_reason, c.stop_reason)}], **extra()}
     if include_usage:
         yield {**head, "choices": [], "usage": usage(final)}
+
+
+def legacy_prompt_logprobs(sc: PromptScores, decode: Decode) -> dict[str, Any]:
+    """The completions ``logprobs`` object of an echoed prompt: leading null, tokens, text_offset."""
+    tokens, lps, tops, offsets, offset = [], [], [], [], 0
+    for tid, lp in zip(sc.token_ids, sc.logprobs, strict=True):
+        piece = decode([tid])
+        tokens.append(piece)
+        offsets.append(offset)
+        offset += len(piece)
+        if lp is None:
+            lps.append(None)
+            tops.append(None)
+            continue
+        lps.append(_lp(lp.logprob))
+        top = {decode([t]): _lp(v) for t, v, _ in lp.top}
+        top.setdefault(piece, _lp(lp.logprob))
+        tops.append(top)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def vllm_prompt_logprobs(sc: PromptScores, decode: Decode) -> list[dict[str, Any] | None]:
+    """vLLM's ``prompt_logprobs``: per position null (first) or {token_id: {logprob, rank, decoded_token}}."""
+    out: list[dict[str, Any] | None] = []
+    for tid, lp in zip(sc.token_ids, sc.logprobs, strict=True):
+        if lp is None:
+            out.append(None)
+            continue
+        d = {str(t): {"logprob": _lp(v), "rank": r, "decoded_token": decode([t])} for t, v, r in lp.top}
+        d[str(tid)] = {"logprob": _lp(lp.logprob), "rank": lp.rank, "decoded_token": decode([tid])}
+        out.append(d)
+    return out

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from hitenter.server import protocol as P
+from hitenter.server.api_error import APIError
 from hitenter.server.errors import error_responses
 from hitenter.server.metrics import CONTENT_TYPE
 from hitenter.server.state import State
@@ -19,13 +17,13 @@ metrics_router = APIRouter()
 @health_router.get("/health", response_class=Response,
                    responses={200: {"description": "every engine loop is running (empty body)"}, **error_responses(503)})
 async def health(state: State) -> Response:
-    if all(m.engine.is_alive for m in state.models.values()):
+    if all(m.client.is_alive for m in state.models.values()):
         return Response(status_code=200)
-    return P.APIError(503, "the engine loop is not running").response()
+    return APIError(503, "the engine loop is not running").response()
 
 
 @metrics_router.get("/metrics", response_class=Response,
                     responses={200: {"content": {CONTENT_TYPE.split(";")[0]: {}}, "description": "Prometheus text"}})
 async def prom(state: State) -> Response:
-    body = await asyncio.to_thread(state.metrics.render, {m.name: m.engine for m in state.models.values()})
+    body = state.metrics.render({m.name: m.client for m in state.models.values()})
     return Response(body, media_type=CONTENT_TYPE)

@@ -1,0 +1,200 @@
+"""``LocalEngineClient``: the EngineClient (hitenter/server/engine_client.py) over an in-process
+AsyncLLMEngine, and the playground's ``LocalInspector``. The only module of hitenter/server that knows
+the engine's attributes; everything else goes through the protocol.
+
+- ``add`` runs ``AsyncLLMEngine.add_request`` (validation, tokenizing, grammar compilation) in a worker
+  thread, so the event loop never waits on it; a caller cancelled mid-add aborts what got added.
+- ``score`` / ``embed`` are jobs on the engine's own thread between its steps (engine_jobs.py), one
+  forward of at most ``min(max_num_batched_tokens, SLICE_TOKENS)`` tokens per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from hitenter.engine.async_engine import AsyncLLMEngine
+from hitenter.engine.events import EngineEvent
+from hitenter.engine.snapshot import EngineSnapshot, SnapshotView
+from hitenter.outputs import RequestOutput
+from hitenter.sampling_params import SamplingParams
+from hitenter.server.engine_client import Handle, ModelInfo
+from hitenter.server.engine_jobs import EngineJobs
+from hitenter.server.prompt_logprobs import SLICE_TOKENS, PromptScores, embed_job, score_job
+
+_SCALAR_META = 64            # GGUF arrays longer than this (the vocabulary) are left out of ModelInfo.metadata
+
+
+def _parameter_count(c: Any) -> int:
+    """Dense weights from the shapes: embeddings (+ an untied head), attention, FFN (or experts), norms."""
+    h, hd = c.hidden_size, c.head_dim
+    attn = h * c.num_heads * hd * 2 + h * c.num_kv_heads * hd * 2
+    ffn = 3 * h * (c.expert_intermediate_size * c.num_experts if c.num_experts else c.intermediate_size)
+    embed = c.vocab_size * h * (1 if c.tie_word_embeddings else 2)
+    return int(embed + c.num_layers * (attn + ffn + 2 * h) + h)
+
+
+def _metadata(path: str | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    from hitenter.tokenizer.gguf_meta import read_tokenizer_metadata
+
+    try:
+        meta = read_tokenizer_metadata(path)
+    except Exception:           # a model without a readable header still serves
+        return {}
+    return {k: v for k, v in meta.items() if not (isinstance(v, list) and len(v) > _SCALAR_META)}
+
+
+def model_info(llm: Any) -> ModelInfo:
+    """The static facts of an LLMEngine."""
+    c, parts = llm.model_config, llm.parts
+    caches = getattr(llm.runner, "kv_caches", None)
+    path = parts.model_path if parts.model_path and os.path.isfile(parts.model_path) else None
+    return ModelInfo(
+        architecture=c.architecture, vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_layers=c.num_layers,
+        num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, context_length=c.context_length,
+        max_model_len=int(llm.max_model_len), block_size=int(llm.kv_manager.block_size),
+        num_blocks=int(parts.num_blocks),
+        kv_bytes_per_token=c.kv_bytes_per_token(caches[0].element_size()) if caches else 0,
+        max_num_batched_tokens=int(parts.scheduler_config.max_num_batched_tokens),
+        parameter_count=_parameter_count(c), path=path, file_size=Path(path).stat().st_size if path else 0,
+        toy=hasattr(parts.model, "lookup"), metadata=_metadata(path))
+
+
+class LocalEngineClient:
+    """EngineClient over ``engine`` (an AsyncLLMEngine; ``engine.engine`` is its LLMEngine)."""
+
+    def __init__(self, engine: AsyncLLMEngine) -> None:
+        self.engine = engine
+        self._llm = engine.engine
+        self.info = model_info(self._llm)
+        self._jobs = EngineJobs(self._llm)
+        self._slice = max(1, min(self.info.max_num_batched_tokens, SLICE_TOKENS))
+        self._inspector = LocalInspector(engine)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._llm.tokenizer
+
+    @property
+    def is_alive(self) -> bool:
+        return self.engine.is_alive
+
+    @property
+    def inspector(self) -> LocalInspector:
+        return self._inspector
+
+    async def add(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> Handle:
+        loop = asyncio.get_running_loop()
+        fut = asyncio.ensure_future(asyncio.to_thread(self.engine.add_request, prompt_ids, params, request_id,
+                                                      loop=loop))
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:      # the caller went away mid-add: abort what got added
+            fut.add_done_callback(lambda f: None if f.cancelled() or f.exception() else self.abort(f.result()[0]))
+            raise
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        rid, q = await self.add(prompt_ids, params, request_id)
+        finished = False
+        try:
+            while not finished:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self.abort(rid)
+
+    async def score(self, prompts: list[list[int]], k: int) -> list[PromptScores]:
+        return await self._run(score_job(self._llm, prompts, k, self._slice))   # type: ignore[no-any-return]
+
+    async def embed(self, prompts: list[list[int]]) -> list[list[float]]:
+        return await self._run(embed_job(self._llm, prompts, self._slice))     # type: ignore[no-any-return]
+
+    async def _run(self, job: Any) -> Any:
+        if not self.is_alive:
+            job.close()
+            raise RuntimeError("the engine loop is not running")
+        return await self._jobs.submit(job)
+
+    def snapshot(self) -> EngineSnapshot:
+        return self.engine.snapshot()
+
+    def spec_stats(self) -> Any:
+        return getattr(self._llm, "spec_decode", None)
+
+    def set_max_queued(self, n: int | None) -> None:
+        self.engine.max_queued_requests = n
+
+    def shutdown(self) -> None:
+        self._jobs.close()
+        self.engine.shutdown()
+
+
+def kv_map_of(eng: Any) -> dict[str, Any]:
+    """The whole paged cache: blocks that are not pristine-free (``eng``: the engine or a SnapshotView)."""
+    kv = eng.kv_manager
+    return {"num_blocks": kv.num_blocks, "block_size": kv.block_size, "num_free": kv.num_free_blocks,
+            "blocks": [[b.block_id, b.ref_cnt, list(b.owners), b.hashed] for b in kv.snapshot()
+                       if b.owners or b.hashed or b.ref_cnt],
+            "free_order": list(itertools.islice(kv.pool.free_queue, 64)), "step_counter": eng.step_counter}
+
+
+class LocalInspector:
+    """EngineInspector over an in-process engine (see engine_client.EngineInspector)."""
+
+    def __init__(self, engine: AsyncLLMEngine) -> None:
+        self._ae, self._llm = engine, engine.engine
+
+    def subscribe(self, fn: Callable[[EngineEvent], None]) -> Callable[[], None]:
+        return self._llm.subscribe(fn)    # type: ignore[no-any-return]
+
+    def trace(self, request_id: str, on: bool) -> None:
+        if on:
+            self._llm.trace_requests.add(request_id)
+            return
+        self._llm.trace_requests.discard(request_id)
+        self.pop_trace(request_id)
+
+    def pop_trace(self, request_id: str) -> tuple[Any, Any]:
+        return self._llm.last_traces.pop(request_id, None), self._llm.last_logits.pop(request_id, None)
+
+    def kv_map(self, live: bool = False) -> dict[str, Any]:
+        if live:
+            return kv_map_of(self._llm)
+        return kv_map_of(SnapshotView(self._llm, self._llm.snapshot(kv_blocks=True)))
+
+    def block_table(self, request_id: str) -> list[int]:
+        return list(self._llm.kv_manager.block_table(request_id))
+
+    def step_counter(self) -> int:
+        return int(self._llm.step_counter)
+
+    def model(self) -> Any:
+        return self._llm.runner.model
+
+    def toy_lookup(self, t2: int, t1: int) -> dict[str, Any] | None:
+        model = self._llm.parts.model
+        return model.lookup(t2, t1) if hasattr(model, "lookup") else None
+
+    def toy_end_id(self) -> int | None:
+        return getattr(self._llm.parts.model, "end_id", None)
+
+    def facts(self) -> dict[str, Any]:
+        net, spec = self._llm.runner.model, self._llm.spec
+        layer = getattr(net, "layers", [None])[0]
+        fmt = f"{type(getattr(layer, 'qkv', net)).__name__} · {getattr(net, 'dtype', '')}".replace("torch.", "")
+        return {"weight_format": fmt, "weight_bytes": int(net.weight_bytes()) if hasattr(net, "weight_bytes") else 0,
+                "spec": None if spec is None else {"method": spec.method, "k": spec.k}}

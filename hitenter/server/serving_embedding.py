@@ -1,0 +1,77 @@
+"""POST /v1/embeddings: **mean pooling** of the final normed hidden states over each input's tokens,
+L2-normalized; engine work scheduled between its steps (EngineClient.embed). ``encoding_format``
+``float`` or ``base64`` (the float32 little-endian bytes; the openai client asks for it by default)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from annotated_types import MinLen
+from fastapi import APIRouter
+from pydantic import ConfigDict
+
+from hitenter.server.api_error import APIError
+from hitenter.server.errors import error_responses
+from hitenter.server.protocol import check_known_fields
+from hitenter.server.schema_types import Lenient, NonEmpty, PositiveInt, TokenId
+from hitenter.server.state import ServedModel, State, check_ids
+
+MAX_EMBED_INPUTS = 2048
+router = APIRouter(responses=error_responses(400, 404, 413))
+
+
+class EmbeddingRequest(Lenient):
+    # strict like /v1's other bodies: no bools for token ids; unknown fields 400 (check_known_fields)
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
+
+    input: (NonEmpty | Annotated[list[NonEmpty], MinLen(1)] | Annotated[list[TokenId], MinLen(1)]
+            | Annotated[list[Annotated[list[TokenId], MinLen(1)]], MinLen(1)])
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: PositiveInt | None = None
+    user: str | None = None
+
+
+def embed_inputs(m: ServedModel, x: str | list[Any], param: str = "input") -> list[list[int]]:
+    """Token ids of 1..MAX_EMBED_INPUTS inputs (texts or ids), each non-empty and inside the window."""
+    items: list[Any] = [x] if isinstance(x, str) or (isinstance(x, list) and x and isinstance(x[0], int)) else x
+    if not items or len(items) > MAX_EMBED_INPUTS:
+        raise APIError(400, f"{param}: give 1..{MAX_EMBED_INPUTS} inputs", param)
+    out = []
+    for it in items:
+        ids = m.tokenizer.encode(it) if isinstance(it, str) else list(it)
+        if not ids:
+            raise APIError(400, f"{param}: an input is empty", param)
+        check_ids(m, ids, param)
+        out.append(ids)
+    return out
+
+
+async def embed(m: ServedModel, prompts: list[list[int]], param: str = "input") -> list[list[float]]:
+    try:
+        return await m.client.embed(prompts)
+    except ValueError as e:
+        raise APIError(400, str(e), param) from e
+
+
+def b64(vec: list[float]) -> str:
+    return base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode("ascii")
+
+
+@router.post("/v1/embeddings")
+async def embeddings(req: EmbeddingRequest, state: State) -> dict[str, Any]:
+    check_known_fields(req)
+    m = state.model_for(req.model)
+    size = m.client.info.hidden_size
+    if req.dimensions is not None and req.dimensions != size:
+        raise APIError(400, f"dimensions: the embedding size is the model's hidden size ({size}); omit it",
+                       "dimensions")
+    prompts = embed_inputs(m, req.input)
+    vecs: list[Any] = await embed(m, prompts)
+    if req.encoding_format == "base64":
+        vecs = [b64(v) for v in vecs]
+    n = sum(map(len, prompts))
+    return {"object": "list", "model": m.name, "usage": {"prompt_tokens": n, "total_tokens": n},
+            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vecs)]}
