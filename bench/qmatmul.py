@@ -1,6 +1,7 @@
 """Native GGUF-block matmul (hitenter.kernels.qmatmul) on the real model shapes, in one run:
 
     .venv/bin/python bench/qmatmul.py [--threads 2] [--pool-mb 256] [--quick] [--cpu-time] [--synthetic]
+        [--m 512] [--types Q4_K Q2_K Q3_K IQ4_NL IQ4_XS MXFP4]
 
 GEMV (M=1): effective GB/s = weight bytes / time, cycling through copies of the model's tensors of that
 shape whose total (--pool-mb) is far above the last-level cache, so every call streams from DRAM; the
@@ -9,7 +10,9 @@ GEMM (M=512, prefill): GFLOP/s = 2 M N K / time, beside torch bf16 F.linear on t
 --cpu-time (with --threads 1): time by the thread's CPU clock instead of the wall clock, for a shared,
 oversubscribed machine where wall times mostly measure the other tenants (all columns alike).
 --synthetic: SmolLM2-135M's shapes and types (Q4_1 layers, Q8_0 head) from random weights quantized by
-gguf, for machines without that model cached. Per call: us for a 1-row call on a 576x576 Q4_1 weight
+gguf, for machines without that model cached. --types: each block type named on Qwen2.5-1.5B's layer shapes
+(TYPE_SHAPES) from random valid blocks (gguf's quantizer where it has one), one type beside another; e.g.
+`--types Q4_K Q2_K Q3_K IQ4_NL IQ4_XS MXFP4 --m 16`. Per call: us for a 1-row call on a 576x576 Q4_1 weight
 (tight loop, out=), i.e. mostly the Python + ctypes overhead of a decode-step matmul.
 """
 
@@ -48,15 +51,31 @@ SYNTHETIC = [("smollm2* q/o 576x576", "Q4_1", 576, 576), ("smollm2* k/v 192x576"
              ("smollm2* head 49152x576", "Q8_0", 49152, 576)]
 
 
+# (label, N, K) of the --types rows: Qwen2.5-1.5B's decoder matrices (K a multiple of 256 for every type)
+TYPE_SHAPES = [("q/o 1536x1536", 1536, 1536), ("up/gate 8960x1536", 8960, 1536), ("down 1536x8960", 1536, 8960)]
+# gguf-py quantizes these (MXFP4 too, but through a [blocks, 32, 16] error array: GBs at these shapes)
+GGUF_QUANTIZES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
+
+
 def synthetic_weight(type_name: str, n: int, k: int):
+    """[n, k] in `type_name`: gguf's quantization of normal weights where it has one, else random valid
+    blocks (hitenter.testing.tiny_model.random_kquant; MXFP4: random codes, block exponent 118)."""
     import gguf
     import numpy as np
 
     from hitenter.kernels import BlockWeight
+    from hitenter.testing.tiny_model import random_kquant
 
     qtype = gguf.GGMLQuantizationType[type_name]
-    x = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32) * 0.02
-    return BlockWeight(torch.from_numpy(np.ascontiguousarray(gguf.quants.quantize(x, qtype))), int(qtype), (n, k))
+    rng = np.random.default_rng(0)
+    if type_name in GGUF_QUANTIZES:
+        raw = gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.02, qtype)
+    elif type_name == "MXFP4":
+        raw = rng.integers(0, 256, size=(n, k // 32, 17), dtype=np.uint8)
+        raw[..., 0] = 118
+    else:
+        raw = random_kquant(qtype, n, k, rng)
+    return BlockWeight(torch.from_numpy(np.ascontiguousarray(raw).reshape(n, -1)), int(qtype), (n, k))
 
 
 def per_call_us(calls: int = 20000) -> float:
@@ -162,6 +181,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="skip the GEMMs of the two vocabulary heads")
     ap.add_argument("--cpu-time", action="store_true", help="thread CPU clock (needs --threads 1)")
     ap.add_argument("--synthetic", action="store_true", help="also SmolLM2's shapes from random quantized weights")
+    ap.add_argument("--types", nargs="*", default=[], metavar="TYPE",
+                    help="also these block types on TYPE_SHAPES from random weights (e.g. Q4_K Q2_K MXFP4)")
+    ap.add_argument("--no-models", action="store_true", help="skip the cached models' tensors")
     a = ap.parse_args()
     if a.cpu_time:
         if a.threads != 1:
@@ -179,9 +201,11 @@ def main() -> None:
     us = per_call_us()
     print(f"per call (1 x 576 @ Q4_1 576x576, out=): {us:.2f} us")
     rows, result = [], {}
-    jobs = [(mdl, suffix, label) for mdl, suffix, label in SHAPES if (MODELS / f"{mdl}.gguf").exists()]
+    jobs = [] if a.no_models else [(mdl, suffix, label) for mdl, suffix, label in SHAPES
+                                   if (MODELS / f"{mdl}.gguf").exists()]
     if a.synthetic:
         jobs += [(None, spec, spec[0]) for spec in SYNTHETIC]
+    jobs += [(None, (f"{t} {label}", t, n, k), f"{t} {label}") for label, n, k in TYPE_SHAPES for t in a.types]
     for mdl, suffix, label in jobs:
         ws = load_weights(mdl, suffix) if mdl else [synthetic_weight(*suffix[1:])]
         if not ws:

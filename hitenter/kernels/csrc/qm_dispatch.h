@@ -59,7 +59,7 @@ static int packed_fns(int qt, pack_fn *pack, pkern_fn *kern, size_t *pbytes) {
     case QT_Q5_1: *pack = pk_q5_1_pack; *kern = pk_q5_1_kern; return 1;
     /* Q8_0 + 128 needs dpbusd's exact u8 x s8 sums: AVX2's maddubs would saturate (the row path then) */
     case QT_Q8_0: *pack = pk_q8_0_pack; *kern = pk_q8_0_kern; return QM_VNNI;
-    case QT_IQ4_NL: *pack = pk_iq4_nl_pack; *kern = pk_iq4_nl_kern; return QM_VNNI;   /* signed, as Q8_0 */
+    case QT_IQ4_NL: *pack = pk_iq4_nl_pack; *kern = pk_iq4_nl_kern; return 1;   /* AVX2: |w| . sign(x, w) */
     case QT_MXFP4: *pack = pk_mxfp4_pack; *kern = pk_mxfp4_kern; return 1;           /* codes + 12 <= 24 */
     }
     *pbytes = sizeof(pblock);
@@ -69,7 +69,7 @@ static int packed_fns(int qt, pack_fn *pack, pkern_fn *kern, size_t *pbytes) {
     case QT_Q6_K: *pack = pk_q6_k_pack; *kern = pk_q6_k_kern; return 1;
     case QT_Q2_K: *pack = pk_q2_k_pack; *kern = pk_q2_k_kern; return 1;
     case QT_Q3_K: *pack = pk_q3_k_pack; *kern = pk_q3_k_kern; return 1;
-    case QT_IQ4_XS: *pack = pk_iq4_xs_pack; *kern = pk_iq4_xs_kern; return QM_VNNI;   /* + 128: dpbusd only */
+    case QT_IQ4_XS: *pack = pk_iq4_xs_pack; *kern = pk_iq4_xs_kern; return 1;   /* AVX2: |w| . sign(x, w) */
     }
     return 0;
 }

@@ -86,11 +86,11 @@ static void pack8(const int qt, const int bb, const uint8_t *w, int64_t ldw, int
                 int s16[16];
                 qm_q3k_scales(blk + 96, s16);
                 for (int g = 0; g < 16; g++) pb->sc[g][n] = s16[g];
-            } else if (qt == QT_IQ4_XS) {   /* + 128: unsigned for dpbusd (VNNI only), -128 * sum(x) from t's start */
+            } else if (qt == QT_IQ4_XS) {   /* VNNI: + 128, unsigned for dpbusd, -128 * sum(x) from t's start */
                 int s8[8];
                 qm_iq4xs_scales(blk, s8);
                 for (int g = 0; g < 8; g++) pb->sc[g][n] = s8[g];
-                for (int j = 0; j < 8; j++) st[n][j] = _mm256_xor_si256(st[n][j], _mm256_set1_epi8((char)0x80));
+                for (int j = 0; j < 8 && QM_VNNI; j++) st[n][j] = _mm256_xor_si256(st[n][j], _mm256_set1_epi8((char)0x80));
             } else {
                 uint32_t u[4];
                 qm_k4_scales(blk + 4, u);
@@ -114,6 +114,7 @@ static void pack8(const int qt, const int bb, const uint8_t *w, int64_t ldw, int
 QM_INLINE void p_kern(const int qt, const pblock *p, int64_t nb, const xq256 *x, int64_t xrow, const int R,
                       float *y, int64_t ldy, int nvalid) {
     const int GS = qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_IQ4_XS ? 8 : 4;    /* dwords per scale group */
+    const int sgn = qt == QT_IQ4_XS && !QM_VNNI;   /* signed weights, the sign moved onto x (pv_sign8) */
     pvf acc[PR];
     for (int r = 0; r < R; r++) acc[r] = pf_zero();
     for (int64_t b = 0; b < nb; b++) {
@@ -122,21 +123,21 @@ QM_INLINE void p_kern(const int qt, const pblock *p, int64_t nb, const xq256 *x,
         for (int r = 0; r < R; r++) I[r] = Mn[r] = pv_zero();
 #pragma GCC unroll 2
         for (int g = 0; g < 64 / GS; g++) {
-            pvi t[PR];   /* from -offset * sum(x) over the group (Q6_K 32, Q3_K 4, IQ4_XS 128), so I - Mn comes
-                          * out of the dots and scales directly */
+            pvi t[PR];   /* from -offset * sum(x) over the group (Q6_K 32, Q3_K 4, IQ4_XS 128 with VNNI), so
+                          * I - Mn comes out of the dots and scales directly */
             for (int r = 0; r < R; r++) {
                 const xq256 *xb = x + r * xrow + b;
                 t[r] = qt == QT_Q6_K ? pv_set1(xb->off6[g]) : qt == QT_Q3_K ? pv_set1(-4 * xb->bsum[g])
-                     : qt == QT_IQ4_XS ? pv_set1(-128 * xb->bsum32[g]) : pv_zero();
+                     : qt == QT_IQ4_XS && !sgn ? pv_set1(-128 * xb->bsum32[g]) : pv_zero();
             }
 #pragma GCC unroll 8
             for (int k = 0; k < GS; k++) {
                 const int e4 = g * GS + k;
-                const pvi wv = pv_load(pb->q[e4]);
+                const pvi wv = pv_load(pb->q[e4]), wa = sgn ? pv_abs8(wv) : wv;
                 for (int r = 0; r < R; r++) {
                     int32_t xv;
                     memcpy(&xv, x[r * xrow + b].q + 4 * e4, 4);
-                    t[r] = pv_dpbusd(t[r], wv, pv_set1(xv));
+                    t[r] = pv_dpbusd(t[r], wa, sgn ? pv_sign8(pv_set1(xv), wv) : pv_set1(xv));
                 }
             }
             const pvi s = pv_load(pb->sc[g]);
@@ -170,8 +171,9 @@ QM_INLINE void p_kern(const int qt, const pblock *p, int64_t nb, const xq256 *x,
     }
 }
 
-/* Legacy types: 8 weight rows per group, per block 32 bytes each (Q8_0 stored + 128: unsigned for
- * dpbusd, the -128 * sum(x) comes back through the activations' c), d and m per lane. */
+/* Legacy types: 8 weight rows per group, per block 32 bytes each (signed Q8_0 / IQ4_NL: + 128 with VNNI,
+ * unsigned for dpbusd, the -128 * sum(x) coming back through the activations' c; as stored without VNNI,
+ * |w| . sign(x, w)), d and m per lane. */
 typedef struct {
     uint8_t q[8][4 * PN];  /* [dword e4 of the block][lane n * 4 + byte] */
     float d[PN], m[PN];
@@ -186,7 +188,7 @@ static void pack8_32(const int qt, const int bb, const uint8_t *w, int64_t ldw, 
             st[n] = _mm256_setzero_si256();
             if (n < nrows) {
                 st[n] = unpack32(qt, w + n * ldw + b * bb, &d, &m);
-                if (QM_SIGNED32(qt)) st[n] = _mm256_xor_si256(st[n], _mm256_set1_epi8((char)0x80));
+                if (QM_SIGNED32(qt) && QM_VNNI) st[n] = _mm256_xor_si256(st[n], _mm256_set1_epi8((char)0x80));
             }
             pb->d[n] = d;
             pb->m[n] = m;
@@ -199,6 +201,7 @@ static void pack8_32(const int qt, const int bb, const uint8_t *w, int64_t ldw, 
  * the canonical float steps of s_grp32, lane-wise; partial sum a[ph] takes the blocks b % 4 == ph. */
 QM_INLINE void p_kern32(const int qt, const pblock32 *p, int64_t nb, const char *x, int64_t xrow, const int R,
                         float *y, int64_t ldy, int nvalid) {
+    const int sgn = QM_SIGNED32(qt) && !QM_VNNI;   /* signed weights, the sign moved onto x (pv_sign8) */
     pvf part[4][PR];
     for (int ph = 0; ph < 4; ph++) {
         pvf acc[PR];
@@ -207,14 +210,14 @@ QM_INLINE void p_kern32(const int qt, const pblock32 *p, int64_t nb, const char 
             const pblock32 *pb = p + b;
             pvi t[PR];
             for (int r = 0; r < R; r++)
-                t[r] = qt == QT_Q4_1 || qt == QT_Q5_1 ? pv_zero() : pv_set1(XL_C(x + r * xrow, nb)[b]);
+                t[r] = qt == QT_Q4_1 || qt == QT_Q5_1 || sgn ? pv_zero() : pv_set1(XL_C(x + r * xrow, nb)[b]);
 #pragma GCC unroll 8
             for (int e4 = 0; e4 < 8; e4++) {
-                const pvi wv = pv_load(pb->q[e4]);
+                const pvi wv = pv_load(pb->q[e4]), wa = sgn ? pv_abs8(wv) : wv;
                 for (int r = 0; r < R; r++) {
                     int32_t xv;
                     memcpy(&xv, x + r * xrow + 32 * b + 4 * e4, 4);
-                    t[r] = pv_dpbusd(t[r], wv, pv_set1(xv));
+                    t[r] = pv_dpbusd(t[r], wa, sgn ? pv_sign8(pv_set1(xv), wv) : pv_set1(xv));
                 }
             }
             const pvf dv = pf_load(pb->d);

@@ -22,6 +22,9 @@ typedef __m512 pvf;
 #define pv_mullo(a, b) _mm512_mullo_epi32(a, b)
 #define pv_dpbusd(acc, w, x) _mm512_dpbusd_epi32(acc, w, x)
 #define pv_dpwssd(acc, a, b) _mm512_dpwssd_epi32(acc, a, b)
+/* |w| and x with w's sign (the AVX2 form of signed weights; VNNI builds take them + 128 instead) */
+#define pv_abs8(w) _mm512_abs_epi8(w)
+#define pv_sign8(x, w) _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x)
 #define pf_zero() _mm512_setzero_ps()
 #define pf_load(p) _mm512_load_ps(p)
 #define pf_set1(v) _mm512_set1_ps(v)
@@ -45,6 +48,9 @@ typedef __m256 pvf;
  * which takes the row path without VNNI) */
 #define pv_dpbusd(acc, w, x) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)))
 #define pv_dpwssd(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+/* signed weights (Q8_0, IQ4_NL, IQ4_XS): |w| . sign(x, w), whose byte pairs stay below 2 * 127 * 127 */
+#define pv_abs8(w) _mm256_abs_epi8(w)
+#define pv_sign8(x, w) _mm256_sign_epi8(x, w)
 #define pf_zero() _mm256_setzero_ps()
 #define pf_load(p) _mm256_load_ps(p)
 #define pf_set1(v) _mm256_set1_ps(v)

@@ -7,7 +7,7 @@
  * rows once per tile of MT activation rows (M <= MT: every weight byte is streamed from memory
  * once), unpacking each in registers once per MR activation rows; from M >= 6 (32-wide types) or 9 (K types)
  * every type takes the packed
- * GEMM instead (qm_pack.h; Q8_0, IQ4_NL and IQ4_XS only with VNNI). Every (m, n) output is the same function of
+ * GEMM instead (qm_pack.h; Q8_0 only with VNNI). Every (m, n) output is the same function of
  * (row m of x, row n of W) whatever M, the tiling or the thread count: batch invariant.
  *
  * ISA: chosen at compile time (-march=native, or forced down with -mno-avx512f / -DQM_GENERIC). */
