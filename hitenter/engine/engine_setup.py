@@ -91,7 +91,8 @@ def _load(cfg: EngineConfig, dtype: torch.dtype) -> tuple[str, torch.nn.Module, 
         return model, net, mcfg, tokenizer
     path = str(resolve_model(model))
     if tp == 1:
-        net, mcfg = load_model(path, dtype=cfg.load.dtype, quantization=cfg.load.quantization)
+        net, mcfg = load_model(path, dtype=cfg.load.dtype, quantization=cfg.load.quantization,
+                               batch_invariant=cfg.load.batch_invariant)
     else:   # tensor parallel: this process is rank 0 and loads only its shard (hitenter/distributed)
         from hitenter.distributed.runner import load_rank0
 
@@ -177,8 +178,6 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         log.info("sliding window %d: a %d-token sequence holds %.1f MB of KV; freeing the blocks outside the "
                  "local layers' windows would leave %.1f MB (%.0f%% less)", mcfg.sliding_window, max_model_len,
                  now / 1e6, held / 1e6, 100 * (1 - held / now))
-    if hasattr(net, "batch_invariant"):
-        net.batch_invariant = cfg.load.batch_invariant     # before a tensor-parallel launch reads it
     runner = _runner(cfg, path, net, mcfg, dtype, num_blocks, sched_cfg)
     plan = build_plan(runner.model, runner.kv_caches, dtype, cfg.load.batch_invariant)
     apply_plan(runner.model, plan)

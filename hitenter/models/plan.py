@@ -131,7 +131,7 @@ def _fused(model: torch.nn.Module, kv_caches: list[torch.Tensor], attention_kern
 
 
 def apply_plan(model: torch.nn.Module, plan: KernelPlan) -> None:
-    """Set the model's padding flag and fused-prompt length from the plan (the one place they are set)."""
-    if hasattr(model, "batch_invariant"):
-        model.batch_invariant = plan.batch_invariant
-    model.fused_prompt_max = plan.fused_prompt_max   # read by the runner and the playground's trace
+    """Give the model the plan's fused-prompt length (read by the runner and the playground's trace): the
+    one load-time choice that needs the KV cache, so it cannot be a constructor argument. Batch invariance
+    is the model's constructor argument (decoder.CausalLM)."""
+    model.fused_prompt_max = plan.fused_prompt_max
