@@ -76,6 +76,7 @@ class ModelConfig:
     rope_scaling_factor: float = 1.0  # linear RoPE scaling: positions / factor (Gemma 3: global layers only)
     rope_dim: int = 0                 # dimensions rotated (partial rotary: the first rope_dim); 0 = head_dim
     rope_attn_factor: float = 1.0     # cos/sin multiplied by this (LongRoPE / YaRN's attention factor)
+    rope_original_context: int = 0    # LongRoPE: contexts up to this use the short factors, longer the long
     no_rope_interval: int = 0         # layer i has no RoPE when (i + 1) % interval == 0 (SmolLM3); 0 = none
     query_pre_attn_scalar: float = 0.0  # attention scale = this ** -0.5; 0 = head_dim
     attention_scale: float = 0.0      # the attention scale itself where a family sets it (Granite); 0 = above

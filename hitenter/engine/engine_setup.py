@@ -92,7 +92,8 @@ def _load(cfg: EngineConfig, dtype: torch.dtype) -> tuple[str, torch.nn.Module, 
     path = str(resolve_model(model))
     if tp == 1:
         net, mcfg = load_model(path, dtype=cfg.load.dtype, quantization=cfg.load.quantization,
-                               batch_invariant=cfg.load.batch_invariant)
+                               batch_invariant=cfg.load.batch_invariant,
+                               max_model_len=cfg.scheduler.max_model_len or DEFAULT_MAX_MODEL_LEN)
     else:   # tensor parallel: this process is rank 0 and loads only its shard (hitenter/distributed)
         from hitenter.distributed.runner import load_rank0
 

@@ -169,9 +169,18 @@ class DecoderLayer(nn.Module):
         return self._residual(x, self.ffn(h), self.post_ffw_norm)
 
 
-def _ropes(cfg: ModelConfig, w: dict[str, Any], max_pos: int) -> tuple[Rope, Rope]:
+def rope_factors(cfg: ModelConfig, w: dict[str, Any], served_len: int) -> torch.Tensor | None:
+    """The file's RoPE frequency factors: Llama 3's `rope_freqs`, or LongRoPE's short factors when the
+    context served is within the original one and its long factors beyond (llama.cpp's choice by n_ctx)."""
+    if "rope_freqs.weight" in w:
+        return w["rope_freqs.weight"]
+    kind = "short" if served_len <= cfg.rope_original_context else "long"
+    return w.get(f"rope_factors_{kind}.weight")
+
+
+def _ropes(cfg: ModelConfig, w: dict[str, Any], max_pos: int, served_len: int) -> tuple[Rope, Rope]:
     """(the global layers' RoPE, the local layers') from the config and the file's frequency factors."""
-    glob = Rope(cfg.head_dim, cfg.rope_theta, max_pos, cfg.rope_dim, w.get("rope_freqs.weight"),
+    glob = Rope(cfg.head_dim, cfg.rope_theta, max_pos, cfg.rope_dim, rope_factors(cfg, w, served_len),
                 cfg.rope_scaling_factor, cfg.rope_attn_factor)
     if not cfg.sliding_window or not cfg.rope_local_theta:
         return glob, glob
@@ -182,10 +191,12 @@ class CausalLM(nn.Module):
     """A causal LM of any family, built from the loader's tensors (Q/K already un-permuted where the family
     stores them permuted): dense fp32/bf16 tensors, GGUF BlockWeights (fp32 activations) or hitenter/quant
     layouts, per tensor. `batch_invariant`: GEMM row counts padded to a multiple of 8 where dense GEMMs need
-    it, so a row's bits never depend on the batch. `weight_format`: the format the loader built."""
+    it, so a row's bits never depend on the batch. `weight_format`: the format the loader built.
+    `max_model_len`: the context it will serve (default the model's own), which picks LongRoPE's factors."""
 
     def __init__(self, cfg: ModelConfig, w: dict[str, Any], dtype: torch.dtype = torch.float32,
-                 tp: TensorParallel | None = None, batch_invariant: bool = True, weight_format: str = "dense") -> None:
+                 tp: TensorParallel | None = None, batch_invariant: bool = True, weight_format: str = "dense",
+                 max_model_len: int | None = None) -> None:
         super().__init__()
         self.config, self.dtype, self.tp = cfg, dtype, tp
         self.embed, self.head = embed_and_head(cfg, w, dtype, tp)
@@ -193,7 +204,8 @@ class CausalLM(nn.Module):
         self.embed_scale = float(torch.tensor(cfg.embedding_scale, dtype=dtype))
         self.layers = nn.ModuleList(DecoderLayer(cfg, w, i, dtype, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(w["output_norm.weight"], cfg.rms_norm_eps, dtype)
-        self.rope, self.rope_local = _ropes(cfg, w, min(cfg.context_length, 4096))
+        served = min(max_model_len or cfg.context_length, cfg.context_length)
+        self.rope, self.rope_local = _ropes(cfg, w, min(cfg.context_length, 4096), served)
         self.batch_invariant = batch_invariant
         # only dense (fp32/bf16) GEMMs need the padding: torch's int8/int4 weight-only kernels and the native
         # block kernels give a row the same bits for any row count (tests/test_quant.py, test_native_format.py)

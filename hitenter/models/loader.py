@@ -45,19 +45,20 @@ def expected_shapes(cfg: ModelConfig, names: set[str] | frozenset[str] = frozens
 
 def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "auto",
                tp: TensorParallel | None = None, quantization: str | None = None,
-               batch_invariant: bool = True) -> tuple[Any, ModelConfig]:
+               batch_invariant: bool = True, max_model_len: int | None = None) -> tuple[Any, ModelConfig]:
     """Load a GGUF of any supported family into an eval-mode CausalLM. Raises ModelLoadError on any problem.
 
     `dtype`: "auto" (the file's blocks, fp32 activations), "float32", "bfloat16" (or a torch dtype):
     dense weights. `quantization`: None / "none", "gguf" (the file's blocks, explicitly), "int8", "int4".
     Bad combinations raise ValueError (see hitenter/models/formats.py). With `tp` (a tensor-parallel
-    group, see hitenter/distributed) the model holds only this rank's shard, dense."""
+    group, see hitenter/distributed) the model holds only this rank's shard, dense. `max_model_len`: the
+    context the engine will serve (LongRoPE files pick their factors by it; default the model's own)."""
     act_dtype, fmt = resolve_format(dtype, quantization, tp is not None)
     reader = open_gguf(path)
     cfg, weights = load_weights_from(reader, "none" if fmt == "dense" else fmt)
     if tp is not None:
         check_shardable(cfg)
-    model = CausalLM(cfg, weights, act_dtype, tp, batch_invariant, fmt)
+    model = CausalLM(cfg, weights, act_dtype, tp, batch_invariant, fmt, max_model_len)
     own_block_bytes(model)
     # the build read the whole map (copies into the arena); what still views it (an untied embedding
     # table) faults back in only the rows it looks up
