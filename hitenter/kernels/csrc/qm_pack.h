@@ -81,7 +81,8 @@ static void pack8(const int qt, const int bb, const uint8_t *w, int64_t ldw, int
             } else if (qt == QT_Q2_K) {
                 for (int g = 0; g < 16; g++) pb->sc[g][n] = blk[g] & 15;
                 for (int i = 0; i < 8; i++)   /* mn16: the 16 per-16 mins */
-                    pb->mn[i][n] = (int32_t)((uint32_t)(uint16_t)mn16[2 * i] | ((uint32_t)(uint16_t)mn16[2 * i + 1] << 16));
+                    pb->mn[i][n] = (int32_t)((uint32_t)(uint16_t)mn16[2 * i]
+                                             | ((uint32_t)(uint16_t)mn16[2 * i + 1] << 16));
             } else if (qt == QT_Q3_K) {
                 int s16[16];
                 qm_q3k_scales(blk + 96, s16);
@@ -90,7 +91,8 @@ static void pack8(const int qt, const int bb, const uint8_t *w, int64_t ldw, int
                 int s8[8];
                 qm_iq4xs_scales(blk, s8);
                 for (int g = 0; g < 8; g++) pb->sc[g][n] = s8[g];
-                for (int j = 0; j < 8 && QM_VNNI; j++) st[n][j] = _mm256_xor_si256(st[n][j], _mm256_set1_epi8((char)0x80));
+                for (int j = 0; j < 8 && QM_VNNI; j++)
+                    st[n][j] = _mm256_xor_si256(st[n][j], _mm256_set1_epi8((char)0x80));
             } else {
                 uint32_t u[4];
                 qm_k4_scales(blk + 4, u);

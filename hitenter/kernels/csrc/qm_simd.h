@@ -67,8 +67,8 @@ QM_INLINE float hsum8(__m256 v) {   /* fixed order: (lo + hi), then pairs, then 
 
 /* Legacy activations (SIMD builds), one row of nb blocks laid out as arrays so 4 blocks' scales load
  * as one vector: q[nb][32] int8, then d[nbp], s[nbp] (fp32: d_x and d_x * sum(q)), c[nbp] (int32:
- * -off * sum(q), off = 8 / 16 / 128 / 128 / 12 for Q4_0 / Q5_0 / Q8_0 / IQ4_NL / MXFP4, the weight offset applied exactly in
- * integers), nbp = nb rounded up to 4, padded with zeros. */
+ * -off * sum(q), off = 8 / 16 / 128 / 128 / 12 for Q4_0 / Q5_0 / Q8_0 / IQ4_NL / MXFP4, the weight offset
+ * applied exactly in integers), nbp = nb rounded up to 4, padded with zeros. */
 static inline int64_t xl_nbp(int64_t nb) { return (nb + 3) & ~(int64_t)3; }
 static inline size_t xl_row_bytes(int64_t nb) { return ((size_t)nb * 32 + 12 * (size_t)xl_nbp(nb) + 63) / 64 * 64; }
 #define XL_D(x, nb) ((const float *)((const char *)(x) + (nb) * 32))
