@@ -96,9 +96,9 @@ def test_missing_tensor(tmp_path: Path, tiny_llama_path: Path) -> None:
 
 
 def test_unsupported_quant_type(tmp_path: Path) -> None:
-    raw = np.zeros((2, 84), np.uint8)  # two Q2_K blocks (256 values each)
-    p = _minimal_gguf(tmp_path / "q2k.gguf", "llama", {"blk.0.attn_q.weight": (raw, Q.Q2_K)})
-    with pytest.raises(ModelLoadError, match=r"blk\.0\.attn_q\.weight.*unsupported GGML type Q2_K"):
+    raw = np.zeros((2, 66), np.uint8)  # two IQ2_XXS blocks (256 values each)
+    p = _minimal_gguf(tmp_path / "iq2.gguf", "llama", {"blk.0.attn_q.weight": (raw, Q.IQ2_XXS)})
+    with pytest.raises(ModelLoadError, match=r"blk\.0\.attn_q\.weight.*unsupported GGML type IQ2_XXS"):
         load_tensors(open_gguf(p))
 
 

@@ -1,7 +1,7 @@
 """Which weight format a model is loaded in, from the `dtype` / `quantization` options.
 
 Formats (`WeightFormat`):
-* "gguf": the file's own blocks. Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K tensors stay as the GGUF
+* "gguf": the file's own blocks. Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_NL/IQ4_XS/MXFP4 tensors stay as the GGUF
   stores them (hitenter/kernels BlockWeight) and run by `qmatmul` with fp32 activations; F16/BF16/F32
   tensors are dequantized to dense fp32. The default (`dtype="auto"`, no quantization), because it
   reads the fewest weight bytes per token at the file's own accuracy.
