@@ -40,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests/goldens/families"
 N_TOKENS, LONG_TOKENS, LONG_LAST = 40, 8300, 16
-PHI3_SHORT_ROWS = slice(32, 40)
+PHI3_SHORT_ROWS = HF_ROWS = slice(32, 40)
 
 
 def golden_tokens(vocab: int, seed: int = 0, n: int = N_TOKENS) -> np.ndarray:
@@ -80,6 +80,70 @@ def llama_logits(llama_python: str, model: Path, runs: list[dict]) -> tuple[list
             sys.exit(f"llama.cpp worker failed on {model.name}:\n{proc.stderr[-3000:]}")
         with np.load(out) as z:
             return [z[f"run{i}"] for i in range(len(runs))], str(z["version"])
+
+
+# ---- HF worker: runs in a venv with transformers + accelerate + gguf (torch CPU, float32) ----------------
+
+# What transformers' GGUF loader does not read from these files (or reads differently from llama.cpp), given
+# to from_pretrained as config overrides so that HF computes the same model; None: no HF comparison (its
+# GGUF loader has no such architecture: granite, olmo2, smollm3; mixtral's experts load as a plain llama).
+HF_CONFIG_FIXES: dict[str, dict | None] = {
+    "llama": {},
+    "llama3": {"rope_scaling": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 32.0,  # not rope_freqs
+                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 8192}},
+    "mixtral": None,
+    "qwen2": {},
+    "qwen3": {"head_dim": 32},                                            # attention.key_length is not read
+    "qwen3moe": {"head_dim": 32, "moe_intermediate_size": 64, "norm_topk_prob": True},
+    # softcaps default to 50 / 30; query_pre_attn_scalar defaults to 256 (llama.cpp: head_dim)
+    "gemma2": {"attn_logit_softcapping": 5.0, "final_logit_softcapping": 10.0, "query_pre_attn_scalar": 32},
+    "gemma3": {"query_pre_attn_scalar": 32},
+    "phi3": {"vocab_size": 310, "pad_token_id": 2},                       # no vocab_size key for phi3
+    # rope.dimension_count, the factor tensors and the original context are not read. HF's longrope picks
+    # the short factors for a sequence <= original_max_position_embeddings: compare with logits_short.
+    "phi3_partial": {"vocab_size": 310, "pad_token_id": 2, "original_max_position_embeddings": 256,
+                     "rope_scaling": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                      "partial_rotary_factor": 0.5, "long_factor": [1.0, 2.5, 6.0, 16.0],
+                                      "short_factor": [1.0, 1.1, 1.3, 1.7],
+                                      "original_max_position_embeddings": 256}},
+    "granite": None,
+    "olmo2": None,
+    "smollm3": None,
+}
+
+
+def hf_worker() -> None:
+    """stdin: {"model": path, "out": npz path, "tokens": [...], "config": {...}}; writes logits [T, V]."""
+    import logging
+    import warnings
+
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    req = json.load(sys.stdin)
+    path = Path(req["model"])
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                              attn_implementation="eager", **req["config"])
+    with torch.no_grad():
+        logits = hf(torch.tensor([req["tokens"]])).logits[0].float().numpy()
+    np.savez(req["out"], logits=logits, version=np.array(f"transformers {transformers.__version__}, "
+                                                         f"torch {torch.__version__}"))
+
+
+def hf_logits(hf_python: str, model: Path, tokens: np.ndarray, config: dict) -> tuple[np.ndarray, str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.npz"
+        req = {"model": str(model), "out": str(out), "tokens": tokens.tolist(), "config": config}
+        proc = subprocess.run(["nice", hf_python, __file__, "--hf-worker"], input=json.dumps(req),
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            sys.exit(f"HF worker failed on {model.name}:\n{proc.stderr[-3000:]}")
+        with np.load(out) as z:
+            return z["logits"], str(z["version"])
 
 
 # ---- an independent float64 forward of llama.cpp's graphs (numpy + gguf only) --------------------------
@@ -123,19 +187,24 @@ def _rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool, f
 
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int | None,
             softcap: float | None) -> np.ndarray:
-    """q [T, H, D], k/v [T, KV, D]: causal (and sliding: key j masked when i - j >= window) attention."""
+    """q [T, H, D], k/v [T, KV, D]: causal (and sliding: key j masked when i - j >= window) attention,
+    256 queries at a time."""
     t, h, _ = q.shape
     rep = h // k.shape[1]
     k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-    s = np.einsum("ihd,jhd->hij", q, k) * scale
-    if softcap:
-        s = softcap * np.tanh(s / softcap)
-    i, j = np.arange(t)[:, None], np.arange(t)[None, :]
-    masked = (j > i) | ((i - j >= window) if window else False)
-    s = np.where(masked[None], -np.inf, s)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    return np.einsum("hij,jhd->ihd", p, v).reshape(t, -1)
+    out = np.empty((t, h, v.shape[-1]))
+    for start in range(0, t, 256):
+        i = np.arange(start, min(t, start + 256))[:, None]
+        j = np.arange(i[-1, 0] + 1)[None, :]
+        s = np.einsum("ihd,jhd->hij", q[i[:, 0]], k[:j.shape[1]]) * scale
+        if softcap:
+            s = softcap * np.tanh(s / softcap)
+        masked = (j > i) | ((i - j >= window) if window else False)
+        s = np.where(masked[None], -np.inf, s)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        out[i[:, 0]] = np.einsum("hij,jhd->ihd", p, v[:j.shape[1]])
+    return out.reshape(t, -1)
 
 
 def _moe(y: np.ndarray, w: dict, p: str, n_used: int) -> np.ndarray:
@@ -153,13 +222,16 @@ def _moe(y: np.ndarray, w: dict, p: str, n_used: int) -> np.ndarray:
     return out
 
 
-def reference_forward(path: Path, tokens: np.ndarray, n_ctx: int, ggml_gelu: bool = True) -> np.ndarray:
+def reference_forward(path: Path, tokens: np.ndarray, n_ctx: int, ggml_gelu: bool = True,
+                      overrides: dict | None = None) -> np.ndarray:
     """float64 logits [T, V] of llama.cpp's graph for the GGUF's architecture, hparams read as llama.cpp reads
-    them (the families of tiny_families.py, F32 files)."""
+    them (the families of tiny_families.py, F32 files). `overrides`: metadata entries to replace (None drops
+    one), for checking how much a hyper-parameter moves the logits."""
     import gguf
 
     reader = gguf.GGUFReader(path)
     meta = {f.name: f.contents() for f in reader.fields.values()}
+    meta = {k: v for k, v in {**meta, **(overrides or {})}.items() if v is not None}
     w = {t.name: np.asarray(t.data, dtype=np.float64).reshape([int(d) for d in reversed(t.shape)])
          for t in reader.tensors}
     arch = meta["general.architecture"]
@@ -245,7 +317,7 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 # ---- driver: runs in the project venv ------------------------------------------------------------------
 
 
-def make(family: str, llama_python: str, seed: int = 0) -> Path:
+def make(family: str, llama_python: str, hf_python: str | None, seed: int = 0) -> Path:
     from hitenter.testing.tiny_families import PHI3_PARTIAL_CTX, PHI3_PARTIAL_ORIG_CTX, write_tiny_family
     from hitenter.testing.tiny_model import tiny_vocab
 
@@ -271,14 +343,25 @@ def make(family: str, llama_python: str, seed: int = 0) -> Path:
             extra["ref64_exact_gelu_max_rel_diff"] = np.float64(_rel(logits, reference_forward(
                 path, tokens, n_ctx, ggml_gelu=False)))
         if family == "llama3":
+            long_ref = reference_forward(path, long_tokens, LONG_TOKENS + 20)[-LONG_LAST:]
             extra.update(long_tokens=long_tokens.astype(np.int16), long_logits=outs[1],
-                         long_positions=np.arange(LONG_TOKENS - LONG_LAST, LONG_TOKENS, dtype=np.int32))
+                         long_positions=np.arange(LONG_TOKENS - LONG_LAST, LONG_TOKENS, dtype=np.int32),
+                         ref64_long_max_rel_diff=np.float64(_rel(outs[1], long_ref)))
         if family == "phi3_partial":
             short_ref = reference_forward(path, tokens, PHI3_PARTIAL_ORIG_CTX)[PHI3_SHORT_ROWS]
             rows = np.arange(PHI3_SHORT_ROWS.start, PHI3_SHORT_ROWS.stop, dtype=np.int32)
             extra.update(logits_short=outs[1], short_positions=rows,
                          short_n_ctx=np.int32(PHI3_PARTIAL_ORIG_CTX),
                          ref64_short_max_rel_diff=np.float64(_rel(outs[1], short_ref)))
+        fixes = HF_CONFIG_FIXES[family]
+        if hf_python and fixes is not None:
+            hf, hf_version = hf_logits(hf_python, path, tokens, fixes)
+            # phi3_partial: HF's longrope uses the short factors at 40 <= 256 tokens, llama.cpp's logits_short
+            ours, theirs = (outs[1], hf[HF_ROWS]) if family == "phi3_partial" else (logits, hf)
+            extra.update(hf_logits=hf[HF_ROWS], hf_version=np.array(hf_version),
+                         hf_positions=np.arange(HF_ROWS.start, HF_ROWS.stop, dtype=np.int32),
+                         hf_config_fixes=np.array(json.dumps(fixes)),
+                         hf_max_rel_diff=np.float64(_rel(ours, theirs)))
     OUT.mkdir(parents=True, exist_ok=True)
     out = OUT / f"{family}.npz"
     np.savez_compressed(out, tokens=tokens, logits=logits, gguf_sha256=np.array(sha),
@@ -288,7 +371,7 @@ def make(family: str, llama_python: str, seed: int = 0) -> Path:
     print(f"{family:13s} logits std {logits.std():5.2f} max|.| {np.abs(logits).max():6.2f}  vs float64 ref: "
           f"max rel {extra['ref64_max_rel_diff']:.1e}, argmax {argmax_ref}/{N_TOKENS}"
           + "".join(f"  {k} {float(v):.1e}" for k, v in extra.items()
-                    if k.startswith("ref64_") and k != "ref64_max_rel_diff")
+                    if k.startswith(("ref64_", "hf_max")) and k != "ref64_max_rel_diff")
           + f"  -> {out.relative_to(ROOT)} ({out.stat().st_size // 1024} KB)")
     return out
 
@@ -296,16 +379,24 @@ def make(family: str, llama_python: str, seed: int = 0) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--hf-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--llama-python", default="/work/venvs/llamacpp/bin/python")
+    ap.add_argument("--hf-python", default="/work/venvs/hf/bin/python",
+                    help="a python with transformers + accelerate + gguf ('' to skip HF)")
     ap.add_argument("families", nargs="*")
     args = ap.parse_args()
     if args.worker:
         return worker()
+    if args.hf_worker:
+        return hf_worker()
+    hf_python = args.hf_python if args.hf_python and Path(args.hf_python).exists() else None
+    if hf_python is None:
+        print("no HF python: the goldens get no hf_* entries")
     sys.path.insert(0, str(ROOT))
     from hitenter.testing.tiny_families import FAMILIES
 
     for family in args.families or FAMILIES:
-        make(family, args.llama_python)
+        make(family, args.llama_python, hf_python)
 
 
 if __name__ == "__main__":

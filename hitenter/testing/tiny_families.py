@@ -42,19 +42,23 @@ Families (name: general.architecture, what differs):
   ffn_{gate,up}_exps [8, 64, 64], ffn_down_exps [8, 64, 64]; routing as mixtral (llama.cpp always
   renormalizes the top-k weights for qwen3moe, HF's norm_topk_prob is not read). Untied.
 - gemma2 (gemma2): 4 layers, head_dim 32 (key_length/value_length), tied, x0 = token_embd[ids] * sqrt(64);
-  all norms stored as 1 + w (convert adds 1 to every *norm.weight); sandwich norms:
+  all norms stored as 1 + w (convert adds 1 to every *norm.weight; output_norm ~ 3 here, which sets the
+  logit scale); sandwich norms:
   h = x + rms(attn(rms(x, attn_norm)), post_attention_norm),
   out = h + rms(ffn(rms(h, ffn_norm)), post_ffw_norm)
-  with GeGLU ffn = down(gelu_tanh(gate(y)) * up(y)). Attention: q scaled by 1/sqrt(head_dim) = 1/sqrt(32)
-  (llama.cpp: 1/sqrt(n_embd/n_head) only for the 27B), then scores = c * tanh(scores / c) with
-  attn_logit_softcapping c = 5, then the mask and softmax; logits = f * tanh(logits / f) with
-  final_logit_softcapping f = 10 (Gemma 2 itself uses 50 / 30; smaller here so the caps bend these tiny
-  values). attention.sliding_window 8, no pattern key: llama.cpp's gemma2 pattern 2, layer il slides iff
-  il % 2 == 0 (layers 0, 2 local; 1, 3 global); a local query at p sees keys p - 7 .. p (masked when
-  p - k >= 8). No rope keys: base 10000, n_rot 32, NEOX.
-- gemma3 (gemma3): hitenter.testing.tiny_gemma.write_tiny_gemma3 (4 layers, head_dim 32, window 8,
-  sliding_window_pattern 2 so layers 0, 2 local, q/k norms, sandwich norms, GeGLU, scale 1/sqrt(32), base
-  1e6 on global layers, 10000 (llama.cpp's default, no freq_base_swa key) on local ones).
+  with GeGLU ffn = down(gelu_tanh(gate(y)) * up(y)) (llama.cpp's CPU GELU rounds through fp16: see
+  tests/test_families.py). Attention: q scaled by 1/sqrt(head_dim) = 1/sqrt(32) (llama.cpp uses
+  1/sqrt(n_embd/n_head) only for the 27B, and reads no query_pre_attn_scalar), then
+  scores = c * tanh(scores / c) with attn_logit_softcapping c = 5, then the mask and softmax;
+  logits = f * tanh(logits / f) with final_logit_softcapping f = 10 (Gemma 2 itself uses 50 / 30; smaller
+  here so the caps bend these tiny values). attention.sliding_window 8 and no pattern key: llama.cpp's
+  gemma2 pattern is 2, layer il slides iff il % 2 == 0 (layers 0, 2 local; 1, 3 global); a local query at
+  p sees keys p - 7 .. p (masked when p - k >= 8). No rope keys: base 10000, n_rot 32, NEOX.
+- gemma3 (gemma3): 6 layers, as gemma2 (embedding scale, 1 + w norms, sandwich norms, GeGLU, tied,
+  head_dim 32, s = 1/sqrt(32)) but no softcaps, attn_q_norm / attn_k_norm [32] (per head, before RoPE, as
+  qwen3), rope.freq_base 1e6 on global layers and rope.freq_base_swa 1e4 on local ones,
+  attention.sliding_window 8 and, as convert writes it, no sliding_window_pattern key: llama.cpp's
+  default pattern 6, layer il local iff il % 6 < 5 (layers 0-4 local, 5 global).
 - phi3 (phi3): Phi-3-mini. 2 layers, untied, fused attn_qkv [128, 64] = rows q (64) | k (32) | v (32),
   no attn_q/k/v; ffn_up [256, 64] = rows gate (128) | up (128) with ffn = down(silu(gate) * up); NEOX,
   not permuted, rope.dimension_count 16, context_length 4096, rope.scaling.original_context_length 4096,
@@ -70,9 +74,9 @@ Families (name: general.architecture, what differs):
   rope_factors_short (the choice is per context, not per position). The golden `logits` are at
   n_ctx 4096 (long factors), `logits_short` (first 32 positions) at n_ctx 256 (short factors).
 - granite (granite): 2 layers, tied, permuted, NORM, and the multipliers: x0 = token_embd[ids] *
-  embedding_scale (4.0); each residual branch scaled: h = x + residual_scale * attn(...),
-  out = h + residual_scale * ffn(...) (0.25); attention s = attention.scale (0.1, not 1/sqrt(16));
-  logits = output(...) / logit_scale (2.0).
+  embedding_scale (1.5); each residual branch scaled: h = x + residual_scale * attn(...),
+  out = h + residual_scale * ffn(...) (0.5); attention s = attention.scale (0.1, not 1/sqrt(16));
+  logits = output(...) / logit_scale (1.25).
 - olmo2 (olmo2): 2 layers, untied (output.weight required), NO attn_norm / ffn_norm; NEOX, not permuted,
   base 500000, eps 1e-6. q_norm over the whole projection: q = rms(Wq x, attn_q_norm[64]),
   k = rms(Wk x, attn_k_norm[32]) (one rms over all heads together), then RoPE; post norms only:
@@ -85,6 +89,7 @@ Families (name: general.architecture, what differs):
 from __future__ import annotations
 
 import math
+import zlib
 from pathlib import Path
 
 import gguf
@@ -113,6 +118,8 @@ LLAMA3_ROPE = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
 PHI3_LONG_FACTORS = [1.0, 2.5, 6.0, 16.0]
 PHI3_SHORT_FACTORS = [1.0, 1.1, 1.3, 1.7]
 PHI3_PARTIAL_CTX, PHI3_PARTIAL_ORIG_CTX = 4096, 256
+# granite multipliers (the embedding x 1.5 ~ the residual branches x 0.5, so the layers matter)
+GRANITE = {"attention_scale": 0.1, "embedding_scale": 1.5, "residual_scale": 0.5, "logit_scale": 1.25}
 
 
 def llama3_rope_factors(base: float, dim: int, factor: float, low_freq_factor: float, high_freq_factor: float,
@@ -139,10 +146,12 @@ class _Writer:
     """One GGUF: the metadata helpers, the random tensors (one generator, fixed order) and the tokenizer."""
 
     def __init__(self, path: Path, arch: str, family: str, seed: int, quant: str | None) -> None:
-        self.arch, self.rng = arch, np.random.default_rng(seed)
+        # one stream per (seed, family): families with the same shapes still get different weights
+        self.arch, self.rng = arch, np.random.default_rng([seed, zlib.crc32(family.encode())])
         self.qtype = None if quant is None else gguf.GGMLQuantizationType[quant]
         self.w = gguf.GGUFWriter(str(path), arch)
-        self.w.add_name(f"tiny-{family}")
+        # not "phi3": llama.cpp's vocab loader special-cases names containing it (looks up "</s>", "<s>", ...)
+        self.w.add_name(f"tiny-{family}".replace("phi3", "phi"))
 
     def kv(self, key: str, value: float | int, kind: str = "f32") -> None:
         getattr(self.w, {"f32": "add_float32", "u32": "add_uint32"}[kind])(f"{self.arch}.{key}", value)
@@ -248,11 +257,11 @@ def _llama_like(f: _Writer, family: str) -> None:
     f.w.add_vocab_size(vocab)
     f.w.add_rope_dimension_count(head_dim)
     if family == "granite":
-        f.w.add_attention_scale(0.1)
-        f.w.add_embedding_scale(4.0)
-        f.w.add_residual_scale(0.25)
-        f.w.add_logit_scale(2.0)
-    _embeddings(f, vocab, tied)
+        f.w.add_attention_scale(GRANITE["attention_scale"])
+        f.w.add_embedding_scale(GRANITE["embedding_scale"])
+        f.w.add_residual_scale(GRANITE["residual_scale"])
+        f.w.add_logit_scale(GRANITE["logit_scale"])
+    _embeddings(f, vocab, tied, std=0.4 if family == "granite" else 0.5)
     if family == "llama3":
         f.add("rope_freqs.weight", llama3_rope_factors(base, head_dim, **LLAMA3_ROPE))
     for i in range(layers):
@@ -296,21 +305,31 @@ def _qwen(f: _Writer, family: str) -> None:
             _gated_ffn(f, p)
 
 
-def _gemma2(f: _Writer) -> None:
-    head_dim, layers = 32, 4
-    f.hparams(layers, 8192, FFN, 1e-6)
+def _gemma(f: _Writer, family: str) -> None:
+    """gemma2 / gemma3: sqrt(hidden)-scaled tied embedding, 1 + w norms, sandwich norms, GeGLU, head_dim 32."""
+    head_dim, layers = 32, 4 if family == "gemma2" else 6
+    f.hparams(layers, 8192 if family == "gemma2" else 32768, FFN, 1e-6)
     f.w.add_key_length(head_dim)
     f.w.add_value_length(head_dim)
+    if family == "gemma3":
+        f.w.add_rope_freq_base(1e6)
+        f.w.add_rope_freq_base_swa(1e4)
     vocab = f.finish_metadata()
-    f.w.add_attn_logit_softcapping(5.0)
-    f.w.add_final_logit_softcapping(10.0)
+    if family == "gemma2":
+        f.w.add_attn_logit_softcapping(5.0)
+        f.w.add_final_logit_softcapping(10.0)
     f.w.add_sliding_window(8)
-    f.add("token_embd.weight", f.normal(vocab, HIDDEN, std=0.5))
-    f.add("output_norm.weight", f.norm(HIDDEN))   # every norm stored as 1 + w, like convert
+    # embedding x sqrt(64) ~ 1, like the layers' normed outputs; the final norm (stored 1 + w like every
+    # gemma norm) ~ 3 sets the logit scale (a tied head on a small embedding would give logits ~ 1)
+    f.add("token_embd.weight", f.normal(vocab, HIDDEN, std=0.12))
+    f.add("output_norm.weight", 3.0 * f.norm(HIDDEN))
     for i in range(layers):
         p = f"blk.{i}."
         f.add(p + "attn_norm.weight", f.norm(HIDDEN))
         _attention(f, p, head_dim, permute=False, q_std=0.2)
+        if family == "gemma3":
+            f.add(p + "attn_q_norm.weight", f.norm(head_dim))
+            f.add(p + "attn_k_norm.weight", f.norm(head_dim))
         f.add(p + "post_attention_norm.weight", f.norm(HIDDEN))
         f.add(p + "ffn_norm.weight", f.norm(HIDDEN))
         _gated_ffn(f, p)
@@ -379,17 +398,13 @@ def write_tiny_family(path: str | Path, family: str, seed: int = 0, quant: str |
         raise ValueError(f"unknown family {family!r}; families: {', '.join(FAMILIES)}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if family == "gemma3":
-        from hitenter.testing.tiny_gemma import write_tiny_gemma3
-
-        return write_tiny_gemma3(path, seed=seed, quant=quant)
     f = _Writer(path, ARCHITECTURES[family], family, seed, quant)
     if family in ("llama", "llama3", "mixtral", "granite", "smollm3"):
         _llama_like(f, family)
     elif family in ("qwen2", "qwen3", "qwen3moe"):
         _qwen(f, family)
-    elif family == "gemma2":
-        _gemma2(f)
+    elif family in ("gemma2", "gemma3"):
+        _gemma(f, family)
     elif family in ("phi3", "phi3_partial"):
         _phi3(f, partial=family == "phi3_partial")
     else:
