@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -110,6 +111,9 @@ HF_CONFIG_FIXES: dict[str, dict | None] = {
     "granite": None,
     "olmo2": None,
     "smollm3": None,
+    # transformers 5.24's GGUF loader fails on gpt-oss's rope.scaling.* keys (it float()s a field's first
+    # part, the key name, instead of its value), so no HF comparison
+    "gpt-oss": None,
 }
 
 
@@ -148,7 +152,7 @@ def hf_logits(hf_python: str, model: Path, tokens: np.ndarray, config: dict) -> 
 
 # ---- an independent float64 forward of llama.cpp's graphs (numpy + gguf only) --------------------------
 
-NEOX = {"qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2"}
+NEOX = {"qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2", "gpt-oss"}
 
 
 def _rms(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
@@ -168,12 +172,26 @@ def _gelu_ggml(x: np.ndarray) -> np.ndarray:
 
 
 def _rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool, factors: np.ndarray | None,
-          mscale: float) -> np.ndarray:
-    """x [T, H, D]: ggml_rope_ext with freq_scale 1, ext_factor 0 (cos, sin times mscale)."""
+          mscale: float, yarn: tuple[float, int, float, float] | None = None) -> np.ndarray:
+    """x [T, H, D]: ggml_rope_ext (cos, sin times mscale). yarn: (freq_scale, n_ctx_orig, beta_fast,
+    beta_slow) for ext_factor 1 (ggml's rope_yarn: theta = interp * (1 - ramp) + extrap * ramp with the
+    ramp between ggml_rope_yarn_corr_dims, mscale *= 1 + 0.1 ln(1 / freq_scale)); None: ext_factor 0."""
     half = n_rot // 2
-    theta = pos[:, None] * base ** (-2.0 * np.arange(half) / n_rot)
+    i = np.arange(half)
+    theta = pos[:, None] * base ** (-2.0 * i / n_rot)
     if factors is not None:
         theta = theta / factors
+    if yarn is not None:
+        freq_scale, n_orig, beta_fast, beta_slow = yarn
+
+        def corr_dim(beta: float) -> float:
+            return n_rot * math.log(n_orig / (beta * 2 * math.pi)) / (2 * math.log(base))
+
+        low = max(0.0, math.floor(corr_dim(beta_fast)))
+        high = min(n_rot - 1.0, math.ceil(corr_dim(beta_slow)))
+        ramp = 1 - np.clip((i - low) / max(0.001, high - low), 0, 1)
+        theta = theta * freq_scale * (1 - ramp) + theta * ramp
+        mscale = mscale * (1 + 0.1 * math.log(1 / freq_scale))
     cos, sin = (np.cos(theta) * mscale)[:, None], (np.sin(theta) * mscale)[:, None]
     out = x.copy()
     if neox:
@@ -186,9 +204,9 @@ def _rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool, f
 
 
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int | None,
-            softcap: float | None) -> np.ndarray:
+            softcap: float | None, sinks: np.ndarray | None = None) -> np.ndarray:
     """q [T, H, D], k/v [T, KV, D]: causal (and sliding: key j masked when i - j >= window) attention,
-    256 queries at a time."""
+    256 queries at a time; sinks [H]: an extra logit per head in the softmax's denominator only."""
     t, h, _ = q.shape
     rep = h // k.shape[1]
     k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
@@ -201,24 +219,42 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: i
             s = softcap * np.tanh(s / softcap)
         masked = (j > i) | ((i - j >= window) if window else False)
         s = np.where(masked[None], -np.inf, s)
-        p = np.exp(s - s.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
+        m = s.max(-1, keepdims=True)
+        if sinks is not None:
+            m = np.maximum(m, sinks[:, None, None])
+        p = np.exp(s - m)
+        p /= p.sum(-1, keepdims=True) + (0.0 if sinks is None else np.exp(sinks[:, None, None] - m))
         out[i[:, 0]] = np.einsum("hij,jhd->ihd", p, v[:j.shape[1]])
     return out.reshape(t, -1)
 
 
-def _moe(y: np.ndarray, w: dict, p: str, n_used: int) -> np.ndarray:
-    logits = y @ w[p + "ffn_gate_inp.weight"].T
+def _moe(y: np.ndarray, w: dict, p: str, n_used: int, oai: bool = False) -> np.ndarray:
+    """llama.cpp's build_moe_ffn. Default (SOFTMAX gating, norm_w): p = softmax(router logits), top-k by p,
+    weights p_top / sum(p_top), SiLU-gated experts. oai (gpt-oss: SOFTMAX_WEIGHT, no norm_w): top-k by the
+    biased logits, weights softmax(logits_top), biased experts with swiglu_oai."""
+    logits = y @ w[p + "ffn_gate_inp.weight"].T + w.get(p + "ffn_gate_inp.bias", 0.0)
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     out = np.zeros_like(y)
     for t in range(len(y)):
-        top = np.argsort(-probs[t], kind="stable")[:n_used]
-        wt = probs[t, top] / probs[t, top].sum()
+        if oai:
+            top = np.argsort(-logits[t], kind="stable")[:n_used]
+            wt = np.exp(logits[t, top] - logits[t, top].max())
+            wt /= wt.sum()
+        else:
+            top = np.argsort(-probs[t], kind="stable")[:n_used]
+            wt = probs[t, top] / probs[t, top].sum()
         for e, we in zip(top, wt, strict=True):
             g = w[p + "ffn_gate_exps.weight"][e] @ y[t]
             u = w[p + "ffn_up_exps.weight"][e] @ y[t]
-            out[t] += we * (w[p + "ffn_down_exps.weight"][e] @ (g / (1 + np.exp(-g)) * u))
+            if oai:
+                g = np.minimum(g + w[p + "ffn_gate_exps.bias"][e], 7.0)
+                u = np.clip(u + w[p + "ffn_up_exps.bias"][e], -7.0, 7.0)
+                act = g / (1 + np.exp(-1.702 * g)) * (u + 1)
+            else:
+                act = g / (1 + np.exp(-g)) * u
+            d = w[p + "ffn_down_exps.weight"][e] @ act + (w[p + "ffn_down_exps.bias"][e] if oai else 0.0)
+            out[t] += we * d
     return out
 
 
@@ -261,7 +297,11 @@ def reference_forward(path: Path, tokens: np.ndarray, n_ctx: int, ggml_gelu: boo
     if arch == "granite":
         x = x * float(hp("embedding_scale"))
     res_scale = float(hp("residual_scale", 1.0)) if arch == "granite" else 1.0
-    window, pattern = hp("attention.sliding_window"), {"gemma2": 2, "gemma3": 6}.get(arch)
+    window, pattern = hp("attention.sliding_window"), {"gemma2": 2, "gemma3": 6, "gpt-oss": 2}.get(arch)
+    yarn = None
+    if hp("rope.scaling.type") == "yarn":   # llama-cpp-python's context defaults: beta_fast 32, beta_slow 1
+        yarn = (1.0 / float(hp("rope.scaling.factor")), int(hp("rope.scaling.original_context_length")),
+                32.0, 1.0)
     if arch == "gemma3":
         pattern = int(hp("attention.sliding_window_pattern", 6))
     softcap = float(hp("attn_logit_softcapping")) if arch == "gemma2" else None
@@ -282,15 +322,19 @@ def reference_forward(path: Path, tokens: np.ndarray, n_ctx: int, ggml_gelu: boo
             q, k = _rms(q, w[p + "attn_q_norm.weight"], eps), _rms(k, w[p + "attn_k_norm.weight"], eps)
         if not (arch == "smollm3" and (il + 1) % 4 == 0):
             b = float(hp("rope.freq_base_swa", 10000.0)) if arch == "gemma3" and swa else base
-            q = _rope(q, pos, n_rot, b, neox, factors, mscale)
-            k = _rope(k, pos, n_rot, b, neox, factors, mscale)
-        a = _attend(q, k, v, scale, int(window) if swa else None, softcap) @ w[p + "attn_output.weight"].T
+            q = _rope(q, pos, n_rot, b, neox, factors, mscale, yarn)
+            k = _rope(k, pos, n_rot, b, neox, factors, mscale, yarn)
+        a = _attend(q, k, v, scale, int(window) if swa else None, softcap, w.get(p + "attn_sinks.weight"))
+        a = a @ w[p + "attn_output.weight"].T + w.get(p + "attn_output.bias", 0.0)
         if arch in ("gemma2", "gemma3", "olmo2"):
             a = _rms(a, w[p + "post_attention_norm.weight"], eps)
         x = x + res_scale * a
-        y = x if arch == "olmo2" else _rms(x, w[p + "ffn_norm.weight"], eps)
+        if arch == "olmo2":
+            y = x
+        else:   # gpt-oss names its FFN input norm post_attention_norm
+            y = _rms(x, w[p + ("post_attention_norm" if arch == "gpt-oss" else "ffn_norm") + ".weight"], eps)
         if p + "ffn_gate_inp.weight" in w:
-            m = _moe(y, w, p, n_used)
+            m = _moe(y, w, p, n_used, oai=arch == "gpt-oss")
         elif arch == "phi3":
             gu = y @ w[p + "ffn_up.weight"].T
             g, u = np.split(gu, 2, axis=-1)

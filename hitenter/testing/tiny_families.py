@@ -84,6 +84,22 @@ Families (name: general.architecture, what differs):
 - smollm3 (smollm3): 4 layers, tied, permuted, NORM, base 50000. No-RoPE layers: llama.cpp reads no key
   for them, it hard-codes n_no_rope_layer_step = 4: layer il skips RoPE iff (il + 1) % 4 == 0 (here
   layer 3; HF's no_rope_layer_interval 4). Otherwise plain llama.
+- gpt-oss (gpt-oss): 2 layers, untied, NEOX, not permuted, key_length 16; q/k/v and attn_output with
+  biases; attn_sinks [4] per layer: one extra logit per head that joins the softmax's denominator only,
+  p_j = exp(s_j - m) / (sum_k exp(s_k - m) + exp(sink - m)); s = 1/sqrt(16); attention.sliding_window 8,
+  no pattern key: llama.cpp's pattern 2 (layer 0 local, layer 1 global), both with the same RoPE.
+  RoPE YaRN as convert writes gpt-oss: rope.freq_base 150000, rope.scaling.type yarn, factor 32,
+  original_context_length 4096, yarn_beta_fast 32 / yarn_beta_slow 1 (llama.cpp's gpt-oss reads neither
+  beta key; its context defaults are the same 32 / 1). ggml's YaRN: extrap_i = pos * base^(-2i/16),
+  interp_i = extrap_i / 32, theta_i = interp_i * (1 - r_i) + extrap_i * r_i with
+  r_i = 1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1), lo = max(0, floor(d(32))), hi = min(15, ceil(d(1))),
+  d(beta) = 16 ln(4096 / (2 pi beta)) / (2 ln 150000) (here lo 2, hi 5), and cos, sin times
+  1 + 0.1 ln 32 = 1.3466. FFN: no ffn_norm, post_attention_norm is the FFN's input norm:
+  out = h + moe(rms(h, post_attention_norm)); router ffn_gate_inp weight + bias, 8 experts,
+  expert_used_count 4, expert_feed_forward_length 64, expert biases ffn_{gate,up}_exps.bias [8, 64],
+  ffn_down_exps.bias [8, 64]. Routing (llama.cpp SOFTMAX_WEIGHT, no renormalization): top-4 by the biased
+  router logits, weights = softmax over those 4 logits. Expert: g = gate_e(y) + b, u = up_e(y) + b,
+  act = min(g, 7) * sigmoid(1.702 * min(g, 7)) * (clamp(u, -7, 7) + 1), out_e = down_e(act) + b.
 """
 
 from __future__ import annotations
@@ -104,10 +120,11 @@ from hitenter.testing.tiny_model import (
 )
 
 FAMILIES = ("llama", "llama3", "mixtral", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3",
-            "phi3_partial", "granite", "olmo2", "smollm3")
+            "phi3_partial", "granite", "olmo2", "smollm3", "gpt-oss")
 ARCHITECTURES = {"llama": "llama", "llama3": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
                  "qwen3moe": "qwen3moe", "gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3",
-                 "phi3_partial": "phi3", "granite": "granite", "olmo2": "olmo2", "smollm3": "smollm3"}
+                 "phi3_partial": "phi3", "granite": "granite", "olmo2": "olmo2", "smollm3": "smollm3",
+                 "gpt-oss": "gpt-oss"}
 
 HIDDEN, HEADS, KV_HEADS, FFN = 64, 4, 2, 128
 
@@ -118,6 +135,8 @@ LLAMA3_ROPE = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
 PHI3_LONG_FACTORS = [1.0, 2.5, 6.0, 16.0]
 PHI3_SHORT_FACTORS = [1.0, 1.1, 1.3, 1.7]
 PHI3_PARTIAL_CTX, PHI3_PARTIAL_ORIG_CTX = 4096, 256
+# gpt-oss YaRN (gpt-oss-20b's values)
+GPT_OSS_YARN = {"factor": 32.0, "original_context_length": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
 # granite multipliers (the embedding x 1.5 ~ the residual branches x 0.5, so the layers matter)
 GRANITE = {"attention_scale": 0.1, "embedding_scale": 1.5, "residual_scale": 0.5, "logit_scale": 1.25}
 
@@ -179,7 +198,7 @@ class _Writer:
 
     def add(self, name: str, arr: np.ndarray) -> None:
         """F32, or the layers' projection matrices (2-D, and 3-D expert stacks) in `quant`."""
-        q = self.qtype if name.startswith("blk.") and arr.ndim >= 2 else None
+        q = self.qtype if name.startswith("blk.") and name.endswith(".weight") and arr.ndim >= 2 else None
         if arr.ndim == 3 and q is not None and arr.shape[-1] % gguf.GGML_QUANT_SIZES[q][0] == 0:
             e, r, c = arr.shape
             data = (random_kquant(q, e * r, c, self.rng) if q.name in _KQUANT_SCALES
@@ -306,7 +325,7 @@ def _qwen(f: _Writer, family: str) -> None:
 
 
 def _gemma(f: _Writer, family: str) -> None:
-    """gemma2 / gemma3: sqrt(hidden)-scaled tied embedding, 1 + w norms, sandwich norms, GeGLU, head_dim 32."""
+    """gemma2 / gemma3: sqrt(hidden)-scaled tied embedding, 1 + w norms, sandwich norms, GeGLU, head_dim 32"""
     head_dim, layers = 32, 4 if family == "gemma2" else 6
     f.hparams(layers, 8192 if family == "gemma2" else 32768, FFN, 1e-6)
     f.w.add_key_length(head_dim)
@@ -390,6 +409,41 @@ def _olmo2(f: _Writer) -> None:
         f.add(p + "post_ffw_norm.weight", f.norm(HIDDEN))
 
 
+def _gpt_oss(f: _Writer) -> None:
+    head_dim, layers, n_expert, n_ff = HIDDEN // HEADS, 2, 8, 64
+    w = f.w
+    f.hparams(layers, 131072, n_ff, 1e-5)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(GPT_OSS_YARN["factor"])
+    w.add_rope_scaling_orig_ctx_len(GPT_OSS_YARN["original_context_length"])
+    w.add_rope_scaling_yarn_beta_fast(GPT_OSS_YARN["beta_fast"])
+    w.add_rope_scaling_yarn_beta_slow(GPT_OSS_YARN["beta_slow"])
+    w.add_rope_freq_base(150000.0)
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(4)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    vocab = f.finish_metadata()
+    w.add_sliding_window(8)
+    w.add_expert_feed_forward_length(n_ff)
+    _embeddings(f, vocab, tied=False)
+    for i in range(layers):
+        p = f"blk.{i}."
+        f.add(p + "attn_norm.weight", f.norm(HIDDEN))
+        _attention(f, p, head_dim, permute=False, bias=True)
+        f.add(p + "attn_output.bias", f.normal(HIDDEN, std=0.1))
+        f.add(p + "attn_sinks.weight", (1.0 + f.rng.standard_normal(HEADS)).astype(np.float32))
+        f.add(p + "post_attention_norm.weight", f.norm(HIDDEN))   # the FFN's input norm
+        f.add(p + "ffn_gate_inp.weight", f.normal(n_expert, HIDDEN, std=0.3))
+        f.add(p + "ffn_gate_inp.bias", f.normal(n_expert, std=0.5))
+        f.add(p + "ffn_gate_exps.weight", f.normal(n_expert, n_ff, HIDDEN, std=0.15))
+        f.add(p + "ffn_gate_exps.bias", f.normal(n_expert, n_ff, std=3.0))   # some gates past the clamp at 7
+        f.add(p + "ffn_up_exps.weight", f.normal(n_expert, n_ff, HIDDEN, std=0.15))
+        f.add(p + "ffn_up_exps.bias", f.normal(n_expert, n_ff, std=3.0))
+        f.add(p + "ffn_down_exps.weight", f.normal(n_expert, HIDDEN, n_ff, std=0.03))
+        f.add(p + "ffn_down_exps.bias", f.normal(n_expert, HIDDEN, std=0.1))
+
+
 def write_tiny_family(path: str | Path, family: str, seed: int = 0, quant: str | None = None) -> Path:
     """Write the tiny random `family` model (one of FAMILIES) to `path`; return it. The same arguments
     always give the same bytes. quant: None (all F32) or a GGML type name ("Q8_0", "Q4_0", "Q4_K", ...)
@@ -407,7 +461,9 @@ def write_tiny_family(path: str | Path, family: str, seed: int = 0, quant: str |
         _gemma(f, family)
     elif family in ("phi3", "phi3_partial"):
         _phi3(f, partial=family == "phi3_partial")
-    else:
+    elif family == "olmo2":
         _olmo2(f)
+    else:
+        _gpt_oss(f)
     f.close()
     return path
