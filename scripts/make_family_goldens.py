@@ -8,9 +8,17 @@ It runs as a worker subprocess (this file with --worker): `Llama(path, n_ctx, n_
 logits_all=True, type_k=type_v=0 (F32 KV cache), flash_attn=False, n_threads=2)`, one `eval` of the token
 sequence, `scores` = the logits at every position (float32, llama.cpp's CPU backend).
 
-Regenerate (from the repo root, with the project venv):
-    .venv/bin/python scripts/make_family_goldens.py [--llama-python PYTHON] [FAMILY ...]
-(PYTHON defaults to /work/venvs/llamacpp/bin/python; no FAMILY: all of them).
+Second, optional reference: HF transformers' float32 forward of the same GGUF (its GGUF loader, with the
+config fixes in HF_CONFIG_FIXES for keys it does not read), in a venv with transformers, accelerate, gguf
+and torch (the project venv has no accelerate), e.g.
+    python3 -m venv /work/venvs/hf
+    /work/venvs/hf/bin/pip install torch==2.13.0 transformers accelerate gguf
+run as a second worker (--hf-worker).
+
+Regenerate (from the repo root, with the project venv; about 5 minutes on 2 cores):
+    .venv/bin/python scripts/make_family_goldens.py [--llama-python PY] [--hf-python PY] [FAMILY ...]
+(defaults /work/venvs/llamacpp/bin/python and /work/venvs/hf/bin/python; --hf-python '' skips HF; no
+FAMILY: all of them). The goldens are deterministic: rerunning rewrites the same bytes.
 
 Each npz holds: tokens [40] (int32; deterministic from the seed, ids 3.. so no special token), logits
 [40, V] float32, gguf_sha256 (of write_tiny_family(family, seed)), llama_cpp_version, n_ctx, seed; llama3
@@ -22,7 +30,10 @@ forward of llama.cpp's graph (`reference_forward`, read from the same GGUF), a c
 what the module docstring of tiny_families.py says; for gemma2/gemma3 that reference emulates ggml's
 GELU (its CPU op rounds the input to fp16 and looks the result up in an fp16 table) and
 ref64_exact_gelu_max_rel_diff is the same against an exact tanh-GELU, i.e. how far llama.cpp's own GELU
-rounding puts it from exact arithmetic.
+rounding puts it from exact arithmetic (llama3: ref64_long_max_rel_diff, phi3_partial:
+ref64_short_max_rel_diff for the extra runs). Where HF applies: hf_logits [8, V] at hf_positions 32..39,
+hf_max_rel_diff against llama.cpp over all 40 positions (phi3_partial: against logits_short, since HF's
+LongRoPE takes the short factors for a 40-token sequence), hf_version, hf_config_fixes (JSON).
 """
 
 from __future__ import annotations
