@@ -63,7 +63,8 @@ Families (name: general.architecture, what differs):
   no attn_q/k/v; ffn_up [256, 64] = rows gate (128) | up (128) with ffn = down(silu(gate) * up); NEOX,
   not permuted, rope.dimension_count 16, context_length 4096, rope.scaling.original_context_length 4096,
   attention.sliding_window 2047 (llama.cpp ignores Phi-3's sliding window: "Phi SWA is currently
-  disabled"), no rope.scaling.type (convert's Phi3 writer writes none), no factor tensors.
+  disabled"), no rope.scaling.type (convert's Phi3 writer writes none), no factor tensors. general.name
+  "tiny-phi": llama.cpp's vocab loader special-cases names containing "phi3" (it looks up "</s>", "<s>").
 - phi3_partial (phi3): Phi-4-mini. As phi3 but tied, partial rotary: rope.dimension_count 8 < head_dim 16
   (NEOX over the first 8 dims of each head: pairs (i, i + 4), theta_i = pos * 10000^(-2i/8) / factor_i,
   dims 8..15 unrotated), LongRoPE tensors rope_factors_long [4] and rope_factors_short [4],
@@ -71,8 +72,9 @@ Families (name: general.architecture, what differs):
   sqrt(1 + ln(4096/256)/ln(256)) = 1.2247 (convert's longrope attention factor), sliding_window 0.
   llama.cpp multiplies cos and sin (so the rotated dims only) by attn_factor, with either factor set,
   and picks rope_factors_long iff its context size n_ctx > original_context_length (256), else
-  rope_factors_short (the choice is per context, not per position). The golden `logits` are at
-  n_ctx 4096 (long factors), `logits_short` (first 32 positions) at n_ctx 256 (short factors).
+  rope_factors_short (the choice is per context, not per position; n_ctx is rounded up to a multiple of
+  256). The golden `logits` are at n_ctx 4096 (long factors), `logits_short` (positions 32..39 of the
+  same tokens) at n_ctx 256 (short factors).
 - granite (granite): 2 layers, tied, permuted, NORM, and the multipliers: x0 = token_embd[ids] *
   embedding_scale (1.5); each residual branch scaled: h = x + residual_scale * attn(...),
   out = h + residual_scale * ffn(...) (0.5); attention s = attention.scale (0.1, not 1/sqrt(16));
