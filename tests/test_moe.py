@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch import nn
 
+from hitenter.errors import ModelLoadError
 from hitenter.kernels import BlockWeight
-from hitenter.models import moe
 from hitenter.models.block_linear import own_block_bytes
 from hitenter.models.moe import ExpertWeight, MoEFFN, dense_experts, expert_weights, reference_moe
 from hitenter.testing.tiny_model import random_kquant
@@ -115,12 +115,25 @@ def test_other_gatings(gating: str) -> None:
     assert close(m(x), reference_moe(x, **args))
 
 
+def test_gpt_oss_routing_and_biases() -> None:
+    """gpt-oss's mixture: router bias, top-k on logits then softmax over the k, no renormalisation,
+    expert biases on gate/up/down, swiglu_oai; grouped vs reference and batch invariance."""
+    g = torch.Generator().manual_seed(4)
+    bias = (torch.randn(E, FF, generator=g), torch.randn(E, FF, generator=g), torch.randn(E, H, generator=g))
+    m, args = layer("Q8_0", gating="softmax_weight", act="swiglu_oai", norm_topk=False,
+                    router_bias=torch.randn(E, generator=g), expert_bias=bias)
+    x = rows(12) * 4   # large enough that swiglu_oai's clamps at +-7 take effect
+    y = m(x)
+    assert close(y, reference_moe(x, **args))
+    assert all(torch.equal(m(x[i:i + 1])[0], y[i]) for i in range(12))
+
+
 def test_tie_goes_to_lower_expert() -> None:
     """Exactly equal router logits (exact integer sums): the lower expert index wins, grouped and reference."""
-    m, args = layer("dense", top_k=4)
+    _, args = layer("dense", top_k=4)
     scores = torch.tensor([0.0, 2.0, 1.0, 2.0, 1.0, 1.0, 0.0, 2.0])
-    m.router.data = (scores / H).unsqueeze(1).expand(E, H).contiguous()
-    args["router"] = m.router.data
+    args["router"] = (scores / H).unsqueeze(1).expand(E, H).contiguous()
+    m = MoEFFN(**args)
     x = torch.ones(3, H)
     idx, w = m.route(x)
     assert idx.tolist() == [[1, 3, 7, 2]] * 3
@@ -201,5 +214,5 @@ def test_gguf_expert_tensor_orientation(tmp_path: Path, qtype: str) -> None:
         got = x.dequantize() if isinstance(x, BlockWeight) else x
         assert torch.equal(got, want[i]), i
     assert torch.equal(expert_weights(reader, "blk.0.ffn_up_exps.weight", dense=True).dense, want)
-    with pytest.raises(moe.ModelLoadError):
+    with pytest.raises(ModelLoadError):
         expert_weights(reader, "blk.0.ffn_gate_exps.weight")
