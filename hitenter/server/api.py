@@ -2,8 +2,12 @@
 behind one EngineClient per served model (hitenter/server/engine_client.py):
 
 - OpenAI: /v1/completions, /v1/chat/completions, /v1/embeddings, /v1/models (serving_completion,
-  serving_chat, serving_embedding, serving_models); vLLM's /tokenize, /detokenize, /tokenizer_info
-  (serving_tokenize); /health and /metrics (serving_admin); the playground (playground*.py).
+  serving_chat, serving_embedding, serving_models), /v1/responses (serving_responses);
+- Anthropic: /v1/messages, /v1/messages/count_tokens (serving_messages);
+- Ollama: /api/chat, /api/generate (serving_ollama), /api/tags, /api/show, /api/ps, /api/version,
+  /api/embed, /api/embeddings (serving_ollama_models);
+- vLLM's /tokenize, /detokenize, /tokenizer_info (serving_tokenize); /health and /metrics
+  (serving_admin); the playground (playground*.py).
 
 This module assembles the app: clients, guards (body limit, framing, errors, CORS), and ``--api-key``
 on every router that runs the model, tokenizes or shows requests (only the static page and /health
@@ -25,7 +29,11 @@ from hitenter.server import (
     serving_chat,
     serving_completion,
     serving_embedding,
+    serving_messages,
     serving_models,
+    serving_ollama,
+    serving_ollama_models,
+    serving_responses,
     serving_tokenize,
 )
 from hitenter.server.api_error import SafeJSONResponse
@@ -44,7 +52,8 @@ from hitenter.server.state import ServedModel, ServerState
 __all__ = ["ServedModel", "create_app", "model_name", "serve"]
 Served = LLMEngine | AsyncLLMEngine | EngineClient
 API_ROUTERS = [serving_completion.router, serving_chat.router, serving_embedding.router, serving_models.router,
-               serving_tokenize.router]
+               serving_tokenize.router, serving_responses.router, serving_messages.router, serving_ollama.router,
+               serving_ollama_models.router]
 
 
 def _served(name: str | None, e: Served, max_queued: int | None) -> ServedModel:

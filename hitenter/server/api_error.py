@@ -91,17 +91,28 @@ def param_of(message: str) -> str | None:
     return head if sep and head.isidentifier() else None
 
 
+_BRANCHES = frozenset({"str", "int", "float", "bool", "dict", "list", "none", "literal"})
+
+
+def _field_path(loc: tuple[Any, ...]) -> list[str]:
+    """A pydantic error location without "body" and without the union branch tags pydantic adds
+    (``str``, ``list[int]``, ``tagged-union[...]``, ``function-after[...]``)."""
+    return [str(x) for x in loc if x != "body" and not (isinstance(x, str) and ("[" in x or x in _BRANCHES))]
+
+
 def validation_error(exc: RequestValidationError) -> APIError:
+    """A 400 naming the most specific field that failed (the deepest location: inside a union the
+    branch that got furthest), with the first few reasons."""
     errs = exc.errors()
     if not errs:
         return APIError(400, "invalid request")
-    first = errs[0]
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-    if first.get("type") == "json_invalid":
-        return APIError(400, f"invalid JSON body: {first.get('msg', '')}")
-    param = ".".join(loc) or None
-    msgs = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body') or 'body'}: {e.get('msg', '')}"
-                     for e in errs[:5])
+    if errs[0].get("type") == "json_invalid":
+        return APIError(400, f"invalid JSON body: {errs[0].get('msg', '')}")
+    deepest = max(errs, key=lambda e: len(_field_path(e.get("loc", ()))))
+    param = ".".join(_field_path(deepest.get("loc", ()))) or None
+    ordered = [deepest] + [e for e in errs if e is not deepest]
+    msgs = "; ".join(f"{'.'.join(_field_path(e.get('loc', ()))) or 'body'}: "
+                     f"{str(e.get('msg', '')).removeprefix('Value error, ')}" for e in ordered[:5])
     return APIError(400, msgs, param)
 
 

@@ -51,7 +51,8 @@ class ToolPlan:
 NO_TOOLS = ToolPlan("none")
 
 
-def message_tool_fields(tool_calls: list[dict[str, Any]] | None, tool_call_id: str | None) -> dict[str, Any]:
+def message_tool_fields(tool_calls: list[dict[str, Any]] | None, tool_call_id: str | None,
+                        param: str = "messages") -> dict[str, Any]:
     """Template-ready tool fields of a message: arguments as objects (templates ``tojson`` them)."""
     out: dict[str, Any] = {}
     if tool_call_id:
@@ -65,7 +66,7 @@ def message_tool_fields(tool_calls: list[dict[str, Any]] | None, tool_call_id: s
                 try:
                     fn["arguments"] = json.loads(args) if args.strip() else {}
                 except json.JSONDecodeError as e:
-                    raise APIError(400, f"messages: tool call arguments are not JSON: {e}", "messages") from e
+                    raise APIError(400, f"{param}: tool call arguments are not JSON: {e}", param) from e
             calls.append({**tc, "function": fn})
         out["tool_calls"] = calls
     return out
@@ -189,3 +190,21 @@ class ToolTextStream:
             return rest, []
         rest = (content or "")[self.sent:] if content and len(content) > self.sent else ""
         return rest, calls
+
+
+def with_tools(spec: GuidedSpec | None, plan: ToolPlan) -> GuidedSpec | None:
+    """The one constraint of a request: its structured output, or its tool plan's (not both)."""
+    if plan.guided is None:
+        return spec
+    if spec is not None:
+        raise APIError(400, f"{spec.param}: cannot be combined with tool_choice {plan.mode!r}", spec.param)
+    return plan.guided
+
+
+def call_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    """A parsed call's arguments as an object (they are a JSON string in OpenAI's form)."""
+    try:
+        args = json.loads(call["function"]["arguments"] or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return args if isinstance(args, dict) else {"value": args}
