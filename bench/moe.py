@@ -109,23 +109,27 @@ def layer_bench(a: argparse.Namespace) -> None:
     print(cpu_facts(), f"| torch threads {torch.get_num_threads()}")
     print(f"MoE layer: hidden {h}, {e} experts of ffn {f}, top-{k}, Q4_K; {expert_bytes / 1e6:.2f} MB per expert")
     for t in (1, PREFILL):
-        x = torch.randn(t, h, generator=torch.Generator().manual_seed(t))
-        active = len(owned.route(x)[0].unique())
-        variants = {"hitenter grouped, owned (gate+up fused)": lambda x=x: owned(x),
-                    "hitenter grouped, file bytes (gate, up)": lambda x=x: file_bytes(x),
-                    "per-expert dequantize + fp32 matmul": lambda x=x: dequant_baseline(owned, gate, up, down, x)}
+        # T = 1: a different row each call (other experts: their bytes come from DRAM, as in a model whose
+        # 16 layers' experts never fit a cache); T = 512: one batch, every expert active
+        xs = torch.randn(32 if t == 1 else 1, t, h, generator=torch.Generator().manual_seed(t))
+        active = statistics.mean(len(owned.route(x)[0].unique()) for x in xs)
+        variants = {"hitenter grouped, owned (gate+up fused)": owned,
+                    "hitenter grouped, file bytes (gate, up)": file_bytes,
+                    "per-expert dequantize + fp32 matmul": lambda x: dequant_baseline(owned, gate, up, down, x)}
         times: dict[str, list[float]] = {name: [] for name in variants}
         with torch.inference_mode():
             for fn in variants.values():
-                fn()                                   # warm-up (and the kernel library's first load)
-            for _ in range(a.rounds if t == 1 else max(3, a.rounds // 2)):
+                fn(xs[0])                              # warm-up (and the kernel library's first load)
+            for r in range(a.rounds if t == 1 else max(3, a.rounds // 2)):
                 for name, fn in variants.items():    # alternating rounds
+                    reps = 16 if t == 1 and "hitenter" in name else 1
                     t0 = time.perf_counter()
-                    fn()
-                    times[name].append(time.perf_counter() - t0)
+                    for i in range(reps):
+                        fn(xs[(r * reps + i) % len(xs)])
+                    times[name].append((time.perf_counter() - t0) / reps)
         med = medians(times)
         base = med["per-expert dequantize + fp32 matmul"]
-        print(f"\nT = {t} ({active} experts active, {active * expert_bytes / 1e6:.1f} MB of expert weights)")
+        print(f"\nT = {t} ({active:.0f} experts active, {active * expert_bytes / 1e6:.1f} MB of expert weights)")
         for name, sec in med.items():
             extra = f", {active * expert_bytes / sec / 1e9:.1f} GB/s of expert bytes" if t == 1 else ""
             print(f"  {name:42s} {sec * 1e3:9.2f} ms  {t / sec:9.0f} tok/s  {base / sec:6.1f}x baseline{extra}")
