@@ -22,6 +22,7 @@ from typing import Any
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = (None, "gguf", "int8", "int4")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 SPEC_METHODS = ("ngram", "draft_model")
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 
@@ -77,6 +78,10 @@ class ModelConfig:
     rope_dim: int = 0                 # dimensions rotated (partial rotary: the first rope_dim); 0 = head_dim
     rope_attn_factor: float = 1.0     # cos/sin multiplied by this (LongRoPE / YaRN's attention factor)
     rope_original_context: int = 0    # LongRoPE: contexts up to this use the short factors, longer the long
+    rope_yarn_factor: float = 0.0     # YaRN scaling (llama.cpp's ggml rope with ext_factor 1); 0 = none
+    rope_yarn_original_context: int = 0
+    rope_yarn_beta_fast: float = 32.0
+    rope_yarn_beta_slow: float = 1.0
     no_rope_interval: int = 0         # layer i has no RoPE when (i + 1) % interval == 0 (SmolLM3); 0 = none
     query_pre_attn_scalar: float = 0.0  # attention scale = this ** -0.5; 0 = head_dim
     attention_scale: float = 0.0      # the attention scale itself where a family sets it (Granite); 0 = above
@@ -87,11 +92,13 @@ class ModelConfig:
     residual_scale: float = 1.0       # each block's output multiplied by this before its residual add
     norm_placement: str = "pre"       # "pre": x + f(norm(x)); "sandwich": x + norm(f(norm(x))); "post": x + norm(f(x))
     qk_norm: str = "none"             # "head": RMSNorm of each Q/K head (Qwen3, Gemma); "full": of the whole Q/K
-    activation: str = "silu"          # the gated FFN's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    activation: str = "silu"          # the gated FFN's activation: "silu" (SwiGLU), "gelu_tanh" (GeGLU) or
+                                      # "swiglu_oai" (gpt-oss: clamped, x sigmoid(1.702 x) (u + 1))
     num_experts: int = 0              # mixture of experts: experts per layer (0 = a dense FFN)
     num_experts_used: int = 0         # experts each token is routed to
     expert_intermediate_size: int = 0  # one expert's FFN width
     expert_norm_topk: bool = True     # the top-k routing weights renormalised to sum to 1
+    expert_gating: str = "softmax"    # "softmax" over all experts, or "softmax_weight" (over the chosen k)
 
     def __post_init__(self) -> None:
         for f in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -101,7 +108,8 @@ class ModelConfig:
                  f"{self.num_heads} heads are not a multiple of {self.num_kv_heads} KV heads")
         _check_choice(self, "norm_placement", ("pre", "sandwich", "post"))
         _check_choice(self, "qk_norm", ("none", "head", "full"))
-        _check_choice(self, "activation", ("silu", "gelu_tanh"))
+        _check_choice(self, "activation", ("silu", "gelu_tanh", "swiglu_oai"))
+        _check_choice(self, "expert_gating", ("softmax", "softmax_weight"))
         _require(0 <= self.rope_dim <= self.head_dim and self.rope_dim % 2 == 0, "rope_dim",
                  f"must be even and <= head_dim {self.head_dim}, got {self.rope_dim}")
         _require(not self.num_experts or 0 < self.num_experts_used <= self.num_experts, "num_experts_used",
@@ -160,8 +168,15 @@ class CacheConfig:
     kv_cache_memory: int | None = _opt(None, "bytes of KV cache (default: a share of RAM)")
     enable_prefix_caching: bool = _opt(True, "reuse the KV of shared prompt prefixes",
                                        flag="--no-enable-prefix-caching")
+    kv_cache_dtype: str = _opt("auto", "KV cache elements: auto = the weights' dtype for dense float32 / bfloat16 "
+                                       "weights (the fp32 reference stays fp32), else half precision: float16 "
+                                       "where the CPU converts it in hardware (F16C), bfloat16 otherwise "
+                                       "(hitenter/models/kv_dtype.py)", choices=KV_CACHE_DTYPES)
 
     def __post_init__(self) -> None:
+        kvd = str(self.kv_cache_dtype).removeprefix("torch.")
+        object.__setattr__(self, "kv_cache_dtype", DTYPE_ALIASES.get(kvd, kvd))
+        _check_choice(self, "kv_cache_dtype", KV_CACHE_DTYPES)
         _check_int(self, "block_size", 1, 1024)
         _check_int(self, "kv_cache_memory", 1, optional=True)
         _check_bool(self, "enable_prefix_caching")

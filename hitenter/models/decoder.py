@@ -45,9 +45,11 @@ from hitenter.models.layers import (
     has_dense_gemms,
     make_linear,
     pad_rows,
+    yarn_freq_factors,
 )
 from hitenter.models.row_invariance import attention_row_multiple
 from hitenter.models.shard import TensorParallel, tp_shard
+from hitenter.models.sink_attention import sink_attention
 from hitenter.quant import weight_bytes
 
 CosSin = tuple[torch.Tensor, torch.Tensor]
@@ -62,9 +64,12 @@ def _experts(cfg: ModelConfig, w: dict[str, Any], p: str) -> nn.Module:
         t = w[p + name]
         return t if isinstance(t, ExpertWeight) else dense_experts(t)
 
+    act = {"gelu_tanh": "gelu"}.get(cfg.activation, cfg.activation)
+    biases = tuple(w.get(p + f"ffn_{n}_exps.bias") for n in ("gate", "up", "down"))
     return MoEFFN(w[p + "ffn_gate_inp.weight"], experts("ffn_gate_exps.weight"), experts("ffn_up_exps.weight"),
                   experts("ffn_down_exps.weight"), cfg.num_experts_used, cfg.expert_norm_topk,
-                  act="gelu" if cfg.activation == "gelu_tanh" else "silu")
+                  gating=cfg.expert_gating, act=act, router_bias=w.get(p + "ffn_gate_inp.bias"),
+                  expert_bias=None if all(b is None for b in biases) else biases)
 
 
 def _norm(w: dict[str, Any], name: str, cfg: ModelConfig, dtype: torch.dtype, present: bool) -> RMSNorm | None:
@@ -103,7 +108,10 @@ class DecoderLayer(nn.Module):
             qkv_b = torch.cat([rows("attn_q.bias", q0 * d, nq), rows("attn_k.bias", kv0 * d, nkv),
                                rows("attn_v.bias", kv0 * d, nkv)])
         self.qkv = fused_linear(qkv_w, qkv_b, dtype)                             # column-parallel
-        self.o_proj = make_linear(w[p + "attn_output.weight"].narrow(1, q0 * d, nq), None, dtype)
+        self.o_proj = make_linear(w[p + "attn_output.weight"].narrow(1, q0 * d, nq), w.get(p + "attn_output.bias"),
+                                  dtype)
+        sinks = w.get(p + "attn_sinks.weight")   # gpt-oss: a logit per head in every softmax's denominator
+        self.sinks = None if sinks is None else sinks.float().contiguous()
         self.moe: nn.Module | None = None
         if cfg.num_experts:
             self.moe = _experts(cfg, w, p)
@@ -160,8 +168,11 @@ class DecoderLayer(nn.Module):
         q, k, v = self.qkv_heads(x, rope, cos_sin)
         t = q.shape[0]
         write_kv(kv_cache, k[:n_real], v[:n_real], attn.slot_mapping)
-        o = paged_attention(q[:n_real], kv_cache, attn, self.scale, self.attn_row_multiple,
-                            window=self.window, softcap=self.softcap).view(n_real, -1)
+        if self.sinks is not None:
+            o = sink_attention(q[:n_real], kv_cache, attn, self.scale, self.window, self.sinks).view(n_real, -1)
+        else:
+            o = paged_attention(q[:n_real], kv_cache, attn, self.scale, self.attn_row_multiple,
+                                window=self.window, softcap=self.softcap).view(n_real, -1)
         if n_real < t:   # padding rows (batch-invariant GEMM shapes)
             o = torch.cat([o, o.new_zeros(t - n_real, o.shape[1])])
         x = self._residual(x, self.o_proj(o), self.post_attn_norm)
@@ -170,10 +181,13 @@ class DecoderLayer(nn.Module):
 
 
 def rope_factors(cfg: ModelConfig, w: dict[str, Any], served_len: int) -> torch.Tensor | None:
-    """The file's RoPE frequency factors: Llama 3's `rope_freqs`, or LongRoPE's short factors when the
-    context served is within the original one and its long factors beyond (llama.cpp's choice by n_ctx)."""
+    """The RoPE frequency factors: Llama 3's `rope_freqs`, YaRN's (computed), or LongRoPE's short factors
+    when the context served is within the original one and its long factors beyond (llama.cpp's choice)."""
     if "rope_freqs.weight" in w:
         return w["rope_freqs.weight"]
+    if cfg.rope_yarn_factor:
+        return yarn_freq_factors(cfg.rope_dim or cfg.head_dim, cfg.rope_theta, cfg.rope_yarn_factor,
+                                 cfg.rope_yarn_original_context, cfg.rope_yarn_beta_fast, cfg.rope_yarn_beta_slow)
     kind = "short" if served_len <= cfg.rope_original_context else "long"
     return w.get(f"rope_factors_{kind}.weight")
 

@@ -5,9 +5,9 @@ the cache write, SiLU*up, residual adds, views) was ~130 eager ops per layer, se
 `FusedLayer.run` does a layer's whole computation for the step's generation rows in C, calling the
 same quantized-matmul and paged-attention kernels through function pointers.
 
-When: a layer whose four projections are GGUF blocks on the native kernel (every part), fp32 norms and
-KV cache, the decode attention kernel built, no tensor parallelism; `HITENTER_FUSED_DECODE=0` turns it
-off. `fused_layer(layer)` decides once per layer (and again if the kernel library is reloaded).
+When: a layer whose four projections are GGUF blocks on the native kernel (every part), fp32 norms, a
+KV cache of fp32, bf16 or f16 (K/V rounded to it as they are written), the decode attention kernel
+built, no tensor parallelism; `HITENTER_FUSED_DECODE=0` turns it off. `fused_layer(layer)` decides once per layer (and again if the kernel library is reloaded).
 
 Which rows: the generation rows of AttentionMetadata.kernel_rows (position >= prompt length - 1): a
 row's path depends on its position only, so batch invariance and speculative identity hold as they do
@@ -32,6 +32,7 @@ from hitenter.kernels.build import BuildError, load_library
 from hitenter.kernels.qmatmul import native_descriptor, native_entry
 from hitenter.models import decode_kernel
 from hitenter.models.block_linear import BlockLinear
+from hitenter.models.kv_dtype import KV_TYPE_CODES
 
 log = logging.getLogger(__name__)
 _qm = importlib.import_module("hitenter.kernels.qmatmul")   # the module (the package exports a function of its name)
@@ -56,7 +57,8 @@ class _Layer(ctypes.Structure):
 
 class _Step(ctypes.Structure):
     _fields_ = [("cos", c_p), ("sin", c_p), ("slots", c_p), ("ctx", c_p), ("starts", c_p), ("tables", c_p),
-                ("R", c_i64), ("NB", c_i64), ("BS", c_i32), ("nthreads", c_i32), ("cos2", c_p), ("sin2", c_p)]
+                ("R", c_i64), ("NB", c_i64), ("BS", c_i32), ("nthreads", c_i32), ("cos2", c_p), ("sin2", c_p),
+                ("kv_type", c_i32), ("pad", c_i32)]
 
 
 _lock = threading.Lock()
@@ -166,13 +168,13 @@ def fused_layer(layer: Any, kv_cache: torch.Tensor) -> FusedLayer | None:
     if lib is None:
         return None
     cfg = layer.cfg
-    if layer.moe is not None or layer.softcap:   # experts and soft-capped scores: the torch layer
+    if layer.moe is not None or layer.softcap or layer.sinks is not None:   # experts, soft-caps, sinks: torch
         layer.__dict__["_fused"] = False
         return None
     projections = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
     norms = [m for m in layer.children() if type(m).__name__ == "RMSNorm"]
     ok = (all(isinstance(m, BlockLinear) for m in projections) and getattr(layer, "tp", None) is None
-          and kv_cache.dtype == torch.float32 and kv_cache.is_contiguous()
+          and kv_cache.dtype in KV_TYPE_CODES and kv_cache.is_contiguous()
           and all(m.weight.dtype == torch.float32 for m in norms)
           and bool(lib.dl_supported(cfg.hidden_size, layer.gate_up.out_features // 2, cfg.head_dim))
           and decode_kernel.supports(kv_cache, layer.num_heads, torch.float32))
@@ -206,7 +208,8 @@ def step_state(meta: Any, kr: decode_kernel.KernelRows, tables: Tables, kv_cache
     r = int(kr.ctx.shape[0])
     _, _, nb, bs, _ = kv_cache.shape
     st = _Step(cs[0].data_ptr(), cs[1].data_ptr(), slots.data_ptr(), kr.ctx.data_ptr(), kr.starts.data_ptr(),
-               kr.tables.data_ptr(), r, nb, bs, torch.get_num_threads(), cs[2].data_ptr(), cs[3].data_ptr())
+               kr.tables.data_ptr(), r, nb, bs, torch.get_num_threads(), cs[2].data_ptr(), cs[3].data_ptr(),
+               KV_TYPE_CODES[kv_cache.dtype], 0)
     scratch = torch.empty(int(fused.lib.dl_scratch(ctypes.byref(fused.struct), r)), dtype=torch.float32)
     got = (st, scratch, (cs, slots, kr))
     meta.fused_steps[key] = got

@@ -10,6 +10,7 @@ store Q/K permuted for the interleaved pairing (convert_hf_to_gguf); the loader 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -135,6 +136,21 @@ class Rope(nn.Module):
         half = x.shape[-1] // 2
         rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rot * sin
+
+
+def yarn_freq_factors(rope_dim: int, theta: float, factor: float, original_context: int, beta_fast: float,
+                      beta_slow: float) -> torch.Tensor:
+    """YaRN as ggml's rope computes it (ext_factor 1), as one factor per frequency that divides it:
+    theta_i = pos * base^(-2i/d) * ((1 - r_i) / factor + r_i), r_i the ramp from interpolation (r = 0, low
+    frequencies) to extrapolation (r = 1, high ones) between the correction dims of beta_fast and beta_slow
+    (`ggml_rope_yarn_corr_dims`); the attention factor is the config's rope_attn_factor."""
+    def corr(n_rot: float) -> float:
+        return rope_dim * math.log(original_context / (n_rot * 2 * math.pi)) / (2 * math.log(theta))
+
+    lo, hi = max(0.0, math.floor(corr(beta_fast))), min(rope_dim - 1.0, math.ceil(corr(beta_slow)))
+    i = torch.arange(rope_dim // 2, dtype=torch.float64)
+    r = 1.0 - ((i - lo) / max(0.001, hi - lo)).clamp(0.0, 1.0)
+    return (1.0 / ((1.0 - r) / factor + r)).float()
 
 
 def embed_and_head(cfg: ModelConfig, w: dict[str, Any], dtype: torch.dtype,

@@ -9,6 +9,7 @@ other names (Phi-3's fused QKV), `file_shapes` / `prepare`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,19 +104,34 @@ def common_fields(meta: Meta, names: set[str] | None) -> dict[str, Any]:
         name=str(meta.values.get("general.name", "")),
         rope_dim=0 if rope_dim == head_dim else rope_dim,
         rope_scaling_factor=linear_rope_factor(meta),
+        **yarn_fields(meta),
     )
 
 
 def linear_rope_factor(meta: Meta, allowed: tuple[str, ...] = ()) -> float:
     """The linear RoPE scaling factor (1: none). Other scaling types are refused at load, naming the
-    type, unless the family handles them itself (`allowed`: e.g. Llama 3's, carried by `rope_freqs`)."""
+    type, unless handled elsewhere (YaRN: `yarn_fields`; `allowed`: e.g. Llama 3's, carried by
+    `rope_freqs`)."""
     kind = meta.get("rope.scaling.type")
-    if kind in (None, "none") or kind in allowed:
+    if kind in (None, "none", "yarn") or kind in allowed:
         return 1.0
     if kind != "linear":
-        raise ModelLoadError(f"{meta.arch}: RoPE scaling type {kind!r} is not supported (linear and Llama 3's "
-                             "rope_freqs are)")
+        raise ModelLoadError(f"{meta.arch}: RoPE scaling type {kind!r} is not supported (linear, yarn and "
+                             "Llama 3's rope_freqs are)")
     return float(meta.get("rope.scaling.factor", 1.0)) or 1.0
+
+
+def yarn_fields(meta: Meta) -> dict[str, Any]:
+    """YaRN scaling (rope.scaling.type "yarn"): its factor, original context and betas (llama.cpp's
+    defaults 32 / 1), and the attention factor 1 + 0.1 ln(factor) that ggml multiplies cos/sin by."""
+    if meta.get("rope.scaling.type") != "yarn":
+        return {}
+    factor = float(meta.get("rope.scaling.factor", 1.0)) or 1.0
+    return {"rope_yarn_factor": factor,
+            "rope_yarn_original_context": int(meta.require("rope.scaling.original_context_length")),
+            "rope_yarn_beta_fast": float(meta.get("rope.scaling.yarn_beta_fast", 32.0)),
+            "rope_yarn_beta_slow": float(meta.get("rope.scaling.yarn_beta_slow", 1.0)),
+            "rope_attn_factor": 1.0 + 0.1 * math.log(factor)}
 
 
 def experts_fields(meta: Meta, ffn: int) -> dict[str, Any]:
