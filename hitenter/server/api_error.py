@@ -126,3 +126,24 @@ class ErrorDetail(BaseModel):
 class ErrorBody(BaseModel):
     """Every error response: vLLM's shape."""
     error: ErrorDetail
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorBody(BaseModel):
+    """Every error of the Anthropic paths (/v1/messages*)."""
+    type: str
+    error: AnthropicErrorDetail
+
+
+class OllamaErrorBody(BaseModel):
+    """Every error of the Ollama paths (/api/*)."""
+    error: str
+
+
+DIALECT_BODIES: dict[str, type[BaseModel]] = {"openai": ErrorBody, "anthropic": AnthropicErrorBody,
+                                              "ollama": OllamaErrorBody}
+

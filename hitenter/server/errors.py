@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hitenter.engine.async_engine import EngineDeadError
-from hitenter.server.api_error import APIError, ErrorBody, validation_error
+from hitenter.server.api_error import DIALECT_BODIES, APIError, ErrorBody, dialect_of, validation_error
 
 log = logging.getLogger("hitenter.server")
 
@@ -62,25 +62,36 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 def _openapi_with_our_errors(app: FastAPI) -> None:
-    """FastAPI documents its 422 validation body on every route; ours is a 400 with the error body."""
+    """FastAPI documents its 422 validation body on every route; ours is a 400 with the error body, and
+    every error body of a path is the one of its API (api_error.dialect_of)."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = build()
-            ref = {"$ref": "#/components/schemas/ErrorBody"}
-            for item in schema.get("paths", {}).values():
+            for path, item in schema.get("paths", {}).items():
+                ref = {"$ref": f"#/components/schemas/{DIALECT_BODIES[dialect_of(path)].__name__}"}
                 for op in item.values():
-                    responses = op.get("responses", {})
-                    if responses.pop("422", None) is not None:
-                        responses.setdefault("400", {"description": _DESCRIPTIONS[400],
-                                                     "content": {"application/json": {"schema": ref}}})
+                    _our_errors(op.get("responses", {}), ref)
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for name in ("HTTPValidationError", "ValidationError"):
                 components.pop(name, None)
+            for model in DIALECT_BODIES.values():
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(body.pop("$defs", {}))
+                components.setdefault(model.__name__, body)
             app.openapi_schema = schema
         return app.openapi_schema
     app.openapi = openapi    # type: ignore[method-assign]
+
+
+def _our_errors(responses: dict[str, Any], ref: dict[str, str]) -> None:
+    """A 400 instead of FastAPI's 422, and ``ref`` as every error response's body."""
+    if responses.pop("422", None) is not None:
+        responses.setdefault("400", {"description": _DESCRIPTIONS[400]})
+    for code, r in responses.items():
+        if code[:1] in ("4", "5"):
+            r["content"] = {"application/json": {"schema": ref}}
 
 
 class CatchAllMiddleware:

@@ -53,7 +53,7 @@ class Options(BaseModel):
     stop: list[NonEmpty] | None = None
     num_ctx: PositiveInt | None = None
     repeat_penalty: PositiveFloat | None = None
-    repeat_last_n: Literal[-1] | None = None
+    repeat_last_n: Annotated[int, Interval(ge=-1, le=-1), STRICT, NO_BOOL] | None = None   # -1: the whole context
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
 

@@ -135,6 +135,23 @@ def _sampling_routes(router: APIRouter, pg: Playground) -> None:
         stream = GenerateStream(c, prompt, templ, pg.params_of(body.params), pg.rows)
         return StreamingResponse(stream.run(), media_type="text/event-stream")
 
+    @router.post("/overflow", openapi_extra=body_doc(GenerateBody))
+    async def overflow(request: Request) -> StreamingResponse:
+        """The "overflow" break-it on any model: the prompt's own tokens repeated until prompt + max_tokens is
+        one token more than the engine's context window, sent as a real request (the engine refuses it)."""
+        body = await parse(request, GenerateBody)
+        c = pg.engine_of(body.model)
+        base, templ = pg.prompt_ids_of(c, body)
+        base = base or c.tokenizer.encode(" the") or [0]
+        params = pg.params_of(body.params)
+        n_ctx = c.info.max_model_len
+        max_tokens = max(1, min(params.max_tokens or 24, n_ctx - 1))
+        n = n_ctx - max_tokens + 1
+        prompt = (base * (n // len(base) + 1))[:n]
+        params = pg.params_of(body.params.model_copy(update={"max_tokens": max_tokens}))
+        stream = GenerateStream(c, prompt, templ, params, pg.rows)
+        return StreamingResponse(stream.run(), media_type="text/event-stream")
+
 
 def _events_route(router: APIRouter, pg: Playground) -> None:
     @router.get("/events")

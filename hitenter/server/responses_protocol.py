@@ -122,13 +122,15 @@ class ResponsesRequest(_Nested):
     include: list[str] | None = None
     truncation: Literal["disabled"] | None = None
     reasoning: Annotated[dict[str, None], MaxLen(2)] | None = None      # only {} / {"effort": null, ...}
-    background: Literal[False] | None = None
+    background: Bool | None = None                                    # false only: no background runs
     metadata: dict[str, str] | None = None
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
 
     def check(self) -> None:
+        if self.background:
+            raise APIError(400, "background: background runs are not supported", "background")
         bad = sorted(set(self.include or ()) - INCLUDE)
         if bad:
             raise APIError(400, f"include: unsupported {bad}; supported: {sorted(INCLUDE)}", "include")
