@@ -7,9 +7,10 @@ import { renderDistribution, renderSliders, reshape, renderDice } from "./dist.j
 import { renderLoop, renderBranch, renderStop } from "./loop.js";
 import { renderTimeline } from "./timeline.js";
 import { kvPanel, renderRequestKV, renderBlockMap } from "./kvmap.js";
-import { breakPanel, renderRejected, determinismPanel, renderDeterminism, renderTrigram, renderInspector } from "./extras.js";
+import { breakPanel, renderRejected, renderV1Check, renderEosCompare, renderTemps, determinismPanel, renderDeterminism, renderTrigram,
+  renderInspector } from "./extras.js";
 import { newRun as makeRun, consume } from "./runs.js";
-import { inside, traceNow, renderInside } from "./views.js";
+import { inside, traceNow, renderInside, markStale } from "./views.js";
 import { renderFast } from "./fast.js";
 
 const $ = (id) => document.getElementById(id);
@@ -29,11 +30,15 @@ function params(extra = {}) {
 const status = (text) => { $("status").textContent = text; };
 const newRun = (name, mode, p, text) => makeRun(S.models, name, mode, p, text);
 // Set a sampler slider from code: its value, its readout and the params, as if it had been dragged.
-function setSlider(name, v) {
-  const input = $(`slider-${name}`);
-  input.value = v;
-  input.dispatchEvent(new Event("input"));
+// The step whose distribution panels 2-3 show: the clicked one; else, in story mode, step 0 (the token right
+// after the prompt, the one the logits steps show too: one pinned step); on the dashboard the latest.
+function selIndex(run) {
+  if (S.sel !== null && S.sel !== undefined) return S.sel;
+  return document.body.dataset.view === "story" ? 0 : run.tokens.length - 1;
 }
+const pinNote = (run, i) => (S.sel === null || S.sel === undefined) && document.body.dataset.view === "story"
+  ? " (pinned: the first token after your prompt, the same step the logits and softmax steps show)" : "";
+const chatOn = () => $("chat").checked && !info().trigram;
 
 let pending = false;
 function render() {
@@ -43,6 +48,7 @@ function render() {
     pending = false;
     const run = S.run;
     if (run && run.prompt_ids) renderTokens(body("p-tokens"), { ...run, max_model_len: run.maxModelLen, template_used: run.templateUsed });
+    else if (run && run.overflow && run.error) renderTokens(body("p-tokens"), { ...run.error, max_model_len: run.error.n_ctx });
     if (run) {
       renderLoop(body("p-loop"), run, pick);
       renderStop(body("p-stop"), run, info().eog);
@@ -50,12 +56,13 @@ function render() {
       renderRequestKV(S.kvNodes.req, run);
       renderBranch(body("p-branch"), run, S.branch);
       renderInspector(body("p-inspector"), run);
-      const tok = run.tokens[S.sel ?? run.tokens.length - 1];
+      const si = selIndex(run), tok = run.tokens[si];
       if (tok && tok.trace && !S.reshaped) {
         renderDistribution(S.distNode, { candidates: tok.trace.pieces, stages: tok.trace.stages, entropy: null },
-          { chosen: tok.piece.id, label: `step ${run.tokens.indexOf(tok)}: as the engine sampled it` });
-        renderDice(body("p-dice").querySelector(".dice"), tok);
+          { chosen: tok.piece.id, step: si, greedy: tok.trace.draw && tok.trace.draw.method === "greedy",
+            label: `step ${si}: as the engine sampled it${pinNote(run, si)}` });
       }
+      if (tok && tok.trace) renderDice(body("p-dice").querySelector(".dice"), tok, si);
     }
     renderTrigram(body("p-trigram"), S.tri, S.triSel, (i) => { S.triSel = i; render(); });
     renderBlockMap(S.kvNodes.map, S.eng, run && run.rid);
@@ -63,7 +70,7 @@ function render() {
   });
 }
 
-async function go(run, reqBody, { keep = false } = {}) {
+async function go(run, reqBody, { keep = false, path = "/generate" } = {}) {
   if (S.abort) S.abort.abort();
   const ctrl = new AbortController();
   S.abort = ctrl;
@@ -72,7 +79,7 @@ async function go(run, reqBody, { keep = false } = {}) {
   $("btn-pause").disabled = false;
   status("running…");
   try {
-    await streamPost("/generate", reqBody, (ev) => {
+    await streamPost(path, reqBody, (ev) => {
       consume(run, ev);
       if (ev.type === "error") renderRejected(S.breakOut, ev);
       else if (ev.type === "start") clear(S.breakOut);        // an old rejection does not outlive a good run
@@ -80,7 +87,12 @@ async function go(run, reqBody, { keep = false } = {}) {
     }, ctrl.signal);
     status(run.error ? "rejected" : `done: ${run.finish || "paused"}`);
   } catch (e) {
-    if (e.name !== "AbortError") status(`error: ${e.message}`);
+    if (e.name !== "AbortError") {          // an HTTP refusal (a bad body): the run is rejected, not running
+      run.error = { kind: "HTTP error", error: e.message };
+      renderRejected(S.breakOut, { kind: "HTTP error", error: e.message, step_counter: "" });
+      status(`rejected: ${e.message}`);
+      render();
+    }
   } finally {
     if (S.abort === ctrl) { S.abort = null; $("btn-pause").disabled = true; }
     refineSelected();
@@ -90,8 +102,9 @@ async function go(run, reqBody, { keep = false } = {}) {
 function start(p = params()) {
   const text = $("prompt").value;
   const run = newRun(model(), "stream", p, text);
-  const done = go(run, { model: run.model, text, chat: $("chat").checked && !info().trigram, params: p });
+  const done = go(run, { model: run.model, text, chat: chatOn(), params: p });
   S.modelName = run.model;
+  userTokens(run);
   traceNow(S, { model: run.model, text, chat: $("chat").checked }).then(() => renderInside(S));
   if (info().trigram) { S.tri = run; S.triSel = null; }
   const tri = S.models.find((m) => m.trigram);
@@ -105,21 +118,81 @@ function start(p = params()) {
   return done;
 }
 
-// Step mode: one request per token (max_tokens=1) for the prompt + tokens so far; the prefix cache
-// makes each step cheap (see num_cached_tokens in panel 5/7 and the prefill size on the timeline).
+// Step mode: the Enter request itself (same prompt, seed and sliders as set now) with max_tokens = n for the
+// n-th step, so its n-th draw is the very draw Enter makes (each request's generator is seeded once; a request
+// per token with seed + i would draw differently). The prompt's KV comes from the prefix cache.
+const samplingKey = (p) => JSON.stringify([p.temperature, p.top_k, p.top_p, p.min_p, p.seed, p.stop, p.ignore_eos]);
 async function step() {
   let run = S.run;
-  if (!run || run.finish || run.error || run.model !== model() || run.promptText !== $("prompt").value) {
-    run = newRun(model(), "step", params(), $("prompt").value);
+  const p = params();
+  if (!run || run.finish || run.error || run.model !== model() || run.promptText !== $("prompt").value || run.overflow) {
+    run = newRun(model(), "step", p, $("prompt").value);
     S.prev = S.run; S.run = run; S.branch = null;
+    userTokens(run);
   }
+  const before = run.tokens.map((t) => t.piece.id);
+  const changed = before.length > 0 && samplingKey(run.params) !== samplingKey(p);
   run.mode = "step";
-  const p = { ...run.params, max_tokens: 1, seed: run.params.seed + run.tokens.length };
-  const req = run.prompt_ids ? { model: run.model, prompt_ids: [...run.prompt_ids, ...run.tokens.map((t) => t.piece.id)], params: p }
-    : { model: run.model, text: run.promptText, chat: $("chat").checked, params: p };
+  run.params = p;
+  const n = Math.min(before.length + 1, p.max_tokens);
+  const req = { model: run.model, text: run.promptText, chat: chatOn(), params: { ...p, max_tokens: n } };
   S.sel = null; S.reshaped = false;
   await go(run, req, { keep: true });
-  status(`step ${run.tokens.length}: ${run.cached ?? 0} tokens came from the prefix cache`);
+  const same = before.every((id, i) => run.tokens[i] && run.tokens[i].piece.id === id);
+  run.stepInfo = { n, seed: p.seed, same, changed };
+  status(`step ${run.tokens.length}: the Enter request with max_tokens = ${n} (seed ${p.seed}): ${run.cached ?? 0} tokens from the prefix cache`
+    + (same ? "" : "; the earlier tokens changed with the new settings"));
+  render();
+}
+
+// A request of its own for a break-it (not the page's run): its events folded into a run object.
+async function sideRun(text, p, chat) {
+  const r = newRun(model(), "stream", p, text);
+  try {
+    await streamPost("/generate", { model: r.model, text, chat, params: p }, (ev) => consume(r, ev));
+  } catch (e) { r.error = { kind: "HTTP error", error: e.message }; }
+  return r;
+}
+
+// Break it: the end token. A prompt that ends quickly, greedy, with and without ignore_eos, side by side;
+// the page's own controls are left as they were.
+async function ignoreEos(out) {
+  const text = "Say hi", chat = chatOn();
+  const base = { ...params(), temperature: 0, max_tokens: 40, stop: null };
+  clear(out, el("p", { class: "note" }, "running “Say hi” twice…"));
+  const before = await sideRun(text, { ...base, ignore_eos: false }, chat);
+  const after = await sideRun(text, { ...base, ignore_eos: true }, chat);
+  renderEosCompare(out, before, after);
+}
+
+// Break it: temperature. The same prompt and seed at temperature 0.2, 1 and 2 (top-k/top-p off).
+async function temps(out) {
+  const text = $("prompt").value, chat = chatOn();
+  clear(out, el("p", { class: "note" }, "running three continuations…"));
+  const runs = await Promise.all([0.2, 1, 2].map((t) => sideRun(text,
+    { ...params(), temperature: t, top_k: -1, top_p: 1, min_p: 0, max_tokens: 30, ignore_eos: false }, chat)));
+  renderTemps(out, runs);
+}
+
+// Break it: the context window. The server repeats the prompt's tokens until prompt + max_tokens is one more
+// than this model's window, and sends it as a real request; then the same ids go to /v1/completions.
+async function overflow() {
+  const text = $("prompt").value, p = params();
+  const run = newRun(model(), "stream", p, text);
+  run.overflow = true;
+  await go(run, { model: run.model, text, chat: chatOn(), params: p }, { path: "/overflow" });
+  const ev = run.error;
+  if (!ev || !ev.overflow) return;
+  const r = await fetch("/v1/completions", { method: "POST", headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: run.model, prompt: ev.prompt_ids, max_tokens: ev.max_tokens }) });
+  const j = await r.json().catch(() => null);
+  renderV1Check(S.breakOut, r.status, j, ev);
+}
+
+// Characters per token of the user's own text (no template): its own /tokenize, without the chat template.
+function userTokens(run) {
+  postJSON("/tokenize", { model: run.model, text: run.promptText, chat: false })
+    .then((t) => { run.userTokens = { chars: run.promptText.length, tokens: t.count }; render(); }).catch(() => {});
 }
 
 function pause() {
@@ -176,15 +249,16 @@ async function branch(i, alt) {
 const latestReshape = sequencer();
 async function refineSelected() {
   const run = S.run;
-  const tok = run && run.tokens[S.sel ?? run.tokens.length - 1];
+  const si = run ? selIndex(run) : 0;
+  const tok = run && run.tokens[si];
   if (!tok || !tok.rid) return;
   const sent = { ...S.sampling };
   try {
     const d = await latestReshape(() => reshape(run.model, tok, sent));
     if (!d) return;
     S.reshaped = true;
-    renderDistribution(S.distNode, d, { chosen: tok.piece.id, reshaped: true, params: sent,
-      label: `step ${run.tokens.indexOf(tok)} re-shaped with temperature ${sent.temperature}, top_k ${sent.top_k}, `
+    renderDistribution(S.distNode, d, { chosen: tok.piece.id, reshaped: true, params: sent, step: si, greedy: d.greedy,
+      label: `step ${si}${pinNote(run, si)} re-shaped with temperature ${sent.temperature}, top_k ${sent.top_k}, `
         + `top_p ${sent.top_p}, min_p ${sent.min_p}${d.greedy ? " (temperature 0 is greedy: the filters are skipped, argmax wins)" : ""}` });
   } catch (e) { status(e.message); }
 }
@@ -194,7 +268,9 @@ async function preview() {
   if (S.abort || !model() || (r && r.prompt_ids && r.model === model() && r.promptText === $("prompt").value)) return;
   try {
     const t = await postJSON("/tokenize", { model: model(), text: $("prompt").value, chat: $("chat").checked });
-    if (!S.abort) renderTokens(body("p-tokens"), t, { preview: true });
+    if (S.abort) return;
+    const u = $("chat").checked && t.template_used ? await postJSON("/tokenize", { model: model(), text: $("prompt").value, chat: false }) : t;
+    if (!S.abort) renderTokens(body("p-tokens"), { ...t, userTokens: { chars: $("prompt").value.length, tokens: u.count } }, { preview: true });
   } catch (e) { status(e.message); }
 }
 
@@ -222,11 +298,7 @@ async function init() {
   renderDice(dice, null);
   S.kvNodes = kvPanel(body("p-kv"), (n) => postJSON("/burst", { model: model(), n,
     text: $("prompt").value, chat: $("chat").checked, max_tokens: Number($("max_tokens").value) }));
-  S.breakOut = breakPanel(body("p-break"), {
-    ignoreEos: () => { setSlider("temperature", 0); $("ignore_eos").checked = true;
-      $("max_tokens").value = 40; return start(); },
-    overflow: () => start(params({ max_tokens: info().max_model_len })),
-  });
+  S.breakOut = breakPanel(body("p-break"), { ignoreEos, overflow, temps });
   determinismPanel(body("p-determinism"), async (n, out) => {
     clear(out, el("p", { class: "note" }, "running…"));
     renderDeterminism(out, await postJSON("/determinism", { model: model(), text: $("prompt").value, chat: $("chat").checked,
@@ -238,15 +310,15 @@ async function init() {
   $("prompt-form").addEventListener("submit", (e) => { e.preventDefault(); start(); });
   $("prompt").addEventListener("keydown", (e) => { if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); start(); } });
   let timer = null;
-  $("prompt").addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(preview, 250); });
-  $("chat").addEventListener("change", preview);
-  $("model").addEventListener("change", () => { connect(); preview();
+  $("prompt").addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(preview, 250); markStale(S, "the prompt changed"); });
+  $("chat").addEventListener("change", () => { preview(); markStale(S, "the chat template setting changed"); });
+  $("model").addEventListener("change", () => { connect(); preview(); markStale(S, "the model changed");
     getJSON(`/fast?model=${encodeURIComponent(model())}`).then((f) => { S.fast = f; render(); }); });
   $("btn-step").addEventListener("click", step);
   $("btn-pause").addEventListener("click", pause);
   $("btn-replay").addEventListener("click", replay);
   connect();
-  inside(S, { $, body, render });
+  inside(S, { $, body, render, reselect: () => { S.reshaped = false; render(); refineSelected(); } });
   getJSON(`/fast?model=${encodeURIComponent(model())}`).then((f) => { S.fast = f; render(); }).catch((e) => status(e.message));
   await preview();
   document.body.dataset.ready = "true";

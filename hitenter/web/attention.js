@@ -45,7 +45,7 @@ export async function renderAttention(body, S) {
   const heads = el("div", { class: "heads", id: "attn-heads" }, Array.from({ length: tr.heads }, (_, h) => el("button", {
     class: h === A.head ? "on" : "", dataset: { head: h }, onclick: () => { A.head = h; renderAttention(body, S); } }, h)));
   clear(body, live("softmax(QKᵀ/√d + causal mask) of the engine's model, in fp32"),
-    el("div", { class: "controls" }, el("label", {}, `layer ${A.layer} of ${tr.layers}`, layer), el("span", {}, "head"), heads),
+    el("div", { class: "controls" }, el("label", { id: "attn-layer-label" }, `layer ${A.layer + 1} of ${tr.layers}`, layer), el("span", {}, "head"), heads),
     el("p", { class: "note" }, `Each row is one token asking “which earlier tokens matter to me?”; its ${probs.length} weights sum to 1. `
       + `The upper triangle is masked: a token never sees the future. ${tr.heads} heads per layer look for different things`
       + (tr.kv_heads < tr.heads ? ` (${tr.kv_heads} key/value heads shared between them: grouped-query attention).` : ".")),

@@ -6,11 +6,21 @@ const SHOW = 15;   // candidate rows drawn (the engine traces the top 50)
 const STAGES = ["raw", "temperature", "top_k", "top_p", "min_p"];
 
 // Draw the stages of one step: `d` = {candidates: [piece], stages: [{name, probs, kept, num_kept}], entropy?}
-export function renderDistribution(body, d, { chosen = null, reshaped = false, entropy = null, label = "", params = null } = {}) {
+// Temperature 0 (greedy): the sampler takes the argmax and rolls no dice, so the distribution it samples from
+// is one-hot on the engine's top candidate (candidates come sorted by raw logit): drawn as that, not the raw spread.
+function oneHot(d) {
+  const top = d.stages[0].probs.indexOf(Math.max(...d.stages[0].probs));
+  const probs = d.stages[0].probs.map((_, i) => (i === top ? 1 : 0));
+  return { name: "greedy", probs, kept: probs.map((x) => x > 0), num_kept: 1 };
+}
+
+export function renderDistribution(body, d, { chosen = null, reshaped = false, entropy = null, label = "", params = null,
+  step = null, greedy = false } = {}) {
   const stages = d.stages.filter((s) => STAGES.includes(s.name));
-  const last = d.stages[d.stages.length - 1];
-  const head = el("tr", {}, el("th", {}, "token"), stages.map((s) => el("th", {}, s.name === "raw" ? "raw p" : `after ${s.name}`)),
-    el("th", {}, "final"));
+  const last = greedy ? oneHot(d) : d.stages[d.stages.length - 1];
+  if (greedy) stages.push(last);
+  const head = el("tr", {}, el("th", {}, "token"), stages.map((s) => el("th", {}, s.name === "raw" ? "raw p"
+    : s.name === "greedy" ? "greedy (T = 0)" : `after ${s.name}`)), el("th", {}, "final"));
   const rows = d.candidates.slice(0, SHOW).map((p, i) => {
     const kept = last.kept[i];
     return el("tr", { class: `${kept ? "" : "cut"} ${p.id === chosen ? "chosen" : ""}`,
@@ -23,9 +33,10 @@ export function renderDistribution(body, d, { chosen = null, reshaped = false, e
   clear(body,
     live(reshaped ? "reshape_distribution() on the step's cached logits (no model run)" : "the sampler's trace of this step"),
     label ? el("p", { class: "note" }, label) : null,
-    el("table", { id: "dist-table", dataset: { reshaped, kept: last.num_kept, temperature: params ? params.temperature : "",
+    el("table", { id: "dist-table", dataset: { reshaped, kept: last.num_kept, step: step ?? "", greedy, temperature: params ? params.temperature : "",
       topK: params ? params.top_k : "", topP: params ? params.top_p : "" } }, head, rows),
-    el("p", { class: "note" }, `${last.num_kept} tokens of the vocabulary still possible after the chain; greyed rows were cut.`),
+    el("p", { class: "note" }, greedy ? "temperature 0: one-hot. The top token gets probability 1, every other 0; no dice are rolled."
+      : `${last.num_kept} tokens of the vocabulary still possible after the chain; greyed rows were cut.`),
     ent ? el("p", { id: "entropy", dataset: { raw: ent[0], final: ent[ent.length - 1] } },
       `entropy: ${ent[0].toFixed(2)} bits raw → ${ent[ent.length - 1].toFixed(2)} bits after the chain`) : null);
 }
@@ -49,28 +60,38 @@ export async function reshape(model, step, params) {
 }
 
 // Panel 3: the seed, the exponential race the sampler really runs, and the chosen slice of the CDF.
-export function renderDice(body, step) {
+export function renderDice(body, step, index = null) {
   const t = step && step.trace;
   if (!t) { clear(body, live("the sampler's DrawTrace"), el("p", { class: "note" }, "Press Enter to roll.")); return; }
   const draw = t.draw;
   const last = t.stages[t.stages.length - 1];
   const cands = t.pieces.map((p, i) => ({ p, prob: last.probs[i], q: draw.q ? draw.q[i] : null })).filter((c) => c.prob > 0);
-  const segs = cands.slice(0, 30).map((c) => el("div", {
+  const win = cands.findIndex((c) => c.p.id === draw.token_id);
+  // the strip: every slice (the winner's too, however thin) and a pointer where the draw landed
+  const segs = cands.slice(0, Math.max(30, win + 1)).map((c) => el("div", {
     class: c.p.id === draw.token_id ? "chosen" : "", title: `${visible(c.p.text)} ${pct(c.prob)}`,
-    style: { width: `${(100 * c.prob).toFixed(2)}%`, background: c.p.id === draw.token_id ? "#f3b0a8" : "#c8d6f2" } },
+    style: { width: `${(100 * c.prob).toFixed(2)}%`, minWidth: c.p.id === draw.token_id ? "3px" : "",
+      background: c.p.id === draw.token_id ? "#f3b0a8" : "#c8d6f2" } },
   visible(c.p.text)));
+  const at = win < 0 ? null : cands.slice(0, win).reduce((a, c) => a + c.prob, 0) + cands[win].prob / 2;
+  const pointer = at === null ? null : el("div", { class: "pointer", id: "dice-pointer", dataset: { token: draw.token_id, at },
+    style: { left: `${(100 * at).toFixed(2)}%` } }, "▼");
   const head = el("p", { id: "dice", dataset: { method: draw.method, seed: draw.seed ?? "", token: draw.token_id } },
     draw.method === "greedy" ? "temperature 0: greedy, the argmax is taken and no dice are rolled."
       : `seed ${draw.seed}: each candidate i gets q_i ~ Exp(1) from the request's own generator; `
         + "the token with the largest p_i / q_i wins, which picks token i with probability exactly p_i.");
   const race = draw.q ? el("table", {}, el("tr", {}, el("th", {}, "token"), el("th", {}, "p"), el("th", {}, "q ~ Exp(1)"), el("th", {}, "p / q")),
-    cands.slice(0, 8).map((c) => el("tr", { class: c.p.id === draw.token_id ? "chosen" : "" },
-      el("td", {}, el("code", {}, visible(c.p.text))), el("td", {}, pct(c.prob)),
-      el("td", {}, c.q.toFixed(3)), el("td", {}, (c.prob / c.q).toFixed(4))))) : null;
+    // the top 8 by p, and the winner always (with its rank) when it is further down
+    cands.map((c, r) => [c, r]).filter(([, r]) => r < 8 || r === win).map(([c, r]) => el("tr", {
+      class: c.p.id === draw.token_id ? "chosen" : "", dataset: { id: c.p.id, rank: r } },
+    el("td", {}, r >= 8 ? `#${r + 1} ` : "", el("code", {}, visible(c.p.text))), el("td", {}, pct(c.prob)),
+    el("td", {}, c.q.toFixed(3)), el("td", {}, (c.prob / c.q).toFixed(4))))) : null;
   const chosen = cands.find((c) => c.p.id === draw.token_id);
-  clear(body, live("the sampler's DrawTrace (seed, q, chosen token)"), head,
-    el("div", { class: "cdf", title: "the final distribution laid end to end (cumulative)" }, segs),
-    el("p", { class: "note" }, chosen ? `chosen: "${visible(chosen.p.text)}" with p = ${pct(chosen.prob)}`
-      + (draw.chosen_u !== null && draw.chosen_u !== undefined ? ` · its draw q = ${draw.chosen_q.toFixed(3)} (uniform 1 − e^−q = ${draw.chosen_u.toFixed(3)})` : "") : ""),
+  clear(body, live("the sampler's DrawTrace (seed, q, chosen token)"),
+    index === null ? null : el("p", { class: "note", id: "dice-step", dataset: { step: index } }, `step ${index}`), head,
+    el("div", { class: "cdfwrap" }, pointer, el("div", { class: "cdf", title: "the final distribution laid end to end (cumulative)" }, segs)),
+    el("p", { class: "note", id: "dice-winner", dataset: { token: draw.token_id, rank: win } }, !chosen
+      ? "the chosen token is outside the traced candidates" : `chosen${win >= 8 ? ` (rank ${win + 1}, listed below the top 8)` : ""}: "${visible(chosen.p.text)}" with p = ${pct(chosen.prob)}`
+      + (draw.chosen_u !== null && draw.chosen_u !== undefined ? ` · its draw q = ${draw.chosen_q.toFixed(3)} (uniform 1 − e^−q = ${draw.chosen_u.toFixed(3)})` : "")),
     race);
 }

@@ -1,17 +1,68 @@
 // Panels 9-12: break it, determinism under load, the toy trigram model, the request inspector.
 import { el, clear, visible, pct, tokenChip, live } from "./util.js";
-import { genChips } from "./loop.js";
+import { genChips, findCycle } from "./loop.js";
 
 export function breakPanel(body, actions) {
   const out = el("div", { id: "break-out" });
+  const eosOut = el("div", { id: "eos-out" });
+  const tempOut = el("div", { id: "temps-out" });
   clear(body, live("the engine's answers to requests built to fail"),
-    el("p", {}, el("button", { id: "btn-ignore-eos", onclick: actions.ignoreEos }, "Ignore the end token"),
-      " greedy (temperature 0) with ignore_eos: nothing stops it but the budget. Panel 4 says whether it fell into a repeating loop within the budget (and outlines it)."),
-    el("p", {}, el("button", { id: "btn-overflow", onclick: actions.overflow }, "Overflow the context window"),
-      " ask for max_tokens = the whole window on top of the prompt."),
-    el("p", {}, el("b", {}, "Overrule one token: "), "click any generated token in panel 4 and pick another; every token after it changes (panel 5)."),
-    out);
+    el("p", {}, el("button", { id: "btn-overflow", onclick: () => actions.overflow() }, "Overflow the context window"),
+      " the server repeats your prompt's tokens until prompt + max_tokens is one token more than this model's window, "
+      + "and sends it as a real request; then the same ids go to POST /v1/completions."),
+    out,
+    el("p", {}, el("button", { id: "btn-ignore-eos", onclick: () => actions.ignoreEos(eosOut) }, "Ignore the end token"),
+      " “Say hi”, greedy (temperature 0, max_tokens 40), without and with ignore_eos: the model's end token stops the first; "
+      + "nothing but the budget stops the second. Your own settings are left as they are."),
+    eosOut,
+    el("p", {}, el("button", { id: "btn-temps", onclick: () => actions.temps(tempOut) }, "Turn the temperature up"),
+      " your prompt, the same seed, at temperature 0.2, 1 and 2 (top-k and top-p off): watch the text fall apart."),
+    tempOut,
+    el("p", {}, el("b", {}, "Overrule one token: "), "click any generated token in panel 4 and pick another; every token after it changes (panel 5)."));
   return out;
+}
+
+// The same overflowing ids sent to the OpenAI endpoint: its status and message.
+export function renderV1Check(node, status, j, ev) {
+  const msg = j && j.error ? j.error.message : JSON.stringify(j);
+  node.append(el("p", { id: "v1-overflow", dataset: { status, nPrompt: ev.n_prompt_tokens, maxTokens: ev.max_tokens } },
+    el("b", {}, `POST /v1/completions with the same ${ev.n_prompt_tokens} ids and max_tokens ${ev.max_tokens} → HTTP ${status}: `),
+    el("span", { class: status === 400 ? "err" : "" }, msg)));
+}
+
+function runRow(r, id) {
+  const ids = r.tokens.map((t) => t.piece.id);
+  return el("div", { id, dataset: { ids: JSON.stringify(ids), finish: r.finish || (r.error ? "error" : ""), n: ids.length } },
+    el("div", { class: "row" }, genChips(r.tokens)), el("pre", {}, r.text));
+}
+
+// Before / after of the end token: the same greedy request without and with ignore_eos.
+export function renderEosCompare(node, before, after) {
+  const cycle = findCycle(after.tokens.map((t) => t.piece.id));
+  const why = (r) => (r.error ? `rejected: ${r.error.error}` : r.finish === "stop" && r.endToken
+    ? `finish_reason stop after ${r.tokens.length} tokens: the model's end token ${r.endToken.text}`
+    : `finish_reason ${r.finish} after ${r.tokens.length} tokens`);
+  clear(node, el("div", { class: "side", id: "eos-compare" },
+    el("div", {}, el("b", {}, "without ignore_eos"), el("p", { class: "note" }, why(before)), runRow(before, "eos-before")),
+    el("div", {}, el("b", {}, "with ignore_eos"), el("p", { class: "note" }, why(after)
+      + (cycle ? ` · repeating a ${cycle.len}-token cycle from token ${cycle.start}` : "")), runRow(after, "eos-after"))),
+  before.finish === "stop" ? null : el("p", { class: "note" },
+    "This model did not emit its end token within 40 tokens here, so both ran to the budget."));
+}
+
+// Three continuations at rising temperature, with how likely the model itself found each chosen token.
+export function renderTemps(node, runs) {
+  clear(node, runs.map((r) => {
+    const raw = r.tokens.filter((t) => t.trace).map((t) => {
+      const i = t.trace.candidate_ids.indexOf(t.piece.id);
+      return i < 0 ? 0 : t.trace.stages[0].probs[i];
+    });
+    const mean = raw.length ? raw.reduce((a, b) => a + b, 0) / raw.length : 0;
+    return el("div", { class: "temprow", dataset: { temperature: r.params.temperature, meanRawP: mean } },
+      el("b", {}, `temperature ${r.params.temperature}`),
+      el("span", { class: "note" }, ` · mean p the model gave its chosen tokens (at T = 1): ${pct(mean)}`),
+      runRow(r, `temp-${String(r.params.temperature).replace(".", "_")}`));
+  }));
 }
 
 // A refused request: a context overflow shows its arithmetic; any other refusal just its reason.

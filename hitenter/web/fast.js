@@ -12,7 +12,7 @@ export function renderFast(body, f, run, eng) {
   const itl = run && run.itl && run.itl.length ? run.itl.reduce((a, b) => a + b, 0) / run.itl.length : null;
   const tiles = Math.max(1, Math.ceil(ctx / f.key_tile));
   const accepted = steps.map((s) => s.accepted || 1);
-  const batches = eng ? eng.steps.slice(-40).map((s) => s.batch.length) : [];
+  const batches = eng ? eng.steps.filter((s) => s.batch.length).slice(-40).map((s) => s.batch.length) : [];
   clear(body, live("the engine's model, KV cache and steps"),
     el("table", { id: "fast", dataset: { weightBytes: f.weight_bytes, bandwidth: f.bandwidth, ceiling, tiles, spec: f.spec ? f.spec.method : "" } },
       el("tr", {}, el("th", {}, "weights"), el("td", {}, `${f.weight_format}: ${bytes(f.weight_bytes)}, all read once per decode step`)),

@@ -35,7 +35,7 @@ export function renderBlockMap(node, eng, mine) {
       title: `block ${id}: ref ${ref}${owners.length ? ` · ${owners.join(", ")}` : ""}${hashed ? " · hashed (prefix-cache hittable)" : ""}${free ? " · free" : ""}`,
       dataset: { blockId: id, ref, owners: owners.join(","), hashed, free } }, ref > 1 ? `×${ref}` : id));
   }
-  const batches = eng.steps.slice(-60).map((s) => el("div", { class: "batchcol", title: `step ${s.step_id}: ${s.batch.length} request(s)`,
+  const batches = eng.steps.filter((s) => s.batch.length).slice(-60).map((s) => el("div", { class: "batchcol", title: `step ${s.step_id}: ${s.batch.length} request(s)`,
     dataset: { step: s.step_id, size: s.batch.length } },
   s.batch.map(([rid, kind, , n]) => el("div", { class: kind, style: { background: colourOf(rid) }, title: `${rid} ${kind} ${n}` }))));
   clear(node,

@@ -46,6 +46,10 @@ export function renderLoop(body, run, onPick) {
       + "greedy decoding ran to the budget without repeating itself (a larger max_tokens may show one).") : null;
   clear(body, live("one RequestOutput per engine step; colours = p of the chosen token"),
     el("p", { class: "note" }, `mode: ${run.mode} · ${run.tokens.length} tokens generated · each token is one more trip through the model`),
+    run.stepInfo ? el("p", { class: "note", id: "step-note", dataset: { n: run.stepInfo.n, seed: run.stepInfo.seed, same: run.stepInfo.same } },
+      `Step sends the same request as Enter (this prompt, seed ${run.stepInfo.seed}, the sliders as set now) with max_tokens = `
+      + `${run.stepInfo.n}: its token ${run.stepInfo.n - 1} is the very draw Enter makes, and the prompt comes from the prefix cache.`
+      + (run.stepInfo.same ? "" : " The settings changed since the last step, so the earlier tokens were drawn again with them.")) : null,
     el("div", { class: "row gen", id: "gen-tokens", dataset: { ids: JSON.stringify(ids), finish: run.finish || "" } },
       genChips(run.tokens, { onPick, cycle, span: run.stopSpan })),
     cycle ? el("p", { class: "err", id: "cycle", dataset: { len: cycle.len, start: cycle.start } },
@@ -88,7 +92,7 @@ export function renderStop(body, run, eog) {
   }
   clear(body, live("finish_reason / stop_reason of the RequestOutput"),
     el("p", { id: "finish", dataset: { reason: run.finish || "", stop: run.stopReason ?? "" } },
-      run.finish ? `finish_reason: ${run.finish}` : run.error ? "rejected" : "running…",
+      run.finish ? `finish_reason: ${run.finish}` : run.error ? "rejected before any token: nothing was generated" : "running…",
       run.finish === "stop" && typeof run.stopReason === "string" ? ` (stop string "${run.stopReason}")` : ""),
     endInfo,
     run.stopSpan ? el("p", { id: "stop-span", dataset: { first: run.stopSpan[0], last: run.stopSpan[1] } },

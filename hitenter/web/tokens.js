@@ -5,7 +5,9 @@ import { el, clear, tokenChip, live } from "./util.js";
 export function renderTokens(body, src, { preview = false } = {}) {
   const n = src.pieces.length;
   const frac = Math.min(1, n / src.max_model_len);
-  const chars = src.pieces.reduce((a, p) => a + (p.special ? 0 : p.text.length), 0);
+  // characters per token of the user's own text (its own tokenization, without the chat template)
+  const u = src.userTokens;
+  const perTok = u && u.tokens ? u.chars / u.tokens : null;
   clear(body,
     live(preview ? "the engine's tokenizer (preview while you type)" : "the request's prompt_token_ids"),
     el("div", { class: "row", id: "prompt-tokens", dataset: { ids: JSON.stringify(src.prompt_ids || src.ids),
@@ -13,7 +15,9 @@ export function renderTokens(body, src, { preview = false } = {}) {
     src.pieces.map((p) => tokenChip(p))),
     el("p", { class: "note" },
       `${n} tokens${src.template_used ? " (the chat template and its special tokens included)" : ""}`,
-      chars ? ` · ${(chars / Math.max(1, n)).toFixed(1)} characters per token` : "",
+      perTok ? el("span", { id: "chars-per-token", dataset: { chars: u.chars, tokens: u.tokens, ratio: perTok } },
+        ` · your text: ${u.chars} characters in ${u.tokens} tokens = ${perTok.toFixed(1)} characters per token`
+        + (src.template_used ? " (counted without the template)" : "")) : "",
       " · · is a space, ↵ a newline, dashed boxes are raw byte pieces, dark ones special tokens."),
     el("div", { class: "meter", title: "prompt tokens against the context window" },
       el("div", { style: { width: `${(100 * frac).toFixed(2)}%` } })),

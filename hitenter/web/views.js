@@ -15,6 +15,7 @@ const node = (id) => (id === "p-attn" ? H.body(id).querySelector(".attn") : H.bo
 // Trace the prompt on the engine's model (outside its scheduler). Sets S.trace, or S.traceError.
 export async function traceNow(S, req) {
   const mine = (S.traceSeq = (S.traceSeq || 0) + 1);
+  Object.assign(S, { tracedText: req.text, tracedModel: req.model });
   try {
     const tr = await postJSON("/trace", req);
     if (mine !== S.traceSeq) return;
@@ -32,15 +33,37 @@ function traceMissing(S) {
   }
 }
 
+// After a prompt, template or model change the traced panels describe another input: mark them (a banner
+// and data-stale on each section) until the next Enter traces the new one.
+export function markStale(S, why) {
+  if (!H || (!S.trace && !S.traceError)) return;
+  for (const id of INSIDE) {
+    const sec = H.$(id);
+    sec.dataset.stale = "true";
+    let b = sec.querySelector(".stale");
+    if (!b) { b = el("p", { class: "stale" }); sec.querySelector("h2").after(b); }
+    b.textContent = `${why}: this panel still shows the trace of “${(S.tracedText ?? "").slice(0, 40)}”${S.tracedModel ? ` on ${S.tracedModel}` : ""}. Press Enter to trace the new one.`;
+  }
+}
+
+function unmarkStale() {
+  for (const id of INSIDE) {
+    const sec = H.$(id);
+    delete sec.dataset.stale;
+    sec.querySelectorAll(".stale").forEach((b) => b.remove());
+  }
+}
+
 export async function renderInside(S) {
   if (!H) return;
+  unmarkStale();
   document.body.dataset.traced = S.trace ? S.trace.trace_id : "";
   if (!S.trace) { traceMissing(S); return; }
   const jobs = [renderEmbedding(node("p-embed"), S), renderRope(node("p-rope"), S),
     renderAttention(node("p-attn"), S), renderResidual(node("p-resid"), S), renderLogits(node("p-logits"), S)];
   await Promise.all(jobs.map((j) => j.catch((e) => console.warn(e))));
   document.body.dataset.insideReady = S.trace.trace_id;
-  if (story) story.refresh();
+  if (story && document.body.dataset.view === "story") story.refresh();    // never pull panels off the dashboard
 }
 
 function setView(view) {
@@ -50,7 +73,7 @@ function setView(view) {
   H.$("view-dash").classList.toggle("on", view === "dashboard");
   if (view === "story") story.refresh();
   else story.putBack();
-  H.render();
+  if (H.reselect) H.reselect(); else H.render();
 }
 
 export function inside(S, helpers) {
