@@ -126,6 +126,8 @@ export function storyMode(root, S, onShow) {
     next.disabled = i === STEPS.length - 1;
     document.querySelectorAll(".sliders input").forEach((inp) => inp.classList.toggle("focus", inp.id === `slider-${s.key}`));
     rail.querySelectorAll("li").forEach((li, j) => { li.className = j === i ? "on" : j < i ? "done" : ""; });
+    const on = rail.children[i];       // a one-line rail (phones): keep the current step in view
+    if (rail.scrollWidth > rail.clientWidth) rail.scrollLeft = Math.max(0, on.offsetLeft - rail.offsetLeft - 40);
     onShow(s);
   }
   return { show, putBack, refresh: () => show(S.story ?? 0) };
