@@ -86,7 +86,7 @@ def test_stream_as_the_sdk_accumulates_it(client: anthropic.Anthropic) -> None:
     assert text == final.content[0].text == whole.content[0].text and final.stop_reason == "max_tokens"  # type: ignore[union-attr]
     assert final.usage.output_tokens == 6 and final.usage.input_tokens == whole.usage.input_tokens
     with client.messages.stream(model="tiny", max_tokens=200, messages=USER, tools=[TOOL],  # type: ignore[list-item, arg-type]
-                                tool_choice={"type": "any"}) as stream:
+                                tool_choice={"type": "any", "disable_parallel_tool_use": True}) as stream:
         kinds = [e.type for e in stream]
         final = stream.get_final_message()
     uses = [b for b in final.content if b.type == "tool_use"]

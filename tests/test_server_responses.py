@@ -96,7 +96,7 @@ def test_stream_as_the_sdk_parses_it(client: openai.OpenAI) -> None:
                           "response.incomplete"]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     with client.responses.stream(model="tiny", input="Weather?", tools=[TOOL], tool_choice="required",  # type: ignore[list-item]
-                                 max_output_tokens=200) as stream:
+                                 parallel_tool_calls=False, max_output_tokens=200) as stream:
         args = [e.delta for e in stream if e.type == "response.function_call_arguments.delta"]
         done = stream.get_final_response()
     calls = [o for o in done.output if o.type == "function_call"]

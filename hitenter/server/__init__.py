@@ -1,4 +1,5 @@
-"""OpenAI-compatible HTTP server: ``create_app(engine)`` builds the FastAPI app in-process,
+"""The HTTP server (OpenAI's, Anthropic's and Ollama's APIs on one port): ``create_app(engine)`` builds
+the FastAPI app in-process,
 ``serve(model=..., host=..., port=...)`` is what ``hitenter serve`` runs. Imported lazily (no torch on import)."""
 
 from __future__ import annotations
