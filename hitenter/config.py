@@ -168,10 +168,10 @@ class CacheConfig:
     kv_cache_memory: int | None = _opt(None, "bytes of KV cache (default: a share of RAM)")
     enable_prefix_caching: bool = _opt(True, "reuse the KV of shared prompt prefixes",
                                        flag="--no-enable-prefix-caching")
-    kv_cache_dtype: str = _opt("auto", "KV cache elements: auto = the weights' dtype for dense float32 / bfloat16 "
-                                       "weights (the fp32 reference stays fp32), else half precision: float16 "
-                                       "where the CPU converts it in hardware (F16C), bfloat16 otherwise "
-                                       "(hitenter/models/kv_dtype.py)", choices=KV_CACHE_DTYPES)
+    kv_cache_dtype: str = _opt("auto", "KV cache elements: auto = the activations' dtype (fp32 for GGUF blocks "
+                                       "and the float32 reference, bf16 for bfloat16 weights); bfloat16 / "
+                                       "float16 halve the bytes per token (hitenter/models/kv_dtype.py)",
+                               choices=KV_CACHE_DTYPES)
 
     def __post_init__(self) -> None:
         kvd = str(self.kv_cache_dtype).removeprefix("torch.")

@@ -273,7 +273,8 @@ def launch_runner(spec: str, path: str, dtype: torch.dtype, cfg: ModelConfig, mo
         workers.start(1, dict(port=workers.port, path=str(path), dtype=dtype, num_threads=threads,
                               block_size=block_size, max_model_len=max_model_len, chunk=chunk,
                               batch_invariant=bool(getattr(model, "batch_invariant", True)),
-                              weight_format=str(getattr(model, "weight_format", "dense"))),
+                              weight_format=str(getattr(model, "weight_format", "dense")),
+                              kv_dtype=kv_caches[0].dtype if kv_caches else dtype),
                       module="hitenter.distributed.disagg_worker")
         torch.set_num_threads(threads)
         _wait_ready(workers, 1, "prefill worker", DisaggregationError)
@@ -285,5 +286,6 @@ def launch_runner(spec: str, path: str, dtype: torch.dtype, cfg: ModelConfig, mo
         workers.close()
         raise
     timeout = float(os.environ.get("HITENTER_DISAGG_TIMEOUT_S", "300"))
-    client = PrefillClient(workers, (cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim), dtype, timeout)
+    client = PrefillClient(workers, (cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim),
+                           kv_caches[0].dtype if kv_caches else dtype, timeout)
     return DisaggModelRunner(model, kv_caches, block_size, client)

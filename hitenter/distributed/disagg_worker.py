@@ -63,7 +63,7 @@ def prefill_kv(model: Any, ids: torch.Tensor, kv_caches: list[torch.Tensor], blo
 
 def prefill_worker_main(rank: int, port: int, path: str, dtype: torch.dtype, num_threads: int, block_size: int,
                         max_model_len: int, chunk: int, batch_invariant: bool, ctrl: Any, parent_pid: int,
-                        weight_format: str = "dense") -> None:
+                        weight_format: str = "dense", kv_dtype: torch.dtype | None = None) -> None:
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     torch.set_num_threads(num_threads)
     try:
@@ -76,7 +76,8 @@ def prefill_worker_main(rank: int, port: int, path: str, dtype: torch.dtype, num
         model.eval()
         if hasattr(model, "batch_invariant"):
             model.batch_invariant = batch_invariant
-        kv_caches = allocate_kv_caches(cfg, -(-max_model_len // block_size), block_size, dtype)
+        # the decoding engine's cache elements, so the KV shipped is bitwise what it would have written
+        kv_caches = allocate_kv_caches(cfg, -(-max_model_len // block_size), block_size, kv_dtype or dtype)
         from hitenter.models.plan import apply_plan, build_plan
 
         apply_plan(model, build_plan(model, kv_caches, dtype, batch_invariant))   # the engine's row paths

@@ -173,21 +173,24 @@ class DistributedModelRunner(ModelRunner):
 
     @classmethod
     def launch(cls, model: CausalLM, dtype: torch.dtype, num_blocks: int, block_size: int,
-               batch_invariant: bool = True, timeout_s: float | None = None) -> DistributedModelRunner:
-        """Join the group with the workers `load_rank0` started, size their KV caches, return the runner."""
+               batch_invariant: bool = True, timeout_s: float | None = None,
+               kv_dtype: torch.dtype | None = None) -> DistributedModelRunner:
+        """Join the group with the workers `load_rank0` started, size their KV caches (of `kv_dtype`,
+        default `dtype`), return the runner."""
         workers = getattr(model, "_tp_workers", None)
         if not isinstance(workers, _Workers) or workers.closed:
             raise ValueError("launch() needs rank 0's shard, built by load_rank0()")
         group: TPGroup = model.tp   # type: ignore[assignment]
         try:
             model.batch_invariant = batch_invariant
-            kv = allocate_kv_caches(model.config, num_blocks, block_size, dtype,
+            kv_dtype = kv_dtype or dtype
+            kv = allocate_kv_caches(model.config, num_blocks, block_size, kv_dtype,
                                     num_kv_heads=model.layers[0].num_kv_heads)
             _wait_ready(workers, group.size - 1)
             timeout = timeout_s or float(os.environ.get("HITENTER_TP_TIMEOUT_S", "120"))
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{workers.port}", rank=0,
                                     world_size=group.size, timeout=timedelta(seconds=timeout))
-            broadcast_object(("init", num_blocks, block_size, batch_invariant))
+            broadcast_object(("init", num_blocks, block_size, batch_invariant, str(kv_dtype).removeprefix("torch.")))
         except BaseException:
             workers.healthy = False
             workers.close()

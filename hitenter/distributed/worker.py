@@ -98,8 +98,9 @@ def worker_main(rank: int, size: int, port: int, path: str, dtype: torch.dtype, 
     with serving(ctrl, rank):
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
                                 timeout=WORKER_TIMEOUT)
-        _, num_blocks, block_size, model.batch_invariant = broadcast_object(None)   # ("init", ...)
-        kv_caches = allocate_kv_caches(cfg, num_blocks, block_size, dtype, num_kv_heads=model.layers[0].num_kv_heads)
+        _, num_blocks, block_size, model.batch_invariant, kv_name = broadcast_object(None)   # ("init", ...)
+        kv_caches = allocate_kv_caches(cfg, num_blocks, block_size, getattr(torch, kv_name),
+                                       num_kv_heads=model.layers[0].num_kv_heads)
         with torch.inference_mode():
             while True:
                 msg = broadcast_object(None)

@@ -101,7 +101,15 @@ def _load(cfg: EngineConfig, dtype: torch.dtype) -> tuple[str, torch.nn.Module, 
     return path, net, mcfg, Tokenizer.from_gguf(path)
 
 
+def kv_cache_torch_dtype(cfg: EngineConfig, dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's element type for the option `kv_cache_dtype` (hitenter/models/kv_dtype.py)."""
+    from hitenter.models.kv_dtype import resolve_kv_dtype
+
+    return resolve_kv_dtype(cfg.cache.kv_cache_dtype, dtype, cfg.load.dtype)
+
+
 def _num_blocks(cfg: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype, max_model_len: int) -> int:
+    """Blocks in the budget; `dtype`: the KV cache's element type (its bytes per token)."""
     bs = cfg.cache.block_size
     per_token = mcfg.kv_bytes_per_token(torch.empty(0, dtype=dtype).element_size())
     per_block = per_token * bs
@@ -118,11 +126,12 @@ def _num_blocks(cfg: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype, max_mo
 
 
 def _runner(cfg: EngineConfig, path: str, net: torch.nn.Module, mcfg: ModelConfig, dtype: torch.dtype,
-            num_blocks: int, sched: SchedulerConfig) -> ModelRunner:
+            num_blocks: int, sched: SchedulerConfig, kv_dtype: torch.dtype | None = None) -> ModelRunner:
     from hitenter.models.attention import allocate_kv_caches
 
     bs, tp = cfg.cache.block_size, cfg.parallel.tensor_parallel_size
-    kv_caches = allocate_kv_caches(mcfg, num_blocks, bs, dtype) if tp == 1 else []
+    kv_dtype = kv_dtype or dtype
+    kv_caches = allocate_kv_caches(mcfg, num_blocks, bs, kv_dtype) if tp == 1 else []
     runner = ModelRunner(net, kv_caches, bs)
     if tp > 1:   # this process becomes rank 0 of a tensor-parallel group and spawns the others
         from hitenter.distributed.runner import DistributedModelRunner
@@ -132,7 +141,8 @@ def _runner(cfg: EngineConfig, path: str, net: torch.nn.Module, mcfg: ModelConfi
         if not isinstance(net, CausalLM):
             raise ValueError("tensor_parallel_size: only GGUF transformer models can be sharded")
         check_shardable(mcfg)
-        runner = DistributedModelRunner.launch(net, dtype, num_blocks, bs, cfg.load.batch_invariant)
+        runner = DistributedModelRunner.launch(net, dtype, num_blocks, bs, cfg.load.batch_invariant,
+                                               kv_dtype=kv_dtype)
     if cfg.parallel.disaggregate is not None:   # a prefill worker process computes prompts' KV; this one decodes
         from hitenter.distributed.disagg import launch_runner
 
@@ -169,24 +179,26 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     if max_model_len > mcfg.context_length:
         raise ValueError(f"max_model_len: {max_model_len} exceeds the model's context length {mcfg.context_length}")
     sched_cfg = dataclasses.replace(cfg.scheduler, max_model_len=max_model_len)
-    num_blocks = _num_blocks(cfg, mcfg, dtype, max_model_len)
+    kv_dtype = kv_cache_torch_dtype(cfg, dtype)
+    num_blocks = _num_blocks(cfg, mcfg, kv_dtype, max_model_len)
     decode_kernel.load()   # build / load the fused attention kernel at start-up, not on the first request
     if mcfg.sliding_window:   # sliding-window layers keep their old blocks (masked): say what that costs
         from hitenter.models.decoder import windowed_kv_bytes
 
         now, held = windowed_kv_bytes(mcfg, max_model_len, cfg.cache.block_size,
-                                      torch.empty(0, dtype=dtype).element_size())
+                                      torch.empty(0, dtype=kv_dtype).element_size())
         log.info("sliding window %d: a %d-token sequence holds %.1f MB of KV; freeing the blocks outside the "
                  "local layers' windows would leave %.1f MB (%.0f%% less)", mcfg.sliding_window, max_model_len,
                  now / 1e6, held / 1e6, 100 * (1 - held / now))
-    runner = _runner(cfg, path, net, mcfg, dtype, num_blocks, sched_cfg)
+    runner = _runner(cfg, path, net, mcfg, dtype, num_blocks, sched_cfg, kv_dtype)
     plan = build_plan(runner.model, runner.kv_caches, dtype, cfg.load.batch_invariant)
     apply_plan(runner.model, plan)
     runner.plan = plan
     log.info("kernel plan for %s:\n%s", path, plan.describe())
     kv_manager = KVCacheManager(num_blocks, cfg.cache.block_size, cfg.cache.enable_prefix_caching)
     spec = build_spec_decoder(cfg.speculative, tokenizer, mcfg.vocab_size, max_model_len, num_blocks,
-                              cfg.cache.block_size, dtype, cfg.load.dtype, cfg.load.quantization)
+                              cfg.cache.block_size, dtype, cfg.load.dtype, cfg.load.quantization,
+                              kv_dtype=kv_dtype)
     trim_heap()   # the load's freed temporaries
     _freeze_gc_once()
     return EngineParts(path, mcfg, tokenizer, runner.model, runner, kv_manager, Scheduler(sched_cfg, kv_manager),

@@ -24,8 +24,11 @@ varies only varies in ways that do not change a row's bits on torch CPU:
 Generation rows (position >= prompt length - 1, given per sequence as `kernel_from`) go instead to a
 fused kernel that reads the paged cache in place (decode_kernel.py): a row's path depends on its
 position only, so the contract holds for both paths. Without `kernel_from`, or where the kernel is not
-built, every row takes the GEMM path; where the cache is fp32 and the prompt kernel is built
+built, every row takes the GEMM path; where the queries are fp32 and the prompt kernel is built
 (prompt_kernel.py), it replaces the GEMM path for every caller (which then is reference and fallback).
+
+Cache element type (kv_dtype.py): fp32, bf16 or f16. write_kv rounds the new K/V to it; the GEMM path
+widens the gathered blocks to the query dtype (exactly) before its GEMMs; the kernels widen as they load.
 """
 
 from __future__ import annotations
@@ -193,7 +196,8 @@ def _group(its: list[tuple[list[int], list[int], list[int]]], rows_m: int, nt: i
 
 def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int,
                        dtype: torch.dtype = torch.float32, num_kv_heads: int | None = None) -> list[torch.Tensor]:
-    """One zeroed tensor `[2, num_kv_heads, num_blocks, block_size, head_dim]` per layer.
+    """One zeroed tensor `[2, num_kv_heads, num_blocks, block_size, head_dim]` per layer, of `dtype` (the
+    cache's element type: float32, bfloat16 or float16, hitenter/models/kv_dtype.py).
 
     num_kv_heads: the KV heads this process holds (a tensor-parallel rank's shard); default all."""
     if num_blocks <= 0 or block_size <= 0:
@@ -230,6 +234,8 @@ def _attend_group(qz: torch.Tensor, kv_cache_layer: torch.Tensor, grp: _Group,
     idx = grp.flat_index(2 * kvh, num_blocks)
     buf = _scratch(workspace, kv_cache_layer.dtype, idx.numel() * bs * d).view(-1, bs * d)
     torch.index_select(kv_cache_layer.view(-1, bs * d), 0, idx, out=buf)
+    if buf.dtype != qz.dtype:          # a half-precision cache: widened (exactly) to the query dtype
+        buf = _scratch(workspace, qz.dtype, buf.numel()).view_as(buf).copy_(buf)
     kv = buf.view(2, kvh, b, -1, d)
     if kv.shape[3] != length:          # block size not dividing KEY_TILE: cut the extra keys
         kv = kv[:, :, :, :length]

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hitenter.kernels.build import LazyLibrary
+from hitenter.models.kv_dtype import KV_TYPE_CODES, type_codes
 
 if TYPE_CHECKING:
     from hitenter.models.attention import AttentionMetadata
@@ -51,9 +52,10 @@ load = LazyLibrary("decode_attention", SOURCE, [SOURCE.parent / "vec16.h"], "HIT
 
 
 def supports(kv_cache_layer: torch.Tensor, num_heads: int, q_dtype: torch.dtype) -> bool:
-    """True if the kernel is loaded and handles this cache (dtype, head_dim, GQA group) and query dtype."""
+    """True if the kernel is loaded and handles this cache (dtype, head_dim, GQA group) and query dtype:
+    fp32 / bf16 / f16 caches with fp32 queries, or with queries of the cache's own dtype."""
     _, kvh, _, _, d = kv_cache_layer.shape
-    return (kv_cache_layer.dtype in (torch.float32, torch.bfloat16) and q_dtype == kv_cache_layer.dtype
+    return (kv_cache_layer.dtype in KV_TYPE_CODES and q_dtype in (torch.float32, kv_cache_layer.dtype)
             and kv_cache_layer.device.type == "cpu" and kv_cache_layer.is_contiguous()
             and d % 16 == 0 and d <= MAX_HEAD_DIM and num_heads % kvh == 0 and num_heads // kvh <= MAX_GROUP
             and load() is not None)
@@ -81,13 +83,13 @@ def decode_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, ctx_lens: to
     if lib is None:
         raise RuntimeError("decode attention kernel is not available")
     q = q.contiguous()
-    if q.dtype != kv_cache_layer.dtype or not kv_cache_layer.is_contiguous():
+    if q.dtype not in KV_TYPE_CODES or kv_cache_layer.dtype not in KV_TYPE_CODES or not kv_cache_layer.is_contiguous():
         raise ValueError(f"decode_attention: query {q.dtype} / cache {kv_cache_layer.dtype}, contiguous cache needed")
     r, h, d = q.shape
     _, kvh, nb, bs, _ = kv_cache_layer.shape
     out = torch.empty_like(q)
     rc = lib.decode_attention(q.data_ptr(), out.data_ptr(), kv_cache_layer.data_ptr(),
-                              int(kv_cache_layer.dtype == torch.bfloat16), r, ctx_lens.data_ptr(),
+                              type_codes(kv_cache_layer.dtype, q.dtype), r, ctx_lens.data_ptr(),
                               table_starts.data_ptr(), tables.data_ptr(), h, kvh, nb, bs, d, scale,
                               int(window or 0), torch.get_num_threads())
     if rc == -2:

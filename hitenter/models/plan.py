@@ -23,7 +23,7 @@ from hitenter.models.attention import KEY_TILE, ROW_MULTIPLE
 
 @dataclass(frozen=True)
 class KernelPlan:
-    dtype: str                    # compute dtype of the dense weights and the KV cache
+    dtype: str                    # compute dtype of the dense weights (activations)
     dense_gemm: str               # "packed" (oneDNN, packed at load) | "plain" (F.linear) | "none" (no dense linears)
     dense_gemm_why: str
     row_multiple: int             # dense GEMM rows padded to this multiple (1: no padding)
@@ -34,10 +34,13 @@ class KernelPlan:
     quant_kernel: str = "none"    # the native quantized-matmul kernel (hitenter/kernels): its ISA, or "none"
     fused_decode: str = "off"     # generation rows through the fused native layers (models/fused_decode.py)
     fused_prompt_max: int = 0     # prompts up to this many tokens run every row fused too (0: none)
+    kv_cache_dtype: str = "float32"   # the KV cache's elements (models/kv_dtype.py); "none" without a local cache
+    kv_bytes_per_token: int = 0       # K and V of one token over all layers, in those elements
 
     def describe(self) -> str:
         return "\n".join([
             f"dtype              {self.dtype}",
+            f"KV cache dtype     {self.kv_cache_dtype} ({self.kv_bytes_per_token} bytes per token)",
             f"dense GEMM         {self.dense_gemm} ({self.dense_gemm_why})",
             f"row padding        {self.row_multiple} (batch_invariant={self.batch_invariant})",
             f"attention padding  {self.attention_row_multiple}",
@@ -92,9 +95,11 @@ def build_plan(model: torch.nn.Module, kv_caches: list[torch.Tensor], dtype: tor
         heads = layers[0].num_heads    # this rank's heads under tensor parallelism
     use, kwhy = _attention_kernel(kv_caches[0] if kv_caches else None, heads, dtype)
     rows = ROW_MULTIPLE if batch_invariant and getattr(model, "dense_gemms", False) else 1
+    kv_dtype = str(kv_caches[0].dtype).removeprefix("torch.") if kv_caches else "none"
+    per_token = sum(c[:, :, 0, 0].numel() * c.element_size() for c in kv_caches)
     return KernelPlan(str(dtype).removeprefix("torch."), dense, why, rows,
                       attention_row_multiple(dtype, cfg.head_dim, KEY_TILE), use, kwhy, batch_invariant,
-                      _quant_kernel(model), *_fused(model, kv_caches, use))
+                      _quant_kernel(model), *_fused(model, kv_caches, use), kv_dtype, per_token)
 
 
 def _quant_kernel(model: torch.nn.Module) -> str:
@@ -133,5 +138,8 @@ def _fused(model: torch.nn.Module, kv_caches: list[torch.Tensor], attention_kern
 def apply_plan(model: torch.nn.Module, plan: KernelPlan) -> None:
     """Give the model the plan's fused-prompt length (read by the runner and the playground's trace): the
     one load-time choice that needs the KV cache, so it cannot be a constructor argument. Batch invariance
-    is the model's constructor argument (decoder.CausalLM)."""
+    is the model's constructor argument (decoder.CausalLM). Also the KV cache's element type, which the
+    trace's private cache takes so its logits stay the engine's bits."""
     model.fused_prompt_max = plan.fused_prompt_max
+    if plan.kv_cache_dtype != "none":
+        model.kv_cache_dtype = getattr(torch, plan.kv_cache_dtype)

@@ -6,7 +6,7 @@ prompt that was ~2/3 of a SmolLM2 prefill. The kernel reads the cache in place, 
 time across a block of rows (keys reused by every row of the block), and keeps an online softmax.
 
 Which rows: every row the GEMM path would take (prompt rows, before the request's last prompt token;
-all rows for callers without generation rows) wherever the cache is fp32, so a row's path still
+all rows for callers without generation rows) wherever the queries are fp32 (the cache fp32, bf16 or f16), so a row's path still
 depends on its position only (attention.py's batch-invariance contract): the kernel's row results do
 not depend on the rows that share its block or on the chunking (tested).
 `HITENTER_PROMPT_KERNEL=0`, or no compiler: the GEMM path.
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hitenter.kernels.build import LazyLibrary
+from hitenter.models.kv_dtype import KV_TYPE_CODES, type_codes
 
 if TYPE_CHECKING:
     from hitenter.models.attention import AttentionMetadata
@@ -34,7 +35,7 @@ SOURCE = Path(__file__).resolve().parent / "csrc" / "prompt_attention.c"
 def _declare(lib: ctypes.CDLL) -> None:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.prompt_attention.restype = i32
-    lib.prompt_attention.argtypes = [p, p, p, i64, p, p, p, p, p, i32, i32, i64, i32, i32, ctypes.c_float, i64, i32]
+    lib.prompt_attention.argtypes = [p, p, p, i32, i64, p, p, p, p, p, i32, i32, i64, i32, i32, ctypes.c_float, i64, i32]
 
 
 # the compiled kernel, or None (disabled, no compiler, or a failed build: logged once)
@@ -44,7 +45,7 @@ load = LazyLibrary("prompt_attention", SOURCE, [SOURCE.parent / "vec16.h"], "HIT
 
 def supports(kv_cache_layer: torch.Tensor, num_heads: int, q_dtype: torch.dtype) -> bool:
     _, kvh, _, _, d = kv_cache_layer.shape
-    return (kv_cache_layer.dtype == torch.float32 and q_dtype == torch.float32 and kv_cache_layer.is_contiguous()
+    return (kv_cache_layer.dtype in KV_TYPE_CODES and q_dtype == torch.float32 and kv_cache_layer.is_contiguous()
             and kv_cache_layer.device.type == "cpu" and d % 16 == 0 and d <= 256 and num_heads % kvh == 0
             and num_heads // kvh <= 16 and load() is not None)
 
@@ -80,7 +81,8 @@ def prompt_attention(q: torch.Tensor, out: torch.Tensor, kv_cache_layer: torch.T
         raise ValueError(f"prompt_attention: a block id outside the cache's {nb} blocks")
     t = [torch.tensor(x, dtype=torch.long) for x in (row0, nrows, pos0, starts, flat)]
     q = q.contiguous()
-    rc = lib.prompt_attention(q.data_ptr(), out.data_ptr(), kv_cache_layer.data_ptr(), len(row0),
+    rc = lib.prompt_attention(q.data_ptr(), out.data_ptr(), kv_cache_layer.data_ptr(),
+                              type_codes(kv_cache_layer.dtype, torch.float32), len(row0),
                               *(x.data_ptr() for x in t), q.shape[1], kvh, nb, bs, d, scale, int(window or 0),
                               torch.get_num_threads())
     if rc != 0:

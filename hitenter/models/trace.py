@@ -74,8 +74,9 @@ def _private_cache(model: torch.nn.Module, n: int, num_prompt: int, block_size: 
     from hitenter.models.attention import AttentionMetadata, allocate_kv_caches
 
     blocks = -(-n // block_size)
-    caches = allocate_kv_caches(model.config, blocks, block_size, model.dtype,
-                                num_kv_heads=model.layers[0].num_kv_heads)
+    # the engine's cache element type (set by plan.apply_plan; kv_dtype.py), so the layers round K/V as there
+    kv_dtype = getattr(model, "kv_cache_dtype", model.dtype)
+    caches = allocate_kv_caches(model.config, blocks, block_size, kv_dtype, num_kv_heads=model.layers[0].num_kv_heads)
     meta = AttentionMetadata(query_start_loc=[0, n], seq_lens=[n], block_tables=[list(range(blocks))],
                              slot_mapping=torch.arange(n, dtype=torch.long), block_size=block_size,
                              kernel_from=[0 if num_prompt <= getattr(model, "fused_prompt_max", 0) else num_prompt - 1],

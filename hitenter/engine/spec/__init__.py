@@ -37,8 +37,9 @@ def check_vocab_compatible(target_tok: Any, draft_tok: Any, target_vocab: int, d
 
 def build_spec_decoder(cfg: SpeculativeConfig, tokenizer: Any, vocab_size: int, max_model_len: int,
                        num_blocks: int, block_size: int, dtype: torch.dtype, load_dtype: str = "auto",
-                       quantization: str | None = None) -> SpecDecoder | None:
-    """The engine's SpecDecoder from its (validated) speculative options, or None when speculation is off."""
+                       quantization: str | None = None, kv_dtype: torch.dtype | None = None) -> SpecDecoder | None:
+    """The engine's SpecDecoder from its (validated) speculative options, or None when speculation is off.
+    `kv_dtype`: the draft's KV cache elements, the target's (default: `dtype`)."""
     method, model, k = cfg.speculative_method, cfg.speculative_model, cfg.num_speculative_tokens
     if method is None:
         return None
@@ -61,5 +62,6 @@ def build_spec_decoder(cfg: SpeculativeConfig, tokenizer: Any, vocab_size: int, 
         raise ValueError(f"speculative_model: {model!r} has a context of {cfg.context_length} tokens, less than "
                          f"max_model_len={max_model_len}")
     kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False)   # the target's token capacity
-    runner = ModelRunner(net, allocate_kv_caches(mcfg, num_blocks, block_size, dtype), block_size)
+    runner = ModelRunner(net, allocate_kv_caches(mcfg, num_blocks, block_size, kv_dtype or dtype),
+                         block_size)
     return SpecDecoder(DraftModelProposer(runner, kv), k, method)

@@ -7,8 +7,9 @@
 
    Bits: the arithmetic of a (row, head) depends only on its own query, its keys and their order, never
    on the other rows, the thread count or the block layout (a key's address is looked up per key), so
-   a row's output is the same alone or in any batch. Cache layout: [2, KVH, NB, BS, D], fp32 or bf16;
-   q / out: [R, H, D] in the cache dtype. Requires D % 16 == 0, D <= 256, H / KVH <= 16.
+   a row's output is the same alone or in any batch. Cache layout: [2, KVH, NB, BS, D], fp32, bf16 or
+   f16 (each element widened exactly to fp32 as it is loaded: the bits of an fp32 cache holding the same
+   values); q / out: [R, H, D], fp32, bf16 or f16 (`types`). Requires D % 16 == 0, D <= 256, H / KVH <= 16.
    window > 0 (sliding-window layers): a row sees only its last `window` keys, ctx-window .. ctx-1; the
    key loop simply starts there (a function of the row's position only, so the bits stay batch invariant). 
    GCC / Clang vector extensions only (no intrinsics); -march=native picks the vector width. */
@@ -17,20 +18,11 @@
 #include <math.h>
 
 #include "vec16.h"
-typedef uint16_t v16h __attribute__((vector_size(32)));
-typedef uint32_t v16u __attribute__((vector_size(64)));
 
 #define MAXG 16
 #define MAXNV 16   /* head_dim up to 256 */
 
-static inline v16 load16(const void *p, int bf16) {
-    if (bf16) {
-        v16h h; memcpy(&h, p, 32);
-        v16u u = __builtin_convertvector(h, v16u) << 16;
-        return (v16)u;
-    }
-    v16 f; memcpy(&f, p, 64); return f;
-}
+#define load16 load16t
 
 static inline v16 vmax(v16 a, v16 b) { return vsel(a > b, a, b); }
 static inline float hmax(v16 v) {
@@ -78,9 +70,9 @@ static inline void cache_rows(const char **out, const void *kv, int plane, const
 /* keys k0 .. k0+n-1 (n <= 16) for the G query heads: scores, the online softmax update, acc += P.V.
    Called with constant n and NV for the common shapes, so the loops unroll without bound checks. */
 INLINE void key_block(const v16 qv[MAXG][MAXNV], v16 acc[MAXG][MAXNV], float *m, float *l, const void *kv,
-                      int bf16, int h, int64_t k0, int64_t ctx, const int64_t *table, int G, int KVH, int64_t NB,
+                      const int kt, int h, int64_t k0, int64_t ctx, const int64_t *table, int G, int KVH, int64_t NB,
                       int BS, const int NV, const int n) {
-    const int D = 16 * NV, es = bf16 ? 2 : 4;
+    const int D = 16 * NV, es = elem_bytes(kt);
     const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     v16 part[16], prob[MAXG];
     float corrs[MAXG];
@@ -96,8 +88,8 @@ INLINE void key_block(const v16 qv[MAXG][MAXNV], v16 acc[MAXG][MAXNV], float *m,
     }
     for (int g = 0; g < G; g++) {
         for (int j = 0; j < n; j++) {   /* the key rows are read in place (L1 after the first head) */
-            v16 t = qv[g][0] * load16(kp[j], bf16);
-            for (int i = 1; i < NV; i++) t += qv[g][i] * load16(kp[j] + i * 16 * es, bf16);
+            v16 t = qv[g][0] * load16(kp[j], kt);
+            for (int i = 1; i < NV; i++) t += qv[g][i] * load16(kp[j] + i * 16 * es, kt);
             part[j] = t;
         }
         for (int j = n; j < 16; j++) part[j] = (v16){0};   /* masked to -inf below */
@@ -119,62 +111,69 @@ INLINE void key_block(const v16 qv[MAXG][MAXNV], v16 acc[MAXG][MAXNV], float *m,
         for (int j = 0; j < n; j++) pb[j] = (v16){0} + prob[g][j];
         for (int i = 0; i < NV; i++) {
             v16 a = acc[g][i] * corrs[g];
-            for (int j = 0; j < n; j++) a += pb[j] * load16(vp[j] + i * 16 * es, bf16);
+            for (int j = 0; j < n; j++) a += pb[j] * load16(vp[j] + i * 16 * es, kt);
             acc[g][i] = a;
         }
     }
 }
 
 /* one (row, kv head): G query heads over keys first .. ctx-1, 16 keys at a time; D = 16 * NV */
-INLINE void item_nv(const void *q, void *out, const void *kv, int bf16, int64_t r, int h, int64_t first,
+INLINE void item_nv(const void *q, void *out, const void *kv, const int kt, int qt, int64_t r, int h, int64_t first,
                     int64_t ctx, const int64_t *table, int H, int KVH, int64_t NB, int BS, const int NV, float scale) {
-    int G = H / KVH, D = 16 * NV, es = bf16 ? 2 : 4;
+    int G = H / KVH, D = 16 * NV, es = elem_bytes(qt);
     v16 qv[MAXG][MAXNV], acc[MAXG][MAXNV];
     float m[MAXG], l[MAXG];
     for (int g = 0; g < G; g++) {
         const char *qp = (const char *)q + ((r * H + h * G + g) * D) * es;
-        for (int i = 0; i < NV; i++) { qv[g][i] = load16(qp + i * 16 * es, bf16) * scale; acc[g][i] = (v16){0}; }
+        for (int i = 0; i < NV; i++) { qv[g][i] = load16(qp + i * 16 * es, qt) * scale; acc[g][i] = (v16){0}; }
         m[g] = -INFINITY; l[g] = 0.f;
     }
     int64_t k0 = first;
     for (; k0 + 16 <= ctx; k0 += 16)
-        key_block(qv, acc, m, l, kv, bf16, h, k0, ctx, table, G, KVH, NB, BS, NV, 16);
+        key_block(qv, acc, m, l, kv, kt, h, k0, ctx, table, G, KVH, NB, BS, NV, 16);
     if (k0 < ctx)
-        key_block(qv, acc, m, l, kv, bf16, h, k0, ctx, table, G, KVH, NB, BS, NV, (int)(ctx - k0));
+        key_block(qv, acc, m, l, kv, kt, h, k0, ctx, table, G, KVH, NB, BS, NV, (int)(ctx - k0));
     for (int g = 0; g < G; g++) {
         char *op = (char *)out + ((r * H + h * G + g) * D) * es;
         float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;   /* ctx == 0: no keys, a zero row (never NaN) */
-        for (int i = 0; i < NV; i++) {
-            v16 x = acc[g][i] * inv;
-            if (bf16) {
-                v16u u = (v16u)x;
-                u = u + 0x7fffu + ((u >> 16) & 1u);
-                v16h hv = __builtin_convertvector(u >> 16, v16h);
-                memcpy(op + i * 32, &hv, 32);
-            } else memcpy(op + i * 64, &x, 64);
-        }
+        for (int i = 0; i < NV; i++) store16t(op + i * 16 * es, acc[g][i] * inv, qt);
     }
 }
 
-/* the head sizes 64 and 128 get their own unrolled copies; others the generic one */
-static void item_vec(const void *q, void *out, const void *kv, int bf16, int64_t r, int h, int64_t first,
+/* The head sizes 64 and 128 get their own unrolled copies, the others the generic one, the cache type a
+   runtime value; for 64 and 128 a half-precision cache gets copies with its type a constant too (a type
+   test per load halved their speed). The fp32 copies are left exactly as they were: with the type a
+   constant GCC contracts other multiply-adds into FMAs, which would change the fp32 kernel's bits. */
+static void item_vec(const void *q, void *out, const void *kv, int kt, int qt, int64_t r, int h, int64_t first,
                      int64_t ctx, const int64_t *table, int H, int KVH, int64_t NB, int BS, int NV, float scale) {
-    if (NV == 4) item_nv(q, out, kv, bf16, r, h, first, ctx, table, H, KVH, NB, BS, 4, scale);
-    else if (NV == 8) item_nv(q, out, kv, bf16, r, h, first, ctx, table, H, KVH, NB, BS, 8, scale);
-    else item_nv(q, out, kv, bf16, r, h, first, ctx, table, H, KVH, NB, BS, NV, scale);
+    if (NV == 4 && kt == KV_F16) item_nv(q, out, kv, KV_F16, qt, r, h, first, ctx, table, H, KVH, NB, BS, 4, scale);
+    else if (NV == 8 && kt == KV_F16)
+        item_nv(q, out, kv, KV_F16, qt, r, h, first, ctx, table, H, KVH, NB, BS, 8, scale);
+    else if (NV == 4 && kt == KV_BF16)
+        item_nv(q, out, kv, KV_BF16, qt, r, h, first, ctx, table, H, KVH, NB, BS, 4, scale);
+    else if (NV == 8 && kt == KV_BF16)
+        item_nv(q, out, kv, KV_BF16, qt, r, h, first, ctx, table, H, KVH, NB, BS, 8, scale);
+    else {
+        __asm__("" : "+r"(kt));   /* the type stays a runtime value here */
+        if (NV == 4) item_nv(q, out, kv, kt, qt, r, h, first, ctx, table, H, KVH, NB, BS, 4, scale);
+        else if (NV == 8) item_nv(q, out, kv, kt, qt, r, h, first, ctx, table, H, KVH, NB, BS, 8, scale);
+        else item_nv(q, out, kv, kt, qt, r, h, first, ctx, table, H, KVH, NB, BS, NV, scale);
+    }
 }
 
-int decode_attention(const void *q, void *out, const void *kv, int bf16, int64_t R, const int64_t *ctx,
+/* types: the cache's element type + 4 x the type of q / out (0 fp32, 1 bf16, 2 f16; vec16.h) */
+int decode_attention(const void *q, void *out, const void *kv, int types, int64_t R, const int64_t *ctx,
                      const int64_t *table_start, const int64_t *tables, int H, int KVH, int64_t NB, int BS,
                      int D, float scale, int64_t window, int nthreads) {
-    if (H % KVH || H / KVH > MAXG || D % 16 || D / 16 > MAXNV || BS <= 0) return -1;
+    const int kt = types % 4, qt = types / 4;
+    if (H % KVH || H / KVH > MAXG || D % 16 || D / 16 > MAXNV || BS <= 0 || kt > 2 || qt > 2) return -1;
     for (int64_t r = 0; r < R; r++)
         if (ctx[r] < 1) return -2;      /* the Python wrapper checks too (decode_kernel.check_rows) */
     #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
     for (int64_t i = 0; i < R * KVH; i++) {
         int64_t r = i / KVH; int h = (int)(i % KVH);
         int64_t first = window > 0 && ctx[r] > window ? ctx[r] - window : 0;
-        item_vec(q, out, kv, bf16, r, h, first, ctx[r], tables + table_start[r], H, KVH, NB, BS, D / 16, scale);
+        item_vec(q, out, kv, kt, qt, r, h, first, ctx[r], tables + table_start[r], H, KVH, NB, BS, D / 16, scale);
     }
     return 0;
 }

@@ -29,7 +29,7 @@
 #include "vec16.h"
 
 typedef int (*qm_fn)(const void *desc, const float *x, int64_t M, int64_t ldx, float *y, int64_t ldy, int nthreads);
-typedef int (*attn_fn)(const void *q, void *out, const void *kv, int bf16, int64_t R, const int64_t *ctx,
+typedef int (*attn_fn)(const void *q, void *out, const void *kv, int types, int64_t R, const int64_t *ctx,
                        const int64_t *table_start, const int64_t *tables, int H, int KVH, int64_t NB, int BS,
                        int D, float scale, int64_t window, int nthreads);
 
@@ -70,6 +70,7 @@ typedef struct {   /* one step's generation rows (shared by the layers) */
     int64_t R, NB;
     int32_t BS, nthreads;
     const float *cos2, *sin2;                         /* the second RoPE table (Gemma 3's local layers) */
+    int32_t kv_type, pad;                             /* the cache's elements: 0 fp32, 1 bf16, 2 f16 (vec16.h) */
 } step;
 
 static inline v16 ld(const float *p) { v16 v; memcpy(&v, p, 64); return v; }
@@ -135,7 +136,8 @@ int64_t dl_scratch(const layer *L, int64_t R) {
 static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf, float *obuf, void *kv) {
     const int64_t R = S->R, q = (int64_t)L->NH * L->D, kvw = (int64_t)L->KVH * L->D, n = q + 2 * kvw;
     const int D = L->D;
-    float *K = (float *)kv, *V = K + (int64_t)L->KVH * S->NB * S->BS * D;
+    const int kt = S->kv_type, es = elem_bytes(kt);
+    char *K = (char *)kv, *V = K + (int64_t)L->KVH * S->NB * S->BS * D * es;
     for (int64_t r = 0; r < R; r++) {
         float *row = qkv + r * n;
         if (L->qkv_bias)
@@ -153,16 +155,24 @@ static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf
         }
         memcpy(qbuf + r * q, row, q * sizeof(float));
         for (int h = 0; h < L->KVH; h++) {   /* plane h of K and of V: [KVH][NB * BS][D] */
-            const int64_t at = ((int64_t)h * S->NB * S->BS + S->slots[r]) * D;
-            memcpy(K + at, row + q + (int64_t)h * D, D * sizeof(float));
-            memcpy(V + at, row + q + kvw + (int64_t)h * D, D * sizeof(float));
+            const int64_t at = ((int64_t)h * S->NB * S->BS + S->slots[r]) * D * es;
+            const float *kr = row + q + (int64_t)h * D, *vr = row + q + kvw + (int64_t)h * D;
+            if (kt == KV_F32) {
+                memcpy(K + at, kr, D * sizeof(float));
+                memcpy(V + at, vr, D * sizeof(float));
+            } else   /* rounded to the cache type (nearest even, as write_kv's .to()) */
+                for (int i = 0; i < D; i += 16) {
+                    store16t(K + at + i * es, ld(kr + i), kt);
+                    store16t(V + at + i * es, ld(vr + i), kt);
+                }
         }
     }
-    return g_attn(qbuf, obuf, kv, 0, R, S->ctx, S->starts, S->tables, L->NH, L->KVH, S->NB, S->BS, D, L->scale,
+    return g_attn(qbuf, obuf, kv, kt, R, S->ctx, S->starts, S->tables, L->NH, L->KVH, S->NB, S->BS, D, L->scale,
                   L->window, S->nthreads);
 }
 
-/* one layer over S->R rows of x [R, H] (in place) and the layer's fp32 KV cache [2, KVH, NB, BS, D].
+/* one layer over S->R rows of x [R, H] (in place) and the layer's KV cache [2, KVH, NB, BS, D] (fp32, bf16 or
+   f16: S->kv_type).
    scratch: dl_scratch floats. Returns 0, or the failing kernel's code. */
 int dl_layer(const layer *L, const step *S, float *x, void *kv, float *scratch) {
     const int64_t R = S->R, H = L->H, F = L->F, q = (int64_t)L->NH * L->D, n = q + 2 * (int64_t)L->KVH * L->D;

@@ -9,8 +9,10 @@
    Bits: a query vector's arithmetic depends only on itself, its position and the keys (their values and
    fixed tiling), never on the rows sharing its block or the thread: a row's output is the same however
    the prompt is chunked or batched. Masked keys (after the row's position, or outside its window) add
-   exact zeros; a tile fully masked for a row is skipped for it. fp32 cache [2, KVH, NB, BS, D],
-   D % 16 == 0, D <= 256, H / KVH <= 16. */
+   exact zeros; a tile fully masked for a row is skipped for it. Cache [2, KVH, NB, BS, D] of fp32, bf16
+   or f16 (`types`, vec16.h): a half-precision tile's 16 K and V rows are widened (exactly) to fp32 once
+   and serve every query of the block, so the arithmetic is that of an fp32 cache holding the same
+   values. q / out fp32. D % 16 == 0, D <= 256, H / KVH <= 16. */
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
@@ -77,13 +79,15 @@ static void pv_update(float *acc, const int *qi, int nu, const float *corr, cons
 }
 
 /* rows r0 .. r0+n-1 (flat rows of q/out), positions p0 .. p0+n-1, KV head h */
-static void item(const float *q, float *out, const float *kv, int64_t r0, int n, int64_t p0, int h,
+static void item(const float *q, float *out, const void *kv, int kvt, int64_t r0, int n, int64_t p0, int h,
                  const int64_t *table, int H, int KVH, int64_t NB, int BS, int D, float scale, int64_t window,
                  float *scratch) {
     const int G = H / KVH, NV = D / 16, nq = n * G;
     float *qs = scratch;                     /* [nq][D] scaled queries */
     float *acc = qs + (size_t)nq * D;        /* [nq][D] */
     float *kt = acc + (size_t)nq * D;        /* [D][16] the tile's keys, transposed */
+    float *kf = kt + (size_t)16 * D;         /* [16][D] a half-precision tile's K rows, widened */
+    float *vf = kf + (size_t)16 * D;         /* [16][D] and its V rows */
     qstate st[RB * MAXG];
     for (int j = 0; j < n; j++)
         for (int g = 0; g < G; g++) {
@@ -96,7 +100,9 @@ static void item(const float *q, float *out, const float *kv, int64_t r0, int n,
     const int64_t plast = p0 + n - 1;
     int64_t kfirst = window > 0 && p0 - window + 1 > 0 ? p0 - window + 1 : 0;
     kfirst -= kfirst % 16;
-    const float *kplane = kv + (int64_t)h * NB * BS * D, *vplane = kv + (int64_t)(KVH + h) * NB * BS * D;
+    const int es = elem_bytes(kvt);
+    const char *kplane = (const char *)kv + (int64_t)h * NB * BS * D * es;
+    const char *vplane = (const char *)kv + (int64_t)(KVH + h) * NB * BS * D * es;
     const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     for (int64_t k0 = kfirst; k0 <= plast; k0 += 16) {
         const int nk = plast + 1 - k0 < 16 ? (int)(plast + 1 - k0) : 16;
@@ -104,8 +110,17 @@ static void item(const float *q, float *out, const float *kv, int64_t r0, int n,
         for (int t = 0; t < 16; t++) {
             const int64_t k = k0 + (t < nk ? t : 0);
             const int64_t slot = table[k / BS] * BS + k % BS;
-            krow[t] = kplane + slot * D;
-            vrow[t] = vplane + slot * D;
+            if (kvt == KV_F32) {
+                krow[t] = (const float *)(kplane + slot * D * es);
+                vrow[t] = (const float *)(vplane + slot * D * es);
+            } else {
+                for (int i = 0; i < D; i += 16) {
+                    store16t(kf + (size_t)t * D + i, load16t(kplane + (slot * D + i) * es, kvt), KV_F32);
+                    store16t(vf + (size_t)t * D + i, load16t(vplane + (slot * D + i) * es, kvt), KV_F32);
+                }
+                krow[t] = kf + (size_t)t * D;
+                vrow[t] = vf + (size_t)t * D;
+            }
         }
         for (int d = 0; d < D; d++)
             for (int t = 0; t < 16; t++) kt[d * 16 + t] = t < nk ? krow[t][d] : 0.f;
@@ -148,11 +163,13 @@ static void item(const float *q, float *out, const float *kv, int64_t r0, int n,
 }
 
 /* S sequences; sequence s has rows row0[s] .. row0[s]+nrows[s]-1 of q/out at positions pos0[s] ..,
-   its block table at tables[table_start[s]:]. q, out: [R, H, D] fp32. Returns 0, -1 (shape). */
-int prompt_attention(const float *q, float *out, const float *kv, int64_t S, const int64_t *row0,
+   its block table at tables[table_start[s]:]. q, out: [R, H, D] fp32; types: the cache's element type
+   (+ 4 x the query type, which must be fp32). Returns 0, -1 (shape). */
+int prompt_attention(const float *q, float *out, const void *kv, int types, int64_t S, const int64_t *row0,
                      const int64_t *nrows, const int64_t *pos0, const int64_t *table_start, const int64_t *tables,
                      int H, int KVH, int64_t NB, int BS, int D, float scale, int64_t window, int nthreads) {
-    if (H % KVH || H / KVH > MAXG || D % 16 || D / 16 > MAXNV || BS <= 0) return -1;
+    const int kvt = types % 4;
+    if (H % KVH || H / KVH > MAXG || D % 16 || D / 16 > MAXNV || BS <= 0 || kvt > 2 || types / 4) return -1;
     int64_t nitems = 0;
     for (int64_t s = 0; s < S; s++) nitems += (nrows[s] + RB - 1) / RB * KVH;
     int64_t *seq = malloc(sizeof(int64_t) * (size_t)(nitems > 0 ? nitems : 1) * 2);
@@ -161,7 +178,7 @@ int prompt_attention(const float *q, float *out, const float *kv, int64_t S, con
     for (int64_t s = 0; s < S; s++)     /* items in reverse, longest contexts first: better balance */
         for (int64_t b = 0; b < (nrows[s] + RB - 1) / RB; b++)
             for (int h = 0; h < KVH; h++) seq[2 * it] = s, seq[2 * it + 1] = b * KVH + h, it++;
-    const size_t per = ((size_t)2 * RB * MAXG * D + (size_t)16 * D) * sizeof(float);
+    const size_t per = ((size_t)2 * RB * MAXG * D + (size_t)3 * 16 * D) * sizeof(float);
     int failed = 0;
     #pragma omp parallel num_threads(nthreads)
     {
@@ -173,7 +190,7 @@ int prompt_attention(const float *q, float *out, const float *kv, int64_t S, con
             const int64_t s = seq[2 * i], b = seq[2 * i + 1] / KVH;
             const int h = (int)(seq[2 * i + 1] % KVH);
             const int n = nrows[s] - b * RB < RB ? (int)(nrows[s] - b * RB) : RB;
-            item(q, out, kv, row0[s] + b * RB, n, pos0[s] + b * RB, h, tables + table_start[s], H, KVH, NB, BS, D,
+            item(q, out, kv, kvt, row0[s] + b * RB, n, pos0[s] + b * RB, h, tables + table_start[s], H, KVH, NB, BS, D,
                  scale, window, scratch);
         }
         free(scratch);

@@ -3,6 +3,7 @@
 #ifndef HITENTER_VEC16_H
 #define HITENTER_VEC16_H
 #include <stdint.h>
+#include <string.h>
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
@@ -35,5 +36,82 @@ static inline float hsum(v16 v) {   /* a fixed tree: lanes i and i+8, then i+4, 
     v = v + __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
     return v[0];
 }
+
+/* Elements of the KV cache and the queries: type 0 fp32, 1 bf16, 2 f16 (hitenter/models/kv_dtype.py).
+   Loads widen exactly to fp32; stores round to nearest even (torch's .to()). f16 uses the compiler's
+   _Float16 (vcvtph2ps / vcvtps2ph with F16C), else a bit-exact scalar conversion. */
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+#define KV_F32 0
+#define KV_BF16 1
+#define KV_F16 2
+
+#if !defined(__FLT16_MAX__)
+static inline float h2f_scalar(uint16_t h) {
+    uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ffu, u;
+    if (e == 0) {
+        if (!m) u = s;
+        else { e = 113; while (!(m & 0x400u)) { m <<= 1; e--; } u = s | (e << 23) | ((m & 0x3ffu) << 13); }
+    } else if (e == 31) u = s | 0x7f800000u | (m << 13);
+    else u = s | ((e + 112) << 23) | (m << 13);
+    float f; memcpy(&f, &u, 4); return f;
+}
+static inline uint16_t f2h_scalar(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    const uint32_t s = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) return (uint16_t)(s | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0));
+    if (a >= 0x477ff000u) return (uint16_t)(s | 0x7c00u);            /* rounds to inf */
+    if (a < 0x38800000u) {                                           /* subnormal or zero */
+        if (a < 0x33000000u) return (uint16_t)s;
+        const uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, sh = 126 - e;
+        uint32_t r = m >> sh; const uint32_t rem = m & ((1u << sh) - 1), half = 1u << (sh - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return (uint16_t)(s | r);
+    }
+    uint32_t r = ((a >> 13) - (112u << 10));
+    const uint32_t rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1))) r++;
+    return (uint16_t)(s | r);
+}
+#endif
+
+static inline v16 load16t(const void *p, const int t) {
+    if (t == KV_BF16) {
+        v16h h; memcpy(&h, p, 32);
+        return (v16)(__builtin_convertvector(h, v16u) << 16);
+    }
+    if (t == KV_F16) {
+#if defined(__FLT16_MAX__)
+        typedef _Float16 v16f16 __attribute__((vector_size(32)));
+        v16f16 h; memcpy(&h, p, 32);
+        return __builtin_convertvector(h, v16);
+#else
+        v16 f; const uint16_t *hp = (const uint16_t *)p;
+        for (int i = 0; i < 16; i++) f[i] = h2f_scalar(hp[i]);
+        return f;
+#endif
+    }
+    v16 f; memcpy(&f, p, 64); return f;
+}
+
+static inline void store16t(void *p, v16 x, const int t) {
+    if (t == KV_BF16) {
+        v16u u = (v16u)x;
+        u = u + 0x7fffu + ((u >> 16) & 1u);
+        v16h hv = __builtin_convertvector(u >> 16, v16h);
+        memcpy(p, &hv, 32);
+    } else if (t == KV_F16) {
+#if defined(__FLT16_MAX__)
+        typedef _Float16 v16f16 __attribute__((vector_size(32)));
+        v16f16 h = __builtin_convertvector(x, v16f16);
+        memcpy(p, &h, 32);
+#else
+        uint16_t *hp = (uint16_t *)p;
+        for (int i = 0; i < 16; i++) hp[i] = f2h_scalar(x[i]);
+#endif
+    } else memcpy(p, &x, 64);
+}
+
+static inline int elem_bytes(int t) { return t == KV_F32 ? 4 : 2; }
 
 #endif
