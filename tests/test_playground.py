@@ -233,25 +233,30 @@ def test_block_map_equals_the_engines_kv_state(page, server) -> None:
 
 
 def test_overflow_is_rejected_with_zero_engine_steps(page, server) -> None:
+    """The break-it overflows this model's own window (one token over), and /v1/completions says 400 too."""
     before = server[1]["tiny"].step_counter
     page.click("#btn-overflow")
-    page.wait_for_selector("#overflow")
+    page.wait_for_selector("#v1-overflow")
     assert data(page, "#overflow", "steps-before") == data(page, "#overflow", "steps-after")
-    assert int(data(page, "#overflow", "n-ctx")) == 128 and int(data(page, "#overflow", "max-tokens")) == 128
+    n_prompt, max_tokens = int(data(page, "#overflow", "n-prompt")), int(data(page, "#overflow", "max-tokens"))
+    assert int(data(page, "#overflow", "n-ctx")) == 128 == server[1]["tiny"].max_model_len
+    assert n_prompt + max_tokens == 129 and max_tokens == int(page.input_value("#max_tokens"))
+    assert data(page, "#v1-overflow", "status") == "400" and str(n_prompt) in page.inner_text("#v1-overflow")
     assert server[1]["tiny"].step_counter == before
     assert data(page, "#timeline-empty", "steps") == "0"
+    assert "rejected" in page.inner_text("#finish") and "running" not in page.inner_text("#p-stop")
     shot(page, "p-break", "09-overflow")
 
 
 def test_ignore_eos_runs_to_the_budget(page, server) -> None:
     page.click("#btn-ignore-eos")
-    finished(page)
-    ids = gen_ids(page)
-    assert data(page, "#finish", "reason") == "length" and len(ids) == 40
-    if page.locator("#cycle").count():
-        n, start = int(data(page, "#cycle", "len")), int(data(page, "#cycle", "start"))
-        assert all(ids[i] == ids[i + n] for i in range(start, len(ids) - n)) and len(ids) - start >= 2 * n
-    shot(page, "p-loop", "09-ignore-eos-loop")
+    page.wait_for_selector("#eos-compare", timeout=30000)
+    ids = json.loads(data(page, "#eos-after", "ids"))
+    assert data(page, "#eos-after", "finish") == "length" and len(ids) == 40
+    before = json.loads(data(page, "#eos-before", "ids"))
+    assert data(page, "#eos-before", "finish") in ("stop", "length") and len(before) <= 40
+    assert before[:-1] == ids[: len(before) - 1]     # greedy: the same tokens until the end token stops it
+    shot(page, "p-break", "09-ignore-eos")
 
 
 def test_branching_reuses_the_prefix_blocks(page, server) -> None:

@@ -28,7 +28,7 @@ export function renderFast(body, f, run, eng) {
       el("tr", {}, el("th", {}, "speculation"), el("td", { id: "fast-spec" }, f.spec
         ? [`${f.spec.method}, ${f.spec.k} drafted per step; tokens accepted per step: `, el("b", {}, accepted.join(" ") || "–")]
         : "off on this server (start it with a draft model to see drafted and accepted tokens)")),
-      el("tr", {}, el("th", {}, "batching"), el("td", {}, batches.length
+      el("tr", {}, el("th", {}, "batching"), el("td", { id: "fast-batches", dataset: { sizes: JSON.stringify(batches) } }, batches.length
         ? `requests per step, last ${batches.length} steps: ${batches.join(" ")} — one weight read serves them all (panel 7)`
         : "send a burst in panel 7: many requests share each step"))));
 }

@@ -13,7 +13,8 @@ export function consume(run, ev) {
   if (ev.type === "start") {
     run.rid = ev.request_id;
     if (!run.prompt_ids) Object.assign(run, { prompt_ids: ev.prompt_ids, pieces: ev.pieces, templateUsed: ev.template_used });
-    if (run.mode === "step") run.steps = [];
+    // a Step request is the whole Enter request again with max_tokens = n: its tokens replace the run's
+    if (run.mode === "step") Object.assign(run, { steps: [], tokens: [], text: "", stopSpan: null });
     run.textBase = run.text;
     run.base = run.tokens.length;
   } else if (ev.type === "step") {
