@@ -164,3 +164,26 @@ def test_story_on_smollm2_and_the_bank_comparison(browser, real_server) -> None:
     pg.locator("#p-attn").screenshot(path=str(STORY_SHOTS.parent / "story-smollm2" / "bank-compare.png"))
     assert not pg.errors, pg.errors
     pg.close()
+
+
+def test_logits_temperature_and_draw_share_one_pinned_step(browser, server) -> None:  # noqa: F811
+    """The logits step showed step 0's distribution and the temperature step the last step's."""
+    pg = new_page(browser, server)
+    enter(pg, "the deploy failed on the", max_tokens=6, seed=5)
+    pg.wait_for_function("() => document.body.dataset.insideReady")
+    pg.click("#story-rail li[data-key='logits']")
+    pg.wait_for_selector("#logits-step[data-step='0']")
+    lp = dict(pg.eval_on_selector_all("#logits tr[data-id]", "rs => rs.map(r => [+r.dataset.id, +r.dataset.p])"))
+    pg.click("#story-rail li[data-key='temperature']")
+    pg.wait_for_selector("#dist-table[data-step='0']")
+    raw = pg.eval_on_selector_all("#dist-table tr[data-id]", "rs => rs.map(r => [+r.dataset.id, +r.dataset.raw])")
+    both = [(t, p) for t, p in raw if t in lp]
+    assert len(both) >= 3 and all(abs(lp[t] - p) < 2e-3 for t, p in both), (lp, raw)
+    assert "pinned" in pg.inner_text("#p-dist")
+    pg.click("#story-rail li[data-key='draw']")
+    pg.wait_for_selector("#dice-step[data-step='0']")
+    assert int(d(pg, "#dice", "token")) == gen_ids(pg)[0]
+    pg.click("#view-dash")                                          # the dashboard follows the latest step again
+    pg.wait_for_selector(f"#dist-table[data-step='{len(gen_ids(pg)) - 1}']")
+    assert not pg.errors, pg.errors
+    pg.close()

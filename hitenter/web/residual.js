@@ -55,7 +55,9 @@ export async function renderLogits(body, S, temperature = null) {
     el("p", { class: "note" }, `The last layer's vector, normed, is multiplied by the ${tr.vocab}-row head: one raw score (a logit) `
       + "per token. Logits are any real number; softmax turns them into probabilities: p_i = exp(z_i / T) / Σ_j exp(z_j / T)."),
     el("div", { class: "controls" }, el("label", { for: "logit-temp" }, "temperature T"), slider, readout),
-    el("div", { class: "scrollx" }, el("table", { id: "logits", dataset: { temperature: r.temperature, lse: r.logsumexp } },
+    last === tr.num_prompt - 1 ? el("p", { class: "note", id: "logits-step", dataset: { step: 0 } }, "step 0: the scores for the first "
+      + "token after your prompt, the same step the temperature, top-k, top-p and draw steps show.") : null,
+    el("div", { class: "scrollx" }, el("table", { id: "logits", dataset: { temperature: r.temperature, lse: r.logsumexp, index: last } },
       el("tr", {}, el("th", {}, "token"), el("th", {}, "logit z"), el("th", {}, ""), el("th", {}, "softmax"),
         el("th", {}, `p at T=${t}`), el("th", {}, "")), rows)),
     el("p", { class: "note" }, `log Σ exp(z) = ${r.logsumexp.toFixed(2)}: subtract it from a logit and you have its log-probability at T = 1. `
