@@ -90,15 +90,19 @@ def test_fused_layer_matches_the_torch_layer(paths: dict[str, Path], name: str) 
 
 
 # what each family adds to the C layer: rope_freqs tables, QK-norm per head, a partial rotary, multipliers,
-# no pre-norms with QK-norm over the whole projection, NoPE layers
-@pytest.mark.parametrize("family", ["llama3", "qwen3", "phi3_partial", "granite", "olmo2", "smollm3"])
+# no pre-norms with QK-norm over the whole projection, NoPE layers, experts
+@pytest.mark.parametrize("family", ["llama3", "qwen3", "phi3_partial", "granite", "olmo2", "smollm3", "mixtral",
+                                    "qwen3moe"])
 def test_fused_layer_matches_the_torch_layer_per_family(family: str, tmp_path: Path) -> None:
     _compare(write_tiny_family(tmp_path / f"{family}.gguf", family, seed=3, quant="Q8_0"))
 
 
-def test_fused_rows_batch_invariant(paths: dict[str, Path]) -> None:
-    """A generation row's logits are the same bits alone and beside other rows (each row's own context)."""
-    model, cfg = load_model(paths["kmix_llama"])
+@pytest.mark.parametrize("name", ["kmix_llama", "qwen3moe"])
+def test_fused_rows_batch_invariant(paths: dict[str, Path], name: str, tmp_path: Path) -> None:
+    """A generation row's logits are the same bits alone and beside other rows (each row's own context);
+    with experts too (rows grouped by expert in C)."""
+    path = paths.get(name) or write_tiny_family(tmp_path / f"{name}.gguf", name, seed=4, quant="Q8_0")
+    model, cfg = load_model(path)
     ids = torch.randint(3, cfg.vocab_size, (24,), generator=torch.Generator().manual_seed(2)).tolist()
     whole = _logits(model, ids, kernel_from=0)
     for k in (1, 7, 23):

@@ -33,6 +33,7 @@ from hitenter.kernels.qmatmul import native_descriptor, native_entry
 from hitenter.models import decode_kernel
 from hitenter.models.block_linear import BlockLinear
 from hitenter.models.kv_dtype import KV_TYPE_CODES
+from hitenter.models.moe import GLUS
 
 log = logging.getLogger(__name__)
 _qm = importlib.import_module("hitenter.kernels.qmatmul")   # the module (the package exports a function of its name)
@@ -52,7 +53,8 @@ class _Layer(ctypes.Structure):
                 ("F", c_i32), ("eps", c_f), ("scale", c_f), ("q_norm", c_p), ("k_norm", c_p),
                 ("post_attn_norm", c_p), ("post_ffw_norm", c_p), ("gelu", c_i32), ("rope_table", c_i32),
                 ("window", c_i64), ("qk_full", c_i32), ("rope_dim", c_i32), ("no_rope", c_i32), ("pad2", c_i32),
-                ("residual_scale", c_f), ("pad3", c_f)]
+                ("residual_scale", c_f), ("pad3", c_f), ("router", c_p), ("router_bias", c_p), ("exp_gu", c_p),
+                ("exp_dn", c_p), ("E", c_i32), ("K", c_i32), ("gating", c_i32), ("norm_topk", c_i32)]
 
 
 class _Step(ctypes.Structure):
@@ -123,7 +125,9 @@ class FusedLayer:
         self.bias = None
         if layer.qkv.bias is not None:
             self.bias = layer.qkv.bias.detach().float().contiguous()
-        projs = [_proj(layer.qkv, bias_ok=True), _proj(layer.o_proj), _proj(layer.gate_up), _proj(layer.down)]
+        dense = layer.moe is None
+        projs = [_proj(layer.qkv, bias_ok=True), _proj(layer.o_proj)]
+        projs += [_proj(layer.gate_up), _proj(layer.down)] if dense else [_Proj(), _Proj()]
         if any(p is None for p in projs):
             raise ValueError("a projection is not native GGUF blocks")
         L = _Layer()
@@ -131,7 +135,9 @@ class FusedLayer:
         L.qkv_bias = 0 if self.bias is None else self.bias.data_ptr()
         L.qkv, L.o, L.gate_up, L.down = projs
         L.H, L.NH, L.KVH, L.D = cfg.hidden_size, layer.num_heads, layer.num_kv_heads, cfg.head_dim
-        L.F = layer.gate_up.out_features // 2
+        L.F = layer.gate_up.out_features // 2 if dense else layer.moe.ffn
+        if not dense:
+            self._experts(L, layer.moe)
         L.eps, L.scale = cfg.rms_norm_eps, layer.scale
         for name in ("q_norm", "k_norm", "post_attn_norm", "post_ffw_norm"):   # the families' extra norms
             setattr(L, name, _ptr(getattr(layer, name)))
@@ -141,6 +147,27 @@ class FusedLayer:
         L.qk_full, L.rope_dim, L.no_rope = int(cfg.qk_norm == "full"), cfg.rope_dim, int(not layer.has_rope)
         L.residual_scale = layer.residual_scale
         self.struct = L
+
+    def _experts(self, L: _Layer, moe: Any) -> None:
+        """The mixture's router and each expert's gate+up / down descriptors (models/moe.py's MoEFFN, its
+        blocks owned and gate+up adjacent); ValueError for what the C layer does not state."""
+        if (moe.gating not in ("softmax", "softmax_weight") or moe.selection_bias is not None
+                or moe.weights_scale is not None or moe.gate_up_bias is not None or moe.down_bias is not None
+                or moe.glu not in (GLUS["silu"], GLUS["gelu"])):
+            raise ValueError("an expert feature the fused layer does not take")
+        gu = [getattr(m, "fused", None) for m in moe.gate_up]
+        dn = [getattr(m, "one", None) for m in moe.down]
+        addrs = [native_descriptor(w) if w is not None else 0 for w in gu + dn]
+        if not all(addrs):
+            raise ValueError("experts not as native, owned GGUF blocks")
+        e = moe.n_expert
+        self.router = moe.router_t.detach().t().contiguous()   # [E, H]
+        self.descs = ((c_p * e)(*addrs[:e]), (c_p * e)(*addrs[e:]))
+        L.router, L.router_bias = self.router.data_ptr(), _ptr_t(moe.router_bias)
+        L.exp_gu, L.exp_dn = ctypes.addressof(self.descs[0]), ctypes.addressof(self.descs[1])
+        L.E, L.K = e, moe.top_k
+        L.gating, L.norm_topk = int(moe.gating == "softmax_weight"), int(moe.norm_topk)
+        L.gelu = int(moe.glu is GLUS["gelu"])
 
     def run(self, x: torch.Tensor, step: tuple[_Step, torch.Tensor, tuple], kv_cache: torch.Tensor) -> torch.Tensor:
         """The layer's output rows for the step's generation rows x `[R, H]` (x itself is not changed)."""
@@ -157,6 +184,10 @@ def _ptr(norm: Any) -> int:
     return 0 if norm is None else norm.weight.data_ptr()
 
 
+def _ptr_t(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
 def fused_layer(layer: Any, kv_cache: torch.Tensor) -> FusedLayer | None:
     """The layer's FusedLayer (built once, cached on the layer), or None where the torch layer must run."""
     f = layer.__dict__.get("_fused")
@@ -168,15 +199,17 @@ def fused_layer(layer: Any, kv_cache: torch.Tensor) -> FusedLayer | None:
     if lib is None:
         return None
     cfg = layer.cfg
-    if layer.moe is not None or layer.softcap or layer.sinks is not None:   # experts, soft-caps, sinks: torch
+    if layer.softcap or layer.sinks is not None:   # soft-capped scores, attention sinks: the torch layer
         layer.__dict__["_fused"] = False
         return None
-    projections = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
+    dense = layer.moe is None
+    projections = (layer.qkv, layer.o_proj) + ((layer.gate_up, layer.down) if dense else ())
+    width = layer.gate_up.out_features // 2 if dense else layer.moe.ffn
     norms = [m for m in layer.children() if type(m).__name__ == "RMSNorm"]
     ok = (all(isinstance(m, BlockLinear) for m in projections) and getattr(layer, "tp", None) is None
           and kv_cache.dtype in KV_TYPE_CODES and kv_cache.is_contiguous()
           and all(m.weight.dtype == torch.float32 for m in norms)
-          and bool(lib.dl_supported(cfg.hidden_size, layer.gate_up.out_features // 2, cfg.head_dim))
+          and bool(lib.dl_supported(cfg.hidden_size, width, cfg.head_dim))
           and decode_kernel.supports(kv_cache, layer.num_heads, torch.float32))
     try:
         f = FusedLayer(layer, lib, _lib_gen) if ok else False
@@ -234,7 +267,8 @@ def run_all_layers(model: Any, x: torch.Tensor, attn: Any, tables: Tables,
         caches = (c_p * len(fused))(*[c.data_ptr() for c in kv_caches])
         arrays = (kv_caches, [id(f) for f in fused], layers, caches)
         model.__dict__["_fused_arrays"] = arrays
-    st, scratch, _keep = step_state(attn, kr, tables, kv_caches[0], fused[0])
+    widest = max(fused, key=lambda f: f.struct.E)   # the scratch of a layer with experts, if any, holds any
+    st, scratch, _keep = step_state(attn, kr, tables, kv_caches[0], widest)
     y = x.contiguous().clone()
     rc = fused[0].lib.dl_forward(arrays[2], arrays[3], len(fused), ctypes.byref(st), y.data_ptr(),
                                  scratch.data_ptr())

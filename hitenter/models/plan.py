@@ -131,8 +131,14 @@ def _fused(model: torch.nn.Module, kv_caches: list[torch.Tensor], attention_kern
     cfg = model.config
     width = cfg.num_heads * cfg.head_dim
     per_layer = (cfg.hidden_size * (width + 2 * cfg.num_kv_heads * cfg.head_dim) + width * cfg.hidden_size
-                 + 3 * cfg.hidden_size * cfg.intermediate_size)
+                 + 3 * cfg.hidden_size * ffn_width(cfg))
     return f"on for {n} of {len(layers)} layers", int(0.1 * per_layer / width) if n == len(layers) else 0
+
+
+def ffn_width(cfg: object) -> int:
+    """The FFN width a token runs through: the dense FFN's, or its k experts' together."""
+    k, ef = getattr(cfg, "num_experts_used", 0), getattr(cfg, "expert_intermediate_size", 0)
+    return k * ef if getattr(cfg, "num_experts", 0) else cfg.intermediate_size   # type: ignore[attr-defined]
 
 
 def apply_plan(model: torch.nn.Module, plan: KernelPlan) -> None:

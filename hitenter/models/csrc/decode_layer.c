@@ -62,6 +62,13 @@ typedef struct {   /* one layer's weights and shapes (built once at load, fused_
        residual_scale: block outputs multiplied before their residual add (Granite). */
     int32_t qk_full, rope_dim, no_rope, pad2;
     float residual_scale, pad3;
+    /* a mixture of experts instead of the dense FFN (E > 0; models/moe.py states the math): router [E, H]
+       (+ router_bias [E]), softmax over all E (gating 0) or over the chosen K (gating 1), top-K ties to the
+       lower expert, the K weights renormalised when norm_topk; expert e: gate+up descriptor exp_gu[e]
+       ([2F, H], F the expert width) and down exp_dn[e] ([H, F]); the K outputs added in rank order. */
+    const float *router, *router_bias;
+    const void *const *exp_gu, *const *exp_dn;
+    int32_t E, K, gating, norm_topk;
 } layer;
 
 typedef struct {   /* one step's generation rows (shared by the layers) */
@@ -129,7 +136,94 @@ static int project(const proj *pr, const float *x, int64_t R, int64_t ldx, float
 /* scratch floats needed for R rows */
 int64_t dl_scratch(const layer *L, int64_t R) {
     const int64_t q = (int64_t)L->NH * L->D, kv = (int64_t)L->KVH * L->D;
-    return R * (L->H + (q + 2 * kv) + q + q + L->H + 2 * (int64_t)L->F + L->F);
+    const int64_t dense = R * (L->H + (q + 2 * kv) + q + q + L->H + 2 * (int64_t)L->F + L->F);
+    /* experts: logits [R, E], ids and weights [R, K], gathered rows and their outputs [R, H] each, the
+       K weighted outputs of every row [R, K, H] */
+    return L->E ? dense + R * (L->E + 2 * (int64_t)L->K + 2 * L->H + (int64_t)L->K * L->H) : dense;
+}
+
+/* act(g) * u into a: SiLU, or GELU (tanh) */
+static void glu(const layer *L, const float *g, const float *u, float *a, int64_t F) {
+    if (L->gelu) { gelu_mul(g, u, a, F); return; }
+    for (int64_t i = 0; i < F; i += 16) {   /* silu(g) * u = g / (1 + e^-g) * u */
+        const v16 gv = ld(g + i);
+        st(a + i, gv / (1.0f + vexp(-gv)) * ld(u + i));
+    }
+}
+
+/* one row's experts (ids by rank) and weights from its router logits (in place: softmax for gating 0) */
+static void route(const layer *L, float *logit, int32_t *ids, float *w) {
+    const int E = L->E, K = L->K;
+    if (L->gating == 0) {   /* softmax over all experts */
+        float m = logit[0], sum = 0.0f;
+        for (int e = 1; e < E; e++) m = logit[e] > m ? logit[e] : m;
+        for (int e = 0; e < E; e++) { logit[e] = expf(logit[e] - m); sum += logit[e]; }
+        for (int e = 0; e < E; e++) logit[e] /= sum;
+    }
+    for (int k = 0; k < K; k++) {   /* the k-th largest, ties to the lower expert */
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int j = 0; j < k; j++) taken |= ids[j] == e;
+            if (!taken && (best < 0 || logit[e] > logit[best])) best = e;
+        }
+        ids[k] = best;
+        w[k] = logit[best];
+    }
+    if (L->gating == 1) {   /* softmax over the chosen k */
+        float m = w[0], sum = 0.0f;
+        for (int k = 1; k < K; k++) m = w[k] > m ? w[k] : m;
+        for (int k = 0; k < K; k++) { w[k] = expf(w[k] - m); sum += w[k]; }
+        for (int k = 0; k < K; k++) w[k] /= sum;
+    }
+    if (L->norm_topk) {
+        float sum = 0.0f;
+        for (int k = 0; k < K; k++) sum += w[k];
+        sum = sum < 6.103515625e-5f ? 6.103515625e-5f : sum;   /* llama.cpp's clamp */
+        for (int k = 0; k < K; k++) w[k] /= sum;
+    }
+}
+
+/* the mixture of experts on the normed rows h [R, H] into y [R, H]: each active expert's rows gathered
+   and run as one matmul per projection; a row's bits do not depend on the other rows */
+static int moe(const layer *L, const step *S, const float *h, float *y, float *gu, float *act, float *scratch) {
+    /* gu [R, 2F], act [R, F]: the dense FFN's buffers (an expert gets at most R rows) */
+    const int64_t R = S->R, H = L->H, F = L->F, E = L->E, K = L->K;
+    float *logit = scratch, *w = logit + R * E, *rows = w + R * K, *out = rows + R * H, *slot = out + R * H;
+    int32_t *ids = (int32_t *)(slot + R * K * H);
+    for (int64_t r = 0; r < R; r++) {
+        const float *hr = h + r * H;
+        for (int64_t e = 0; e < E; e++) {
+            const float *wr = L->router + e * H;
+            v16 acc = (v16){0};
+            for (int64_t i = 0; i < H; i += 16) acc += ld(hr + i) * ld(wr + i);
+            logit[r * E + e] = hsum(acc) + (L->router_bias ? L->router_bias[e] : 0.0f);
+        }
+        route(L, logit + r * E, ids + r * K, w + r * K);
+    }
+    for (int64_t e = 0; e < E; e++) {
+        int64_t n = 0;
+        for (int64_t j = 0; j < R * K; j++)
+            if (ids[j] == e) memcpy(rows + n++ * H, h + (j / K) * H, H * sizeof(float));
+        if (!n) continue;
+        int rc = g_qm(L->exp_gu[e], rows, n, H, gu, 2 * F, S->nthreads);
+        if (rc) return rc;
+        for (int64_t i = 0; i < n; i++) glu(L, gu + i * 2 * F, gu + i * 2 * F + F, act + i * F, F);
+        if ((rc = g_qm(L->exp_dn[e], act, n, F, out, H, S->nthreads))) return rc;
+        n = 0;
+        for (int64_t j = 0; j < R * K; j++)
+            if (ids[j] == e) {
+                const v16 wk = (v16){0} + w[j];
+                for (int64_t i = 0; i < H; i += 16) st(slot + j * H + i, ld(out + n * H + i) * wk);
+                n++;
+            }
+    }
+    for (int64_t r = 0; r < R; r++) {   /* rank order */
+        memcpy(y + r * H, slot + r * K * H, H * sizeof(float));
+        for (int64_t k = 1; k < K; k++)
+            for (int64_t i = 0; i < H; i += 16) st(y + r * H + i, ld(y + r * H + i) + ld(slot + (r * K + k) * H + i));
+    }
+    return 0;
 }
 
 /* bias, RoPE, the cache write, then the attention of the rows' queries into obuf [R, NH * D] */
@@ -188,18 +282,13 @@ int dl_layer(const layer *L, const step *S, float *x, void *kv, float *scratch) 
         for (int64_t r = 0; r < R; r++) rmsnorm(tmp + r * H, L->post_attn_norm, tmp + r * H, (int)H, L->eps);
     residual_add(x, tmp, R * H, L->residual_scale);
     pre_norm(L->ffn_norm, x, h, R, (int)H, L->eps);
-    if ((rc = project(&L->gate_up, h, R, H, gu, 2 * F, S->nthreads))) return rc;
-    for (int64_t r = 0; r < R; r++) {
-        const float *g = gu + r * 2 * F, *u = g + F;
-        float *a = act + r * F;
-        if (L->gelu) gelu_mul(g, u, a, F);
-        else
-            for (int64_t i = 0; i < F; i += 16) {   /* silu(g) * u = g / (1 + e^-g) * u */
-                const v16 gv = ld(g + i);
-                st(a + i, gv / (1.0f + vexp(-gv)) * ld(u + i));
-            }
+    if (L->E) {
+        if ((rc = moe(L, S, h, tmp, gu, act, act + R * F))) return rc;
+    } else {
+        if ((rc = project(&L->gate_up, h, R, H, gu, 2 * F, S->nthreads))) return rc;
+        for (int64_t r = 0; r < R; r++) glu(L, gu + r * 2 * F, gu + r * 2 * F + F, act + r * F, F);
+        if ((rc = project(&L->down, act, R, F, tmp, H, S->nthreads))) return rc;
     }
-    if ((rc = project(&L->down, act, R, F, tmp, H, S->nthreads))) return rc;
     if (L->post_ffw_norm)
         for (int64_t r = 0; r < R; r++) rmsnorm(tmp + r * H, L->post_ffw_norm, tmp + r * H, (int)H, L->eps);
     residual_add(x, tmp, R * H, L->residual_scale);
