@@ -11,7 +11,7 @@ built, no tensor parallelism; `HITENTER_FUSED_DECODE=0` turns it off. `fused_lay
 
 Which rows: the generation rows of AttentionMetadata.kernel_rows (position >= prompt length - 1): a
 row's path depends on its position only, so batch invariance and speculative identity hold as they do
-for the attention kernel. The torch layer (llama.py) stays the statement of the math; the two are
+for the attention kernel. The torch layer (decoder.py) stays the statement of the math; the two are
 compared in tests/test_fused_decode.py.
 """
 
