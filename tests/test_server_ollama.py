@@ -164,6 +164,7 @@ def test_model_routes(client: ollama.Client, server: LiveServer) -> None:
     ("/api/generate", {"model": "tiny", "prompt": "x", "template": "{{ .Prompt }}"}, 400),
     ("/api/generate", {"model": "tiny", "prompt": "x", "suffix": "y"}, 400),
     ("/api/generate", {"model": "tiny", "prompt": "x", "context": [10**9]}, 400),
+    ("/api/generate", {"model": "tiny", "prompt": "", "context": [10**9]}, 400),
     ("/api/generate", {"model": "tiny", "prompt": "x" * 10**6}, 400),
     ("/api/embed", {"model": "tiny", "input": []}, 400),
     ("/api/embed", {"model": "tiny", "input": "x", "options": {"temperature": 1}}, 400),

@@ -105,15 +105,17 @@ def create_app(engine: Served, served_model_name: str | None = None, api_key: st
     if playground:   # without it Starlette's own 404 / 405 (+ Allow) answer unknown paths, in our shape
         _mount_playground(app, {m.name: m.client for m in models.values()}, guarded)
     infos = [m.client.info for m in models.values()]
-    _schema_for_served(app, state.roles(), min(i.vocab_size for i in infos), {i.hidden_size for i in infos})
+    _schema_for_served(app, state.roles(), min(i.vocab_size for i in infos), {i.hidden_size for i in infos},
+                       list(models))
     add_cors(app, allowed_origins)       # outermost: errors and preflights carry the CORS headers too
     return app
 
 
-def _schema_for_served(app: FastAPI, roles: list[str], vocab: int, hidden: set[int]) -> None:
+def _schema_for_served(app: FastAPI, roles: list[str], vocab: int, hidden: set[int], names: list[str]) -> None:
     """What the schema can say about the served models: the chat roles every template supports, token
-    ids below the smallest vocabulary (the static bound is 2**31), and the embedding size (when the
-    models share one)."""
+    ids below the smallest vocabulary (the static bound is 2**31), the embedding size (when the
+    models share one), and the served names as the ``model`` of the newer surfaces' bodies (Ollama's
+    also with its ``:latest`` tag)."""
     build = app.openapi
 
     def bound_ids(node: Any) -> None:
@@ -137,8 +139,30 @@ def _schema_for_served(app: FastAPI, roles: list[str], vocab: int, hidden: set[i
             dims["anyOf"] = [{"type": "integer", "const": next(iter(hidden))}, {"type": "null"}]
         bound_ids(components)
         bound_ids(schema.get("paths", {}))     # bodies documented inline (the playground's)
+        _model_enum(schema, names)
         return schema
     app.openapi = openapi    # type: ignore[method-assign]
+
+
+_NAMED_BODIES = ("/api/", "/v1/messages", "/v1/responses")
+
+
+def _model_enum(schema: dict[str, Any], names: list[str]) -> None:
+    """``model`` of the request bodies under ``_NAMED_BODIES`` is one of the served names."""
+    components = schema.get("components", {}).get("schemas", {})
+    for path, item in schema.get("paths", {}).items():
+        if not path.startswith(_NAMED_BODIES):
+            continue
+        for op in item.values():
+            ref = (op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+                   .get("$ref", ""))
+            model = components.get(ref.rsplit("/", 1)[-1], {}).get("properties", {}).get("model")
+            if model is not None:
+                tagged = [f"{n}:latest" for n in names if ":" not in n] if path.startswith("/api/") else []
+                named = {"type": "string", "enum": names + tagged}
+                optional = any(b.get("type") == "null" for b in model.pop("anyOf", []))
+                model.pop("type", None)
+                model.update({"anyOf": [named, {"type": "null"}]} if optional else named)
 
 
 def _mount_playground(app: FastAPI, clients: dict[str, EngineClient], guarded: dict[str, Any]) -> None:

@@ -160,6 +160,7 @@ async def generate(req: GenerateRequest, request: Request, state: State) -> Resp
     t0 = time.monotonic()
     m = model_of(state, req.model)
     _refuse_unsupported(req)
+    check_ids(m, list(req.context or []), "context")
     if not req.prompt and not req.suffix:
         return SafeJSONResponse(_loaded(req.model, "response", req.keep_alive))
     prompt = await generate_ids(state, m, req)
