@@ -29,7 +29,8 @@ export function renderDistribution(body, d, { chosen = null, reshaped = false, e
     stages.map((s) => el("td", {}, s.kept[i] ? pct(s.probs[i]) : "cut")),
     el("td", { class: "bar" }, el("div", { style: { width: `${(100 * last.probs[i]).toFixed(1)}%` } })));
   });
-  const ent = entropy || d.entropy;
+  const ent0 = entropy || d.entropy;
+  const ent = ent0 && greedy ? [...ent0, 0] : ent0;      // one-hot: no uncertainty left
   clear(body,
     live(reshaped ? "reshape_distribution() on the step's cached logits (no model run)" : "the sampler's trace of this step"),
     label ? el("p", { class: "note" }, label) : null,
@@ -76,6 +77,11 @@ export function renderDice(body, step, index = null) {
   const at = win < 0 ? null : cands.slice(0, win).reduce((a, c) => a + c.prob, 0) + cands[win].prob / 2;
   const pointer = at === null ? null : el("div", { class: "pointer", id: "dice-pointer", dataset: { token: draw.token_id, at },
     style: { left: `${(100 * at).toFixed(2)}%` } }, "▼");
+  // slices have borders and the winner a minimum width: put the pointer over the drawn slice as laid out
+  requestAnimationFrame(() => {
+    const seg = body.querySelector(".cdf > div.chosen");
+    if (pointer && seg) pointer.style.left = `${seg.offsetLeft + seg.offsetWidth / 2}px`;
+  });
   const head = el("p", { id: "dice", dataset: { method: draw.method, seed: draw.seed ?? "", token: draw.token_id } },
     draw.method === "greedy" ? "temperature 0: greedy, the argmax is taken and no dice are rolled."
       : `seed ${draw.seed}: each candidate i gets q_i ~ Exp(1) from the request's own generator; `
@@ -85,13 +91,13 @@ export function renderDice(body, step, index = null) {
     cands.map((c, r) => [c, r]).filter(([, r]) => r < 8 || r === win).map(([c, r]) => el("tr", {
       class: c.p.id === draw.token_id ? "chosen" : "", dataset: { id: c.p.id, rank: r } },
     el("td", {}, r >= 8 ? `#${r + 1} ` : "", el("code", {}, visible(c.p.text))), el("td", {}, pct(c.prob)),
-    el("td", {}, c.q.toFixed(3)), el("td", {}, (c.prob / c.q).toFixed(4))))) : null;
+    el("td", {}, c.q.toPrecision(3)), el("td", {}, (c.prob / c.q).toPrecision(4))))) : null;
   const chosen = cands.find((c) => c.p.id === draw.token_id);
   clear(body, live("the sampler's DrawTrace (seed, q, chosen token)"),
     index === null ? null : el("p", { class: "note", id: "dice-step", dataset: { step: index } }, `step ${index}`), head,
     el("div", { class: "cdfwrap" }, pointer, el("div", { class: "cdf", title: "the final distribution laid end to end (cumulative)" }, segs)),
     el("p", { class: "note", id: "dice-winner", dataset: { token: draw.token_id, rank: win } }, !chosen
       ? "the chosen token is outside the traced candidates" : `chosen${win >= 8 ? ` (rank ${win + 1}, listed below the top 8)` : ""}: "${visible(chosen.p.text)}" with p = ${pct(chosen.prob)}`
-      + (draw.chosen_u !== null && draw.chosen_u !== undefined ? ` · its draw q = ${draw.chosen_q.toFixed(3)} (uniform 1 − e^−q = ${draw.chosen_u.toFixed(3)})` : "")),
+      + (draw.chosen_u !== null && draw.chosen_u !== undefined ? ` · its draw q = ${draw.chosen_q.toPrecision(3)} (uniform 1 − e^−q = ${draw.chosen_u.toPrecision(3)})` : "")),
     race);
 }
