@@ -270,3 +270,27 @@ def test_chars_per_token_counts_the_users_text(pg) -> None:
         chat: false})})).json()).count""")
     pg.wait_for_selector("#chars-per-token")
     assert int(d(pg, "#chars-per-token", "tokens")) == want and int(d(pg, "#chars-per-token", "chars")) == 31
+
+
+def test_story_content_above_the_fold_on_a_phone(server, browser) -> None:  # noqa: F811
+    """At 390x844 the story's content started at y=964 (the header and a wrapped rail above it)."""
+    from pathlib import Path
+
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    page.goto(server[0] + "/")
+    page.wait_for_selector("body[data-ready=true]", timeout=20000)
+    enter(page, "Hello world", max_tokens=4)
+    for key in ("tokens", "attention", "temperature"):
+        page.click(f"#story-rail li[data-key='{key}']")
+        page.wait_for_timeout(200)
+        top = page.evaluate("() => document.querySelector('#story-panels').getBoundingClientRect().top")
+        assert top < 844 * 0.6, (key, top)
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
+        rail = page.evaluate("""() => { const r = document.querySelector('#story-rail'),
+            li = r.querySelector('li.on').getBoundingClientRect(), b = r.getBoundingClientRect();
+            return [li.left >= b.left - 1 && li.right <= b.right + 1, b.height]; }""")
+        assert rail[0] and rail[1] < 60, rail              # one line, the current step in view
+        shots = Path(__file__).resolve().parent.parent / "test-output" / "phone"
+        shots.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shots / f"390-{key}.png"))
+    page.close()
