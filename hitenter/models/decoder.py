@@ -148,10 +148,11 @@ class DecoderLayer(nn.Module):
             q, k = rope.rotate(q, cos_sin), rope.rotate(k, cos_sin)
         return q, k, qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, d)
 
-    def ffn(self, h: torch.Tensor) -> torch.Tensor:
-        """The FFN on normed rows h: gated (SwiGLU / GeGLU) or the mixture of experts."""
+    def ffn(self, h: torch.Tensor, n_real: int | None = None) -> torch.Tensor:
+        """The FFN on normed rows h: gated (SwiGLU / GeGLU) or the mixture of experts (which routes only
+        the first n_real rows: padding rows come back zero)."""
         if self.moe is not None:
-            return self.moe(h)
+            return self.moe(h, n_real)
         gate, up = self.gate_up(h).chunk(2, dim=-1)
         act = F.gelu(gate, approximate="tanh") if self.cfg.activation == "gelu_tanh" else F.silu(gate)
         return self.down(act * up)
@@ -179,7 +180,7 @@ class DecoderLayer(nn.Module):
             o = torch.cat([o, o.new_zeros(t - n_real, o.shape[1])])
         x = self._residual(x, self.o_proj(o), self.post_attn_norm)
         h = self.ffn_norm(x) if self.ffn_norm is not None else x
-        return self._residual(x, self.ffn(h), self.post_ffw_norm)
+        return self._residual(x, self.ffn(h, n_real), self.post_ffw_norm)
 
 
 def rope_factors(cfg: ModelConfig, w: dict[str, Any], served_len: int) -> torch.Tensor | None:

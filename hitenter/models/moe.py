@@ -19,7 +19,7 @@ projection (gate+up one call once owned, down one); each (row, rank) result is s
 copied to its own slot, then a row's K slots are added in rank order. A single row (a decode step)
 takes the same operations without the gather. Batch invariance: the block kernels give a row the same
 bits for any M; dense GEMMs (the router, dense experts, blocks on the torch reference path) run on row
-counts padded to a multiple of 8 (as llama.py's pad_rows); every other op is elementwise or per row,
+counts padded to a multiple of 8 (as layers.py's pad_rows); every other op is elementwise or per row,
 so a row's output bits depend neither on the other rows nor on the path (T = 1 or grouped).
 """
 
@@ -46,7 +46,7 @@ from hitenter.models.linear import Linear
 __all__ = ["ExpertLinear", "ExpertWeight", "MoEFFN", "adjacent_rows", "dense_experts", "expert_linear",
            "expert_weights", "reference_moe"]
 
-ROW_MULTIPLE = 8                   # as llama.py / attention.py: dense GEMM row counts padded to this
+ROW_MULTIPLE = 8                   # as layers.py / attention.py: dense GEMM row counts padded to this
 WEIGHTS_SUM_MIN = 6.103515625e-5   # llama.cpp clamps the top-k weights' sum here (smallest normal fp16)
 GATINGS = ("softmax", "sigmoid", "softmax_weight")
 OAI_ALPHA, OAI_LIMIT = 1.702, 7.0  # llama.cpp's swiglu_oai constants (gpt-oss)
