@@ -278,7 +278,10 @@ def test_step_mode_one_token_per_request(page, server) -> None:
         page.click("#btn-step")
         page.wait_for_function(f"() => document.querySelector('#gen-tokens') && JSON.parse(document.querySelector('#gen-tokens').dataset.ids).length === {n}")
         page.wait_for_function("() => document.querySelector('#btn-pause').disabled")
-    assert "came from the prefix cache" in page.inner_text("#status")
+    status = page.inner_text("#status")      # each step is the Enter request again, max_tokens = n: its prompt is cached
+    assert "the Enter request with max_tokens = 3" in status
+    cached = int(status.split(": ")[-1].split(" tokens from the prefix cache")[0])
+    assert cached == page.evaluate("() => window.playground.run.cached") and cached > 0
 
 
 def pick_first_trigram_step(pg) -> None:
