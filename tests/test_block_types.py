@@ -23,6 +23,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from test_kernels import exact_activations
 
 from hitenter import LLM, SamplingParams
 from hitenter.kernels import BLOCK_TYPES, BlockWeight, qmatmul
@@ -53,16 +54,6 @@ def weight(qtype: Q, n: int, k: int, seed: int = 0) -> BlockWeight:
     else:
         raw = random_kquant(qtype, n, k, rng)
     return BlockWeight(torch.from_numpy(np.ascontiguousarray(raw).reshape(n, -1)), int(qtype), (n, k))
-
-
-def exact_activations(m: int, k: int, seed: int) -> torch.Tensor:
-    """x = 2^e * integers in [-127, 127], each 32-block holding a 127, e per 256 elements: quantized exactly."""
-    rng = np.random.default_rng(seed)
-    q = rng.integers(-127, 128, size=(m, k // 32, 32))
-    q[:, :, 0] = 127
-    groups = k // 256 if k % 256 == 0 else 1
-    scale = 2.0 ** rng.integers(-8, 3, size=(m, groups, 1))
-    return torch.from_numpy((q.reshape(m, groups, -1) * scale).reshape(m, k).astype(np.float32))
 
 
 def check_close(x: torch.Tensor, w: BlockWeight, wd: torch.Tensor, y: torch.Tensor, exact_acts: bool = False) -> None:
