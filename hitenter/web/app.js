@@ -48,7 +48,8 @@ function render() {
     pending = false;
     const run = S.run;
     if (run && run.prompt_ids) renderTokens(body("p-tokens"), { ...run, max_model_len: run.maxModelLen, template_used: run.templateUsed });
-    else if (run && run.overflow && run.error) renderTokens(body("p-tokens"), { ...run.error, max_model_len: run.error.n_ctx });
+    else if (run && run.overflow && run.error && run.error.pieces) renderTokens(body("p-tokens"), { ...run.error,
+      pieces: run.error.pieces.slice(0, 300), count: run.error.pieces.length, max_model_len: run.error.n_ctx });
     if (run) {
       renderLoop(body("p-loop"), run, pick);
       renderStop(body("p-stop"), run, info().eog);

@@ -3,7 +3,7 @@ import { el, clear, tokenChip, live } from "./util.js";
 
 // `src` is either the engine's `start` event (prompt_ids + pieces) or a /tokenize preview.
 export function renderTokens(body, src, { preview = false } = {}) {
-  const n = src.pieces.length;
+  const n = src.count ?? src.pieces.length;             // (an overflow's prompt: the first chips only)
   const frac = Math.min(1, n / src.max_model_len);
   // characters per token of the user's own text (its own tokenization, without the chat template)
   const u = src.userTokens;
@@ -12,7 +12,7 @@ export function renderTokens(body, src, { preview = false } = {}) {
     live(preview ? "the engine's tokenizer (preview while you type)" : "the request's prompt_token_ids"),
     el("div", { class: "row", id: "prompt-tokens", dataset: { ids: JSON.stringify(src.prompt_ids || src.ids),
       source: preview ? "tokenize" : "engine", count: n } },
-    src.pieces.map((p) => tokenChip(p))),
+    src.pieces.map((p) => tokenChip(p)), n > src.pieces.length ? el("span", { class: "note" }, ` … ${n - src.pieces.length} more`) : null),
     el("p", { class: "note" },
       `${n} tokens${src.template_used ? " (the chat template and its special tokens included)" : ""}`,
       perTok ? el("span", { id: "chars-per-token", dataset: { chars: u.chars, tokens: u.tokens, ratio: perTok } },
