@@ -137,9 +137,10 @@ static int project(const proj *pr, const float *x, int64_t R, int64_t ldx, float
 int64_t dl_scratch(const layer *L, int64_t R) {
     const int64_t q = (int64_t)L->NH * L->D, kv = (int64_t)L->KVH * L->D;
     const int64_t dense = R * (L->H + (q + 2 * kv) + q + q + L->H + 2 * (int64_t)L->F + L->F);
-    /* experts: logits [R, E], ids and weights [R, K], gathered rows and their outputs [R, H] each, the
-       K weighted outputs of every row [R, K, H] */
-    return L->E ? dense + R * (L->E + 2 * (int64_t)L->K + 2 * L->H + (int64_t)L->K * L->H) : dense;
+    /* experts, per (row, rank) pair: weights, ids, order; gathered rows, outputs [H] each, gate+up [2F],
+       act [F]; per row the router logits [E]; the E + 1 offsets */
+    const int64_t P = R * L->K;
+    return L->E ? dense + R * L->E + P * (3 + 2 * (int64_t)L->H + 3 * (int64_t)L->F) + L->E + 1 : dense;
 }
 
 /* act(g) * u into a: SiLU, or GELU (tanh) */
@@ -184,13 +185,27 @@ static void route(const layer *L, float *logit, int32_t *ids, float *w) {
     }
 }
 
-/* the mixture of experts on the normed rows h [R, H] into y [R, H]: each active expert's rows gathered
-   and run as one matmul per projection; a row's bits do not depend on the other rows */
-static int moe(const layer *L, const step *S, const float *h, float *y, float *gu, float *act, float *scratch) {
-    /* gu [R, 2F], act [R, F]: the dense FFN's buffers (an expert gets at most R rows) */
-    const int64_t R = S->R, H = L->H, F = L->F, E = L->E, K = L->K;
-    float *logit = scratch, *w = logit + R * E, *rows = w + R * K, *out = rows + R * H, *slot = out + R * H;
-    int32_t *ids = (int32_t *)(slot + R * K * H);
+/* expert e's n gathered rows (rows [n, H]) through gate+up, act and down into out [n, H]; gu [n, 2F],
+   act [n, F] its own buffers */
+static int expert_rows(const layer *L, int64_t e, const float *rows, int64_t n, float *gu, float *act, float *out,
+                       int nthreads) {
+    const int64_t H = L->H, F = L->F;
+    int rc = g_qm(L->exp_gu[e], rows, n, H, gu, 2 * F, nthreads);
+    if (rc) return rc;
+    for (int64_t i = 0; i < n; i++) glu(L, gu + i * 2 * F, gu + i * 2 * F + F, act + i * F, F);
+    return g_qm(L->exp_dn[e], act, n, F, out, H, nthreads);
+}
+
+/* the mixture of experts on the normed rows h [R, H] into y [R, H]. The R x K (row, rank) pairs are
+   sorted by expert (a counting sort: expert e's pairs are entries off[e] .. off[e+1] of `order`), each
+   active expert's rows gathered and run as one matmul per projection. With at least as many active
+   experts as threads the experts run side by side, one thread each; otherwise one after another on all
+   threads. A row's bits do not depend on the other rows nor on the threads (the matmuls' contract). */
+static int moe(const layer *L, const step *S, const float *h, float *y, float *scratch) {
+    const int64_t R = S->R, H = L->H, F = L->F, E = L->E, K = L->K, P = R * K;
+    float *logit = scratch, *w = logit + R * E, *rows = w + P, *out = rows + P * H, *gu = out + P * H;
+    float *act = gu + P * 2 * F;
+    int32_t *ids = (int32_t *)(act + P * F), *order = ids + P, *off = order + P;   /* off: E + 1 */
     for (int64_t r = 0; r < R; r++) {
         const float *hr = h + r * H;
         for (int64_t e = 0; e < E; e++) {
@@ -201,24 +216,37 @@ static int moe(const layer *L, const step *S, const float *h, float *y, float *g
         }
         route(L, logit + r * E, ids + r * K, w + r * K);
     }
-    for (int64_t e = 0; e < E; e++) {
-        int64_t n = 0;
-        for (int64_t j = 0; j < R * K; j++)
-            if (ids[j] == e) memcpy(rows + n++ * H, h + (j / K) * H, H * sizeof(float));
-        if (!n) continue;
-        int rc = g_qm(L->exp_gu[e], rows, n, H, gu, 2 * F, S->nthreads);
-        if (rc) return rc;
-        for (int64_t i = 0; i < n; i++) glu(L, gu + i * 2 * F, gu + i * 2 * F + F, act + i * F, F);
-        if ((rc = g_qm(L->exp_dn[e], act, n, F, out, H, S->nthreads))) return rc;
-        n = 0;
-        for (int64_t j = 0; j < R * K; j++)
-            if (ids[j] == e) {
-                const v16 wk = (v16){0} + w[j];
-                for (int64_t i = 0; i < H; i += 16) st(slot + j * H + i, ld(out + n * H + i) * wk);
-                n++;
-            }
+    for (int64_t e = 0; e <= E; e++) off[e] = 0;
+    for (int64_t j = 0; j < P; j++) off[ids[j] + 1]++;
+    int active = 0;
+    for (int64_t e = 0; e < E; e++) { active += off[e + 1] > 0; off[e + 1] += off[e]; }
+    {
+        int32_t *next = (int32_t *)(logit);   /* the logits are spent: reuse them as E cursors */
+        for (int64_t e = 0; e < E; e++) next[e] = off[e];
+        for (int64_t j = 0; j < P; j++) {
+            const int32_t at = next[ids[j]]++;
+            order[at] = (int32_t)j;
+            memcpy(rows + (int64_t)at * H, h + (j / K) * H, H * sizeof(float));
+        }
     }
-    for (int64_t r = 0; r < R; r++) {   /* rank order */
+    const int side_by_side = S->nthreads > 1 && active >= S->nthreads;
+    int rc = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(S->nthreads) if (side_by_side) reduction(| : rc)
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t a = off[e], n = off[e + 1] - a;
+        if (n)
+            rc |= expert_rows(L, e, rows + a * H, n, gu + a * 2 * F, act + a * F, out + a * H,
+                              side_by_side ? 1 : S->nthreads);
+    }
+    if (rc) return rc;
+    /* each pair's output times its weight, added to its row in rank order */
+    float *slot = rows;   /* the gathered rows are spent: [P, H] by (row, rank) */
+    for (int64_t at = 0; at < P; at++) {
+        const int64_t j = order[at];
+        const v16 wk = (v16){0} + w[j];
+        for (int64_t i = 0; i < H; i += 16) st(slot + j * H + i, ld(out + at * H + i) * wk);
+    }
+    for (int64_t r = 0; r < R; r++) {
         memcpy(y + r * H, slot + r * K * H, H * sizeof(float));
         for (int64_t k = 1; k < K; k++)
             for (int64_t i = 0; i < H; i += 16) st(y + r * H + i, ld(y + r * H + i) + ld(slot + (r * K + k) * H + i));
@@ -283,7 +311,7 @@ int dl_layer(const layer *L, const step *S, float *x, void *kv, float *scratch) 
     residual_add(x, tmp, R * H, L->residual_scale);
     pre_norm(L->ffn_norm, x, h, R, (int)H, L->eps);
     if (L->E) {
-        if ((rc = moe(L, S, h, tmp, gu, act, act + R * F))) return rc;
+        if ((rc = moe(L, S, h, tmp, act + R * F))) return rc;
     } else {
         if ((rc = project(&L->gate_up, h, R, H, gu, 2 * F, S->nthreads))) return rc;
         for (int64_t r = 0; r < R; r++) glu(L, gu + r * 2 * F, gu + r * 2 * F + F, act + r * F, F);
