@@ -6,17 +6,24 @@ Starts ``hitenter serve`` (a subprocess, with --api-key) and measures:
 - schemathesis over every route of the OpenAPI schema, key set: cases, 5xx, conformance failures;
 - ten 10 MB bodies: all 413, and the server's RSS growth across them (bound: < 100 MB); also ten
   prompts just under the body limit (refused by the character bound before tokenizing);
-- every /playground/api route without the key: 401.
+- every /playground/api route without the key: 401;
+- the attacks of issue 32 (deep schemas, string schemas, tool-call arguments and bodies; guided_choice of
+  100k, an enum of 100k, a 1M-character pattern and regex; 100k stop strings): status, seconds, RSS
+  before/after each (bounds: a 4xx within 1 s, RSS within 200 MB of idle);
+- 16 streams' tokens/s alone, while one client sends the pathological grammars in a loop, and while one
+  sends grammars at the size limits (1024 fresh choices each, so never cached) (bound: >= 0.8x alone).
 The default model is a tiny random GGUF (hitenter.testing.tiny_model): the point is the HTTP layer.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -77,11 +84,119 @@ def schemathesis(url: str, examples: int, out: Path) -> dict[str, object]:
     return {"exit": proc.returncode, "summary": "\n".join(failures + summary)}
 
 
+D = 1000
+DEEP = '{"type":"object","properties":{"a":' * D + '{"type":"string"}' + "}}" * D
+USER = [{"role": "user", "content": "hi"}]
+
+
+def _chat(**extra: object) -> bytes:
+    return json.dumps({"messages": USER, "max_tokens": 1, **extra}).encode()
+
+
+def attack_bodies() -> list[tuple[str, str, bytes]]:
+    chat, msgs = "/v1/chat/completions", json.dumps(USER)
+    head = '{"messages":' + msgs + ',"max_tokens":1'
+    args = json.dumps("[" * D + "]" * D)
+    return [
+        ("schema nested 1000 (response_format)", chat, (head + ',"response_format":{"type":"json_schema",'
+         '"json_schema":{"name":"x","schema":' + DEEP + '}}}').encode()),
+        ("string schema nested 1000 (guided_json)", chat, (head + ',"guided_json":' + json.dumps(DEEP) + '}').encode()),
+        ("structured_outputs.json string nested 1000", chat,
+         (head + ',"structured_outputs":{"json":' + json.dumps(DEEP) + '}}').encode()),
+        ("tool_calls arguments nested 1000", chat, ('{"max_tokens":1,"messages":[{"role":"user","content":"hi"},'
+         '{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f",'
+         '"arguments":' + args + '}}]},{"role":"tool","tool_call_id":"c","content":"x"}]}').encode()),
+        ("tool parameters nested 1000", chat, (head + ',"tools":[{"type":"function","function":{"name":"f",'
+         '"parameters":' + DEEP + '}}],"tool_choice":"required"}').encode()),
+        ("body nested 100k", chat, (head + ',"logit_bias":' + "[" * 100_000 + "]" * 100_000 + '}').encode()),
+        ("ollama format nested 1000", "/api/chat", ('{"model":"%s","messages":' + msgs + ',"format":' + DEEP
+                                                    + ',"stream":false}').encode()),
+        ("anthropic output_config nested 1000", "/v1/messages", ('{"model":"%s","max_tokens":1,"messages":' + msgs
+         + ',"output_config":{"format":{"type":"json_schema","schema":' + DEEP + '}}}').encode()),
+        ("responses text.format nested 1000", "/v1/responses", ('{"model":"%s","input":"hi","max_output_tokens":1,'
+         '"text":{"format":{"type":"json_schema","name":"x","schema":' + DEEP + '}}}').encode()),
+        ("stop: 100k strings", chat, _chat(stop=["ab"] * 100_000)),
+        ("logit_bias: 100k entries", chat, _chat(logit_bias={str(i): 1 for i in range(100_000)})),
+        ("guided_choice: 100k choices", chat, _chat(guided_choice=[f"c{i}" for i in range(100_000)])),
+        ("json_schema enum: 100k values", chat, _chat(guided_json={"enum": [f"c{i}" for i in range(100_000)]})),
+        ("pattern: 1M characters", chat, _chat(guided_json={"type": "string", "pattern": "a" * 1_000_000})),
+        ("guided_regex: 1M characters", chat, _chat(guided_regex="a" * 1_000_000)),
+    ]
+
+
+def attacks(url: str, pid: int, model: str) -> list[dict[str, object]]:
+    out = []
+    idle = rss_mb(pid)
+    with httpx.Client(headers={**AUTH, "content-type": "application/json"}, timeout=600) as c:
+        for name, path, body in attack_bodies():
+            before, t0 = rss_mb(pid), time.perf_counter()
+            r = c.post(url + path, content=body.replace(b'"%s"', json.dumps(model).encode()))
+            dt = time.perf_counter() - t0
+            msg = r.json()
+            msg = msg.get("error", msg) if isinstance(msg, dict) else msg
+            msg = msg.get("message", msg) if isinstance(msg, dict) else msg
+            out.append({"attack": name, "status": r.status_code, "seconds": round(dt, 3),
+                        "rss_before_mb": round(before, 1), "rss_after_mb": round(rss_mb(pid), 1),
+                        "rss_over_idle_mb": round(rss_mb(pid) - idle, 1), "answer": str(msg)[:100]})
+    return out
+
+
+async def _stream(c: httpx.AsyncClient, url: str, max_tokens: int) -> tuple[int, float]:
+    body = {"messages": USER, "max_tokens": max_tokens, "stream": True, "ignore_eos": True, "temperature": 0}
+    n, t0 = 0, time.perf_counter()
+    async with c.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: {") and '"content":"' in line:
+                n += 1
+    return n, time.perf_counter() - t0
+
+
+async def _streams(url: str, n: int, max_tokens: int) -> float:
+    async with httpx.AsyncClient(headers=AUTH, timeout=600) as c:
+        res = await asyncio.gather(*[_stream(c, url, max_tokens) for _ in range(n)])
+    return sum(k / t for k, t in res) / n
+
+
+def _attacker(url: str, stop: threading.Event, at_limit: bool, counts: dict[str, int]) -> None:
+    bodies = [b for name, _, b in attack_bodies() if any(w in name for w in ("choice", "enum", "pattern", "regex"))]
+    i = 0
+    with httpx.Client(headers={**AUTH, "content-type": "application/json"}, timeout=600) as c:
+        while not stop.is_set():
+            i += 1
+            body = (_chat(guided_choice=[f"fresh-{i}-{j}" for j in range(1024)]) if at_limit
+                    else bodies[i % len(bodies)])
+            r = c.post(url + "/v1/chat/completions", content=body)
+            key = str(r.status_code)
+            counts[key] = counts.get(key, 0) + 1
+
+
+def streams_under_attack(url: str, pid: int, n: int = 16, max_tokens: int = 64) -> dict[str, object]:
+    asyncio.run(_streams(url, 2, 4))                         # warm up
+    idle = rss_mb(pid)
+    out: dict[str, object] = {"streams": n, "max_tokens": max_tokens, "rss_idle_mb": round(idle, 1)}
+    alone = asyncio.run(_streams(url, n, max_tokens))
+    out["tokens_per_s_per_stream_alone"] = round(alone, 2)
+    for label, at_limit in (("pathological", False), ("at_the_limits", True)):
+        stop, counts, peak = threading.Event(), {}, idle
+        th = threading.Thread(target=_attacker, args=(url, stop, at_limit, counts), daemon=True)
+        th.start()
+        time.sleep(0.5)
+        tps = asyncio.run(_streams(url, n, max_tokens))
+        peak = max(peak, rss_mb(pid))
+        stop.set()
+        th.join(timeout=60)
+        out[f"with_{label}_attacker"] = {"tokens_per_s_per_stream": round(tps, 2), "ratio": round(tps / alone, 3),
+                                         "attacker_statuses": counts,
+                                         "rss_over_idle_mb": round(max(peak, rss_mb(pid)) - idle, 1)}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None, help="GGUF path or known name (default: a tiny random model)")
     ap.add_argument("--schemathesis-examples", type=int, default=100)
     ap.add_argument("--skip-schemathesis", action="store_true")
+    ap.add_argument("--only-attacks", action="store_true", help="only the issue-32 attacks and the 16 streams")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="hitenter-reliability-"))
     model = a.model
@@ -90,10 +205,14 @@ def main() -> int:
         model = str(write_tiny_gguf(tmp / "tiny.gguf", arch="llama", seed=0))
     results: dict[str, object] = {}
     with served(model, []) as (url, pid):
-        results["ten_10MB_bodies"] = big_bodies(url, pid, 10 << 20)
-        results["ten_4MB_prompts_under_the_limit"] = big_bodies(url, pid, (4 << 20) - 100)
-        results["playground_without_key"] = playground_without_key(url)
-        if not a.skip_schemathesis:
+        name = httpx.get(url + "/v1/models", headers=AUTH).json()["data"][0]["id"]
+        results["attacks"] = attacks(url, pid, name)
+        results["streams_under_attack"] = streams_under_attack(url, pid)
+        if not a.only_attacks:
+            results["ten_10MB_bodies"] = big_bodies(url, pid, 10 << 20)
+            results["ten_4MB_prompts_under_the_limit"] = big_bodies(url, pid, (4 << 20) - 100)
+            results["playground_without_key"] = playground_without_key(url)
+        if not a.skip_schemathesis and not a.only_attacks:
             results["schemathesis"] = schemathesis(url, a.schemathesis_examples, tmp)
     summary = results.pop("schemathesis", None)
     print(json.dumps(results, indent=1))
@@ -101,7 +220,12 @@ def main() -> int:
         print(f"schemathesis (exit {summary['exit']}):\n{summary['summary']}")
     ok = all(r["statuses"] == [413] and r["rss_growth_mb"] < 100  # type: ignore[index,operator]
              for k, r in results.items() if k.startswith("ten_10MB"))
-    ok = ok and not results["playground_without_key"]["not_401"]  # type: ignore[index]
+    ok = ok and not results.get("playground_without_key", {"not_401": {}})["not_401"]  # type: ignore[index]
+    ok = ok and all(400 <= r["status"] < 500 and r["seconds"] < 1 and r["rss_over_idle_mb"] < 200  # type: ignore[operator]
+                    for r in results["attacks"])  # type: ignore[union-attr,attr-defined]
+    sua = results["streams_under_attack"]
+    ok = ok and all(sua[k]["ratio"] >= 0.8 and sua[k]["rss_over_idle_mb"] < 200  # type: ignore[index]
+                    for k in ("with_pathological_attacker", "with_at_the_limits_attacker"))
     ok = ok and (summary is None or summary["exit"] == 0)
     return 0 if ok else 1
 

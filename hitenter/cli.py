@@ -118,11 +118,40 @@ def cmd_serve(a: argparse.Namespace) -> int:
           max_queued_requests=a.max_queued_requests, extra_models=extra, max_body_bytes=a.max_body_bytes,
           header_timeout=a.header_timeout, metrics_public=a.metrics_public,
           allow_special_tokens_in_content=a.allow_special_tokens_in_content, allowed_origins=a.allowed_origins,
-          **_engine_kwargs(a))
+          limits=_limits(a), **_engine_kwargs(a))
     return 0
 
 
+def _limits(a: argparse.Namespace) -> object:
+    from dataclasses import fields
+
+    from hitenter.server.limits import Limits
+    return Limits(**{f.name: getattr(a, f.name) for f in fields(Limits)})
+
+
+_LIMIT_HELP = {
+    "max_json_depth": "deepest nesting of a field's value (schemas, tool arguments, messages)",
+    "max_schema_nodes": "most JSON values in one JSON schema (413 above)",
+    "max_enum_values": "largest enum of a schema (all its enums together: 4x) (413 above)",
+    "max_pattern_chars": "longest regex: a schema's pattern or format, guided_regex (413 above)",
+    "max_grammar_chars": "longest EBNF grammar (guided_grammar) (413 above)",
+    "max_guided_choices": "most guided_choice entries (413 above)",
+    "max_guided_choice_chars": "total length of the guided_choice entries, longest schema string (413 above)",
+    "max_stop": "most stop strings", "max_logit_bias": "most logit_bias entries",
+    "max_tools": "most tool definitions", "max_messages": "most messages or input items",
+    "max_grammar_compile_seconds": "time limit of one grammar compilation (then 400; it runs off the engine "
+                                   "thread and a spec that ran out is refused at once after)",
+    "max_grammar_cache_bytes": "bytes of compiled grammars kept in the cache (least recently used out)",
+}
+
+
 def _server_guard_flags(p: argparse.ArgumentParser) -> None:
+    from dataclasses import fields
+
+    from hitenter.server.limits import Limits
+    for f in fields(Limits):
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+                       help=f"{_LIMIT_HELP[f.name]} (default {f.default})")
     p.add_argument("--max-body-bytes", type=int, default=4 << 20,
                    help="largest request body accepted; larger ones get 413 before parsing (default 4 MiB)")
     p.add_argument("--header-timeout", type=float, default=10.0,

@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -34,6 +37,23 @@ from torch import Tensor
 
 _LOOSE_CHARS, _JSON_CHARS = r'[^\"\\\r\n]', r'[^\0-\x1f\"\\\r\n]'
 GUIDED_KINDS = ("json", "json_schema", "regex", "choice", "grammar", "tool_calls")
+COMPILE_SECONDS = 5.0          # a compilation's time limit (hitenter serve --max-grammar-compile-seconds)
+CACHE_BYTES = 64 << 20         # the compiled-grammar cache's bound (--max-grammar-cache-bytes)
+COMPILE_THREADS = 2            # compilations run on these threads, never the engine's
+_REFUSED_MAX = 1024            # specs whose compilation ran out of time, refused at once after
+
+
+def configure(compile_seconds: float | None = None, cache_bytes: int | None = None) -> None:
+    """Set the time limit of a compilation and the cache's byte bound (for backends built or used after)."""
+    global COMPILE_SECONDS, CACHE_BYTES
+    if compile_seconds is not None:
+        COMPILE_SECONDS = float(compile_seconds)
+    if cache_bytes is not None:
+        CACHE_BYTES = int(cache_bytes)
+
+
+class GrammarTimeoutError(ValueError):
+    """A compilation ran past COMPILE_SECONDS (a ValueError naming the field: a 400)."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +76,17 @@ def _xgr() -> Any:
 
 
 class GrammarBackend:
-    """xgrammar's compiler for one tokenizer / logits width (compiled grammars cached by spec)."""
+    """xgrammar's compiler for one tokenizer / logits width.
+
+    Compilation is bounded: it runs on one of ``COMPILE_THREADS`` threads (never the caller's, never the
+    engine's; xgrammar releases the GIL while it compiles) and the caller waits at most
+    ``COMPILE_SECONDS``, then gets a ``GrammarTimeoutError``. A compilation cannot be interrupted inside
+    xgrammar: one that ran out of time is abandoned (its thread finishes it, the result is cached if it
+    fits) and its spec is refused at once from then on, so a client repeating it costs nothing. Callers of
+    the same spec share one compilation. Compiled grammars are cached, least recently used first out,
+    up to ``CACHE_BYTES`` bytes (xgrammar's ``memory_size_bytes``)."""
+
+    _pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar-compile")
 
     def __init__(self, tokenizer: Any, vocab_size: int) -> None:
         xgr = _xgr()
@@ -64,26 +94,59 @@ class GrammarBackend:
         vocab = [tokenizer.token_bytes(i) for i in range(n)]
         stops = sorted(t for t in tokenizer.eog_token_ids if t < n)
         self.info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stops)
-        self.compiler = xgr.GrammarCompiler(self.info, max_threads=1)
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
         self.vocab_size = vocab_size
         self._lock = threading.Lock()
-        self._cache: dict[GuidedSpec, Any] = {}
+        self._cache: OrderedDict[GuidedSpec, tuple[Any, int]] = OrderedDict()
+        self.cache_bytes = 0
+        self._inflight: dict[GuidedSpec, Future[Any]] = {}
+        self._refused: OrderedDict[int, float] = OrderedDict()   # hash(spec) -> the limit it ran past
 
-    def compile(self, spec: GuidedSpec) -> Any:
+    def compile(self, spec: GuidedSpec, timeout: float | None = None) -> Any:
+        limit = COMPILE_SECONDS if timeout is None else timeout
         with self._lock:
             hit = self._cache.get(spec)
-        if hit is not None:
-            return hit
+            if hit is not None:
+                self._cache.move_to_end(spec)
+                return hit[0]
+            if hash(spec) in self._refused:
+                raise self._timeout(spec, self._refused[hash(spec)], again=True)
+            fut = self._inflight.get(spec)
+            if fut is None:
+                fut = self._inflight[spec] = self._pool.submit(self._compile, spec)
+        try:
+            return fut.result(timeout=limit)
+        except FutureTimeout:
+            with self._lock:
+                self._refused[hash(spec)] = limit
+                while len(self._refused) > _REFUSED_MAX:
+                    self._refused.popitem(last=False)
+            raise self._timeout(spec, limit) from None
+
+    @staticmethod
+    def _timeout(spec: GuidedSpec, limit: float, again: bool = False) -> GrammarTimeoutError:
+        return GrammarTimeoutError(
+            f"{spec.param}: grammar compilation {'already ran' if again else 'ran'} past the {limit:g} s limit "
+            "(--max-grammar-compile-seconds); simplify the schema, pattern or choices")
+
+    def _compile(self, spec: GuidedSpec) -> Any:
         try:
             compiled = self.compiler.compile_grammar(build_grammar(spec))
         except ValueError:
             raise
         except Exception as e:   # xgrammar raises RuntimeError/InvalidJSONError on bad schemas/regexes
             raise ValueError(f"{spec.param}: could not be compiled to a grammar: {e}") from e
+        finally:
+            with self._lock:
+                self._inflight.pop(spec, None)
+        size = int(compiled.memory_size_bytes)
         with self._lock:
-            if len(self._cache) > 256:
-                self._cache.clear()
-            self._cache[spec] = compiled
+            if size <= CACHE_BYTES and spec not in self._cache:
+                self._cache[spec] = (compiled, size)
+                self.cache_bytes += size
+                while self.cache_bytes > CACHE_BYTES:
+                    _, (_, old) = self._cache.popitem(last=False)
+                    self.cache_bytes -= old
         return compiled
 
     def constraint(self, spec: GuidedSpec) -> GrammarConstraint:

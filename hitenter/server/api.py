@@ -24,6 +24,7 @@ from fastapi import FastAPI
 
 from hitenter.engine.async_engine import AsyncLLMEngine
 from hitenter.engine.llm_engine import LLMEngine
+from hitenter.server import limits as L
 from hitenter.server import (
     serving_admin,
     serving_chat,
@@ -56,6 +57,9 @@ API_ROUTERS = [serving_completion.router, serving_chat.router, serving_embedding
                serving_ollama_models.router]
 
 
+BOUNDED_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize")   # the API bodies limits.check_body bounds
+
+
 def _served(name: str | None, e: Served, max_queued: int | None) -> ServedModel:
     """An LLMEngine is wrapped in an AsyncLLMEngine the app owns (and shuts down with it); an engine gets
     a LocalEngineClient; a client is served as it is."""
@@ -72,10 +76,13 @@ def _served(name: str | None, e: Served, max_queued: int | None) -> ServedModel:
 def create_app(engine: Served, served_model_name: str | None = None, api_key: str | None = None,
                max_queued_requests: int | None = None, extra_engines: dict[str, Served] | None = None,
                playground: bool = True, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics_public: bool = False,
-               allow_special_tokens_in_content: bool = False, allowed_origins: list[str] | None = None) -> FastAPI:
+               allow_special_tokens_in_content: bool = False, allowed_origins: list[str] | None = None,
+               limits: L.Limits | None = None) -> FastAPI:
     """The app. ``max_queued_requests``, when given, is set on every engine; ``playground`` mounts
     the web playground (its API under /playground/api, the page at /) when it is installed;
-    ``allowed_origins``: the browser origins allowed cross-origin calls (CORS; none by default)."""
+    ``allowed_origins``: the browser origins allowed cross-origin calls (CORS; none by default);
+    ``limits``: depth, size and grammar-compilation bounds (hitenter/server/limits.py; the defaults when None)."""
+    L.configure(limits or L.Limits())
     models = {m.name: m for m in [_served(served_model_name, engine, max_queued_requests)]}
     for name, e in (extra_engines or {}).items():
         models[name] = _served(name, e, max_queued_requests)
@@ -93,6 +100,7 @@ def create_app(engine: Served, served_model_name: str | None = None, api_key: st
     app = FastAPI(title="hitenter", version="0.1.0", lifespan=lifespan, default_response_class=SafeJSONResponse)
     app.state.server = state
     app.state.models, app.state.metrics = models, state.metrics
+    app.add_middleware(L.BoundedBodyMiddleware, prefixes=BOUNDED_PATHS)     # inside the body limit
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
     install_error_handlers(app)
     guarded: dict[str, Any] = {}
@@ -190,7 +198,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, a
           extra_models: list[str] | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
           header_timeout: float = DEFAULT_HEADER_TIMEOUT, metrics_public: bool = False,
           allow_special_tokens_in_content: bool = False, allowed_origins: list[str] | None = None,
-          **engine_kwargs: Any) -> None:
+          limits: L.Limits | None = None, **engine_kwargs: Any) -> None:
     import uvicorn
 
     engine = LLMEngine(model, **engine_kwargs)
@@ -198,5 +206,5 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, a
     app = create_app(engine, served_model_name, api_key, max_queued_requests, extra,    # type: ignore[arg-type]
                      max_body_bytes=max_body_bytes, metrics_public=metrics_public,
                      allow_special_tokens_in_content=allow_special_tokens_in_content,
-                     allowed_origins=allowed_origins)
+                     allowed_origins=allowed_origins, limits=limits)
     uvicorn.Server(uvicorn_config(app, host, port, header_timeout, log_level="info")).run()

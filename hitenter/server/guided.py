@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from hitenter.engine.structured import GuidedSpec
+from hitenter.server import limits
 from hitenter.server.api_error import APIError
 
 _RF_KEYS = {"text": {"type"}, "json_object": {"type", "schema"}, "json_schema": {"type", "json_schema"}}
@@ -38,12 +39,10 @@ def schema_spec(schema: Any, param: str) -> GuidedSpec | None:
     if schema is None:
         return None
     if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as e:
-            raise APIError(400, f"{param}: not valid JSON: {e}", param) from e
+        schema = limits.loads(schema, param)
     if not isinstance(schema, dict):
         raise APIError(400, f"{param}: must be a JSON schema object", param)
+    limits.check_schema(schema, param)
     return GuidedSpec("json_schema", json.dumps(schema), param)
 
 
@@ -52,6 +51,7 @@ def choice_spec(choices: Any, param: str) -> GuidedSpec | None:
         return None
     if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
         raise APIError(400, f"{param}: must be a non-empty list of non-empty strings", param)
+    limits.check_choices(choices, param)
     return GuidedSpec("choice", json.dumps(choices), param)
 
 
@@ -93,7 +93,15 @@ def structured_outputs_spec(so: dict[str, Any] | None, param: str = "structured_
         return choice_spec(v, param)
     if not isinstance(v, str):
         raise APIError(400, f"{param}: {k} must be a string", param)
-    return GuidedSpec("regex" if k == "regex" else "grammar", v, param)
+    return text_spec("regex" if k == "regex" else "grammar", v, param)
+
+
+def text_spec(kind: str, text: str | None, param: str) -> GuidedSpec | None:
+    """A regex or an EBNF grammar, within its length limit; None passes."""
+    if text is None:
+        return None
+    limits.check_text(text, kind, param)
+    return GuidedSpec(kind, text, param)
 
 
 def one_of(found: list[tuple[str, GuidedSpec | None]]) -> GuidedSpec | None:

@@ -77,11 +77,9 @@ class GuidedFields(BaseModel):
         return G.one_of([
             ("response_format", G.response_format_spec(self.response_format)),
             ("guided_json", G.schema_spec(self.guided_json, "guided_json")),
-            ("guided_regex", None if self.guided_regex is None else GuidedSpec("regex", self.guided_regex,
-                                                                                "guided_regex")),
+            ("guided_regex", G.text_spec("regex", self.guided_regex, "guided_regex")),
             ("guided_choice", G.choice_spec(self.guided_choice, "guided_choice")),
-            ("guided_grammar", None if self.guided_grammar is None else GuidedSpec("grammar", self.guided_grammar,
-                                                                                    "guided_grammar")),
+            ("guided_grammar", G.text_spec("grammar", self.guided_grammar, "guided_grammar")),
             ("structured_outputs", G.structured_outputs_spec(self.structured_outputs)),
         ])
 

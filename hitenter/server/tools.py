@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hitenter.engine.structured import GuidedSpec
+from hitenter.server import limits
 from hitenter.server.api_error import APIError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -63,10 +64,7 @@ def message_tool_fields(tool_calls: list[dict[str, Any]] | None, tool_call_id: s
             fn = dict(tc.get("function") or {})
             args = fn.get("arguments")
             if isinstance(args, str):
-                try:
-                    fn["arguments"] = json.loads(args) if args.strip() else {}
-                except json.JSONDecodeError as e:
-                    raise APIError(400, f"{param}: tool call arguments are not JSON: {e}", param) from e
+                fn["arguments"] = limits.loads(args, param, "tool call arguments are not JSON") if args.strip() else {}
             calls.append({**tc, "function": fn})
         out["tool_calls"] = calls
     return out
@@ -94,6 +92,9 @@ def plan_tools(tools: list[dict[str, Any]], choice: Any, parallel: bool | None, 
         if choice not in (None, "none"):
             raise APIError(400, f"{choice_param}: requires tools", choice_param)
         return NO_TOOLS
+    for i, t in enumerate(tools):       # before templating or compiling them: depth, size, enums, patterns
+        if t["function"].get("parameters") is not None:
+            limits.check_schema(t["function"]["parameters"], f"{param}[{i}].function.parameters")
     names = [t["function"]["name"] for t in tools]
     if choice is None or choice == "auto":
         mode, allowed = "auto", names
@@ -114,6 +115,7 @@ def plan_tools(tools: list[dict[str, Any]], choice: Any, parallel: bool | None, 
     if mode in ("required", "named"):
         fns = [t["function"] for t in tools if t["function"]["name"] in allowed]
         schema = _call_schema(fns[0]) if len(fns) == 1 else {"anyOf": [_call_schema(f) for f in fns]}
+        limits.check_schema(schema, param)      # all the tools' schemas together are one grammar
         plan.guided = GuidedSpec("tool_calls", json.dumps({"schema": schema, "parallel": plan.parallel}),
                                  choice_param)
     return plan
@@ -122,7 +124,7 @@ def plan_tools(tools: list[dict[str, Any]], choice: Any, parallel: bool | None, 
 def _as_call(raw: str, names: set[str] | None = None) -> dict[str, Any] | None:
     try:
         obj = json.loads(raw)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or (names is not None and obj["name"] not in names):
         return None
@@ -205,6 +207,6 @@ def call_arguments(call: dict[str, Any]) -> dict[str, Any]:
     """A parsed call's arguments as an object (they are a JSON string in OpenAI's form)."""
     try:
         args = json.loads(call["function"]["arguments"] or "{}")
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return {}
     return args if isinstance(args, dict) else {"value": args}

@@ -1,0 +1,170 @@
+"""Bounded work for every request (issue 32 items 1 and 2): deep or oversized input is a 4xx naming the
+field and the limit, in each API's own error shape, within a second; grammar compilation is bounded in
+time (off the engine thread, a spec that ran out refused at once after) and its cache by bytes."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from test_server_util import assert_error
+
+from hitenter.engine import structured
+from hitenter.engine.llm_engine import LLMEngine
+from hitenter.engine.structured import GrammarTimeoutError, GuidedSpec, backend_for
+from hitenter.server import limits
+from hitenter.server.api import create_app
+
+D = 1000
+DEEP = '{"type":"object","properties":{"a":' * D + '{"type":"string"}' + "}}" * D
+ARR = "[" * D + "]" * D
+USER = '[{"role":"user","content":"hi"}]'
+CHAT = '"messages":' + USER + ',"max_tokens":1'
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_path: Path) -> LLMEngine:
+    return LLMEngine(str(tiny_llama_path))
+
+
+@pytest.fixture(scope="module")
+def client(engine: LLMEngine) -> Iterator[TestClient]:
+    with TestClient(create_app(engine, served_model_name="tiny"), raise_server_exceptions=False) as c:
+        yield c
+
+
+def _post(client: TestClient, path: str, body: str, slow_ok: bool = False) -> Any:
+    """A refusal within a second (a served request: compiling and generating may take longer)."""
+    t0 = time.perf_counter()
+    r = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert slow_ok or time.perf_counter() - t0 < 1.0, (path, r.text[:200])
+    return r
+
+
+DEEP_OPENAI = [
+    ("response_format", '{' + CHAT + ',"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":'
+     + DEEP + '}}}'),
+    ("guided_json", '{' + CHAT + ',"guided_json":' + json.dumps(DEEP) + '}'),          # a string schema
+    ("guided_json", '{' + CHAT + ',"guided_json":' + DEEP + '}'),
+    ("structured_outputs", '{' + CHAT + ',"structured_outputs":{"json":' + json.dumps(DEEP) + '}}'),
+    ("tools", '{' + CHAT + ',"tools":[{"type":"function","function":{"name":"f","parameters":' + DEEP + '}}]}'),
+    ("messages", '{"max_tokens":1,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,'
+     '"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":' + json.dumps(ARR) + '}}]},'
+     '{"role":"tool","tool_call_id":"c","content":"x"}]}'),
+    ("logit_bias", '{' + CHAT + ',"logit_bias":' + "[" * 100_000 + "]" * 100_000 + '}'),
+    ("stop", '{' + CHAT + ',"stop":' + "[" * 100 + "]" * 100 + '}'),
+]
+
+
+@pytest.mark.parametrize("param,body", DEEP_OPENAI, ids=[f"{p}-{i}" for i, (p, _) in enumerate(DEEP_OPENAI)])
+def test_deep_input_is_a_400_naming_the_field(client: TestClient, param: str, body: str) -> None:
+    e = assert_error(_post(client, "/v1/chat/completions", body), 400, param)
+    assert "nested deeper than" in e["message"] and "limit" in e["message"]
+
+
+def test_deep_input_in_each_dialect(client: TestClient) -> None:
+    r = _post(client, "/api/chat", '{"model":"tiny","messages":' + USER + ',"format":' + DEEP + ',"stream":false}')
+    assert r.status_code == 400 and r.json()["error"].startswith("format: nested deeper"), r.text
+    r = _post(client, "/v1/messages", '{"model":"tiny","max_tokens":1,"messages":' + USER
+              + ',"output_config":{"format":{"type":"json_schema","schema":' + DEEP + '}}}')
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["message"].startswith("output_config: nested deeper"), r.text
+    r = _post(client, "/v1/responses", '{"model":"tiny","input":"hi","max_output_tokens":1,"text":{"format":'
+              '{"type":"json_schema","name":"x","schema":' + DEEP + '}}}')
+    assert_error(r, 400, "text")
+    r = _post(client, "/v1/completions", '{"prompt":"hi","max_tokens":1,"guided_json":' + json.dumps(DEEP) + '}')
+    assert_error(r, 400, "guided_json")
+
+
+@pytest.mark.parametrize("field,value,flag", [
+    ("stop", ["ab"] * 100_000, "--max-stop"),
+    ("logit_bias", {str(i): 1 for i in range(5000)}, "--max-logit-bias"),
+    ("tools", [{"type": "function", "function": {"name": f"f{i}"}} for i in range(1000)], "--max-tools"),
+])
+def test_list_sizes(client: TestClient, field: str, value: Any, flag: str) -> None:
+    body = json.dumps({"messages": json.loads(USER), "max_tokens": 1, field: value})
+    assert flag in assert_error(_post(client, "/v1/chat/completions", body), 400, field)["message"]
+
+
+@pytest.mark.parametrize("field,value,flag", [
+    ("guided_choice", [f"c{i}" for i in range(100_000)], "--max-guided-choices"),
+    ("guided_choice", ["x" * 40_000, "y" * 40_000], "--max-guided-choice-chars"),
+    ("guided_json", {"enum": [f"c{i}" for i in range(100_000)]}, "--max-enum-values"),
+    ("guided_json", {"type": "string", "pattern": "a" * 1_000_000}, "--max-pattern-chars"),
+    ("guided_regex", "a" * 1_000_000, "--max-pattern-chars"),
+    ("guided_grammar", 'root ::= "a"' + " " * 100_000, "--max-grammar-chars"),
+    ("structured_outputs", {"choice": [f"c{i}" for i in range(5000)]}, "--max-guided-choices"),
+])
+def test_grammar_inputs_over_their_size_are_413(client: TestClient, field: str, value: Any, flag: str) -> None:
+    body = json.dumps({"messages": json.loads(USER), "max_tokens": 1, field: value})
+    assert flag in assert_error(_post(client, "/v1/chat/completions", body), 413, field)["message"]
+
+
+def test_ollama_enum_413_in_its_shape(client: TestClient) -> None:
+    body = json.dumps({"model": "tiny", "messages": json.loads(USER), "stream": False,
+                       "format": {"enum": [f"c{i}" for i in range(100_000)]}})
+    r = _post(client, "/api/chat", body)
+    assert r.status_code == 413 and "--max-enum-values" in r.json()["error"], r.text
+
+
+def test_reasonable_input_still_served(client: TestClient) -> None:
+    nested = '{"type":"object","properties":{"a":' * 30 + '{"type":"string"}' + "}}" * 30
+    body = '{' + CHAT + ',"guided_json":' + nested + '}'
+    assert _post(client, "/v1/chat/completions", body, slow_ok=True).status_code == 200
+    body = json.dumps({"messages": json.loads(USER), "max_tokens": 1, "guided_choice": ["yes", "no"],
+                       "stop": ["a"] * 64, "logit_bias": {"1": 1}})
+    assert _post(client, "/v1/chat/completions", body, slow_ok=True).status_code == 200
+
+
+def test_cache_bounded_by_bytes(engine: LLMEngine) -> None:
+    backend = backend_for(engine.tokenizer, engine.model_config.vocab_size)
+    old = structured.CACHE_BYTES
+    one = int(backend.compile(GuidedSpec("choice", '["v9"]', "guided_choice")).memory_size_bytes)
+    structured.configure(cache_bytes=3 * one)     # the older, larger entries go first
+    try:
+        for i in range(8):
+            backend.compile(GuidedSpec("choice", json.dumps([f"v{i}"]), "guided_choice"))
+        assert backend.cache_bytes <= structured.CACHE_BYTES and len(backend._cache) <= 3
+        assert GuidedSpec("choice", '["v7"]', "guided_choice") in backend._cache
+        assert GuidedSpec("choice", '["v0"]', "guided_choice") not in backend._cache
+    finally:
+        structured.configure(cache_bytes=old)
+
+
+def test_compilation_time_limit(engine: LLMEngine) -> None:
+    """A compilation past the limit is a GrammarTimeoutError (a 400 naming the field) and refused at once
+    after; the caller's wait is bounded by the limit, not by the compilation."""
+    backend = backend_for(engine.tokenizer, engine.model_config.vocab_size)
+    spec = GuidedSpec("choice", json.dumps([f"choice-{i}" for i in range(3000)]), "guided_choice")
+    t0 = time.perf_counter()
+    with pytest.raises(GrammarTimeoutError, match="guided_choice: grammar compilation ran past the 0.01 s"):
+        backend.compile(spec, timeout=0.01)
+    with pytest.raises(GrammarTimeoutError, match="already ran past"):
+        backend.compile(spec)
+    assert time.perf_counter() - t0 < 0.5
+
+
+def test_compile_timeout_is_a_400(client: TestClient) -> None:
+    old = structured.COMPILE_SECONDS
+    structured.configure(compile_seconds=0.001)
+    try:
+        body = json.dumps({"messages": json.loads(USER), "max_tokens": 1,
+                           "guided_choice": [f"slow-{i}" for i in range(1000)]})
+        e = assert_error(_post(client, "/v1/chat/completions", body), 400, "guided_choice")
+        assert "--max-grammar-compile-seconds" in e["message"]
+    finally:
+        structured.configure(compile_seconds=old)
+
+
+def test_depth_check_has_no_recursion() -> None:
+    assert limits.depth_over([[[]]], 2) and not limits.depth_over([[[]]], 3)
+    deep: Any = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert limits.depth_over(deep, 64)
+    assert limits.deep_field(b'{"a": 1, "b": [[[[1]]]], "c": 2}', 3) == "b"
