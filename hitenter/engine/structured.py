@@ -23,6 +23,7 @@ measured 40-90 ms per token on the same vocabularies here.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -40,6 +41,7 @@ GUIDED_KINDS = ("json", "json_schema", "regex", "choice", "grammar", "tool_calls
 COMPILE_SECONDS = 5.0          # a compilation's time limit (hitenter serve --max-grammar-compile-seconds)
 CACHE_BYTES = 64 << 20         # the compiled-grammar cache's bound (--max-grammar-cache-bytes)
 COMPILE_THREADS = 2            # compilations run on these threads, never the engine's
+COMPILE_NICE = 10              # ... at this lower CPU priority (Linux: per thread), so decoding goes first
 _REFUSED_MAX = 1024            # specs whose compilation ran out of time, refused at once after
 
 
@@ -75,18 +77,26 @@ def _xgr() -> Any:
     return xgrammar
 
 
+def _lower_priority() -> None:
+    """A compile thread yields the CPU to the engine and the event loop (raising niceness needs no rights)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICE)
+    except (AttributeError, OSError):      # pragma: no cover - not Linux
+        pass
+
+
 class GrammarBackend:
     """xgrammar's compiler for one tokenizer / logits width.
 
     Compilation is bounded: it runs on one of ``COMPILE_THREADS`` threads (never the caller's, never the
-    engine's; xgrammar releases the GIL while it compiles) and the caller waits at most
+    engine's; xgrammar releases the GIL while it compiles; nice ``COMPILE_NICE``) and the caller waits at most
     ``COMPILE_SECONDS``, then gets a ``GrammarTimeoutError``. A compilation cannot be interrupted inside
     xgrammar: one that ran out of time is abandoned (its thread finishes it, the result is cached if it
     fits) and its spec is refused at once from then on, so a client repeating it costs nothing. Callers of
     the same spec share one compilation. Compiled grammars are cached, least recently used first out,
     up to ``CACHE_BYTES`` bytes (xgrammar's ``memory_size_bytes``)."""
 
-    _pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar-compile")
+    _pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar-compile", initializer=_lower_priority)
 
     def __init__(self, tokenizer: Any, vocab_size: int) -> None:
         xgr = _xgr()

@@ -100,14 +100,11 @@ def _count(field: str, n: int, limit: int, what: str, flag: str) -> None:
 
 
 def check_body(body: Any) -> None:
-    """The request body's depth (per top-level field) and list sizes; the first problem is a 400."""
+    """The request body's list sizes and grammar inputs (cheap ``len`` checks first), then its depth per
+    top-level field; the first problem is a 400 (413 for a grammar input over its size)."""
     if not isinstance(body, dict):
         return
     lim = LIMITS
-    for key, value in body.items():
-        field = str(key)
-        if depth_over(value, lim.max_json_depth + 8):        # + the envelope around a schema or arguments
-            raise _deep(field, lim.max_json_depth + 8)
     for scope, prefix in ((body, ""), (body.get("options"), "options.")):
         if not isinstance(scope, dict):
             continue
@@ -122,6 +119,43 @@ def check_body(body: Any) -> None:
     for key in _MESSAGES:
         if isinstance(body.get(key), list):
             _count(key, len(body[key]), lim.max_messages, "items", "--max-messages")
+    check_grammar_inputs(body)
+    for key, value in body.items():
+        field = str(key)
+        if depth_over(value, lim.max_json_depth + 8):        # + the envelope around a schema or arguments
+            raise _deep(field, lim.max_json_depth + 8)
+
+
+def _at(obj: Any, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(k)
+    return obj
+
+
+def check_grammar_inputs(body: dict[str, Any]) -> None:
+    """The grammar inputs of every surface's spelling, sized before the body is validated (so an oversized
+    one costs one parse, not a parse, a validation and then the refusal); the same checks as guided.py's."""
+    so = body.get("structured_outputs")
+    for field, choices in (("guided_choice", body.get("guided_choice")), ("structured_outputs",
+                                                                          _at(so, "choice"))):
+        if isinstance(choices, list):
+            check_choices(choices, field)
+    for field, kind, text in (("guided_regex", "regex", body.get("guided_regex")),
+                              ("guided_grammar", "grammar", body.get("guided_grammar")),
+                              ("structured_outputs", "regex", _at(so, "regex")),
+                              ("structured_outputs", "grammar", _at(so, "grammar"))):
+        if isinstance(text, str):
+            check_text(text, kind, field)
+    rf, fmt = body.get("response_format"), body.get("format")
+    schemas = [("guided_json", body.get("guided_json")), ("structured_outputs", _at(so, "json")),
+               ("response_format", _at(rf, "schema")), ("response_format", _at(rf, "json_schema", "schema")),
+               ("format", fmt if isinstance(fmt, dict) else None), ("text.format", _at(body, "text", "format", "schema")),
+               ("output_config.format", _at(body, "output_config", "format", "schema"))]
+    for field, schema in schemas:
+        if isinstance(schema, dict):
+            check_schema(schema, field)
 
 
 def _too_big(field: str, what: str, n: int, limit: int, flag: str) -> APIError:
@@ -129,13 +163,13 @@ def _too_big(field: str, what: str, n: int, limit: int, flag: str) -> APIError:
 
 
 def check_schema(schema: Any, field: str) -> None:
-    """A JSON schema's depth, node count, enum sizes and pattern lengths (what compilation cost grows with)."""
+    """A JSON schema's depth, node count, enum sizes and pattern lengths (what compilation cost grows with),
+    in one walk that sizes a node before it looks at its children."""
     lim = LIMITS
-    check_json(schema, field)
     nodes = enum_total = 0
-    stack = [schema]
+    stack = [(schema, 0)]
     while stack:
-        node = stack.pop()
+        node, depth = stack.pop()
         nodes += 1
         if nodes > lim.max_schema_nodes:
             raise _too_big(field, "schema size (JSON values)", nodes, lim.max_schema_nodes, "--max-schema-nodes")
@@ -158,20 +192,31 @@ def check_schema(schema: Any, field: str) -> None:
                     if len(k) > lim.max_pattern_chars:
                         raise _too_big(field, "patternProperties key length", len(k), lim.max_pattern_chars,
                                        "--max-pattern-chars")
-            stack.extend(v for v in node.values() if isinstance(v, dict | list))
+            children: Any = node.values()
         elif isinstance(node, list):
-            stack.extend(v for v in node if isinstance(v, dict | list))
-        for s in (node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()):
-            if isinstance(s, str) and len(s) > lim.max_guided_choice_chars:
-                raise _too_big(field, "a string of length", len(s), lim.max_guided_choice_chars,
+            children = node
+        else:
+            continue
+        if depth + 1 > lim.max_json_depth:
+            raise _deep(field, lim.max_json_depth)
+        if len(children) > lim.max_schema_nodes:
+            raise _too_big(field, "schema size (JSON values)", len(children), lim.max_schema_nodes,
+                           "--max-schema-nodes")
+        for v in children:
+            if isinstance(v, dict | list):
+                stack.append((v, depth + 1))
+            elif isinstance(v, str) and len(v) > lim.max_guided_choice_chars:
+                raise _too_big(field, "a string of length", len(v), lim.max_guided_choice_chars,
                                "--max-guided-choice-chars")
+            else:
+                nodes += 1
 
 
 def check_choices(choices: list[str], field: str) -> None:
     lim = LIMITS
     if len(choices) > lim.max_guided_choices:
         raise _too_big(field, "choice count", len(choices), lim.max_guided_choices, "--max-guided-choices")
-    total = sum(len(c) for c in choices)
+    total = sum(len(c) for c in choices if isinstance(c, str))
     if total > lim.max_guided_choice_chars:
         raise _too_big(field, "total choice length", total, lim.max_guided_choice_chars,
                        "--max-guided-choice-chars")
