@@ -142,11 +142,11 @@ def test_compilation_time_limit(engine: LLMEngine) -> None:
     backend = backend_for(engine.tokenizer, engine.model_config.vocab_size)
     spec = GuidedSpec("choice", json.dumps([f"choice-{i}" for i in range(3000)]), "guided_choice")
     t0 = time.perf_counter()
-    with pytest.raises(GrammarTimeoutError, match="guided_choice: grammar compilation ran past the 0.01 s"):
-        backend.compile(spec, timeout=0.01)
+    with pytest.raises(GrammarTimeoutError, match="guided_choice: grammar compilation ran past the 0.2 s"):
+        backend.compile(spec, timeout=0.2)      # ~2 s to compile: it starts at once and runs out
     with pytest.raises(GrammarTimeoutError, match="already ran past"):
         backend.compile(spec)
-    assert time.perf_counter() - t0 < 0.5
+    assert time.perf_counter() - t0 < 0.8
 
 
 def test_compile_timeout_is_a_400(client: TestClient) -> None:

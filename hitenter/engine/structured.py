@@ -92,7 +92,8 @@ class GrammarBackend:
     engine's; xgrammar releases the GIL while it compiles; nice ``COMPILE_NICE``) and the caller waits at most
     ``COMPILE_SECONDS``, then gets a ``GrammarTimeoutError``. A compilation cannot be interrupted inside
     xgrammar: one that ran out of time is abandoned (its thread finishes it, the result is cached if it
-    fits) and its spec is refused at once from then on, so a client repeating it costs nothing. Callers of
+    fits) and its spec is refused at once from then on, so a client repeating it costs nothing; one that
+    was still queued (behind others) is cancelled instead, and may be asked for again. Callers of
     the same spec share one compilation. Compiled grammars are cached, least recently used first out,
     up to ``CACHE_BYTES`` bytes (xgrammar's ``memory_size_bytes``)."""
 
@@ -128,9 +129,12 @@ class GrammarBackend:
             return fut.result(timeout=limit)
         except FutureTimeout:
             with self._lock:
-                self._refused[hash(spec)] = limit
-                while len(self._refused) > _REFUSED_MAX:
-                    self._refused.popitem(last=False)
+                if fut.cancel():                    # still queued behind others: never started, not refused
+                    self._inflight.pop(spec, None)
+                else:                               # it ran out of time itself: refused at once from now on
+                    self._refused[hash(spec)] = limit
+                    while len(self._refused) > _REFUSED_MAX:
+                        self._refused.popitem(last=False)
             raise self._timeout(spec, limit) from None
 
     @staticmethod
