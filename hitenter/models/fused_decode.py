@@ -204,7 +204,7 @@ def fused_layer(layer: Any, kv_cache: torch.Tensor) -> FusedLayer | None:
         return None
     dense = layer.moe is None
     projections = (layer.qkv, layer.o_proj) + ((layer.gate_up, layer.down) if dense else ())
-    width = layer.gate_up.out_features // 2 if dense else layer.moe.ffn
+    width = getattr(layer.gate_up, "out_features", 0) // 2 if dense else layer.moe.ffn
     norms = [m for m in layer.children() if type(m).__name__ == "RMSNorm"]
     ok = (all(isinstance(m, BlockLinear) for m in projections) and getattr(layer, "tp", None) is None
           and kv_cache.dtype in KV_TYPE_CODES and kv_cache.is_contiguous()
