@@ -5,8 +5,10 @@ time (off the engine thread, a spec that ran out refused at once after) and its 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -168,3 +170,24 @@ def test_depth_check_has_no_recursion() -> None:
         deep = [deep]
     assert limits.depth_over(deep, 64)
     assert limits.deep_field(b'{"a": 1, "b": [[[[1]]]], "c": 2}', 3) == "b"
+
+
+def test_a_queued_compilation_is_cancelled_when_its_caller_leaves(engine: LLMEngine,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compile threads busy: a spec waits in the queue; its caller leaving cancels it (not refused:
+    it may be asked for again); a second caller of the same spec keeps it queued until it leaves too."""
+    backend = backend_for(engine.tokenizer, engine.model_config.vocab_size)
+    pool, hold = ThreadPoolExecutor(1), threading.Event()
+    monkeypatch.setattr(type(backend), "_pool", pool)
+    try:
+        pool.submit(hold.wait, 30)                   # the only thread, busy
+        queued = GuidedSpec("choice", '["queued-spec"]', "guided_choice")
+        fut, again = backend.submit(queued), backend.submit(queued)
+        assert fut is again and not fut.running()
+        backend.abandon(queued, fut)
+        assert not fut.cancelled()                   # the other caller still waits
+        backend.abandon(queued, fut)
+        assert fut.cancelled() and queued not in backend._inflight and hash(queued) not in backend._refused
+    finally:
+        hold.set()
+        pool.shutdown(wait=True)

@@ -111,10 +111,23 @@ class GrammarBackend:
         self._cache: OrderedDict[GuidedSpec, tuple[Any, int]] = OrderedDict()
         self.cache_bytes = 0
         self._inflight: dict[GuidedSpec, Future[Any]] = {}
+        self._waiters: dict[GuidedSpec, int] = {}       # callers waiting on an in-flight compilation
         self._refused: OrderedDict[int, float] = OrderedDict()   # hash(spec) -> the limit it ran past
 
     def compile(self, spec: GuidedSpec, timeout: float | None = None) -> Any:
+        """The compiled grammar of ``spec``, waiting at most ``timeout`` (default COMPILE_SECONDS)."""
         limit = COMPILE_SECONDS if timeout is None else timeout
+        fut = self.submit(spec)
+        if not isinstance(fut, Future):
+            return fut
+        try:
+            return fut.result(timeout=limit)
+        except FutureTimeout:
+            raise self.ran_out(spec, fut, limit) from None
+
+    def submit(self, spec: GuidedSpec) -> Any:
+        """The cached compiled grammar, or the Future of its compilation (shared by its callers); a spec
+        that already ran out of time is a GrammarTimeoutError at once."""
         with self._lock:
             hit = self._cache.get(spec)
             if hit is not None:
@@ -125,17 +138,35 @@ class GrammarBackend:
             fut = self._inflight.get(spec)
             if fut is None:
                 fut = self._inflight[spec] = self._pool.submit(self._compile, spec)
-        try:
-            return fut.result(timeout=limit)
-        except FutureTimeout:
-            with self._lock:
-                if fut.cancel():                    # still queued behind others: never started, not refused
-                    self._inflight.pop(spec, None)
-                else:                               # it ran out of time itself: refused at once from now on
-                    self._refused[hash(spec)] = limit
-                    while len(self._refused) > _REFUSED_MAX:
-                        self._refused.popitem(last=False)
-            raise self._timeout(spec, limit) from None
+            self._waiters[spec] = self._waiters.get(spec, 0) + 1
+        return fut
+
+    def ran_out(self, spec: GuidedSpec, fut: Future[Any], limit: float) -> GrammarTimeoutError:
+        """A caller's wait passed ``limit``: a compilation still queued is cancelled (if no one else waits),
+        one that ran out of time itself makes its spec refused at once from now on."""
+        with self._lock:
+            if not self._leave(spec, fut):
+                self._refused[hash(spec)] = limit
+                while len(self._refused) > _REFUSED_MAX:
+                    self._refused.popitem(last=False)
+        return self._timeout(spec, limit)
+
+    def abandon(self, spec: GuidedSpec, fut: Future[Any]) -> None:
+        """A caller went away (its client disconnected): a queued compilation no one waits for is cancelled."""
+        with self._lock:
+            self._leave(spec, fut)
+
+    def _leave(self, spec: GuidedSpec, fut: Future[Any]) -> bool:
+        """One waiter fewer (under the lock); True when the compilation was still queued and is cancelled."""
+        n = self._waiters.get(spec, 1) - 1
+        if n > 0:
+            self._waiters[spec] = n
+            return not fut.running() and not fut.done()
+        self._waiters.pop(spec, None)
+        if fut.cancel():
+            self._inflight.pop(spec, None)
+            return True
+        return False
 
     @staticmethod
     def _timeout(spec: GuidedSpec, limit: float, again: bool = False) -> GrammarTimeoutError:
@@ -153,6 +184,7 @@ class GrammarBackend:
         finally:
             with self._lock:
                 self._inflight.pop(spec, None)
+                self._waiters.pop(spec, None)
         size = int(compiled.memory_size_bytes)
         with self._lock:
             if size <= CACHE_BYTES and spec not in self._cache:

@@ -14,12 +14,15 @@ import asyncio
 import itertools
 import os
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from hitenter.engine import structured
 from hitenter.engine.async_engine import AsyncLLMEngine
 from hitenter.engine.events import EngineEvent
 from hitenter.engine.snapshot import EngineSnapshot, SnapshotView
+from hitenter.engine.structured import backend_for
 from hitenter.outputs import RequestOutput
 from hitenter.sampling_params import SamplingParams
 from hitenter.server.engine_client import Handle, ModelInfo
@@ -90,6 +93,8 @@ class LocalEngineClient:
         return self._inspector
 
     async def add(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> Handle:
+        if params.guided is not None:
+            await self._compiled(params.guided)
         loop = asyncio.get_running_loop()
         fut = asyncio.ensure_future(asyncio.to_thread(self.engine.add_request, prompt_ids, params, request_id,
                                                       loop=loop))
@@ -97,6 +102,22 @@ class LocalEngineClient:
             return await asyncio.shield(fut)
         except asyncio.CancelledError:      # the caller went away mid-add: abort what got added
             fut.add_done_callback(lambda f: None if f.cancelled() or f.exception() else self.abort(f.result()[0]))
+            raise
+
+    async def _compiled(self, spec: Any) -> None:
+        """Compile a request's grammar before it is queued, off the engine thread and this loop, waiting at
+        most --max-grammar-compile-seconds: a client that leaves meanwhile abandons it (cancelled while
+        still queued), and the engine then finds it in the cache."""
+        backend = await asyncio.to_thread(backend_for, self._llm.tokenizer, self._llm.model_config.vocab_size)
+        fut = backend.submit(spec)              # GrammarTimeoutError (a ValueError: 400) when refused
+        if not isinstance(fut, Future):
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), structured.COMPILE_SECONDS)
+        except TimeoutError:
+            raise backend.ran_out(spec, fut, structured.COMPILE_SECONDS) from None
+        except asyncio.CancelledError:
+            backend.abandon(spec, fut)
             raise
 
     def abort(self, request_id: str) -> None:
