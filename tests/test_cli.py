@@ -24,6 +24,7 @@ def test_tokenize_json_equals_the_tokenizer(tiny_llama_path):
     assert got["count"] == len(got["ids"]) and 2 in got["ids"]
 
 
+@pytest.mark.slow
 def test_run_streams_and_reports_speed(tiny_llama_path):
     r = _cli("run", "--raw", "hello", "--model", str(tiny_llama_path), "--max-tokens", "5")
     assert r.returncode == 0, r.stderr

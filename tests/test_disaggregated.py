@@ -48,6 +48,7 @@ def _all_free(llm: LLM) -> bool:
     return kv.num_free_blocks == kv.num_blocks
 
 
+@pytest.mark.slow
 def test_disaggregated_matches_single_engine(tiny_llama_path: Path) -> None:
     with LLM(str(tiny_llama_path), **OPTS) as one:
         ref = _run(one)
@@ -177,6 +178,7 @@ def test_async_stream_gets_the_error(tiny_llama_path: Path) -> None:
     assert _gone(pids)
 
 
+@pytest.mark.slow
 def test_prefill_worker_loads_the_engines_weight_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """GGUF blocks (the default format): the prefill worker runs the same blocks, so its KV is the one the
     decoding engine would compute (tokens and logprobs bitwise equal to a single engine)."""

@@ -84,6 +84,7 @@ def test_logits_match_llama_cpp(family: str, tmp_path: Path) -> None:
     _compare(ours, gold["logits"], tol, family)
 
 
+@pytest.mark.slow
 def test_llama3_past_8192_matches_llama_cpp(tmp_path: Path) -> None:
     """llama3's rope_freqs at positions 8284..8299 (llama.cpp applies the factors at every position; an
     implementation that switched on a position threshold would differ here)."""

@@ -17,6 +17,8 @@ from hitenter.tokenizer import Tokenizer
 from hitenter.tokenizer.detokenizer import IncrementalDetokenizer
 from hitenter.tokenizer.spm import SpmTokenizer, spm_merges
 
+# the real Gemma 3 vocabulary (262k tokens) takes seconds to load: the full suite, not the fast lane
+pytestmark = pytest.mark.slow
 GOLDEN = Path(__file__).parent / "goldens" / "tokenizer_gemma3.json"
 GEMMA = hitenter_home() / "models" / "gemma-3-270m.gguf"
 

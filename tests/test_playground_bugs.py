@@ -9,7 +9,9 @@ import re
 import pytest
 from test_playground import CHROMIUM, browser, enter, finished, gen_ids, server  # noqa: F401
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's /usr/bin/chromium")
+# browser tests: the full suite (CI), not the fast lane
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's /usr/bin/chromium")]
 
 # The first /reshape answer after arming arrives 800 ms late (a slow server), the later ones at once.
 SLOW_FIRST_RESHAPE = """() => {

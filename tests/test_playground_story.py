@@ -17,7 +17,9 @@ from test_playground import ARGS, CHROMIUM, browser, enter, finished, gen_ids, s
 from hitenter.models.trace import trace_forward
 
 STORY_SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "story"
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's /usr/bin/chromium")
+# browser tests: the full suite (CI), not the fast lane
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's /usr/bin/chromium")]
 KEYS = ["prompt", "tokens", "ids", "embeddings", "positions", "attention", "layers", "logits", "softmax", "temperature",
         "top_k", "top_p", "draw", "loop", "prefill", "stops", "batching"]
 PANELS = {"tokens": "p-tokens", "embeddings": "p-embed", "positions": "p-rope", "attention": "p-attn", "layers": "p-resid",

