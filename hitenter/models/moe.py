@@ -41,12 +41,12 @@ from hitenter.models.experts import (
     expert_linear,
     expert_weights,
 )
+from hitenter.models.layers import pad_rows
 from hitenter.models.linear import Linear
 
 __all__ = ["ExpertLinear", "ExpertWeight", "MoEFFN", "adjacent_rows", "dense_experts", "expert_linear",
            "expert_weights", "reference_moe"]
 
-ROW_MULTIPLE = 8                   # as layers.py / attention.py: dense GEMM row counts padded to this
 WEIGHTS_SUM_MIN = 6.103515625e-5   # llama.cpp clamps the top-k weights' sum here (smallest normal fp16)
 GATINGS = ("softmax", "sigmoid", "softmax_weight")
 OAI_ALPHA, OAI_LIMIT = 1.702, 7.0  # llama.cpp's swiglu_oai constants (gpt-oss)
@@ -65,12 +65,6 @@ GLUS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "swiglu_oai": _swiglu_oai,
 }
 Biases = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
-
-
-def pad_rows(x: torch.Tensor, multiple: int = ROW_MULTIPLE) -> torch.Tensor:
-    """x with zero rows appended up to a multiple of `multiple` rows (x itself if it is one)."""
-    r = (-x.shape[0]) % multiple
-    return x if r == 0 else torch.cat([x, x.new_zeros((r,) + tuple(x.shape[1:]))])
 
 
 def _needs_padding(m: nn.Module) -> bool:
