@@ -263,8 +263,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         tp, quant = self.parallel.tensor_parallel_size, self.load.quantization
-        _require(quant is None or tp == 1, "quantization",
-                 "quantized weights with tensor_parallel_size > 1 are not supported yet")
+        _require(quant in (None, "none", "gguf") or tp == 1, "quantization",
+                 "int8 / int4 weights with tensor_parallel_size > 1 are not supported yet")
 
     @classmethod
     def from_options(cls, model: str | None = None, **options: Any) -> EngineConfig:

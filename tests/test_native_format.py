@@ -87,9 +87,8 @@ def test_resolve_format(monkeypatch: pytest.MonkeyPatch) -> None:
     assert formats.resolve_format("auto", "gguf") == formats.resolve_format("float32", "gguf") == (f32, "gguf")
     assert formats.resolve_format("auto", "int4") == (f32, "int4")
     assert formats.resolve_format("bfloat16", "int8") == (bf16, "int8")
-    assert formats.resolve_format("auto", None, tensor_parallel=True) == (f32, "dense")   # dequantized shards
-    with pytest.raises(ValueError, match="gguf"):
-        formats.resolve_format("auto", "gguf", tensor_parallel=True)
+    assert formats.resolve_format("auto", None, tensor_parallel=True) == (f32, "gguf")    # block shards
+    assert formats.resolve_format("auto", "gguf", tensor_parallel=True) == (f32, "gguf")
     with pytest.raises(ValueError, match="fp32 activations"):
         formats.resolve_format("bfloat16", "gguf")
     with pytest.raises(ValueError, match="quantization"):

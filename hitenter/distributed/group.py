@@ -21,6 +21,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
+from hitenter.kernels import BlockWeight
+from hitenter.models.block_linear import BlockEmbedding
 
 
 class TensorParallelError(RuntimeError):
@@ -59,6 +61,24 @@ class VocabParallelEmbedding(nn.Module):
         return self.group.all_reduce(x)
 
 
+class VocabParallelBlockEmbedding(nn.Module):
+    """Rows [start, start + n) of a GGUF block embedding table (a BlockEmbedding over this rank's rows,
+    the same bytes as a tied head's shard); forward sums over ranks (exact: one rank's row plus zeros)."""
+
+    def __init__(self, weight: BlockWeight, start: int, group: TPGroup) -> None:
+        super().__init__()
+        self.table = BlockEmbedding(weight)
+        self.start, self.rows = start, weight.shape[0]
+        self.group = group
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        mine = (local >= 0) & (local < self.rows)
+        x = self.table(torch.where(mine, local, 0))
+        x = x * mine.unsqueeze(-1).to(x.dtype)
+        return self.group.all_reduce(x)
+
+
 class TPGroup:
     """Rank `rank` of `size` in the default process group (see module doc)."""
 
@@ -69,6 +89,9 @@ class TPGroup:
         self.vocab_per_rank = 0
         self.comm_seconds = 0.0       # time spent in collectives (benchmarks)
         self.comm_calls = 0
+        self.fused_lib: Any = None    # the fused decode layer's instance wired to this group (distributed/fused.py)
+        self._fused: Any = None
+        self._vocab_rows: dict[int, BlockWeight] = {}
 
     def _timed(self, fn: Any, *args: Any, **kw: Any) -> Any:
         import time
@@ -84,26 +107,65 @@ class TPGroup:
         self._timed(dist.all_reduce, x)
         return x
 
-    def vocab_shard(self, weight: torch.Tensor, dtype: torch.dtype) -> nn.Parameter:
+    def gather_cols(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Every rank's `[T, counts[r]]` side by side in rank order: `[T, sum(counts)]` (all-gather; the
+        narrower ranks' parts padded to the widest for the collective)."""
+        width = max(counts)
+        x = x.contiguous()
+        if x.shape[1] < width:
+            x = torch.cat([x, x.new_zeros(x.shape[0], width - x.shape[1])], dim=1)
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        self._timed(dist.all_gather, parts, x)
+        return torch.cat([p[:, :c] for p, c in zip(parts, counts, strict=True)], dim=1)
+
+    def vocab_shard(self, weight: torch.Tensor | BlockWeight, dtype: torch.dtype) -> nn.Parameter | BlockWeight:
+        """This rank's `ceil(V / size)` vocab rows: dense, zero-padded at the end; GGUF blocks, the file's
+        rows (the last rank's may be fewer: its logits are padded instead), the same object for a table
+        shared by the embedding and a tied head."""
         self.vocab_size = weight.shape[0]
         self.vocab_per_rank = per = -(-self.vocab_size // self.size)
         start = self.rank * per
+        if isinstance(weight, BlockWeight):
+            key = id(weight)
+            if key not in self._vocab_rows:
+                n = max(0, min(per, self.vocab_size - start))
+                self._vocab_rows[key] = weight.narrow(0, min(start, self.vocab_size), n)
+            return self._vocab_rows[key]
         rows = weight[start:start + per].to(dtype)
         if rows.shape[0] < per:   # the last rank's shard is zero-padded (its padded logits are dropped)
             rows = torch.cat([rows, rows.new_zeros(per - rows.shape[0], weight.shape[1])])
         return nn.Parameter(rows.contiguous(), requires_grad=False)
 
-    def vocab_embedding(self, weight: torch.Tensor, dtype: torch.dtype) -> nn.Module:
-        return VocabParallelEmbedding(self.vocab_shard(weight, dtype), self.rank * self.vocab_per_rank, self)
+    def vocab_embedding(self, weight: torch.Tensor | BlockWeight, dtype: torch.dtype) -> nn.Module:
+        shard = self.vocab_shard(weight, dtype)
+        if isinstance(shard, BlockWeight):
+            return VocabParallelBlockEmbedding(shard, self.rank * self.vocab_per_rank, self)
+        return VocabParallelEmbedding(shard, self.rank * self.vocab_per_rank, self)
 
     def gather_logits(self, local: torch.Tensor) -> torch.Tensor:
         local = local.contiguous()
+        if local.shape[1] < self.vocab_per_rank:   # a block head's last shard: fewer rows than the others
+            local = torch.cat([local, local.new_zeros(local.shape[0], self.vocab_per_rank - local.shape[1])], 1)
         if self.rank != 0:
             self._timed(dist.gather, local, None, dst=0)
             return local
         parts = [torch.empty_like(local) for _ in range(self.size)]
         self._timed(dist.gather, local, parts, dst=0)
         return torch.cat(parts, dim=-1)[:, :self.vocab_size]
+
+
+    def fused_library(self, base: Any) -> Any:
+        """The fused decode layer's library for this group's layers (see distributed/fused.py), or None."""
+        from hitenter.distributed.fused import FusedCollectives
+
+        if self._fused is None or not self._fused.current(base):
+            self._fused = FusedCollectives.create(base)
+            self.fused_lib = None if self._fused is None else self._fused.lib
+        return self.fused_lib
+
+    def wire_fused(self, fused: Any, layer: nn.Module) -> None:
+        """Point a fused layer's row-parallel projections at this group's collectives."""
+        self._fused.wire(fused, layer)
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:

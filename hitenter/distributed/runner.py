@@ -232,13 +232,15 @@ class DistributedModelRunner(ModelRunner):
         self._finalizer()
 
 
-def load_rank0(path: str, dtype: torch.dtype, tp_size: int,
-               num_threads: int | None = None) -> tuple[CausalLM, ModelConfig]:
+def load_rank0(path: str, dtype: str | torch.dtype, tp_size: int, num_threads: int | None = None,
+               quantization: str | None = None, batch_invariant: bool = True,
+               max_model_len: int | None = None) -> tuple[CausalLM, ModelConfig]:
     """Check that `tp_size` ranks can shard the GGUF at `path` (ValueError, nothing started), start the
-    workers loading their shards, and load rank 0's meanwhile. `DistributedModelRunner.launch` finishes;
-    the workers are stopped if the model is dropped before that."""
+    workers loading their shards, and load rank 0's meanwhile; every rank loads with load_model's options
+    (`dtype` "auto": the file's blocks). `DistributedModelRunner.launch` finishes; the workers are
+    stopped if the model is dropped before that."""
     from hitenter.models.gguf import model_config_from_metadata, open_gguf, read_gguf_metadata
-    from hitenter.models.loader import load_weights
+    from hitenter.models.loader import load_model
 
     reader = open_gguf(path)
     validate_tp(model_config_from_metadata(read_gguf_metadata(reader), {t.name for t in reader.tensors}), tp_size)
@@ -249,11 +251,13 @@ def load_rank0(path: str, dtype: torch.dtype, tp_size: int,
     threads = num_threads or max(1, (os.cpu_count() or 1) // tp_size)
     workers = _Workers(torch.get_num_threads(), _free_port())
     try:
+        opts = dict(dtype=dtype, quantization=quantization, batch_invariant=batch_invariant,
+                    max_model_len=max_model_len)
         for r in range(1, tp_size):
-            workers.start(r, dict(size=tp_size, port=workers.port, path=str(path), dtype=dtype, num_threads=threads))
+            workers.start(r, dict(size=tp_size, port=workers.port, path=str(path), num_threads=threads,
+                                  load_options=opts))
         torch.set_num_threads(threads)
-        cfg, weights = load_weights(path)
-        model = CausalLM(cfg, weights, dtype, TPGroup(0, tp_size))
+        model, cfg = load_model(path, tp=TPGroup(0, tp_size), **opts)   # type: ignore[arg-type]
     except BaseException:
         workers.healthy = False
         workers.close()

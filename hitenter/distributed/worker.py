@@ -80,8 +80,8 @@ def run_worker(entry: Callable[..., None]) -> None:
     entry(ctrl=ctrl, parent_pid=os.getppid(), **args)
 
 
-def worker_main(rank: int, size: int, port: int, path: str, dtype: torch.dtype, num_threads: int, ctrl: Any,
-                parent_pid: int) -> None:
+def worker_main(rank: int, size: int, port: int, path: str, num_threads: int, load_options: dict[str, Any],
+                ctrl: Any, parent_pid: int) -> None:
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     torch.set_num_threads(num_threads)
     try:
@@ -90,7 +90,7 @@ def worker_main(rank: int, size: int, port: int, path: str, dtype: torch.dtype, 
         from hitenter.models.loader import load_model
 
         group = TPGroup(rank, size)
-        model, cfg = load_model(path, dtype, tp=group)
+        model, cfg = load_model(path, tp=group, **load_options)
     except BaseException:
         ctrl.put(("error", rank, traceback.format_exc()))
         return

@@ -97,7 +97,8 @@ def _load(cfg: EngineConfig, dtype: torch.dtype) -> tuple[str, torch.nn.Module, 
     else:   # tensor parallel: this process is rank 0 and loads only its shard (hitenter/distributed)
         from hitenter.distributed.runner import load_rank0
 
-        net, mcfg = load_rank0(path, dtype, tp, cfg.load.num_threads)
+        net, mcfg = load_rank0(path, cfg.load.dtype, tp, cfg.load.num_threads, cfg.load.quantization,
+                               cfg.load.batch_invariant, cfg.scheduler.max_model_len or DEFAULT_MAX_MODEL_LEN)
     return path, net, mcfg, Tokenizer.from_gguf(path)
 
 

@@ -22,7 +22,8 @@ after the final norm, the new tokens' K/V written into `kv_caches` (one tensor p
 `model.compute_logits(hidden [N, H]) -> fp32 logits [N, V]`. Batch invariance: every op is row-wise and
 dense GEMMs run on row counts padded to a multiple of 8 (quantized kernels are row-count invariant, so
 such models skip the padding). Tensor parallelism (hitenter/distributed): Q/K/V and gate/up
-column-parallel, o_proj and down row-parallel, one all-reduce each (`tp_shard`), the group supplying the
+column-parallel (`tp_shard`), o_proj and down row-parallel returning the whole output (models/shard.py:
+GGUF blocks gathered, TP=1's bits; dense tensors all-reduced), experts replicated, the group supplying the
 vocab-parallel embedding / head; tp=None is exactly the single-process model.
 """
 
@@ -48,7 +49,7 @@ from hitenter.models.layers import (
     yarn_freq_factors,
 )
 from hitenter.models.row_invariance import attention_row_multiple
-from hitenter.models.shard import TensorParallel, tp_shard
+from hitenter.models.shard import TensorParallel, rank_shard, row_parallel, tp_shard
 from hitenter.models.sink_attention import sink_attention
 from hitenter.quant import weight_bytes
 
@@ -72,6 +73,13 @@ def _experts(cfg: ModelConfig, w: dict[str, Any], p: str) -> nn.Module:
                   experts("ffn_down_exps.weight"), cfg.num_experts_used, cfg.expert_norm_topk,
                   gating=cfg.expert_gating, act=act, router_bias=w.get(p + "ffn_gate_inp.bias"),
                   expert_bias=None if all(b is None for b in biases) else biases)
+
+
+def _row_linear(weight: Any, bias: torch.Tensor | None, dtype: torch.dtype, tp: TensorParallel | None,
+                in_counts: list[int]) -> nn.Module:
+    """o_proj / down: the whole weight, or under tensor parallelism its row-parallel shard taking this
+    rank's `in_counts[rank]` input columns and returning the whole output (models/shard.py)."""
+    return make_linear(weight, bias, dtype) if tp is None else row_parallel(weight, bias, dtype, tp, in_counts)
 
 
 def _norm(w: dict[str, Any], name: str, cfg: ModelConfig, dtype: torch.dtype, present: bool) -> RMSNorm | None:
@@ -110,8 +118,8 @@ class DecoderLayer(nn.Module):
             qkv_b = torch.cat([rows("attn_q.bias", q0 * d, nq), rows("attn_k.bias", kv0 * d, nkv),
                                rows("attn_v.bias", kv0 * d, nkv)])
         self.qkv = fused_linear(qkv_w, qkv_b, dtype)                             # column-parallel
-        self.o_proj = make_linear(w[p + "attn_output.weight"].narrow(1, q0 * d, nq), w.get(p + "attn_output.bias"),
-                                  dtype)
+        self.o_proj = _row_linear(w[p + "attn_output.weight"], w.get(p + "attn_output.bias"), dtype, tp,
+                                  [rank_shard(cfg, r, tp.size)[1] * d for r in range(tp.size)] if tp else [])
         sinks = w.get(p + "attn_sinks.weight")   # gpt-oss: a logit per head in every softmax's denominator
         self.sinks = None if sinks is None else sinks.float().contiguous()
         self.moe: nn.Module | None = None
@@ -119,7 +127,8 @@ class DecoderLayer(nn.Module):
             self.moe = _experts(cfg, w, p)
         else:
             self.gate_up = fused_linear([rows("ffn_gate.weight", f0, f), rows("ffn_up.weight", f0, f)], None, dtype)
-            self.down = make_linear(w[p + "ffn_down.weight"].narrow(1, f0, f), None, dtype)  # row-parallel
+            self.down = _row_linear(w[p + "ffn_down.weight"], None, dtype, tp,
+                                    [rank_shard(cfg, r, tp.size)[5] for r in range(tp.size)] if tp else [])
         self.q_size, self.kv_size = nq, nkv
         self.scale = cfg.attn_scale
         self.softcap = cfg.attn_logit_softcap
@@ -158,8 +167,6 @@ class DecoderLayer(nn.Module):
         return self.down(act * up)
 
     def _residual(self, x: torch.Tensor, y: torch.Tensor, post: RMSNorm | None) -> torch.Tensor:
-        if self.tp is not None:
-            y = self.tp.all_reduce(y)
         if post is not None:
             y = post(y)
         if self.residual_scale != 1.0:

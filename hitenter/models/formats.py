@@ -13,9 +13,8 @@ Contract of `resolve_format(dtype, quantization, tensor_parallel)` -> (activatio
   torch dtype) -> dense in that dtype.
 * quantization "gguf": gguf; dtype must be "auto" or float32 (the kernels take fp32 activations).
 * quantization "int8" / "int4": that format; dtype "auto" means float32.
-* gguf with tensor parallelism: the shards are cut from dense fp32 tensors (block rows cannot be split
-  along the input dimension that row-parallel layers need), so "auto" dequantizes (logged) and an
-  explicit quantization="gguf" raises ValueError.
+* gguf with tensor parallelism: the shards keep the file's blocks (whole block rows per rank; the
+  row-parallel layers gather their inputs instead of splitting blocks, models/shard.py), as without it.
 * gguf without the native kernels (`hitenter.kernels.native_available()` False): the reference qmatmul
   dequantizes a whole weight per call, far too slow to serve, so the weights are dequantized once at
   load to the dense fp32 path instead, with one warning per process. HITENTER_GGUF_REFERENCE=1 keeps
@@ -82,13 +81,7 @@ def resolve_format(dtype: str | torch.dtype | None = "auto", quantization: str |
         if want not in (None, torch.float32):
             raise ValueError(f"dtype: quantization='gguf' runs fp32 activations; use dtype 'auto' or 'float32', "
                              f"not {dtype!r}")
-        if tensor_parallel:
-            raise ValueError("quantization: 'gguf' block weights with tensor parallelism are not supported "
-                             "(use dtype='float32' or 'auto': the shards are then dequantized)")
         return torch.float32, _native_or_dense()
     if want is not None:
         return want, "dense"
-    if tensor_parallel:
-        log.info("tensor parallelism: the GGUF blocks are dequantized to fp32 shards")
-        return torch.float32, "dense"
     return torch.float32, _native_or_dense()

@@ -7,7 +7,9 @@ same quantized-matmul and paged-attention kernels through function pointers.
 
 When: a layer whose four projections are GGUF blocks on the native kernel (every part), fp32 norms, a
 KV cache of fp32, bf16 or f16 (K/V rounded to it as they are written), the decode attention kernel
-built, no tensor parallelism; `HITENTER_FUSED_DECODE=0` turns it off. `fused_layer(layer)` decides once per layer (and again if the kernel library is reloaded).
+built; `HITENTER_FUSED_DECODE=0` turns it off. Under tensor parallelism the layer runs on a second
+instance of the library whose matmul pointer routes the row-parallel projections through the group's
+collectives (hitenter/distributed/fused.py), so TP ranks compute TP=1's fused bits. `fused_layer(layer)` decides once per layer (and again if the kernel library is reloaded).
 
 Which rows: the generation rows of AttentionMetadata.kernel_rows (position >= prompt length - 1): a
 row's path depends on its position only, so batch invariance and speculative identity hold as they do
@@ -81,22 +83,29 @@ def _load() -> ctypes.CDLL | None:
         if os.environ.get("HITENTER_FUSED_DECODE", "1") == "0" or not qm or attn is None:
             return None
         try:
-            lib = load_library("decode_layer", SOURCE, ["-ffp-contract=off"], [SOURCE.parent / "vec16.h"])
+            lib = open_library()
         except BuildError as e:
             log.warning("fused decode layer unavailable (the torch layer runs instead): %s", e)
             return None
-        lib.dl_init.argtypes = [c_p, c_p]
-        lib.dl_layer.argtypes = [c_p, c_p, c_p, c_p, c_p]
-        lib.dl_layer.restype = c_i32
-        lib.dl_scratch.argtypes = [c_p, c_i64]
-        lib.dl_scratch.restype = c_i64
-        lib.dl_forward.argtypes = [c_p, c_p, c_i32, c_p, c_p, c_p]
-        lib.dl_forward.restype = c_i32
-        lib.dl_supported.argtypes = [c_i32, c_i32, c_i32]
-        lib.dl_supported.restype = c_i32
         lib.dl_init(qm, ctypes.cast(attn.decode_attention, c_p).value)
         _lib = lib
         return lib
+
+
+def open_library(name: str = "decode_layer") -> ctypes.CDLL:
+    """The C layer's library built under `name` (another name: another instance, with its own kernel
+    pointers to be set by dl_init), its functions typed. BuildError where it cannot be built."""
+    lib = load_library(name, SOURCE, ["-ffp-contract=off"], [SOURCE.parent / "vec16.h"])
+    lib.dl_init.argtypes = [c_p, c_p]
+    lib.dl_layer.argtypes = [c_p, c_p, c_p, c_p, c_p]
+    lib.dl_layer.restype = c_i32
+    lib.dl_scratch.argtypes = [c_p, c_i64]
+    lib.dl_scratch.restype = c_i64
+    lib.dl_forward.argtypes = [c_p, c_p, c_i32, c_p, c_p, c_p]
+    lib.dl_forward.restype = c_i32
+    lib.dl_supported.argtypes = [c_i32, c_i32, c_i32]
+    lib.dl_supported.restype = c_i32
+    return lib
 
 
 def _proj(module: Any, bias_ok: bool = False) -> _Proj | None:
@@ -193,9 +202,12 @@ def fused_layer(layer: Any, kv_cache: torch.Tensor) -> FusedLayer | None:
     f = layer.__dict__.get("_fused")
     if f is False:
         return None
-    if f is not None and f.gen == _qm._gen and f.lib is _lib:   # the hot path: two attribute reads
+    tp = layer.__dict__.get("tp")   # tensor parallel: the group's own instance of the library
+    if f is not None and f.gen == _qm._gen and f.lib is (_lib if tp is None else tp.fused_lib):   # the hot path
         return f
     lib = _load()
+    if lib is not None and tp is not None:
+        lib = tp.fused_library(lib)
     if lib is None:
         return None
     cfg = layer.cfg
@@ -206,13 +218,15 @@ def fused_layer(layer: Any, kv_cache: torch.Tensor) -> FusedLayer | None:
     projections = (layer.qkv, layer.o_proj) + ((layer.gate_up, layer.down) if dense else ())
     width = getattr(layer.gate_up, "out_features", 0) // 2 if dense else layer.moe.ffn
     norms = [m for m in layer.children() if type(m).__name__ == "RMSNorm"]
-    ok = (all(isinstance(m, BlockLinear) for m in projections) and getattr(layer, "tp", None) is None
+    ok = (all(isinstance(m, BlockLinear) for m in projections)
           and kv_cache.dtype in KV_TYPE_CODES and kv_cache.is_contiguous()
           and all(m.weight.dtype == torch.float32 for m in norms)
           and bool(lib.dl_supported(cfg.hidden_size, width, cfg.head_dim))
           and decode_kernel.supports(kv_cache, layer.num_heads, torch.float32))
     try:
         f = FusedLayer(layer, lib, _lib_gen) if ok else False
+        if f and tp is not None:
+            tp.wire_fused(f, layer)
     except ValueError:
         f = False
     layer.__dict__["_fused"] = f

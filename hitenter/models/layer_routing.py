@@ -67,7 +67,7 @@ def run_layers(model: Any, x: torch.Tensor, attn: Any, kv_caches: list[torch.Ten
     """Every layer of a model (every family) on the step's rows x `[T, H]` (T >= n: padding rows kept),
     before the final norm: `split_forward` when the step has generation rows and every layer runs fused,
     else each layer in turn. layer_ropes: each layer's (RoPE, cos/sin table); tables: the step's tables."""
-    plain = getattr(model, "tp", None) is None and not model.dense_gemms   # no TP shards, no padded GEMMs
+    plain = not model.dense_gemms   # no padded GEMMs (TP shards of blocks too: distributed/fused.py)
     fused = fused_decode.all_fused(model, attn, kv_caches) if plain else None
     kr = attn.kernel_rows(kv_caches[0].shape[2]) if fused is not None else None
     if kr is not None:   # generation rows: all layers in one native call, after the prompt rows' layers

@@ -158,21 +158,21 @@ def embed_and_head(cfg: ModelConfig, w: dict[str, Any], dtype: torch.dtype,
     """The token embedding and the LM head modules, by the tables' layout.
 
     GGUF blocks: a BlockEmbedding (rows dequantized on lookup) and a BlockLinear head; tied, both over
-    the same bytes. Quantized (hitenter/quant; tp is None): the exact table and a rescored head. Dense:
+    the same bytes (under tp: this rank's vocab rows, vocab-parallel). Quantized (hitenter/quant; tp is None): the exact table and a rescored head. Dense:
     nn.Embedding (vocab-parallel under tp) and a Linear, packed for oneDNN where it can be (a tied
     table then stays plain for lookups)."""
     emb = w["token_embd.weight"]
     head = emb if cfg.tie_word_embeddings else w["output.weight"]
     if isinstance(emb, HeadWeight):
         return ExactEmbedding(emb.exact, dtype), RescoredHead(quant_linear(head.coarse, None, dtype), head.exact)
-    if isinstance(emb, BlockWeight):
-        embed: nn.Module = BlockEmbedding(emb)
+    if isinstance(emb, BlockWeight):   # under tp: this rank's vocab rows (shared with a tied head's)
+        embed: nn.Module = BlockEmbedding(emb) if tp is None else tp.vocab_embedding(emb, dtype)
     elif tp is None:
         embed = nn.Embedding.from_pretrained(emb.to(dtype), freeze=True)
     else:   # vocab-parallel: this rank's rows; looks up its own ids and all-reduces
         embed = tp.vocab_embedding(emb, dtype)
     if isinstance(head, BlockWeight):
-        return embed, BlockLinear([head])
+        return embed, BlockLinear([head if tp is None else tp.vocab_shard(head, dtype)])
     if cfg.tie_word_embeddings:
         return embed, Linear(embed.weight, None, dtype)
     return embed, Linear(head if tp is None else tp.vocab_shard(head, dtype), None, dtype)

@@ -51,7 +51,7 @@ def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "auto",
     `dtype`: "auto" (the file's blocks, fp32 activations), "float32", "bfloat16" (or a torch dtype):
     dense weights. `quantization`: None / "none", "gguf" (the file's blocks, explicitly), "int8", "int4".
     Bad combinations raise ValueError (see hitenter/models/formats.py). With `tp` (a tensor-parallel
-    group, see hitenter/distributed) the model holds only this rank's shard, dense. `max_model_len`: the
+    group, see hitenter/distributed) the model holds only this rank's shard. `max_model_len`: the
     context the engine will serve (LongRoPE files pick their factors by it; default the model's own)."""
     act_dtype, fmt = resolve_format(dtype, quantization, tp is not None)
     reader = open_gguf(path)
@@ -71,9 +71,8 @@ def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "auto",
 
 def check_shardable(cfg: ModelConfig) -> None:
     """ModelLoadError unless tensor parallelism can split this config's layers (heads split across ranks:
-    a norm over the whole Q/K or a mixture of experts would need more than the one all-reduce per block)."""
-    why = ("its QK-norm spans all heads" if cfg.qk_norm == "full" else "experts are not sharded yet"
-           if cfg.num_experts else "")
+    a norm over the whole Q/K would need the other ranks' heads; experts are replicated, so they shard)."""
+    why = "its QK-norm spans all heads" if cfg.qk_norm == "full" else ""
     if why:
         raise ModelLoadError(f"tensor parallelism is not supported for {cfg.architecture} models: {why}")
 
