@@ -103,8 +103,59 @@ def test_speculative_steps_show_their_accepted_tokens(tiny_llama_path) -> None:
         ids = [5, 70, 100, 33, 5, 70, 100, 33, 5, 70, 100, 33, 5, 70]
         evs = sse_events(c, {"model": "spec", "prompt_ids": ids, "params": {"temperature": 0, "max_tokens": 24,
                                                                              "ignore_eos": True}})
+        st = c.get("/playground/api/fast", params={"model": "spec"}).json()["spec_stats"]
     steps = [e for e in evs if e["type"] == "step" and e.get("token")]
     out = [e for e in evs if e["type"] == "output"][-1]
     shown = [t["id"] for s in steps for t in [s["token"], *s["more"]]]
     assert shown == out["token_ids"] and sum(s["accepted"] for s in steps) == len(out["token_ids"])
     assert max(s["accepted"] for s in steps) > 1          # some step emitted drafted tokens the model accepted
+    drafted = sum(s["accepted"] - 1 for s in steps)       # the accepted drafts of this request, as the steps showed them
+    assert st["accepted_tokens"] == drafted and st["draft_tokens"] >= drafted and st["drafts"] > 0
+
+
+def test_fast_facts_are_the_models(client) -> None:
+    """Sizes and the KV formula from the served model's own config (the page scales them to OPT-13B)."""
+    c, eng = client
+    f = c.get("/playground/api/fast", params={"model": "tiny"}).json()
+    cfg = eng.model_config
+    assert (f["layers"], f["kv_heads"], f["head_dim"]) == (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+    assert f["kv_bytes_per_token"] % (2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim) == 0
+    assert f["parameter_count"] > 0 and f["file_size"] > 0 and f["file"].endswith(".gguf")
+    assert f["spec_stats"] is None and f["context_length"] >= f["max_model_len"] > 0
+
+
+def test_measure_times_batch_one_and_batch_n(client) -> None:
+    c, _ = client
+    r = c.post("/playground/api/measure", json={"model": "tiny", "text": "the deploy failed", "chat": False, "n": 3, "tokens": 10})
+    assert r.status_code == 200, r.text
+    m = r.json()
+    assert m["alone"]["n"] == 1 and m["batched"]["n"] == 3 and m["tokens"] == 10
+    for side in (m["alone"], m["batched"]):           # steps that ran exactly those requests, decoding
+        assert side["steps"] >= 1 and side["ms_per_step"] > 0
+        assert side["tokens_per_s"] == pytest.approx(1000 * side["tokens_per_step"] / side["ms_per_step"])
+    assert m["batched"]["tokens_per_step"] == pytest.approx(3)
+    assert c.post("/playground/api/measure", json={"model": "tiny", "n": 99}).status_code == 400
+    assert c.post("/playground/api/measure", json={"model": "tiny", "text": "x " * 200, "chat": False}).status_code == 400
+
+
+def test_word_order_and_the_heads_grid(client) -> None:
+    c, eng = client
+    r = c.post("/playground/api/trace/order", json={"model": "tiny", "a": "the dog bites the man", "b": "the man bites the dog"})
+    assert r.status_code == 200, r.text
+    o = r.json()
+    a, b = [p["id"] for p in o["a"]["pieces"]], [p["id"] for p in o["b"]["pieces"]]
+    assert o["same_bag"] == (sorted(a) == sorted(b))
+    ra, rb = trace_forward(eng.runner.model, a), trace_forward(eng.runner.model, b)
+    for x in o["pairs"]:
+        assert a[x["a"]] == b[x["b"]] and x["cos"][0] == pytest.approx(1.0, abs=1e-4)   # the same embedding row
+        want = torch.cosine_similarity(ra.hidden[-1, x["a"]], rb.hidden[-1, x["b"]], dim=0)
+        assert x["cos"][-1] == pytest.approx(float(want), abs=1e-3)
+    s = c.post("/playground/api/trace", json={"model": "tiny", "text": "the bank by the river", "chat": False}).json()
+    q = len(s["pieces"]) - 1
+    h = c.post("/playground/api/trace/heads", json={"trace_id": s["trace_id"], "index": q}).json()
+    ref = trace_forward(eng.runner.model, [p["id"] for p in s["pieces"]])
+    torch.testing.assert_close(torch.tensor(h["probs"]), ref.attentions[:, :, q, : q + 1], atol=1e-3, rtol=0)
+    best = h["strongest"]
+    inner = ref.attentions[:, :, q, 1:q]
+    assert best["p"] == pytest.approx(float(inner.max()), abs=1e-5) and 0 < best["k"] < q
+    assert c.post("/playground/api/trace/heads", json={"trace_id": s["trace_id"], "index": 999}).status_code == 400

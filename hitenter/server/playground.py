@@ -13,6 +13,8 @@ Bodies are pydantic models (playground_models.py): a bad one is a 400, never a 5
 from __future__ import annotations
 
 import asyncio
+import statistics
+import uuid
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from hitenter.server.playground_models import (
     BurstBody,
     DeterminismBody,
     GenerateBody,
+    MeasureBody,
     Params,
     PromptBody,
     ReshapeBody,
@@ -79,11 +82,36 @@ class Playground:
         except (ValueError, TypeError) as e:
             raise HTTPException(400, str(e)) from e
 
-    async def run(self, client: EngineClient, prompt: list[int], params: SamplingParams) -> Any:
+    async def run(self, client: EngineClient, prompt: list[int], params: SamplingParams,
+                  request_id: str | None = None) -> Any:
         last = None
-        async for out in client.generate(prompt, params):
+        async for out in client.generate(prompt, params, request_id=request_id):
             last = out
         return last
+
+    async def timed(self, client: EngineClient, prompt: list[int], n: int, tokens: int) -> dict[str, Any]:
+        """``n`` greedy requests decoding ``tokens`` tokens each, all at once, and the engine's own timings of
+        the decode steps that ran exactly those ``n`` (steps shared with anyone else's requests are left out)."""
+        tag = f"pgm-{uuid.uuid4().hex[:8]}"
+        rids = [f"{tag}-{i}" for i in range(n)]
+        mine, steps = set(rids), []
+
+        def on_step(ev: EngineEvent) -> None:
+            if len(ev.work) == n and all(w.request_id in mine and w.kind == "decode" for w in ev.work):
+                steps.append((ev.t_end - ev.t_start, sum(len(w.tokens) or 1 for w in ev.work)))
+
+        unsubscribe = client.inspector.subscribe(on_step)
+        try:
+            p = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+            await asyncio.gather(*(self.run(client, prompt, p, rid) for rid in rids))
+        finally:
+            unsubscribe()
+        if not steps:
+            return {"n": n, "steps": 0, "ms_per_step": None, "tokens_per_step": None, "tokens_per_s": None}
+        ms = 1000 * statistics.median(t for t, _ in steps)
+        per_step = statistics.mean(k for _, k in steps)
+        return {"n": n, "steps": len(steps), "ms_per_step": ms, "tokens_per_step": per_step,
+                "tokens_per_s": 1000 * per_step / ms}
 
 
 def _info_routes(router: APIRouter, pg: Playground) -> None:
@@ -93,7 +121,7 @@ def _info_routes(router: APIRouter, pg: Playground) -> None:
         for name, c in pg.engines.items():
             i, tok = c.info, c.tokenizer
             out.append({"name": name, "architecture": i.architecture, "vocab_size": i.vocab_size,
-                        "max_model_len": i.max_model_len, "block_size": i.block_size, "num_blocks": i.num_blocks,
+                        "max_model_len": i.max_model_len, "context_length": i.context_length, "block_size": i.block_size, "num_blocks": i.num_blocks,
                         "kv_bytes_per_token": i.kv_bytes_per_token, "trigram": i.toy,
                         "eog": [piece(tok, t) for t in sorted(tok.eog_token_ids)]})
         return out
@@ -208,6 +236,24 @@ def _batch_routes(router: APIRouter, pg: Playground) -> None:
             pg.background.add(task)
             task.add_done_callback(pg.background.discard)
         return {"started": body.n}
+
+    @router.post("/measure", openapi_extra=body_doc(MeasureBody))
+    async def measure(request: Request) -> dict[str, Any]:
+        """Batching, measured: ms per decode step with one request, then with n at once (greedy, the prompt
+        given), each the median of the engine's own step timestamps."""
+        body = await parse(request, MeasureBody)
+        c = pg.engine_of(body.model)
+        prompt = pg.prompt_ids_of(c, body)[0] or c.tokenizer.encode(" the") or [0]
+        room = c.info.max_model_len - len(prompt)
+        if room < 2:
+            raise HTTPException(400, f"measure: the prompt ({len(prompt)} tokens) leaves no room to decode")
+        tokens = min(body.tokens, room)
+        try:
+            alone = await pg.timed(c, prompt, 1, tokens)
+            batched = await pg.timed(c, prompt, body.n, tokens)
+        except ValueError as e:
+            raise HTTPException(400, str(e)) from e
+        return {"alone": alone, "batched": batched, "tokens": tokens, "n_prompt_tokens": len(prompt)}
 
     @router.post("/determinism", openapi_extra=body_doc(DeterminismBody))
     async def determinism(request: Request) -> dict[str, Any]:

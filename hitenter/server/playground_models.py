@@ -17,6 +17,8 @@ MAX_BURST = 32                 # burst: concurrent requests
 MAX_OTHERS = 16                # determinism: requests beside the measured one
 MAX_TRACE_TOKENS = 96          # trace: prompt (+ generated) tokens; attention is [layers, heads, T, T]
 MAX_TRACE_NEW = 8              # trace: greedy tokens generated after the prompt
+MAX_MEASURE_N = 16             # measure: requests in the batched run
+MAX_MEASURE_TOKENS = 64        # measure: tokens each request decodes
 
 B = TypeVar("B", bound=BaseModel)
 
@@ -81,6 +83,11 @@ class DeterminismBody(GenerateBody):
     others: Annotated[int, Interval(ge=1, le=MAX_OTHERS), Strict(), _NUM] = 4
 
 
+class MeasureBody(PromptBody):
+    n: Annotated[int, Interval(ge=2, le=MAX_MEASURE_N), Strict(), _NUM] = 8
+    tokens: Annotated[int, Interval(ge=2, le=MAX_MEASURE_TOKENS), Strict(), _NUM] = 16
+
+
 class TraceBody(PromptBody):
     generate: Annotated[int, Interval(ge=0, le=MAX_TRACE_NEW), Strict(), _NUM] = 0
 
@@ -97,6 +104,12 @@ class CompareBody(_Body):
     a: str = Field("I went to the bank to deposit money", max_length=400)
     b: str = Field("I sat by the river bank", max_length=400)
     word: str = Field("bank", min_length=1, max_length=40)
+
+
+class OrderBody(_Body):
+    model: str | None = None
+    a: str = Field("the dog bites the man", min_length=1, max_length=400)
+    b: str = Field("the man bites the dog", min_length=1, max_length=400)
 
 
 def body_doc(cls: type[BaseModel]) -> dict[str, Any]:

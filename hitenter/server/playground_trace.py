@@ -4,8 +4,9 @@ engine's scheduler and KV cache: requests that are not traced are not held up by
 
 POST /trace makes one (prompt <= MAX_TRACE_TOKENS tokens) and returns its id and summaries; the other
 routes read a kept trace (the last MAX_TRACES) by id: /trace/attention (one layer, all heads),
-/trace/embedding, /trace/lens (residual norms and the logit lens), /trace/logits; /trace/rope and
-/trace/compare need only a model; /fast is the "how it goes fast" panel's numbers.
+/trace/embedding, /trace/lens (residual norms and the logit lens), /trace/logits, /trace/heads (one query's
+row in every layer and head); /trace/rope, /trace/compare and /trace/order (word order against positions)
+need only a model; /fast is the "making it faster" panel's facts about the served model.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 import uuid
 from collections import OrderedDict
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,6 +34,7 @@ from hitenter.models.trace import (
 from hitenter.server.playground_models import (
     MAX_TRACE_TOKENS,
     CompareBody,
+    OrderBody,
     RopeBody,
     TraceBody,
     TraceQuery,
@@ -151,6 +154,23 @@ def _make_routes(router: APIRouter, T: Traces) -> None:
                 "top": [[{"piece": piece(eng.tokenizer, int(t)), "p": float(p)} for p, t in zip(pr, row, strict=True)]
                         for pr, row in zip(probs, ids, strict=True)]}
 
+    @router.post("/trace/heads", openapi_extra=body_doc(TraceQuery))
+    async def heads(request: Request) -> dict[str, Any]:
+        """One query token's attention row in every layer and head (the thumbnail grid), and its strongest
+        head: the most weight on one earlier token other than itself and the first (the attention sink)."""
+        q = await parse(request, TraceQuery)
+        _, tr, _ = T.get(q.trace_id)
+        i = _index(tr, q.index)
+        rows = tr.attentions[:, :, i, : i + 1].float()          # [layers, heads, i + 1]
+        inner = rows[:, :, 1:i] if i > 1 else rows[:, :, :0]
+        best = None
+        if inner.numel():
+            flat = int(inner.reshape(-1).argmax())
+            layer, rest = divmod(flat, inner.shape[1] * inner.shape[2])
+            head, k = divmod(rest, inner.shape[2])
+            best = {"layer": layer, "head": head, "k": k + 1, "p": float(inner[layer, head, k])}
+        return {"index": i, "probs": (rows * 1e3).round().div(1e3).tolist(), "strongest": best}
+
     @router.post("/trace/logits", openapi_extra=body_doc(TraceQuery))
     async def logits(request: Request) -> dict[str, Any]:
         q = await parse(request, TraceQuery)
@@ -197,12 +217,52 @@ def _model_routes(router: APIRouter, T: Traces) -> None:
                 "looks": [{"pieces": [piece(tok, t) for t in ids], "at": i, "probs": r4(tr.attentions[-1, :, i, :i + 1].mean(0))}
                           for tr, i, ids in out]}
 
+    @router.post("/trace/order", openapi_extra=body_doc(OrderBody))
+    async def order(request: Request) -> dict[str, Any]:
+        """The same words in another order: the same embedding rows (a bag of vectors is the same bag), yet
+        each word's hidden state and the next-token prediction differ, because positions enter attention."""
+        body = await parse(request, OrderBody)
+        model, eng = T.model_of(body.model), T.pg.engine_of(body.model)
+        tok, runs = eng.tokenizer, []
+        for text in (body.a, body.b):
+            ids = tok.encode(text)[:MAX_TRACE_TOKENS]
+            if not ids:
+                raise HTTPException(400, "order: an empty sentence")
+            async with T.one_at_a_time:
+                runs.append((ids, await asyncio.to_thread(trace_forward, model, ids)))
+        (ia, ta), (ib, tb) = runs
+        pairs, used = [], set()
+        for i, t in enumerate(ia):             # each token of a, matched to the same id in b
+            j = next((j for j, u in enumerate(ib) if u == t and j not in used), None)
+            if j is not None:
+                used.add(j)
+                cos = torch.cosine_similarity(ta.hidden[:, i], tb.hidden[:, j], dim=-1)
+                pairs.append({"a": i, "b": j, "piece": piece(tok, t), "cos": r4(cos)})
+
+        def side(ids: list[int], tr: Trace) -> dict[str, Any]:
+            p = torch.softmax(tr.logits[-1].float(), -1)
+            top_p, top_i = p.topk(5)
+            return {"pieces": [piece(tok, t) for t in ids],
+                    "next": [{"piece": piece(tok, int(k)), "p": float(v)} for v, k in zip(top_p, top_i, strict=True)]}
+
+        bag = torch.cosine_similarity(ta.hidden[:, :].mean(1), tb.hidden[:, :].mean(1), dim=-1)
+        return {"a": side(ia, ta), "b": side(ib, tb), "same_bag": sorted(ia) == sorted(ib), "pairs": pairs,
+                "bag_cos": r4(bag)}
+
     @router.get("/fast")
     async def fast(model: str | None = None) -> dict[str, Any]:
         c = T.pg.engine_of(model)
-        return {**c.inspector.facts(), "kv_bytes_per_token": c.info.kv_bytes_per_token,
+        i, spec = c.info, c.spec_stats()
+        return {**c.inspector.facts(), "kv_bytes_per_token": i.kv_bytes_per_token,
                 "bandwidth": await asyncio.to_thread(copy_bandwidth), "key_tile": KEY_TILE,
-                "max_model_len": c.info.max_model_len}
+                "max_model_len": i.max_model_len, "context_length": i.context_length,
+                "parameter_count": i.parameter_count, "file_size": i.file_size,
+                "file": Path(i.path).name if i.path else None, "layers": i.num_layers, "kv_heads": i.num_kv_heads,
+                "head_dim": i.head_dim, "hidden": i.hidden_size,
+                "spec_stats": None if spec is None else {
+                    "drafts": spec.num_drafts, "draft_tokens": spec.num_draft_tokens,
+                    "accepted_tokens": spec.num_accepted_tokens, "acceptance_rate": spec.acceptance_rate,
+                    "accepted_per_position": list(spec.num_accepted_tokens_per_pos)}}
 
 
 def trace_routes(router: APIRouter, pg: Playground) -> None:

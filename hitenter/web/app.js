@@ -7,11 +7,14 @@ import { renderDistribution, renderSliders, reshape, renderDice } from "./dist.j
 import { renderLoop, renderBranch, renderStop } from "./loop.js";
 import { renderTimeline } from "./timeline.js";
 import { kvPanel, renderRequestKV, renderBlockMap } from "./kvmap.js";
-import { breakPanel, renderRejected, renderV1Check, renderEosCompare, renderTemps, determinismPanel, renderDeterminism, renderTrigram,
-  renderInspector } from "./extras.js";
+import { breakPanel, renderRejected, renderV1Check, renderEosCompare, renderTemps, renderOverrule, windowNote, determinismPanel,
+  renderDeterminism, renderTrigram, renderInspector } from "./extras.js";
 import { newRun as makeRun, consume } from "./runs.js";
 import { inside, traceNow, renderInside, markStale } from "./views.js";
 import { renderFast } from "./fast.js";
+import { renderCheat } from "./cheat.js";
+import { renderDrills, countWords } from "./drills.js";
+import { orderIdle } from "./order.js";
 
 const $ = (id) => document.getElementById(id);
 const body = (id) => $(id).querySelector(".body");
@@ -67,7 +70,9 @@ function render() {
     }
     renderTrigram(body("p-trigram"), S.tri, S.triSel, (i) => { S.triSel = i; render(); });
     renderBlockMap(S.kvNodes.map, S.eng, run && run.rid);
-    renderFast(body("p-fast"), S.fast, run, S.eng);
+    renderFast(body("p-fast"), S.fast, run, S.eng, S.measured, measure);
+    renderCheat(body("p-cheat"), S, info());
+    $("window-note").textContent = windowNote(info());
   });
 }
 
@@ -175,6 +180,48 @@ async function temps(out) {
   renderTemps(out, runs);
 }
 
+// Break it: overrule one token. The prompt greedy; halfway through, the model's token is replaced by its second
+// choice and the engine continues from there (the prefix from the cache). Greedy, so the difference is the token's.
+async function overrule(out) {
+  const text = $("prompt").value, chat = chatOn();
+  const base = { ...params(), temperature: 0, max_tokens: 24, stop: null, ignore_eos: false };
+  clear(out, el("p", { class: "note" }, "running your prompt greedy…"));
+  const before = await sideRun(text, base, chat);
+  const at = Math.floor(before.tokens.length / 2);
+  const tok = before.tokens[at];
+  const alt = tok && tok.trace && tok.trace.pieces.find((p) => p.id !== tok.piece.id);
+  if (before.error || before.tokens.length < 2 || !alt) {
+    clear(out, el("p", { class: "err", id: "overrule-error" }, before.error ? `rejected: ${before.error.error}`
+      : "the answer is too short to overrule a token in its middle: try a longer prompt or question"));
+    return;
+  }
+  const after = newRun(before.model, "stream", base, text);
+  Object.assign(after, { tokens: [...before.tokens.slice(0, at), { piece: alt, rid: null, trace: null }], text: "" });
+  const ids = [...before.prompt_ids, ...after.tokens.map((t) => t.piece.id)];
+  try {
+    await streamPost("/generate", { model: before.model, prompt_ids: ids, params: { ...base, max_tokens: Math.max(1, base.max_tokens - at - 1) } },
+      (ev) => consume(after, ev));
+  } catch (e) { after.error = { kind: "HTTP error", error: e.message }; }
+  after.text = piecesText(after.tokens.slice(0, at + 1)) + after.text;
+  renderOverrule(out, before, after, at);
+}
+
+// The text of some tokens from their exact bytes (pieces carry them as hex); special tokens left out.
+function piecesText(tokens) {
+  const hex = tokens.filter((t) => !t.piece.special).map((t) => t.piece.hex).join("");
+  return new TextDecoder().decode(new Uint8Array((hex.match(/../g) || []).map((h) => parseInt(h, 16))));
+}
+
+// Making it faster: batch 1 against batch n, timed by the engine's own step timestamps.
+async function measure(n) {
+  S.measured = null;
+  clear($("fast-measure"), el("span", { class: "note" }, `measuring: one request, then ${n} at once…`));
+  try {
+    S.measured = await postJSON("/measure", { model: model(), text: $("prompt").value, chat: chatOn(), n, tokens: 16 });
+  } catch (e) { S.measured = { error: e.message }; }
+  render();
+}
+
 // Break it: the context window. The server repeats the prompt's tokens until prompt + max_tokens is one more
 // than this model's window, and sends it as a real request; then the same ids go to /v1/completions.
 async function overflow() {
@@ -188,12 +235,14 @@ async function overflow() {
     body: JSON.stringify({ model: run.model, prompt: ev.prompt_ids, max_tokens: ev.max_tokens }) });
   const j = await r.json().catch(() => null);
   renderV1Check(S.breakOut, r.status, j, ev);
+  S.breakOut.append(el("p", { class: "note", id: "overflow-window", dataset: { nCtx: ev.n_ctx, trained: info().context_length } }, windowNote(info())));
 }
 
 // Characters per token of the user's own text (no template): its own /tokenize, without the chat template.
 function userTokens(run) {
   postJSON("/tokenize", { model: run.model, text: run.promptText, chat: false })
-    .then((t) => { run.userTokens = { chars: run.promptText.length, tokens: t.count }; render(); }).catch(() => {});
+    .then((t) => { run.userTokens = { chars: run.promptText.length, tokens: t.count, words: countWords(run.promptText) }; render(); renderDrills(body("p-drill-words"), S); })
+    .catch(() => {});
 }
 
 function pause() {
@@ -271,7 +320,8 @@ async function preview() {
     const t = await postJSON("/tokenize", { model: model(), text: $("prompt").value, chat: $("chat").checked });
     if (S.abort) return;
     const u = $("chat").checked && t.template_used ? await postJSON("/tokenize", { model: model(), text: $("prompt").value, chat: false }) : t;
-    if (!S.abort) renderTokens(body("p-tokens"), { ...t, userTokens: { chars: $("prompt").value.length, tokens: u.count } }, { preview: true });
+    if (!S.abort) renderTokens(body("p-tokens"), { ...t, userTokens: { chars: $("prompt").value.length, tokens: u.count,
+      words: countWords($("prompt").value) } }, { preview: true });
   } catch (e) { status(e.message); }
 }
 
@@ -299,7 +349,8 @@ async function init() {
   renderDice(dice, null);
   S.kvNodes = kvPanel(body("p-kv"), (n) => postJSON("/burst", { model: model(), n,
     text: $("prompt").value, chat: $("chat").checked, max_tokens: Number($("max_tokens").value) }));
-  S.breakOut = breakPanel(body("p-break"), { ignoreEos, overflow, temps });
+  S.breakOut = breakPanel(body("p-break"), { ignoreEos, overflow, temps, overrule });
+  orderIdle(body("p-order"), model);
   determinismPanel(body("p-determinism"), async (n, out) => {
     clear(out, el("p", { class: "note" }, "running…"));
     renderDeterminism(out, await postJSON("/determinism", { model: model(), text: $("prompt").value, chat: $("chat").checked,
@@ -311,9 +362,11 @@ async function init() {
   $("prompt-form").addEventListener("submit", (e) => { e.preventDefault(); start(); });
   $("prompt").addEventListener("keydown", (e) => { if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); start(); } });
   let timer = null;
-  $("prompt").addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(preview, 250); markStale(S, "the prompt changed"); });
+  $("prompt").addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(() => { preview(); renderDrills(body("p-drill-words"), S); }, 250);
+    markStale(S, "the prompt changed"); });
   $("chat").addEventListener("change", () => { preview(); markStale(S, "the chat template setting changed"); });
   $("model").addEventListener("change", () => { connect(); preview(); markStale(S, "the model changed");
+    S.measured = null; orderIdle(body("p-order"), model, "the model changed: compare again on this one");
     getJSON(`/fast?model=${encodeURIComponent(model())}`).then((f) => { S.fast = f; render(); }); });
   $("btn-step").addEventListener("click", step);
   $("btn-pause").addEventListener("click", pause);

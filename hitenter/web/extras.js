@@ -6,20 +6,34 @@ export function breakPanel(body, actions) {
   const out = el("div", { id: "break-out" });
   const eosOut = el("div", { id: "eos-out" });
   const tempOut = el("div", { id: "temps-out" });
+  const overOut = el("div", { id: "overrule-out" });
   clear(body, live("the engine's answers to requests built to fail"),
     el("p", {}, el("button", { id: "btn-overflow", onclick: () => actions.overflow() }, "Overflow the context window"),
       " the server repeats your prompt's tokens until prompt + max_tokens is one token more than this model's window, "
-      + "and sends it as a real request; then the same ids go to POST /v1/completions."),
+      + "and sends it as a real request; then the same ids go to POST /v1/completions. ", el("span", { id: "window-note", class: "note" })),
     out,
     el("p", {}, el("button", { id: "btn-ignore-eos", onclick: () => actions.ignoreEos(eosOut) }, "Ignore the end token"),
       " “Say hi”, greedy (temperature 0, max_tokens 40), without and with ignore_eos: the model's end token stops the first; "
       + "nothing but the budget stops the second. Your own settings are left as they are."),
     eosOut,
     el("p", {}, el("button", { id: "btn-temps", onclick: () => actions.temps(tempOut) }, "Turn the temperature up"),
-      " your prompt, the same seed, at temperature 0.2, 1 and 2 (top-k and top-p off): watch the text fall apart."),
+      " your prompt, the same seed, at temperature 0.2, 1 and 2 side by side (top-k and top-p off): watch the text fall apart."),
     tempOut,
-    el("p", {}, el("b", {}, "Overrule one token: "), "click any generated token in panel 4 and pick another; every token after it changes (panel 5)."));
+    el("p", {}, el("button", { id: "btn-overrule", onclick: () => actions.overrule(overOut) }, "Overrule one token"),
+      " your prompt, greedy: halfway through the answer the model's choice is replaced by its second choice, and the engine "
+      + "continues from there. Tokens are never revised: everything after the overruled token follows from it. "
+      + "(By hand: click any token in panel 4.)"),
+    overOut);
   return out;
+}
+
+// The window a request gets on this server, and whether it is deliberately smaller than the model's own.
+export function windowNote(m) {
+  if (!m) return "";
+  return m.context_length && m.max_model_len < m.context_length
+    ? `This server gives each request a deliberately small window of ${m.max_model_len} tokens (started with --max-model-len `
+      + `${m.max_model_len}; the model was trained on ${m.context_length}), so the overflowing prompt is ${m.max_model_len} tokens, not ${m.context_length}.`
+    : `This server gives each request the model's full window of ${m.max_model_len} tokens; start it with --max-model-len 512 for a deliberately small one.`;
 }
 
 // The same overflowing ids sent to the OpenAI endpoint: its status and message.
@@ -52,7 +66,7 @@ export function renderEosCompare(node, before, after) {
 
 // Three continuations at rising temperature, with how likely the model itself found each chosen token.
 export function renderTemps(node, runs) {
-  clear(node, runs.map((r) => {
+  clear(node, el("div", { class: "side3", id: "temps-side" }, runs.map((r) => {
     const raw = r.tokens.filter((t) => t.trace).map((t) => {
       const i = t.trace.candidate_ids.indexOf(t.piece.id);
       return i < 0 ? 0 : t.trace.stages[0].probs[i];
@@ -62,7 +76,27 @@ export function renderTemps(node, runs) {
       el("b", {}, `temperature ${r.params.temperature}`),
       el("span", { class: "note" }, ` · mean p the model gave its chosen tokens (at T = 1): ${pct(mean)}`),
       runRow(r, `temp-${String(r.params.temperature).replace(".", "_")}`));
-  }));
+  })));
+}
+
+// Before / after of an overruled token: the greedy answer, and the same answer with token `at` replaced.
+export function renderOverrule(node, before, after, at) {
+  const orig = before.tokens[at], alt = after.tokens[at];
+  const rawP = (tok, id) => { const i = tok.trace ? tok.trace.candidate_ids.indexOf(id) : -1; return i < 0 ? null : tok.trace.stages[0].probs[i]; };
+  const rest = (r) => r.tokens.slice(at + 1).map((t) => t.piece.id);
+  const a = rest(before), b = rest(after);
+  const differ = a.filter((id, i) => b[i] !== id).length + Math.max(0, b.length - a.length);
+  clear(node, el("div", { id: "overrule", dataset: { at, chosen: orig.piece.id, alt: alt.piece.id, samePrefix:
+    JSON.stringify(before.tokens.slice(0, at).map((t) => t.piece.id)) === JSON.stringify(after.tokens.slice(0, at).map((t) => t.piece.id)),
+  differ, after: JSON.stringify(after.tokens.map((t) => t.piece.id)) } },
+  el("p", {}, `token ${at}: the model chose “${visible(orig.piece.text)}” (p = ${pct(rawP(orig, orig.piece.id))}); overruled with its next choice `
+    + `“${visible(alt.piece.text)}” (p = ${pct(rawP(orig, alt.piece.id))}). The first ${at} tokens are the same; `, el("b", {}, `${differ} of the `
+    + `${Math.max(a.length, b.length)} after it differ`), "."),
+  el("div", { class: "side" },
+    el("div", {}, el("b", {}, "the model's answer"), el("div", { class: "row", id: "overrule-before" }, genChips(before.tokens, { mark: at })),
+      el("pre", {}, before.text)),
+    el("div", {}, el("b", {}, "one token overruled"), el("div", { class: "row", id: "overrule-after" }, genChips(after.tokens, { mark: at })),
+      el("pre", {}, after.text)))));
 }
 
 // A refused request: a context overflow shows its arithmetic; any other refusal just its reason.

@@ -1,9 +1,43 @@
-// Panel 18: how it goes fast, in numbers from this server: the weight format and the bytes a decode step
-// reads against the measured memory bandwidth, attention over keys in tiles, speculative decoding's
-// accepted tokens per step (when the server runs with it), and continuous batching.
+// Panel 18: making it faster, in numbers from this server: batching measured (ms per decode step with one
+// request and with N), the bandwidth ceiling against the measured tokens/s, this model's size in fp32 / bf16 /
+// its GGUF file, the KV cache per token scaled to the vLLM paper's 13B model and a 1M-token window,
+// attention over keys in tiles, speculative decoding's accepted drafts, and a line on disaggregation.
 import { el, clear, bytes, live } from "./util.js";
 
-export function renderFast(body, f, run, eng) {
+// OPT-13B, the vLLM paper's model: 40 layers, hidden 5120 (40 heads of 128), fp16 K and V.
+const OPT13B = { layers: 40, kvDim: 5120, elem: 2 };
+const MILLION = 1e6;
+const gb = (n) => `${(n / 1e9).toFixed(n < 1e10 ? 2 : 0)} GB`;
+const kb = (n) => `${(n / 1024).toFixed(0)} KB`;
+
+// K and V of one token in every layer: 2 × layers × kv_heads × head_dim × bytes per element.
+export function kvFacts(f) {
+  const per = f.kv_bytes_per_token;
+  const elems = 2 * f.layers * f.kv_heads * f.head_dim;
+  const elem = elems ? per / elems : 0;
+  const opt = 2 * OPT13B.layers * OPT13B.kvDim * OPT13B.elem;
+  return { per, elem, opt, perM: per * MILLION, optM: opt * MILLION, opt2048: opt * 2048 };
+}
+
+export function sizeFacts(f) {
+  const n = f.parameter_count;
+  return { fp32: 4 * n, bf16: 2 * n, file: f.file_size, bitsPerWeight: n && f.file_size ? (8 * f.file_size) / n : null };
+}
+
+function measured(m) {
+  if (!m) return el("span", { class: "note" }, "not measured yet");
+  if (m.error) return el("span", { class: "err" }, m.error);
+  const a = m.alone, b = m.batched;
+  if (!a.ms_per_step || !b.ms_per_step) return el("span", { class: "note" }, "no step ran those requests alone (the server was busy): measure again");
+  return el("span", { id: "fast-measured", dataset: { msAlone: a.ms_per_step, msBatched: b.ms_per_step, n: b.n,
+    tpsAlone: a.tokens_per_s, tpsBatched: b.tokens_per_s, stepsAlone: a.steps, stepsBatched: b.steps } },
+  `batch 1: ${a.ms_per_step.toFixed(1)} ms per decode step (median of ${a.steps}) → ${a.tokens_per_s.toFixed(0)} tokens/s · `,
+  `batch ${b.n}: ${b.ms_per_step.toFixed(1)} ms per step (median of ${b.steps}) → `, el("b", {}, `${b.tokens_per_s.toFixed(0)} tokens/s`),
+  `: ${b.n} requests for ${(b.ms_per_step / a.ms_per_step).toFixed(1)}× the time of one, `
+    + `${(b.tokens_per_s / a.tokens_per_s).toFixed(1)}× the throughput (greedy, ${m.tokens} tokens each, the engine's own step times; a shared machine, so noisy).`);
+}
+
+export function renderFast(body, f, run, eng, m = null, onMeasure = null) {
   if (!f) { clear(body, live("GET /playground/api/fast"), el("p", { class: "note" }, "loading…")); return; }
   const steps = run ? run.steps.filter((s) => s.mine && s.token) : [];
   const ctx = steps.length ? steps[steps.length - 1].cached_tokens : 0;
@@ -13,22 +47,45 @@ export function renderFast(body, f, run, eng) {
   const tiles = Math.max(1, Math.ceil(ctx / f.key_tile));
   const accepted = steps.map((s) => s.accepted || 1);
   const batches = eng ? eng.steps.filter((s) => s.batch.length).slice(-40).map((s) => s.batch.length) : [];
-  clear(body, live("the engine's model, KV cache and steps"),
-    el("table", { id: "fast", dataset: { weightBytes: f.weight_bytes, bandwidth: f.bandwidth, ceiling, tiles, spec: f.spec ? f.spec.method : "" } },
-      el("tr", {}, el("th", {}, "weights"), el("td", {}, `${f.weight_format}: ${bytes(f.weight_bytes)}, all read once per decode step`)),
-      el("tr", {}, el("th", {}, "per token"), el("td", {}, `${bytes(perTok)} = weights + ${ctx} cached tokens × ${bytes(f.kv_bytes_per_token)} of K/V`)),
-      el("tr", {}, el("th", {}, "bandwidth"), el("td", {}, `${(f.bandwidth / 1e9).toFixed(1)} GB/s measured here → at most `,
-        el("b", {}, `${ceiling.toFixed(0)} tokens/s`), " for one request",
-      itl ? ` (this run: ${(1 / itl).toFixed(0)} tokens/s)` : "")),
-      el("tr", {}, el("th", {}, "attention"), el("td", {}, `the ${ctx} keys in ${tiles} tile(s) of ${f.key_tile}: each tile updates a running max and sum `
-        + "(online softmax), so the full row of scores is never stored",
-      el("div", { class: "keytiles", id: "fast-tiles" }, Array.from({ length: Math.min(tiles, 24) }, (_, i) => el("div", {
-        title: `keys ${i * f.key_tile}–${Math.min(ctx, (i + 1) * f.key_tile) - 1}` },
-      el("i", { style: { width: `${(100 * Math.min(f.key_tile, Math.max(0, ctx - i * f.key_tile))) / f.key_tile}%` } })))))),
-      el("tr", {}, el("th", {}, "speculation"), el("td", { id: "fast-spec" }, f.spec
-        ? [`${f.spec.method}, ${f.spec.k} drafted per step; tokens accepted per step: `, el("b", {}, accepted.join(" ") || "–")]
-        : "off on this server (start it with a draft model to see drafted and accepted tokens)")),
-      el("tr", {}, el("th", {}, "batching"), el("td", { id: "fast-batches", dataset: { sizes: JSON.stringify(batches) } }, batches.length
-        ? `requests per step, last ${batches.length} steps: ${batches.join(" ")} — one weight read serves them all (panel 7)`
-        : "send a burst in panel 7: many requests share each step"))));
+  const kv = kvFacts(f), sz = sizeFacts(f);
+  const st = f.spec_stats;
+  const nIn = el("input", { type: "number", id: "measure-n", value: 8, min: 2, max: 16, style: { width: "4em" } });
+  const row = (th, ...td) => el("tr", {}, el("th", {}, th), el("td", {}, ...td));
+  clear(body, live("the engine's model, KV cache and steps; POST /playground/api/measure"),
+    el("p", { class: "note" }, "Every serving trick targets one phase: prefill (heavy arithmetic on the whole prompt) or decode "
+      + "(one token per step, every weight read again). The numbers below are this server's."),
+    el("table", { id: "fast", dataset: { weightBytes: f.weight_bytes, bandwidth: f.bandwidth, ceiling, tiles, spec: f.spec ? f.spec.method : "",
+      kvPer: kv.per, kvOpt: kv.opt, fp32: sz.fp32, bf16: sz.bf16, file: sz.file } },
+    row("batching", el("button", { id: "btn-measure", onclick: () => onMeasure && onMeasure(Number(nIn.value)) }, "Measure batch 1 vs batch N"),
+      " N = ", nIn, el("div", { id: "fast-measure" }, measured(m))),
+    row("bandwidth", `a decode step reads ${bytes(perTok)} (the weights + ${ctx} cached tokens × ${bytes(f.kv_bytes_per_token)} of K/V); `
+      + `${(f.bandwidth / 1e9).toFixed(1)} GB/s measured here → at most `, el("b", { id: "fast-ceiling" }, `${ceiling.toFixed(0)} tokens/s`),
+    " for one request",
+    itl ? el("span", { id: "fast-itl", dataset: { tps: 1 / itl } }, `; this run: ${(1 / itl).toFixed(0)} tokens/s, ${((100 / itl) / ceiling).toFixed(0)}% of the ceiling`)
+      : "; press Enter to compare with a run", m && m.alone && m.alone.tokens_per_s ? `; measured batch 1: ${m.alone.tokens_per_s.toFixed(0)} tokens/s` : ""),
+    row("model size", el("span", { id: "fast-size" }, `${(f.parameter_count / 1e6).toFixed(0)}M weights: fp32 ${bytes(sz.fp32)} · bf16 ${bytes(sz.bf16)}`
+      + (sz.file ? ` · ${f.file || "its GGUF"} ${bytes(sz.file)} (${sz.bitsPerWeight.toFixed(1)} bits per weight)` : "")),
+    el("div", { class: "note" }, `served as ${f.weight_format}: ${bytes(f.weight_bytes)} read per step. Quantization makes the model smaller to read, so each decode step is shorter.`)),
+    row("KV cache", el("span", { id: "fast-kv" }, `2 (K and V) × ${f.layers} layers × ${f.kv_heads} KV heads × ${f.head_dim} × ${kv.elem} bytes = `,
+      el("b", {}, `${bytes(kv.per)} per token`), ` here; a 1M-token window would need ${gb(kv.perM)}.`),
+    el("div", { class: "note", id: "fast-opt" }, `The same formula for OPT-13B (the vLLM paper: 40 layers × 5120 × 2 bytes, fp16): ${kb(kv.opt)} per token, `
+      + `${gb(kv.opt2048)} for one 2048-token request, ${gb(kv.optM)} for 1M tokens.`)),
+    row("attention", `the ${ctx} keys in ${tiles} tile(s) of ${f.key_tile}: each tile updates a running max and sum `
+      + "(online softmax), so the full row of scores is never stored",
+    el("div", { class: "keytiles", id: "fast-tiles" }, Array.from({ length: Math.min(tiles, 24) }, (_, i) => el("div", {
+      title: `keys ${i * f.key_tile}–${Math.min(ctx, (i + 1) * f.key_tile) - 1}` },
+    el("i", { style: { width: `${(100 * Math.min(f.key_tile, Math.max(0, ctx - i * f.key_tile))) / f.key_tile}%` } }))))),
+    row("speculation", el("span", { id: "fast-spec", dataset: { accepted: JSON.stringify(accepted), drafted: st ? st.draft_tokens : "",
+      acceptedTotal: st ? st.accepted_tokens : "" } }, f.spec
+      ? [`${f.spec.method}, ${f.spec.k} drafted per step, the model checks them in one pass; tokens per step of this run: `,
+        el("b", {}, accepted.join(" ") || "–"),
+        st ? ` · since the server started: ${st.accepted_tokens} of ${st.draft_tokens} drafted tokens accepted`
+          + ` (${(100 * st.acceptance_rate).toFixed(0)}%) in ${st.drafts} verification passes` : ""]
+      : "off on this server: start it with --speculative-method ngram (or --speculative-model NAME) to see drafted and accepted tokens")),
+    row("batching now", el("span", { id: "fast-batches", dataset: { sizes: JSON.stringify(batches) } }, batches.length
+      ? `requests per step, last ${batches.length} steps: ${batches.join(" ")} — one weight read serves them all (panel 7)`
+      : "send a burst in panel 7: many requests share each step")),
+    row("disaggregation", "prefill and decode on different machines (DistServe, Splitwise) so a long prompt never stalls "
+      + "everyone's decode steps: `hitenter serve --disaggregate prefill=1,decode=1` prefills in a worker of its own and ships the KV "
+      + "blocks over; this server runs both phases in one engine (see the outlined prefill columns in panel 7).")));
 }

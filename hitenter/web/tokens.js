@@ -15,8 +15,9 @@ export function renderTokens(body, src, { preview = false } = {}) {
     src.pieces.map((p) => tokenChip(p)), n > src.pieces.length ? el("span", { class: "note" }, ` … ${n - src.pieces.length} more`) : null),
     el("p", { class: "note" },
       `${n} tokens${src.template_used ? " (the chat template and its special tokens included)" : ""}`,
-      perTok ? el("span", { id: "chars-per-token", dataset: { chars: u.chars, tokens: u.tokens, ratio: perTok } },
+      perTok ? el("span", { id: "chars-per-token", dataset: { chars: u.chars, tokens: u.tokens, ratio: perTok, words: u.words ?? "" } },
         ` · your text: ${u.chars} characters in ${u.tokens} tokens = ${perTok.toFixed(1)} characters per token`
+        + (u.words ? `, ${u.words} words = ${(u.tokens / u.words).toFixed(2)} tokens per word (rule of thumb: 1.33, i.e. ¾ of a word per token)` : "")
         + (src.template_used ? " (counted without the template)" : "")) : "",
       " · · is a space, ↵ a newline, dashed boxes are raw byte pieces, dark ones special tokens."),
     el("div", { class: "meter", title: "prompt tokens against the context window" },

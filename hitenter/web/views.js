@@ -6,8 +6,10 @@ import { renderEmbedding, renderRope } from "./inside.js";
 import { renderAttention, renderCompare } from "./attention.js";
 import { renderResidual, renderLogits } from "./residual.js";
 import { storyMode } from "./story.js";
+import { renderDrills } from "./drills.js";
+import { renderOrder } from "./order.js";
 
-const INSIDE = ["p-embed", "p-rope", "p-attn", "p-resid", "p-logits"];
+const INSIDE = ["p-embed", "p-rope", "p-attn", "p-resid", "p-logits", "p-drill-softmax"];
 let H = null;          // the page's helpers: $, body, render
 let story = null;
 const node = (id) => (id === "p-attn" ? H.body(id).querySelector(".attn") : H.body(id));
@@ -27,7 +29,8 @@ export async function traceNow(S, req) {
 }
 
 function traceMissing(S) {
-  for (const id of INSIDE) {
+  renderDrills(H.body("p-drill-words"), S);
+  for (const id of INSIDE.filter((x) => x !== "p-drill-softmax")) {
     clear(node(id), live("a traced forward of the engine's model"), el("p", { class: "note trace-missing" },
       S.traceError ? `no trace: ${S.traceError}` : "Press Enter to trace the prompt."));
   }
@@ -60,7 +63,8 @@ export async function renderInside(S) {
   document.body.dataset.traced = S.trace ? S.trace.trace_id : "";
   if (!S.trace) { traceMissing(S); return; }
   const jobs = [renderEmbedding(node("p-embed"), S), renderRope(node("p-rope"), S),
-    renderAttention(node("p-attn"), S), renderResidual(node("p-resid"), S), renderLogits(node("p-logits"), S)];
+    renderAttention(node("p-attn"), S), renderResidual(node("p-resid"), S), renderLogits(node("p-logits"), S),
+    Promise.resolve().then(() => renderDrills(H.body("p-drill-words"), S))];
   await Promise.all(jobs.map((j) => j.catch((e) => console.warn(e))));
   document.body.dataset.insideReady = S.trace.trace_id;
   if (story && document.body.dataset.view === "story") story.refresh();    // never pull panels off the dashboard
@@ -84,7 +88,12 @@ export function inside(S, helpers) {
     el("button", { id: "btn-compare", onclick: () => renderCompare(compareOut, S.modelName || H.$("model").value) },
       "Compare “bank”"), " I went to the bank to deposit money · I sat by the river bank"), compareOut);
   traceMissing(S);
-  story = storyMode(H.$("story"), S, () => H.render());
+  story = storyMode(H.$("story"), S, (step) => {
+    H.render();
+    const order = H.body("p-order"), m = H.$("model").value;
+    if (step.key === "order" && order.dataset.model !== m) renderOrder(order, m);
+    if (step.key.startsWith("drill")) renderDrills(null, S);
+  });
   H.$("view-story").addEventListener("click", () => setView("story"));
   H.$("view-dash").addEventListener("click", () => setView("dashboard"));
   document.addEventListener("keydown", (e) => {
