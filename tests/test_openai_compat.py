@@ -19,7 +19,7 @@ from hitenter.engine.structured import GuidedSpec
 from hitenter.llm import LLM
 from hitenter.sampling_params import SamplingParams
 from hitenter.server.api import create_app
-from hitenter.server.tools import parse_tool_calls
+from hitenter.server.reply import parse_tool_calls
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{1,6}$"},

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import re
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,3 +160,67 @@ def test_scores_and_embeddings_under_load_equal_idle(server: LiveServer, engine:
     assert all(b == idle for b in busy)
     assert [v["embedding"] for v in vecs] == [v["embedding"] for v in idle_vecs]
     assert [got[f"s{s}"] for s in range(4)] == idle_streams
+
+
+# --- how many server files one request's code runs in (traced, not read from imports) ---------------------
+
+LIMITS = {"limits.py", "limit_checks.py", "body_check.py"}        # the body bound every /v1 and /api body crosses
+U = [{"role": "user", "content": "hi"}]
+WEATHER = [{"type": "function", "function": {"name": "w", "parameters": {"type": "object", "properties": {}}}}]
+SURFACES = {
+    "chat": ("/v1/chat/completions", {"messages": U, "max_tokens": 3}),
+    "chat stream": ("/v1/chat/completions", {"messages": U, "max_tokens": 3, "stream": True}),
+    "chat tools": ("/v1/chat/completions", {"messages": U, "max_tokens": 3, "tools": WEATHER}),
+    "completions": ("/v1/completions", {"prompt": "hi", "max_tokens": 3}),
+    "responses": ("/v1/responses", {"input": "hi", "max_output_tokens": 3}),
+    "responses stream": ("/v1/responses", {"input": "hi", "max_output_tokens": 3, "stream": True}),
+    "messages": ("/v1/messages", {"messages": U, "max_tokens": 3}),
+    "messages stream": ("/v1/messages", {"messages": U, "max_tokens": 3, "stream": True}),
+    "ollama chat": ("/api/chat", {"messages": U, "stream": False, "options": {"num_predict": 3}}),
+    "ollama chat stream": ("/api/chat", {"messages": U, "options": {"num_predict": 3}}),
+    "ollama generate": ("/api/generate", {"prompt": "hi", "stream": False, "options": {"num_predict": 3}}),
+}
+
+
+def traced_files(tiny_qwen2_path: Path) -> dict[str, set[str]]:
+    """The hitenter/server files whose functions run for each request of SURFACES (every thread:
+    the event loop, the worker threads, the engine's), from the request's start to its last byte."""
+    from fastapi.testclient import TestClient
+
+    recording, seen = [False], set[str]()
+    root = str(SERVER)
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if recording[0] and event == "call" and frame.f_code.co_filename.startswith(root):
+            seen.add(Path(frame.f_code.co_filename).name)
+
+    out: dict[str, set[str]] = {}
+    threading.setprofile(profile)          # threads started from now on (the engine's, the workers')
+    sys.setprofile(profile)
+    try:
+        eng = LLMEngine(str(tiny_qwen2_path))
+        eng.tokenizer.chat_template += "{% for t in tools or [] %}{{ t.function.name }}{% endfor %}"
+        with TestClient(create_app(eng, "tiny", playground=False)) as c:
+            for name, (path, body) in SURFACES.items():
+                seen.clear()
+                recording[0] = True
+                r = c.post(path, json={"model": "tiny", **body})
+                recording[0] = False
+                assert r.status_code == 200, (name, r.text)
+                out[name] = set(seen)
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)         # type: ignore[arg-type]
+    return out
+
+
+@pytest.mark.slow
+def test_a_request_crosses_few_server_files(tiny_qwen2_path: Path) -> None:
+    files = traced_files(tiny_qwen2_path)
+    handler = {name: sorted(f - LIMITS) for name, f in files.items()}
+    print({name: len(f) for name, f in files.items()})
+    for name, f in handler.items():
+        assert len(f) <= (6 if "tools" in name else 5), (name, f)
+        assert {"api_error.py", "generation.py", "local_engine.py"} <= set(f), (name, f)    # one path
+    for name in ("responses", "messages", "ollama chat", "ollama generate"):
+        assert "reply.py" in handler[name], handler[name]      # the new surfaces share one reply too

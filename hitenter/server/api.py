@@ -37,18 +37,20 @@ from hitenter.server import (
     serving_responses,
     serving_tokenize,
 )
-from hitenter.server.api_error import SafeJSONResponse
-from hitenter.server.auth import api_key_dependency
-from hitenter.server.cors import add_cors
+from hitenter.server.api_error import (
+    DEFAULT_MAX_BODY_BYTES,
+    BodyLimitMiddleware,
+    SafeJSONResponse,
+    api_key_dependency,
+    error_responses,
+    install_error_handlers,
+)
 from hitenter.server.engine_client import EngineClient
-from hitenter.server.errors import error_responses, install_error_handlers
-from hitenter.server.fallback import StaticOr405
-from hitenter.server.guards import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
-from hitenter.server.http import DEFAULT_HEADER_TIMEOUT, uvicorn_config
+from hitenter.server.generation import ServedModel, ServerState
+from hitenter.server.http import DEFAULT_HEADER_TIMEOUT, StaticOr405, add_cors, uvicorn_config
 from hitenter.server.local_engine import LocalEngineClient
 from hitenter.server.metrics import ServerMetrics
 from hitenter.server.schema_types import TOKEN_ID_LIMIT
-from hitenter.server.state import ServedModel, ServerState
 
 __all__ = ["ServedModel", "create_app", "model_name", "serve"]
 Served = LLMEngine | AsyncLLMEngine | EngineClient

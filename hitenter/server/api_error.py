@@ -1,21 +1,36 @@
-"""The server's error model: ``APIError`` (status, message, param), rendered in the shape of the API
-the request's path belongs to (``dialect_of``):
+"""The server's error model and every refusal it answers around a route.
 
-- OpenAI / vLLM (``/v1/*``, everything else): ``{"error": {message, type, param, code}}``;
-- Anthropic (``/v1/messages*``): ``{"type": "error", "error": {"type": "invalid_request_error", "message"}}``;
-- Ollama (``/api/*``): ``{"error": "message"}``.
-
-Also the mapping of pydantic validation errors onto it, and the body models the OpenAPI schema declares
-for error responses (hitenter/server/errors.py installs the handlers)."""
+- ``APIError`` (status, message, param), rendered in the shape of the API the request's path belongs to
+  (``dialect_of``): OpenAI / vLLM (``/v1/*``, everything else) ``{"error": {message, type, param, code}}``;
+  Anthropic (``/v1/messages*``) ``{"type": "error", "error": {"type", "message"}}``; Ollama (``/api/*``)
+  ``{"error": "message"}``; pydantic validation errors mapped onto it; the body models the OpenAPI
+  schema declares for error responses.
+- The exception handlers and the catch-all that turns a bug into a 500 without dropping the connection.
+- Request framing guards before any parsing: the body size limit (413; a body without Content-Length is
+  counted as it streams; the rest of an oversized body is drained up to ``DRAIN_CAP`` bytes so the client
+  gets the 413, then the connection closes) and ambiguous framing (Content-Length with
+  Transfer-Encoding, or two Content-Lengths: request smuggling bait; 400, close).
+- ``--api-key``: a dependency on every router that runs the model, tokenizes or shows requests; the key
+  is read from ``Authorization: Bearer <key>`` (OpenAI, Ollama clients) or ``x-api-key`` (Anthropic).
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import logging
+import secrets
+from typing import Annotated, Any
 
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from hitenter.engine.async_engine import EngineDeadError
 
 
 class SafeJSONResponse(JSONResponse):
@@ -147,3 +162,200 @@ class OllamaErrorBody(BaseModel):
 DIALECT_BODIES: dict[str, type[BaseModel]] = {"openai": ErrorBody, "anthropic": AnthropicErrorBody,
                                               "ollama": OllamaErrorBody}
 
+
+log = logging.getLogger("hitenter.server")
+
+
+_DESCRIPTIONS = {400: "Bad request: a parameter (named in `param`) or the body is invalid",
+                 401: "Missing or wrong API key (`Authorization: Bearer <key>` or `x-api-key: <key>`)",
+                 404: "Unknown model or path", 413: "Request body too large",
+                 429: "Too many queued requests; retry after `Retry-After` seconds"}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for these statuses, each with the error body model."""
+    return {s: {"model": ErrorBody, "description": _DESCRIPTIONS.get(s, "Error")} for s in statuses}
+
+
+def internal_message(e: BaseException) -> str:
+    return str(e) if isinstance(e, EngineDeadError) else f"internal error: {type(e).__name__}: {e}"
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, APIError)
+    return exc.response(request.url.path)
+
+
+async def _invalid(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return validation_error(exc).response(request.url.path)
+
+
+async def _http(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own errors (404 path, 405 method with its ``Allow`` header, a router's HTTPException)."""
+    assert isinstance(exc, StarletteHTTPException)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers.setdefault("Allow", "GET, HEAD")    # the static files' 405 (routes send their own Allow)
+    return APIError(exc.status_code, str(exc.detail), headers=headers).response(request.url.path)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_middleware(CatchAllMiddleware)
+    _openapi_with_our_errors(app)
+
+
+def _openapi_with_our_errors(app: FastAPI) -> None:
+    """FastAPI documents its 422 validation body on every route; ours is a 400 with the error body, and
+    every error body of a path is the one of its API (api_error.dialect_of)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            for path, item in schema.get("paths", {}).items():
+                ref = {"$ref": f"#/components/schemas/{DIALECT_BODIES[dialect_of(path)].__name__}"}
+                for op in item.values():
+                    _our_errors(op.get("responses", {}), ref)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for name in ("HTTPValidationError", "ValidationError"):
+                components.pop(name, None)
+            for model in DIALECT_BODIES.values():
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(body.pop("$defs", {}))
+                components.setdefault(model.__name__, body)
+            app.openapi_schema = schema
+        return app.openapi_schema
+    app.openapi = openapi    # type: ignore[method-assign]
+
+
+def _our_errors(responses: dict[str, Any], ref: dict[str, str]) -> None:
+    """A 400 instead of FastAPI's 422, and ``ref`` as every error response's body."""
+    if responses.pop("422", None) is not None:
+        responses.setdefault("400", {"description": _DESCRIPTIONS[400]})
+    for code, r in responses.items():
+        if code[:1] in ("4", "5"):
+            r["content"] = {"application/json": {"schema": ref}}
+
+
+class CatchAllMiddleware:
+    """A bug in a route becomes a 500 in our shape and the connection stays usable. (Starlette's
+    ServerErrorMiddleware re-raises after answering, and uvicorn then closes the keep-alive
+    connection: the client's next request on it was reset.)"""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as e:
+            log.exception("internal error")
+            if not started:
+                await APIError(500, internal_message(e)).response(scope["path"])(scope, receive, send)
+
+
+DEFAULT_MAX_BODY_BYTES = 4 << 20
+
+
+DRAIN_CAP = 64 << 20
+
+
+_CLOSE = {"Connection": "close"}
+
+
+def framing_problem(headers: list[tuple[bytes, bytes]], limit: int) -> APIError | None:
+    lengths = [v for k, v in headers if k == b"content-length"]
+    chunked = any(k == b"transfer-encoding" for k, _ in headers)
+    if lengths and chunked or len(lengths) > 1:
+        return APIError(400, "ambiguous framing: send either Content-Length or Transfer-Encoding, once",
+                          headers=_CLOSE)
+    if not lengths:
+        return None
+    try:
+        n = int(lengths[0])
+    except ValueError:
+        return APIError(400, "Content-Length is not a number", headers=_CLOSE)
+    return too_large(limit) if n > limit else None
+
+
+def too_large(limit: int) -> APIError:
+    return APIError(413, f"request body too large: the limit is {limit} bytes (--max-body-bytes)",
+                      headers=_CLOSE)
+
+
+async def _drain(receive: Receive, seen: int = 0) -> None:
+    while seen <= DRAIN_CAP:
+        msg = await receive()
+        if msg["type"] != "http.request" or not msg.get("more_body", False):
+            return
+        seen += len(msg.get("body", b""))
+
+
+class BodyLimitMiddleware:
+    def __init__(self, app: ASGIApp, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        self.app, self.limit = app, max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        problem = framing_problem(scope["headers"], self.limit)
+        if problem is not None:
+            if problem.status == 413:
+                await _drain(receive)
+            await problem.response(scope["path"])(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            msg = await receive()
+            if msg["type"] == "http.request":
+                received += len(msg.get("body", b""))
+                if received > self.limit:
+                    if msg.get("more_body", False):
+                        await _drain(receive, received)
+                    err = too_large(self.limit)    # raised to the route, answered by the HTTPException handler
+                    raise HTTPException(413, err.message, headers=err.headers)
+            return msg
+
+        await self.app(scope, counted, send)
+
+
+_bearer = HTTPBearer(auto_error=False, description="the server's --api-key")
+
+
+_x_api_key = APIKeyHeader(name="x-api-key", auto_error=False, description="the server's --api-key (Anthropic clients)")
+
+
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+XApiKey = Annotated[str | None, Depends(_x_api_key)]
+
+
+def api_key_dependency(api_key: str) -> Any:
+    """``Depends(...)`` that answers 401 (with ``WWW-Authenticate: Bearer``) unless a key matches."""
+    expected = api_key.encode()
+
+    async def require_api_key(creds: Credentials, x_api_key: XApiKey) -> None:
+        sent = [creds.credentials if creds is not None else "", x_api_key or ""]
+        if not any(secrets.compare_digest(k.encode(), expected) for k in sent):
+            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>' "
+                           "(or 'x-api-key: <key>')")
+
+    return Depends(require_api_key)

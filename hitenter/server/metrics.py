@@ -1,7 +1,8 @@
 """Prometheus metrics of one server app, each app with its own CollectorRegistry (vLLM's names, hitenter: prefix).
 
-Token counters are fed as outputs stream out (so aborted requests still count the work they did);
-latency histograms and the success counter when a request finishes; gauges are read from each engine
+Token counters are fed by the generation path as outputs stream out (generation.count_output, so
+aborted requests still count the work they did); latency histograms and the success counter when a
+request finishes; gauges are read from each engine
 client's published snapshot when ``/metrics`` is scraped (never waiting on a step).
 """
 
@@ -10,8 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-
-from hitenter.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from hitenter.server.engine_client import EngineClient
@@ -67,36 +66,6 @@ class ServerMetrics:
                 metric.labels(name)
             for reason in ("stop", "length"):
                 self.success.labels(name, reason)
-
-    def on_output(self, m: str, out: RequestOutput, first: bool) -> None:
-        """Called for every output a handler receives; ``first`` for the request's first one."""
-        if first:
-            self.prompt_tokens.labels(m).inc(len(out.prompt_token_ids))
-            self.cached_tokens.labels(m).inc(out.num_cached_tokens)
-        n = sum(len(c.delta_token_ids) for c in out.outputs)
-        if n:
-            self.generation_tokens.labels(m).inc(n)
-        if out.finished:
-            self._on_finished(m, out)
-
-    def _on_finished(self, m: str, out: RequestOutput) -> None:
-        self.success.labels(m, out.outputs[0].finish_reason or "stop").inc()
-        s = out.metrics
-        if s is None:
-            return
-        if s.time_to_first_token is not None:
-            self.ttft.labels(m).observe(s.time_to_first_token)
-        if s.queue_time is not None:
-            self.queue.labels(m).observe(s.queue_time)
-        if s.finished_time is not None:
-            self.e2e.labels(m).observe(max(s.finished_time - s.arrival_time, 0.0))
-        for d in s.inter_token_latencies:
-            self.itl.labels(m).observe(d)
-        if s.num_preemptions:
-            self.preemptions.labels(m).inc(s.num_preemptions)
-
-    def on_abort(self, m: str) -> None:
-        self.aborted.labels(m).inc()
 
     def render(self, clients: dict[str, EngineClient]) -> bytes:
         """Set the gauges from each client's latest snapshot and render the text format."""

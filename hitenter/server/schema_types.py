@@ -1,51 +1,41 @@
 """The strict scalar types every request schema of every surface uses (OpenAI, Anthropic, Ollama,
 the playground's own).
 
-Numbers are strict: a string is never a number, a float never an integer, ``true`` never 1 (a float
-field still takes an integer). Constraints (``Interval``) come first so that the JSON schema states
+Numbers are strict (pydantic's ``Strict``, checked in pydantic-core: no Python runs per field): a string
+is never a number, a float never an integer, ``true`` never 1 (a float field still takes an integer). Constraints (``Interval``) come first so that the JSON schema states
 them. ``Nested`` is the base of every object inside a body: an unknown key is a 400 naming it.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
-from typing import Annotated, Any
+from typing import Annotated
 
 from annotated_types import Interval, MinLen
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Strict, StringConstraints
+from pydantic import BaseModel, ConfigDict, Strict, StringConstraints
 
 from hitenter.sampling_params import MAX_LOGPROBS
 
-
-def _no_bool(v: Any) -> Any:
-    if isinstance(v, bool):
-        raise ValueError("must be a number, not a boolean")
-    return v
-
-
-NO_BOOL = BeforeValidator(_no_bool)
 STRICT = Strict()
 MAX_N = 128          # most completions one request may ask for (n x prompts)
 TOKEN_ID_LIMIT = 2**31               # the served schema states the vocabulary instead (api._schema_for_served)
 
-Int = Annotated[int, STRICT, NO_BOOL]
-Float = Annotated[float, STRICT, NO_BOOL]
+Int = Annotated[int, STRICT]
+Float = Annotated[float, STRICT]
 Bool = Annotated[bool, Strict()]      # true/false only, not 0/1 or "yes"
-TokenId = Annotated[int, Interval(ge=0, lt=TOKEN_ID_LIMIT), STRICT, NO_BOOL]
-Count = Annotated[int, Interval(ge=1, le=MAX_N), STRICT, NO_BOOL]
-PositiveInt = Annotated[int, Interval(ge=1), STRICT, NO_BOOL]
-NonNegInt = Annotated[int, Interval(ge=0), STRICT, NO_BOOL]
-TopK = Annotated[int, Interval(ge=-1), STRICT, NO_BOOL]
-Seed = Annotated[int, Interval(ge=-(2**53), le=2**53), STRICT, NO_BOOL]    # integers JSON carries exactly
-NLogprobs = Annotated[int, Interval(ge=0, le=MAX_LOGPROBS), STRICT, NO_BOOL]
-PromptLogprobs = Annotated[int, Interval(ge=0, le=20), STRICT, NO_BOOL]
-Temperature = Annotated[float, Interval(ge=0, le=2), STRICT, NO_BOOL]
-TopP = Annotated[float, Interval(gt=0, le=1), STRICT, NO_BOOL]
-Fraction = Annotated[float, Interval(ge=0, le=1), STRICT, NO_BOOL]
-Penalty = Annotated[float, Interval(ge=-2, le=2), STRICT, NO_BOOL]
-PositiveFloat = Annotated[float, Interval(gt=0), STRICT, NO_BOOL]
-Bias = Annotated[float, Interval(ge=-100, le=100), STRICT, NO_BOOL]
+TokenId = Annotated[int, Interval(ge=0, lt=TOKEN_ID_LIMIT), STRICT]
+Count = Annotated[int, Interval(ge=1, le=MAX_N), STRICT]
+PositiveInt = Annotated[int, Interval(ge=1), STRICT]
+NonNegInt = Annotated[int, Interval(ge=0), STRICT]
+TopK = Annotated[int, Interval(ge=-1), STRICT]
+Seed = Annotated[int, Interval(ge=-(2**53), le=2**53), STRICT]    # integers JSON carries exactly
+NLogprobs = Annotated[int, Interval(ge=0, le=MAX_LOGPROBS), STRICT]
+PromptLogprobs = Annotated[int, Interval(ge=0, le=20), STRICT]
+Temperature = Annotated[float, Interval(ge=0, le=2), STRICT]
+TopP = Annotated[float, Interval(gt=0, le=1), STRICT]
+Fraction = Annotated[float, Interval(ge=0, le=1), STRICT]
+Penalty = Annotated[float, Interval(ge=-2, le=2), STRICT]
+PositiveFloat = Annotated[float, Interval(gt=0), STRICT]
+Bias = Annotated[float, Interval(ge=-100, le=100), STRICT]
 TokenKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,10}$")]
 NonEmpty = Annotated[str, MinLen(1)]
 
@@ -58,11 +48,3 @@ class Lenient(BaseModel):
 class Nested(BaseModel):
     """An object inside a request body (or a body of a newer surface): an unknown key is a 400 naming it."""
     model_config = ConfigDict(extra="forbid")
-
-
-def new_id(prefix: str, sep: str = "-") -> str:
-    return f"{prefix}{sep}{uuid.uuid4().hex}"
-
-
-def now() -> int:
-    return int(time.time())

@@ -5,10 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from hitenter.server.api_error import APIError
-from hitenter.server.errors import error_responses
+from hitenter.server.api_error import APIError, error_responses
+from hitenter.server.generation import State
 from hitenter.server.metrics import CONTENT_TYPE
-from hitenter.server.state import State
 
 health_router = APIRouter()
 metrics_router = APIRouter()

@@ -12,11 +12,10 @@ from annotated_types import MinLen
 from fastapi import APIRouter
 from pydantic import ConfigDict
 
-from hitenter.server.api_error import APIError
-from hitenter.server.errors import error_responses
-from hitenter.server.protocol import check_known_fields
+from hitenter.server.api_error import APIError, error_responses
+from hitenter.server.generation import ServedModel, State, check_ids
+from hitenter.server.openai_serving import check_known_fields
 from hitenter.server.schema_types import Lenient, NonEmpty, PositiveInt, TokenId
-from hitenter.server.state import ServedModel, State, check_ids
 
 MAX_EMBED_INPUTS = 2048
 router = APIRouter(responses=error_responses(400, 404, 413))

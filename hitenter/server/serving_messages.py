@@ -1,27 +1,288 @@
 """Anthropic Messages: POST /v1/messages (system, content blocks, ``max_tokens``, ``stop_sequences``,
 temperature / top_p / top_k, tools with tool_use / tool_result blocks and ``tool_choice`` auto / any /
 tool / none, ``output_config.format`` structured outputs, streaming as named server-sent events) and POST /v1/messages/count_tokens. Errors in
-Anthropic's shape (api_error.dialect_of); the key may come as ``x-api-key``."""
+Anthropic's shape (api_error.dialect_of); the key may come as ``x-api-key``.
+
+Anthropic Messages' response body and event stream, built from a Reply.
+
+Content: a ``text`` block (unless the reply is only tool calls), then a ``tool_use`` block per call
+(``input`` an object, id ``toolu_...``). ``stop_reason``: ``tool_use`` when it called, ``max_tokens`` when
+the budget ran out, ``stop_sequence`` (with ``stop_sequence`` set) when one matched, else ``end_turn``.
+The stream is the documented sequence: ``message_start``, ``ping``, per block ``content_block_start``,
+``content_block_delta``s (``text_delta``, or one ``input_json_delta`` with the whole input),
+``content_block_stop``, then ``message_delta`` (stop reason, output tokens) and ``message_stop``.
+
+Anthropic Messages' request bodies (POST /v1/messages, /v1/messages/count_tokens) and their content
+blocks, turned into the chat template's messages.
+
+Blocks: ``text``, ``tool_use`` (an earlier call of the model) and ``tool_result`` (its result, a string
+or text blocks; ``is_error`` kept in the text). ``cache_control`` is accepted on blocks, tools and the
+system prompt and has no effect (the prefix cache is automatic here). Images, documents, thinking,
+server tools and MCP servers are refused (400). ``output_config.format`` (a JSON schema) constrains
+the reply (structured outputs). ``temperature`` is 0..1 as Anthropic documents it (default 1; newer
+SDKs no longer send sampling fields, older ones and plain HTTP do), ``metadata.user_id`` is metadata.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
 
+from annotated_types import Interval, MinLen
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from pydantic import ConfigDict, Discriminator, Field, Tag
 
 from hitenter.sampling_params import SamplingParams
 from hitenter.server import guided as G
-from hitenter.server import messages_shapes as S
-from hitenter.server.errors import error_responses
-from hitenter.server.framing import NAMED_SSE_ANTHROPIC
-from hitenter.server.generation import respond, sampling_params, submit
-from hitenter.server.messages_protocol import CountTokensRequest, MessagesRequest
-from hitenter.server.reply import Reply
-from hitenter.server.state import ServedModel, ServerState, State, chat_ids
-from hitenter.server.tools import NO_TOOLS, ToolPlan, plan_tools, with_tools
+from hitenter.server.api_error import error_responses
+from hitenter.server.generation import (
+    NAMED_SSE_ANTHROPIC,
+    ServedModel,
+    ServerState,
+    Source,
+    State,
+    chat_ids,
+    new_id,
+    respond,
+    sampling_params,
+    submit,
+)
+from hitenter.server.reply import (
+    NO_TOOLS,
+    Done,
+    Piece,
+    Reply,
+    ToolPlan,
+    call_arguments,
+    plan_tools,
+    reply_events,
+    with_tools,
+)
+from hitenter.server.schema_types import STRICT, Bool, NonEmpty, PositiveInt, TopP
+from hitenter.server.schema_types import Nested as _Nested
+
+UnitFloat = Annotated[float, Interval(ge=0, le=1), STRICT]
+
+
+class CacheControl(_Nested):
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
+class TextBlock(_Nested):
+    type: Literal["text"]
+    text: str
+    cache_control: CacheControl | None = None
+    citations: None = None
+
+
+class ToolUseBlock(_Nested):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+class ToolResultBlock(_Nested):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] | None = None
+    is_error: Bool | None = None
+    cache_control: CacheControl | None = None
+
+    def text(self) -> str:
+        c = self.content
+        body = c if isinstance(c, str) else "".join(b.text for b in c or [])
+        return f"Error: {body}" if self.is_error else body
+
+
+def _block_kind(v: Any) -> str | None:
+    t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    return t if t in ("text", "tool_use", "tool_result") else None
+
+
+Block = Annotated[Annotated[TextBlock, Tag("text")] | Annotated[ToolUseBlock, Tag("tool_use")]
+                  | Annotated[ToolResultBlock, Tag("tool_result")],
+                  Discriminator(_block_kind, custom_error_type="unsupported_block", custom_error_message=(
+                      "unsupported content block: give text, tool_use or tool_result blocks"))]
+
+
+class Message(_Nested):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class ToolDef(_Nested):
+    name: NonEmpty
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+    cache_control: CacheControl | None = None
+
+    def as_openai(self) -> dict[str, Any]:
+        fn = {"name": self.name, "description": self.description, "parameters": self.input_schema}
+        return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
+
+
+class ToolChoice(_Nested):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: Bool | None = None
+
+    def as_openai(self) -> Any:
+        """tools.plan_tools's spelling: auto / required / a named function / none."""
+        if self.type == "tool":
+            return {"type": "function", "function": {"name": self.name or ""}}
+        return {"auto": "auto", "any": "required", "none": "none"}[self.type]
+
+
+class Thinking(_Nested):
+    type: Literal["disabled"]
+
+
+class Metadata(_Nested):
+    user_id: str | None = None
+
+
+class OutputFormat(_Nested):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Nested):
+    """Structured outputs (``format``: a JSON schema the reply follows); ``effort`` only null."""
+    format: OutputFormat | None = None
+    effort: None = None
+
+
+class _Conversation(_Nested):
+    model: NonEmpty
+    messages: Annotated[list[Message], MinLen(1)]
+    system: str | list[TextBlock] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+
+    def system_text(self) -> str | None:
+        s = self.system
+        return s if isinstance(s, str) or s is None else "".join(b.text for b in s)
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        """System first; a user turn's tool results become ``tool`` messages (before its text), an
+        assistant turn's tool_use blocks its ``tool_calls`` (arguments as objects)."""
+        out: list[dict[str, Any]] = []
+        if self.system_text():
+            out.append({"role": "system", "content": self.system_text()})
+        for msg in self.messages:
+            blocks = [TextBlock(type="text", text=msg.content)] if isinstance(msg.content, str) else msg.content
+            text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
+            out += [{"role": "tool", "content": b.text(), "tool_call_id": b.tool_use_id}
+                    for b in blocks if isinstance(b, ToolResultBlock)]
+            calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input}}
+                     for b in blocks if isinstance(b, ToolUseBlock)]
+            if text or calls or not any(isinstance(b, ToolResultBlock) for b in blocks):
+                out.append({"role": msg.role, "content": text, **({"tool_calls": calls} if calls else {})})
+        return out
+
+    def tools_openai(self) -> list[dict[str, Any]]:
+        return [t.as_openai() for t in self.tools or []]
+
+
+class MessagesRequest(_Conversation):
+    max_tokens: PositiveInt
+    stop_sequences: list[NonEmpty] | None = None
+    temperature: UnitFloat | None = None
+    top_p: TopP | None = None
+    top_k: PositiveInt | None = None
+    stream: Bool = False
+    metadata: Metadata | None = None
+    service_tier: Literal["auto", "standard_only"] | None = None
+    output_config: OutputConfig | None = None
+    cache_control: CacheControl | None = None
+
+
+class CountTokensRequest(_Conversation):
+    pass
+
+
+def stop_fields(r: Reply) -> dict[str, Any]:
+    if r.calls:
+        return {"stop_reason": "tool_use", "stop_sequence": None}
+    if r.truncated:
+        return {"stop_reason": "max_tokens", "stop_sequence": None}
+    if r.stop_string is not None:
+        return {"stop_reason": "stop_sequence", "stop_sequence": r.stop_string}
+    return {"stop_reason": "end_turn", "stop_sequence": None}
+
+
+def usage(r: Reply | None, prompt_tokens: int = 0) -> dict[str, Any]:
+    if r is None:
+        return {"input_tokens": prompt_tokens, "output_tokens": 0, "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0}
+    return {"input_tokens": r.prompt_tokens, "output_tokens": r.completion_tokens, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": r.cached_tokens}
+
+
+def tool_use(call: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"), "name": call["function"]["name"],
+            "input": call_arguments(call)}
+
+
+def content(r: Reply) -> list[dict[str, Any]]:
+    blocks = [{"type": "text", "text": r.content}] if r.content or not r.calls else []
+    return blocks + [tool_use(c) for c in r.calls]
+
+
+def message(msg_id: str, model: str, blocks: list[dict[str, Any]], stop: dict[str, Any],
+            used: dict[str, Any]) -> dict[str, Any]:
+    return {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": blocks, **stop,
+            "usage": used}
+
+
+def body(model: str, r: Reply) -> dict[str, Any]:
+    return message(new_id("msg", "_"), model, content(r), stop_fields(r), usage(r))
+
+
+async def stream_events(src: Source, model: str, plan: ToolPlan, prompt_tokens: int) -> AsyncIterator[dict[str, Any]]:
+    """The documented event sequence of one message (see the module docstring)."""
+    start = message(new_id("msg", "_"), model, [], {"stop_reason": None, "stop_sequence": None}, usage(None, prompt_tokens))
+    yield {"type": "message_start", "message": start}
+    yield {"type": "ping"}
+    opened = False
+    async for e in reply_events(src, plan):
+        if isinstance(e, Piece):
+            if not e.text:
+                continue
+            if not opened:
+                opened = True
+                yield {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+            yield {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": e.text}}
+            continue
+        assert isinstance(e, Done)
+        r, index = e.reply, 0
+        if opened or not r.calls:
+            if not opened:
+                yield {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+            yield {"type": "content_block_stop", "index": 0}
+            index = 1
+        for call in r.calls:
+            block = tool_use(call)
+            yield {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}}
+            yield {"type": "content_block_delta", "index": index,
+                   "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}}
+            yield {"type": "content_block_stop", "index": index}
+            index += 1
+        yield {"type": "message_delta", "delta": stop_fields(r), "usage": {"output_tokens": r.completion_tokens}}
+        yield {"type": "message_stop"}
+
 
 router = APIRouter(responses=error_responses(400, 404, 413, 429))
+
+
 _OK = {200: {"content": {"application/json": {}, "text/event-stream": {}},
              "description": "The message, or with `stream` its server-sent events"}}
 
@@ -53,8 +314,8 @@ async def messages(req: MessagesRequest, request: Request, state: State) -> Resp
     params = sampling_params(lambda: SamplingParams(**kw))
     handles = await submit(m, [prompt], params, "messages")
     return await respond(request, state, m, handles, req.stream,
-                         lambda src: S.stream_events(src, m.name, plan, len(prompt)),
-                         lambda outs: S.body(m.name, Reply.of(outs[0], plan)), NAMED_SSE_ANTHROPIC)
+                         lambda src: stream_events(src, m.name, plan, len(prompt)),
+                         lambda outs: body(m.name, Reply.of(outs[0], plan)), NAMED_SSE_ANTHROPIC)
 
 
 @router.post("/v1/messages/count_tokens")

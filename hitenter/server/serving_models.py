@@ -6,8 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from hitenter.server.errors import error_responses
-from hitenter.server.state import ServedModel, State
+from hitenter.server.api_error import error_responses
+from hitenter.server.generation import ServedModel, State
 
 router = APIRouter(responses=error_responses(404))
 

@@ -7,32 +7,323 @@ default (``"stream": false`` for one object), with Ollama's final statistics (ol
 - generate: ``prompt`` through the chat template with ``system`` (``raw``: as it is), ``context`` (the
   ids an earlier reply returned, continued), ``suffix`` where the model has fill-in-the-middle tokens;
 - an empty chat / prompt loads the model (``done_reason: "load"``) as Ollama does.
+
+Ollama's response bodies and NDJSON streams for /api/chat and /api/generate, built from a Reply.
+
+Every final object carries Ollama's statistics in nanoseconds: ``total_duration`` (the HTTP request's
+start to now), ``load_duration`` (its start to the engine's arrival: templating and tokenizing; models
+are loaded when the server starts), ``prompt_eval_count`` / ``prompt_eval_duration`` (the prompt's
+tokens, arrival to the first generated token), ``eval_count`` / ``eval_duration`` (generated tokens,
+first to last). Tool calls are ``{"function": {"name", "arguments": {...}}}`` (arguments an object).
+
+Ollama's request bodies (/api/chat, /api/generate, /api/embed, /api/embeddings, /api/show) and its
+``options``, mapped onto SamplingParams.
+
+Strict like every surface here: an unknown field or option is a 400 that names it, numbers are strict.
+Defaults are Ollama's documented ones (temperature 0.8, top_k 40, top_p 0.9, num_predict -1: until the
+window ends), except ``repeat_penalty``, 1.0 here: hitenter's repetition penalty counts the whole
+sequence, Ollama's 1.1 the last 64 tokens only (``repeat_last_n`` is accepted as -1, the whole context,
+only). ``num_ctx`` narrows the request's window (at most the server's ``--max-model-len``: a larger one
+is a 400, never silently cut). ``keep_alive`` is accepted and has no effect: models stay loaded while
+the server runs. Images and thinking are refused (400): no served model has them.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from typing import Any
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
+from annotated_types import Interval, MinLen
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from pydantic import BaseModel, model_validator
 
 from hitenter.engine.structured import GuidedSpec
+from hitenter.outputs import PositionLogprobs
 from hitenter.sampling_params import SamplingParams
 from hitenter.server import guided as G
-from hitenter.server import ollama_shapes as S
-from hitenter.server.api_error import APIError, SafeJSONResponse, overflow_error
-from hitenter.server.errors import error_responses
-from hitenter.server.framing import NDJSON
-from hitenter.server.generation import respond, sampling_params, submit
-from hitenter.server.ollama_protocol import ChatRequest, GenerateRequest, Options, base_name
-from hitenter.server.reply import Reply
-from hitenter.server.state import ServedModel, ServerState, State, chat_ids, check_ids, encode
-from hitenter.server.tools import NO_TOOLS, ToolPlan, plan_tools, with_tools
+from hitenter.server.api_error import APIError, SafeJSONResponse, error_responses, overflow_error
+from hitenter.server.generation import (
+    NDJSON,
+    ServedModel,
+    ServerState,
+    Source,
+    State,
+    chat_ids,
+    check_ids,
+    encode,
+    respond,
+    sampling_params,
+    submit,
+)
+from hitenter.server.reply import (
+    NO_TOOLS,
+    Done,
+    Piece,
+    Reply,
+    Tool,
+    ToolPlan,
+    call_arguments,
+    plan_tools,
+    reply_events,
+    with_tools,
+)
+from hitenter.server.schema_types import (
+    STRICT,
+    Bool,
+    Fraction,
+    NLogprobs,
+    NonEmpty,
+    Penalty,
+    PositiveFloat,
+    PositiveInt,
+    Seed,
+    TokenId,
+    TopK,
+)
+from hitenter.server.schema_types import Nested as _Nested
+
+DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}   # Ollama's; num_predict -1
+
+
+SUPPORTED = ("temperature", "top_k", "top_p", "min_p", "seed", "num_predict", "stop", "num_ctx", "repeat_penalty",
+             "repeat_last_n", "presence_penalty", "frequency_penalty")
+
+
+Temperature = Annotated[float, Interval(ge=0, le=100), STRICT]
+
+
+NumPredict = Annotated[int, Interval(ge=-2), STRICT]
+
+
+KeepAlive = Annotated[float, STRICT] | str
+
+
+class Options(BaseModel):
+    """Ollama's ``options`` that this server implements; any other option is a 400 naming it."""
+    temperature: Temperature | None = None
+    top_k: TopK | None = None
+    top_p: Fraction | None = None
+    min_p: Fraction | None = None
+    seed: Seed | None = None
+    num_predict: NumPredict | None = None
+    stop: list[NonEmpty] | None = None
+    num_ctx: PositiveInt | None = None
+    repeat_penalty: PositiveFloat | None = None
+    repeat_last_n: Annotated[int, Interval(ge=-1, le=-1), STRICT] | None = None   # -1: the whole context
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            extra = sorted(set(data) - set(SUPPORTED))
+            if extra:
+                raise ValueError(f"unsupported option(s) {extra}; this server implements {list(SUPPORTED)}")
+        return data
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        """SamplingParams keywords: Ollama's defaults where an option is not given."""
+        kw: dict[str, Any] = dict(DEFAULTS)
+        for name in ("temperature", "top_k", "top_p", "min_p", "seed", "stop", "presence_penalty",
+                     "frequency_penalty"):
+            if getattr(self, name) is not None:
+                kw[name] = getattr(self, name)
+        if self.repeat_penalty is not None:
+            kw["repetition_penalty"] = self.repeat_penalty
+        if self.num_predict == 0:
+            raise ValueError("num_predict: 0 generates nothing; give >= 1, or -1 for the rest of the window")
+        kw["max_tokens"] = self.num_predict if self.num_predict and self.num_predict > 0 else None
+        return kw
+
+
+class FunctionCall(_Nested):
+    name: str
+    arguments: dict[str, Any] = {}
+    index: Annotated[int, Interval(ge=0), STRICT] | None = None
+
+
+class ToolCall(_Nested):
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCall
+
+
+class Message(_Nested):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    images: list[Any] | None = None                                  # refused when not empty (no vision)
+    thinking: str | None = None                                      # an earlier turn's: not rendered
+    tool_calls: list[ToolCall] | None = None
+    tool_name: str | None = None
+    tool_call_id: str | None = None
+
+
+class _Generation(_Nested):
+    model: NonEmpty
+    format: Literal["", "json"] | dict[str, Any] | None = None
+    options: Options | None = None
+    stream: Bool = True
+    keep_alive: KeepAlive | None = None
+    think: Bool | Literal["low", "medium", "high"] | None = None
+    logprobs: Bool | None = None
+    top_logprobs: NLogprobs | None = None
+
+
+class ChatRequest(_Generation):
+    messages: list[Message] = []
+    tools: list[Tool] | None = None
+
+
+class GenerateRequest(_Generation):
+    prompt: str = ""
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None              # refused when not empty: the model's own template renders
+    context: list[TokenId] | None = None
+    raw: Bool = False
+    images: list[Any] | None = None
+
+
+class EmbedRequest(_Nested):
+    model: NonEmpty
+    input: str | Annotated[list[str], MinLen(1)]
+    truncate: Bool | None = None
+    options: Options | None = None
+    keep_alive: KeepAlive | None = None
+    dimensions: PositiveInt | None = None
+
+
+class EmbeddingsRequest(_Nested):
+    model: NonEmpty
+    prompt: str
+    options: Options | None = None
+    keep_alive: KeepAlive | None = None
+
+
+class ShowRequest(_Nested):
+    model: NonEmpty | None = None
+    name: NonEmpty | None = None            # the older spelling
+    verbose: Bool | None = None
+
+
+def base_name(name: str) -> str:
+    """``tiny:latest`` -> ``tiny`` (Ollama's default tag); other tags are part of the name."""
+    return name[:-len(":latest")] if name.endswith(":latest") else name
+
+
+def tagged(name: str) -> str:
+    return name if ":" in name else f"{name}:latest"
+
+
+NS = 1_000_000_000
+
+
+def created_at() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _ns(seconds: float | None) -> int:
+    return max(0, int((seconds or 0.0) * NS))
+
+
+def stats(reply: Reply, t0: float) -> dict[str, Any]:
+    """Ollama's counts and durations of a finished reply; ``t0``: time.monotonic() at the request's start."""
+    m = reply.metrics
+    arrival = m.arrival_time if m is not None else t0
+    first = arrival + (m.time_to_first_token or 0.0) if m is not None else t0
+    last = (m.finished_time or time.monotonic()) if m is not None else time.monotonic()
+    return {"total_duration": _ns(time.monotonic() - t0), "load_duration": _ns(arrival - t0),
+            "prompt_eval_count": reply.prompt_tokens, "prompt_eval_duration": _ns(first - arrival),
+            "eval_count": reply.completion_tokens, "eval_duration": _ns(last - first)}
+
+
+def tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"id": c["id"], "function": {"index": i, "name": c["function"]["name"], "arguments": call_arguments(c)}}
+            for i, c in enumerate(calls)]
+
+
+def logprobs(positions: list[PositionLogprobs], token_bytes: Any) -> list[dict[str, Any]]:
+    def one(tid: int, tok: str, lp: float) -> dict[str, Any]:
+        return {"token": tok, "logprob": lp if math.isfinite(lp) else -9999.0, "bytes": list(token_bytes(tid))}
+    return [{**one(p.chosen.token_id, p.chosen.token, p.chosen.logprob),
+             "top_logprobs": [one(t.token_id, t.token, t.logprob) for t in p.top]} for p in positions]
+
+
+def _head(model: str) -> dict[str, Any]:
+    return {"model": model, "created_at": created_at()}
+
+
+def _done_fields(reply: Reply, t0: float) -> dict[str, Any]:
+    return {"done": True, "done_reason": "length" if reply.truncated else "stop", **stats(reply, t0)}
+
+
+def chat_message(reply: Reply) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if reply.calls:
+        msg["tool_calls"] = tool_calls(reply.calls)
+    return msg
+
+
+def chat_body(model: str, reply: Reply, t0: float, token_bytes: Any = None) -> dict[str, Any]:
+    body = {**_head(model), "message": chat_message(reply), **_done_fields(reply, t0)}
+    if token_bytes is not None:
+        body["logprobs"] = logprobs(reply.logprobs or [], token_bytes)
+    return body
+
+
+def generate_body(model: str, reply: Reply, t0: float, token_bytes: Any = None) -> dict[str, Any]:
+    body = {**_head(model), "response": reply.content, **_done_fields(reply, t0),
+            "context": reply.prompt_token_ids + reply.token_ids}
+    if token_bytes is not None:
+        body["logprobs"] = logprobs(reply.logprobs or [], token_bytes)
+    return body
+
+
+async def chat_stream(src: Source, model: str, plan: ToolPlan, t0: float,
+                      token_bytes: Any = None) -> AsyncIterator[dict[str, Any]]:
+    """One object per text piece (``message.content`` a delta), the tool calls in one object, then the
+    final one (``done``, statistics) with empty content."""
+    async for ev in reply_events(src, plan):
+        if isinstance(ev, Piece):
+            chunk = {**_head(model), "message": {"role": "assistant", "content": ev.text}, "done": False}
+            if token_bytes is not None:
+                chunk["logprobs"] = logprobs(ev.logprobs, token_bytes)
+            yield chunk
+            continue
+        assert isinstance(ev, Done)
+        if ev.reply.calls:
+            yield {**_head(model), "message": {"role": "assistant", "content": "",
+                                               "tool_calls": tool_calls(ev.reply.calls)}, "done": False}
+        yield {**_head(model), "message": {"role": "assistant", "content": ""}, **_done_fields(ev.reply, t0)}
+
+
+async def generate_stream(src: Source, model: str, plan: ToolPlan, t0: float,
+                          token_bytes: Any = None) -> AsyncIterator[dict[str, Any]]:
+    """One object per text piece (``response`` a delta), then the final one with ``context``."""
+    async for ev in reply_events(src, plan):
+        if isinstance(ev, Piece):
+            chunk = {**_head(model), "response": ev.text, "done": False}
+            if token_bytes is not None:
+                chunk["logprobs"] = logprobs(ev.logprobs, token_bytes)
+            yield chunk
+            continue
+        assert isinstance(ev, Done)
+        r = ev.reply
+        yield {**_head(model), "response": "", **_done_fields(r, t0), "context": r.prompt_token_ids + r.token_ids}
+
 
 router = APIRouter(responses=error_responses(400, 404, 413, 429))
+
+
 _OK = {200: {"content": {"application/json": {}, "application/x-ndjson": {}},
              "description": "The reply, or (the default) its NDJSON stream"}}
+
+
 _FIM = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
         ("<fim-prefix>", "<fim-suffix>", "<fim-middle>"), ("<PRE>", "<SUF>", "<MID>"))
 
@@ -113,7 +404,7 @@ def _loaded(model: str, key: str, keep_alive: Any) -> dict[str, Any]:
     """An empty request: Ollama loads (or, with keep_alive 0, unloads) the model and answers at once."""
     reason = "unload" if keep_alive in (0, "0", "0s", "0m") else "load"
     empty = {"role": "assistant", "content": ""} if key == "message" else ""
-    return {"model": model, "created_at": S.created_at(), key: empty, "done": True, "done_reason": reason}
+    return {"model": model, "created_at": created_at(), key: empty, "done": True, "done_reason": reason}
 
 
 @router.post("/api/chat", responses=_OK)
@@ -131,8 +422,8 @@ async def chat(req: ChatRequest, request: Request, state: State) -> Response:
     handles = await submit(m, [prompt], params, "messages")
     tb = m.tokenizer.token_bytes if req.logprobs else None
     return await respond(request, state, m, handles, req.stream,
-                         lambda src: S.chat_stream(src, req.model, plan, t0, tb),
-                         lambda outs: S.chat_body(req.model, Reply.of(outs[0], plan), t0, tb), NDJSON)
+                         lambda src: chat_stream(src, req.model, plan, t0, tb),
+                         lambda outs: chat_body(req.model, Reply.of(outs[0], plan), t0, tb), NDJSON)
 
 
 async def generate_ids(state: ServerState, m: ServedModel, req: GenerateRequest) -> list[int]:
@@ -169,5 +460,5 @@ async def generate(req: GenerateRequest, request: Request, state: State) -> Resp
     tb = m.tokenizer.token_bytes if req.logprobs else None
     plan: ToolPlan = NO_TOOLS
     return await respond(request, state, m, handles, req.stream,
-                         lambda src: S.generate_stream(src, req.model, plan, t0, tb),
-                         lambda outs: S.generate_body(req.model, Reply.of(outs[0], plan), t0, tb), NDJSON)
+                         lambda src: generate_stream(src, req.model, plan, t0, tb),
+                         lambda outs: generate_body(req.model, Reply.of(outs[0], plan), t0, tb), NDJSON)

@@ -20,19 +20,19 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from hitenter.server.api_error import APIError
-from hitenter.server.errors import error_responses
-from hitenter.server.ollama_protocol import (
+from hitenter.server.api_error import APIError, error_responses
+from hitenter.server.generation import ServedModel, State, check_chars
+from hitenter.server.serving_embedding import embed
+from hitenter.server.serving_ollama import (
+    NS,
     EmbeddingsRequest,
     EmbedRequest,
     Options,
     ShowRequest,
+    fim_tokens,
+    model_of,
     tagged,
 )
-from hitenter.server.ollama_shapes import NS
-from hitenter.server.serving_embedding import embed
-from hitenter.server.serving_ollama import fim_tokens, model_of
-from hitenter.server.state import ServedModel, State, check_chars
 
 OLLAMA_VERSION = "0.12.0"       # the Ollama API level these routes follow
 router = APIRouter(responses=error_responses(400, 404, 413))

@@ -3,31 +3,371 @@ their outputs, ``text.format`` json_schema / json_object, ``max_output_tokens``,
 ``top_p``, logprobs with ``include: ["message.output_text.logprobs"]`` + ``top_logprobs``, streaming as
 named server-sent events), ``previous_response_id`` against the bounded in-memory store
 (responses_store.py; ``store: false`` keeps nothing), GET and DELETE /v1/responses/{id}.
-Defaults are OpenAI's: temperature 1, top_p 1, ``max_output_tokens`` the rest of the window."""
+Defaults are OpenAI's: temperature 1, top_p 1, ``max_output_tokens`` the rest of the window.
+
+OpenAI Responses' response object and its event stream, built from a Reply.
+
+Output items: one ``message`` (``output_text`` part) unless the reply is only tool calls, then one
+``function_call`` per call. ``status`` is ``completed``, or ``incomplete`` with ``incomplete_details.reason
+= "max_output_tokens"`` when the budget ran out. The stream follows the documented sequence, each event
+with its ``sequence_number``: ``response.created``, ``response.in_progress``; for the message
+``response.output_item.added``, ``response.content_part.added``, ``response.output_text.delta``...,
+``response.output_text.done``, ``response.content_part.done``, ``response.output_item.done``; for each
+call ``response.output_item.added``, ``response.function_call_arguments.delta`` / ``.done``,
+``response.output_item.done``; then ``response.completed`` (or ``response.incomplete``) with the whole
+response, whose items carry the same ids as the events did.
+
+The Responses API's memory (``store: true``, the default): the last ``MAX_STORED`` responses, each with
+the conversation that led to it, for ``previous_response_id`` and GET / DELETE /v1/responses/{id}.
+
+In memory only, bounded by count (the oldest is dropped first); a server restart forgets everything.
+A stored conversation holds the template messages of the inputs and of the reply (not the request's
+``instructions``, which OpenAI does not carry to the next response either).
+
+OpenAI Responses' request body (POST /v1/responses) and its input items, turned into the chat
+template's messages.
+
+Input: a string (one user message) or items: messages (``user`` / ``assistant`` / ``system`` /
+``developer``, content a string or ``input_text`` / ``output_text`` parts), ``function_call`` (an
+earlier call of the model) and ``function_call_output`` (its result). ``instructions`` become the
+system message (not carried to a later response, as OpenAI does). Images, files, reasoning items,
+built-in tools, background runs and ``truncation: "auto"`` are refused (400); ``user``,
+``safety_identifier``, ``prompt_cache_key`` and ``metadata`` are metadata (no effect on generation).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import itertools
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
+from annotated_types import MaxLen, MinLen
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from pydantic import ConfigDict, Discriminator, Field, Tag
 
 from hitenter.engine.structured import GuidedSpec
+from hitenter.outputs import PositionLogprobs
 from hitenter.sampling_params import SamplingParams
 from hitenter.server import guided as G
-from hitenter.server import responses_shapes as S
-from hitenter.server.api_error import APIError
-from hitenter.server.errors import error_responses
-from hitenter.server.framing import NAMED_SSE_OPENAI
-from hitenter.server.generation import respond, sampling_params, submit
-from hitenter.server.reply import Reply
-from hitenter.server.responses_protocol import ResponsesRequest, TextConfig, template_messages
-from hitenter.server.responses_store import ResponseStore
-from hitenter.server.schema_types import new_id, now
-from hitenter.server.state import ServerState, State, chat_ids
-from hitenter.server.tools import call_arguments, plan_tools, with_tools
+from hitenter.server.api_error import APIError, error_responses
+from hitenter.server.generation import (
+    NAMED_SSE_OPENAI,
+    ServerState,
+    Source,
+    State,
+    chat_ids,
+    new_id,
+    now,
+    respond,
+    sampling_params,
+    submit,
+)
+from hitenter.server.openai_serving import chat_logprobs
+from hitenter.server.reply import (
+    Done,
+    Piece,
+    Reply,
+    ToolPlan,
+    call_arguments,
+    message_tool_fields,
+    plan_tools,
+    reply_events,
+    with_tools,
+)
+from hitenter.server.schema_types import Bool, NLogprobs, PositiveInt, Temperature, TopP
+from hitenter.server.schema_types import Nested as _Nested
+
+INCLUDE = frozenset({"message.output_text.logprobs"})
+
+
+class TextPart(_Nested):
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: Annotated[list[Any], MaxLen(0)] | None = None
+    logprobs: list[Any] | None = None
+
+
+class MessageItem(_Nested):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[TextPart]
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class FunctionCallItem(_Nested):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(_Nested):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[TextPart]
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
+
+
+def _kind(v: Any) -> str | None:
+    t = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", None)
+    return t if t in ("message", "function_call", "function_call_output") else None
+
+
+InputItem = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+                      | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+                      Discriminator(_kind, custom_error_type="unsupported_item", custom_error_message=(
+                          "unsupported input item: give a message, function_call or function_call_output"))]
+
+
+class FunctionTool(_Nested):
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: Bool | None = None
+
+    def as_openai(self) -> dict[str, Any]:
+        fn = {"name": self.name, "description": self.description, "parameters": self.parameters}
+        return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
+
+
+class NamedChoice(_Nested):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(_Nested):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: Bool | None = None
+    description: str | None = None
+
+
+class TextConfig(_Nested):
+    format: TextFormat | None = None
+    verbosity: Literal["medium"] | None = None
+
+
+class ResponsesRequest(_Nested):
+    model: str | None = None
+    input: str | Annotated[list[InputItem], MinLen(1)]
+    instructions: str | None = None
+    max_output_tokens: PositiveInt | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_logprobs: NLogprobs | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedChoice | None = None
+    parallel_tool_calls: Bool | None = None
+    text: TextConfig | None = None
+    stream: Bool = False
+    store: Bool = True
+    previous_response_id: str | None = None
+    include: list[str] | None = None
+    truncation: Literal["disabled"] | None = None
+    reasoning: Annotated[dict[str, None], MaxLen(2)] | None = None      # only {} / {"effort": null, ...}
+    background: Bool | None = None                                    # false only: no background runs
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+
+    def check(self) -> None:
+        if self.background:
+            raise APIError(400, "background: background runs are not supported", "background")
+        bad = sorted(set(self.include or ()) - INCLUDE)
+        if bad:
+            raise APIError(400, f"include: unsupported {bad}; supported: {sorted(INCLUDE)}", "include")
+
+    def items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem]:
+        if isinstance(self.input, str):
+            return [MessageItem(role="user", content=self.input)]
+        return list(self.input)
+
+    def choice(self) -> Any:
+        """tool_choice in OpenAI chat's spelling (tools.plan_tools)."""
+        if isinstance(self.tool_choice, NamedChoice):
+            return {"type": "function", "function": {"name": self.tool_choice.name}}
+        return self.tool_choice
+
+    def wants_logprobs(self) -> bool:
+        return "message.output_text.logprobs" in (self.include or ()) or self.top_logprobs is not None
+
+
+def template_messages(items: list[MessageItem | FunctionCallItem | FunctionCallOutputItem]) -> list[dict[str, Any]]:
+    """Input items as the chat template's messages: developer -> system; function calls join the
+    assistant turn before them (or open one); outputs become ``tool`` messages."""
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, MessageItem):
+            role = "system" if item.role == "developer" else item.role
+            out.append({"role": role, "content": item.text()})
+        elif isinstance(item, FunctionCallItem):
+            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+            if not (out and out[-1]["role"] == "assistant"):
+                out.append({"role": "assistant", "content": ""})
+            out[-1].setdefault("tool_calls", []).append(call)
+        else:
+            out.append({"role": "tool", "content": item.text(), "tool_call_id": item.call_id})
+    for msg in out:
+        if "tool_calls" in msg:
+            msg.update(message_tool_fields(msg["tool_calls"], None, "input"))   # arguments as objects (400 if not JSON)
+    return out
+
+
+MAX_STORED = 256
+
+
+@dataclass
+class Stored:
+    body: dict[str, Any]                   # the response object as returned
+    history: list[dict[str, Any]]          # template messages: everything before, this reply included
+
+
+class ResponseStore:
+    def __init__(self, capacity: int = MAX_STORED) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[str, Stored] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, body: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._items[body["id"]] = Stored(body, history)
+            self._items.move_to_end(body["id"])
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+
+    def get(self, response_id: str) -> Stored | None:
+        with self._lock:
+            return self._items.get(response_id)
+
+    def delete(self, response_id: str) -> bool:
+        with self._lock:
+            return self._items.pop(response_id, None) is not None
+
+
+# (status, output items, usage or None, reply or None) -> the response object
+Base = Callable[[str, list[dict[str, Any]], dict[str, Any] | None, Reply | None], dict[str, Any]]
+
+
+Logprobs = Callable[[list[PositionLogprobs]], list[dict[str, Any]]]
+
+
+def usage(r: Reply) -> dict[str, Any]:
+    return {"input_tokens": r.prompt_tokens, "input_tokens_details": {"cached_tokens": r.cached_tokens},
+            "output_tokens": r.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": r.prompt_tokens + r.completion_tokens}
+
+
+def logprobs_fn(token_bytes: Any, k: int | None) -> Logprobs:
+    """The output_text ``logprobs`` of some positions (empty lists when they were not asked for)."""
+    if k is None:
+        return lambda _: []
+    return lambda positions: chat_logprobs(positions, token_bytes, k)["content"] if positions else []
+
+
+def text_part(text: str, lps: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": lps}
+
+
+def message_item(item_id: str, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def call_item(call: dict[str, Any], item_id: str, status: str, arguments: str | None = None) -> dict[str, Any]:
+    fn = call["function"]
+    return {"type": "function_call", "id": item_id, "call_id": call["id"], "name": fn["name"],
+            "arguments": fn["arguments"] if arguments is None else arguments, "status": status}
+
+
+def status_of(r: Reply) -> str:
+    return "incomplete" if r.truncated else "completed"
+
+
+def output_items(r: Reply, lps: Logprobs) -> list[dict[str, Any]]:
+    items = []
+    if r.content or not r.calls:
+        items.append(message_item(new_id("msg", "_"), "completed", [text_part(r.content, lps(r.logprobs or []))]))
+    items += [call_item(c, new_id("fc", "_"), "completed") for c in r.calls]
+    return items
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.seq = itertools.count()
+
+    def __call__(self, kind: str, **fields: Any) -> dict[str, Any]:
+        return {"type": kind, "sequence_number": next(self.seq), **fields}
+
+
+async def stream_events(src: Source, plan: ToolPlan, base: Base, lps: Logprobs) -> AsyncIterator[dict[str, Any]]:
+    """The documented event sequence of one response (see the module docstring)."""
+    ev, msg_id = _Events(), new_id("msg", "_")
+    yield ev("response.created", response=base("in_progress", [], None, None))
+    yield ev("response.in_progress", response=base("in_progress", [], None, None))
+    text, text_lps, opened = "", [], False
+
+    def opening() -> list[dict[str, Any]]:
+        return [ev("response.output_item.added", output_index=0, item=message_item(msg_id, "in_progress", [])),
+                ev("response.content_part.added", item_id=msg_id, output_index=0, content_index=0,
+                   part=text_part("", []))]
+
+    async for e in reply_events(src, plan):
+        if isinstance(e, Piece):
+            if not e.text:
+                continue
+            if not opened:
+                opened = True
+                for x in opening():
+                    yield x
+            piece_lps = lps(e.logprobs)
+            text, text_lps = text + e.text, text_lps + piece_lps
+            yield ev("response.output_text.delta", item_id=msg_id, output_index=0, content_index=0, delta=e.text,
+                     logprobs=piece_lps)
+            continue
+        assert isinstance(e, Done)
+        r, items = e.reply, []
+        if opened or not r.calls:
+            if not opened:
+                for x in opening():
+                    yield x
+            part = text_part(text, text_lps)
+            yield ev("response.output_text.done", item_id=msg_id, output_index=0, content_index=0, text=text,
+                     logprobs=text_lps)
+            yield ev("response.content_part.done", item_id=msg_id, output_index=0, content_index=0, part=part)
+            items.append(message_item(msg_id, "completed", [part]))
+            yield ev("response.output_item.done", output_index=0, item=items[-1])
+        for call in r.calls:
+            i, item_id, args = len(items), new_id("fc", "_"), call["function"]["arguments"]
+            yield ev("response.output_item.added", output_index=i, item=call_item(call, item_id, "in_progress", ""))
+            yield ev("response.function_call_arguments.delta", item_id=item_id, output_index=i, delta=args)
+            yield ev("response.function_call_arguments.done", item_id=item_id, output_index=i, arguments=args,
+                     name=call["function"]["name"])
+            items.append(call_item(call, item_id, "completed"))
+            yield ev("response.output_item.done", output_index=i, item=items[-1])
+        status = status_of(r)
+        yield ev(f"response.{status}", response=base(status, items, usage(r), r))
+
 
 router = APIRouter(responses=error_responses(400, 404, 413, 429))
+
+
 _OK = {200: {"content": {"application/json": {}, "text/event-stream": {}},
              "description": "The response, or with `stream` its server-sent events"}}
 
@@ -98,13 +438,13 @@ async def create_response(req: ResponsesRequest, request: Request, state: State)
             store.put(body, history + new + reply_messages(r))
         return body
 
-    lps = S.logprobs_fn(m.tokenizer.token_bytes, k)
+    lps = logprobs_fn(m.tokenizer.token_bytes, k)
 
     def build(outs: list[Any]) -> dict[str, Any]:
         r = Reply.of(outs[0], plan)
-        return base(S.status_of(r), S.output_items(r, lps), S.usage(r), r)
+        return base(status_of(r), output_items(r, lps), usage(r), r)
 
-    return await respond(request, state, m, handles, req.stream, lambda src: S.stream_events(src, plan, base, lps),
+    return await respond(request, state, m, handles, req.stream, lambda src: stream_events(src, plan, base, lps),
                          build, NAMED_SSE_OPENAI)
 
 

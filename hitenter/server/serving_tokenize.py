@@ -1,15 +1,38 @@
-"""vLLM's /tokenize and /detokenize, and /tokenizer_info (lm-eval's remote tokenizer)."""
+"""vLLM's /tokenize and /detokenize (their request schemas), and /tokenizer_info
+(lm-eval's remote tokenizer)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
+from annotated_types import MinLen
 from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict
 
-from hitenter.server.api_error import APIError
-from hitenter.server.errors import error_responses
-from hitenter.server.protocol import DetokenizeRequest, TokenizeRequest
-from hitenter.server.state import State, chat_ids, encode
+from hitenter.server.api_error import APIError, error_responses
+from hitenter.server.generation import State, chat_ids, encode
+from hitenter.server.schema_types import (
+    Bool,
+    TokenId,
+)
+from hitenter.server.serving_chat import ChatMessage
+
+
+class TokenizeRequest(BaseModel):
+    """Exactly one of ``prompt`` or ``messages`` (neither may be null)."""
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"oneOf": [{"required": ["prompt"]},
+                                                                        {"required": ["messages"]}]})
+    model: str | None = None
+    prompt: str = None                                                 # type: ignore[assignment]
+    messages: Annotated[list[ChatMessage], MinLen(1)] = None           # type: ignore[assignment]
+    add_generation_prompt: Bool = True
+    add_special_tokens: Bool = True      # False: no BOS (lm-eval's remote tokenizer sends it)
+
+
+class DetokenizeRequest(BaseModel):
+    model: str | None = None
+    tokens: list[TokenId]
+
 
 router = APIRouter(responses=error_responses(400, 404, 413))
 
