@@ -5,7 +5,7 @@ behind one EngineClient per served model (hitenter/server/engine_client.py):
   serving_chat, serving_embedding, serving_models), /v1/responses (serving_responses);
 - Anthropic: /v1/messages, /v1/messages/count_tokens (serving_messages);
 - Ollama: /api/chat, /api/generate (serving_ollama), /api/tags, /api/show, /api/ps, /api/version,
-  /api/embed, /api/embeddings (serving_ollama_models);
+  /api/embed, /api/embeddings (serving_ollama_models), /api/pull, /api/delete (serving_ollama_pull);
 - vLLM's /tokenize, /detokenize, /tokenizer_info (serving_tokenize); /health and /metrics
   (serving_admin); the playground (playground*.py).
 
@@ -34,6 +34,7 @@ from hitenter.server import (
     serving_models,
     serving_ollama,
     serving_ollama_models,
+    serving_ollama_pull,
     serving_responses,
     serving_tokenize,
 )
@@ -46,7 +47,7 @@ from hitenter.server.api_error import (
     install_error_handlers,
 )
 from hitenter.server.engine_client import EngineClient
-from hitenter.server.generation import ServedModel, ServerState
+from hitenter.server.generation import Puller, ServedModel, ServerState
 from hitenter.server.http import DEFAULT_HEADER_TIMEOUT, StaticOr405, add_cors, uvicorn_config
 from hitenter.server.local_engine import LocalEngineClient
 from hitenter.server.metrics import ServerMetrics
@@ -56,7 +57,7 @@ __all__ = ["ServedModel", "create_app", "model_name", "serve"]
 Served = LLMEngine | AsyncLLMEngine | EngineClient
 API_ROUTERS = [serving_completion.router, serving_chat.router, serving_embedding.router, serving_models.router,
                serving_tokenize.router, serving_responses.router, serving_messages.router, serving_ollama.router,
-               serving_ollama_models.router]
+               serving_ollama_models.router, serving_ollama_pull.router]
 
 
 BOUNDED_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize")   # the API bodies limits.check_body bounds
@@ -79,16 +80,17 @@ def create_app(engine: Served, served_model_name: str | None = None, api_key: st
                max_queued_requests: int | None = None, extra_engines: dict[str, Served] | None = None,
                playground: bool = True, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics_public: bool = False,
                allow_special_tokens_in_content: bool = False, allowed_origins: list[str] | None = None,
-               limits: L.Limits | None = None) -> FastAPI:
+               limits: L.Limits | None = None, pull: Puller | None = None) -> FastAPI:
     """The app. ``max_queued_requests``, when given, is set on every engine; ``playground`` mounts
     the web playground (its API under /playground/api, the page at /) when it is installed;
     ``allowed_origins``: the browser origins allowed cross-origin calls (CORS; none by default);
-    ``limits``: depth, size and grammar-compilation bounds (hitenter/server/limits.py; the defaults when None)."""
+    ``limits``: depth, size and grammar-compilation bounds (hitenter/server/limits.py; the defaults when None);
+    ``pull``: what /api/pull runs, ``(name, progress)`` (hitenter.models.registry.pull when None)."""
     L.configure(limits or L.Limits())
     models = {m.name: m for m in [_served(served_model_name, engine, max_queued_requests)]}
     for name, e in (extra_engines or {}).items():
         models[name] = _served(name, e, max_queued_requests)
-    state = ServerState(models, ServerMetrics(list(models)), allow_special_tokens_in_content)
+    state = ServerState(models, ServerMetrics(list(models)), allow_special_tokens_in_content, pull=pull)
     for m in models.values():
         _ = m.max_prompt_chars     # now, not on the first request's event loop (Qwen's 151k vocabulary: ~1 s)
 

@@ -169,7 +169,9 @@ log = logging.getLogger("hitenter.server")
 _DESCRIPTIONS = {400: "Bad request: a parameter (named in `param`) or the body is invalid",
                  401: "Missing or wrong API key (`Authorization: Bearer <key>` or `x-api-key: <key>`)",
                  404: "Unknown model or path", 413: "Request body too large",
-                 429: "Too many queued requests; retry after `Retry-After` seconds"}
+                 409: "The model is in use (it is being served)",
+                 429: "Too many queued requests; retry after `Retry-After` seconds",
+                 502: "The model's download failed (the package index could not be reached or sent a bad file)"}
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:

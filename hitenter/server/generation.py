@@ -79,12 +79,16 @@ class ServedModel:
         return max(longest, 1) * self.max_model_len
 
 
+Puller = Callable[[str, Callable[[str], None]], Any]     # (name, progress line callback) -> its path
+
+
 @dataclass
 class ServerState:
     models: dict[str, ServedModel]
     metrics: ServerMetrics
     special_in_content: bool = False       # --allow-special-tokens-in-content
     stores: dict[str, Any] = field(default_factory=dict)   # per-surface state (the Responses store)
+    pull: Puller | None = None             # fetches a known model into the cache (None: the registry's pull)
 
     @property
     def default(self) -> ServedModel:
