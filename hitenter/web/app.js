@@ -335,6 +335,20 @@ function connect() {
   });
 }
 
+// One token hovered anywhere in the traced panels lights the same position everywhere: its chip in every row
+// (embedding, attention, lens), its attention row label, and its prompt chip in panel 1.
+function linkHover(e) {
+  const t = e.target.closest(".tracetoks .tok[data-index], #attn-heat .qlab[data-q]");
+  const i = t ? (t.dataset.index ?? t.dataset.q) : null;
+  if (i === linkHover.on) return;
+  linkHover.on = i;
+  document.querySelectorAll(".hl").forEach((n) => n.classList.remove("hl"));
+  if (i === null) return;
+  document.querySelectorAll(`.tracetoks .tok[data-index="${i}"], #attn-heat .qlab[data-q="${i}"]`).forEach((n) => n.classList.add("hl"));
+  const chip = document.querySelectorAll("#prompt-tokens .tok")[Number(i)];
+  if (chip) chip.classList.add("hl");
+}
+
 async function init() {
   S.models = await getJSON("/models");
   clear($("model"), S.models.map((m) => el("option", { value: m.name }, `${m.name} (${m.architecture}, ${m.vocab_size} tokens)`)));
@@ -371,6 +385,7 @@ async function init() {
   $("btn-step").addEventListener("click", step);
   $("btn-pause").addEventListener("click", pause);
   $("btn-replay").addEventListener("click", replay);
+  document.addEventListener("mouseover", linkHover);
   connect();
   inside(S, { $, body, render, reselect: () => { S.reshaped = false; render(); refineSelected(); } });
   getJSON(`/fast?model=${encodeURIComponent(model())}`).then((f) => { S.fast = f; render(); }).catch((e) => status(e.message));

@@ -6,6 +6,32 @@ import { postJSON } from "./api.js";
 import { traceTokens, lineChart } from "./inside.js";
 
 const attnSeq = sequencer();
+const gridSeq = sequencer();
+
+// Every layer × head for one query token: each cell shaded by the most weight it puts on one earlier token other
+// than itself and the first (the attention sink); click a cell to open that head above.
+async function headGrid(node, tr, A, open) {
+  const q = A.q;
+  const h = A.heads && A.heads.index === q ? A.heads : await gridSeq(() => postJSON("/trace/heads", { trace_id: tr.trace_id, index: q }));
+  if (!h) return;
+  A.heads = h;
+  const cells = h.probs.map((heads, l) => heads.map((row, hd) => {
+    const inner = row.slice(1, Math.max(1, q));
+    const m = inner.length ? Math.max(...inner) : 0;
+    const k = inner.indexOf(m) + 1;
+    return el("div", { class: `hcell ${l === A.layer && hd === A.head ? "on" : ""}`, dataset: { layer: l, head: hd, p: m },
+      title: `layer ${l + 1}, head ${hd}: ${(100 * m).toFixed(0)}% on “${visible(tr.pieces[k] ? tr.pieces[k].text : "")}”`,
+      style: { background: seqColour(m) }, onclick: () => open(l, hd) });
+  }));
+  const best = h.strongest;
+  clear(node, el("p", { class: "note" }, `every layer (rows) × head (columns) for “${visible(tr.pieces[q].text)}”: darker = more weight on one `
+    + "earlier token (not itself, not the first token, which soaks up spare attention). Click a cell to open it. ",
+  best ? el("button", { id: "attn-jump", dataset: { layer: best.layer, head: best.head, k: best.k },
+    onclick: () => open(best.layer, best.head) }, `jump to its strongest head (layer ${best.layer + 1}, head ${best.head}: `
+      + `${(100 * best.p).toFixed(0)}% on “${visible(tr.pieces[best.k].text)}”)`) : null),
+  el("div", { class: "hgrid", id: "attn-grid", dataset: { q, layers: h.probs.length, heads: h.probs[0].length },
+    style: { gridTemplateColumns: `repeat(${h.probs[0].length}, 12px)` } }, cells));
+}
 
 function heatmap(tr, probs, onHover) {
   const t = probs.length;
@@ -25,7 +51,12 @@ function heatmap(tr, probs, onHover) {
 export async function renderAttention(body, S) {
   const tr = S.trace;
   if (!tr) { clear(body, live("attention probabilities of a traced forward"), el("p", { class: "note" }, "Press Enter to trace the prompt.")); return; }
-  const A = S.attn && S.attn.trace_id === tr.trace_id ? S.attn : (S.attn = { trace_id: tr.trace_id, layer: 0, head: 0, q: tr.pieces.length - 1, cache: {} });
+  let A = S.attn && S.attn.trace_id === tr.trace_id ? S.attn : null;
+  if (!A) {                // a new trace opens where the last prompt token looks hardest (not layer 1, head 0)
+    A = S.attn = { trace_id: tr.trace_id, layer: 0, head: 0, q: tr.num_prompt - 1, cache: {} };
+    const h = await gridSeq(() => postJSON("/trace/heads", { trace_id: tr.trace_id, index: A.q })).catch(() => null);
+    if (h && h.strongest) Object.assign(A, { layer: h.strongest.layer, head: h.strongest.head, heads: h });
+  }
   const data = A.cache[A.layer] || await attnSeq(() => postJSON("/trace/attention", { trace_id: tr.trace_id, layer: A.layer }));
   if (!data) return;
   A.cache[A.layer] = data;
@@ -38,10 +69,12 @@ export async function renderAttention(body, S) {
     clear(looks, el("p", { class: "note", id: "attn-focus", dataset: { q, top: top[0][1] } },
       `“${visible(tr.pieces[q].text)}” (query ${q}) looks most at: `,
       top.map(([p, k]) => `“${visible(tr.pieces[k].text)}” ${(100 * p).toFixed(1)}%`).join(", ")),
-    traceTokens(tr, { sel: q, weights: w, onPick: hover, id: "attn-tokens" }));
+    traceTokens(tr, { sel: q, weights: w, onPick: (j) => { hover(j); renderAttention(body, S); }, id: "attn-tokens" }));
   };
   const layer = el("input", { type: "range", id: "attn-layer", min: 0, max: tr.layers - 1, value: A.layer,
     onchange: () => { A.layer = Number(layer.value); renderAttention(body, S); } });
+  const gridNode = el("div", { id: "attn-grid-wrap" });
+  const open = (l, hd) => { A.layer = l; A.head = hd; renderAttention(body, S); };
   const heads = el("div", { class: "heads", id: "attn-heads" }, Array.from({ length: tr.heads }, (_, h) => el("button", {
     class: h === A.head ? "on" : "", dataset: { head: h }, onclick: () => { A.head = h; renderAttention(body, S); } }, h)));
   clear(body, live("softmax(QKᵀ/√d + causal mask) of the engine's model, in fp32"),
@@ -49,10 +82,11 @@ export async function renderAttention(body, S) {
     el("p", { class: "note" }, `Each row is one token asking “which earlier tokens matter to me?”; its ${probs.length} weights sum to 1. `
       + `The upper triangle is masked: a token never sees the future. ${tr.heads} heads per layer look for different things`
       + (tr.kv_heads < tr.heads ? ` (${tr.kv_heads} key/value heads shared between them: grouped-query attention).` : ".")),
-    el("div", { class: "scrollx" }, heatmap(tr, probs, hover)), looks);
+    el("div", { class: "scrollx" }, heatmap(tr, probs, hover)), looks, gridNode);
   body.querySelector("#attn-heat").dataset.layer = A.layer;
   body.querySelector("#attn-heat").dataset.head = A.head;
   hover(Math.min(A.q, probs.length - 1));
+  await headGrid(gridNode, tr, A, open);
 }
 
 // The article's example: "bank" near "deposit money" vs "river". Same embedding row; different context.

@@ -7,23 +7,24 @@ export function breakPanel(body, actions) {
   const eosOut = el("div", { id: "eos-out" });
   const tempOut = el("div", { id: "temps-out" });
   const overOut = el("div", { id: "overrule-out" });
+  const group = (id, ...kids) => el("div", { class: "breakit", dataset: { for: id } }, ...kids);
   clear(body, live("the engine's answers to requests built to fail"),
-    el("p", {}, el("button", { id: "btn-overflow", onclick: () => actions.overflow() }, "Overflow the context window"),
+    group("btn-overflow", el("p", {}, el("button", { id: "btn-overflow", onclick: () => actions.overflow() }, "Overflow the context window"),
       " the server repeats your prompt's tokens until prompt + max_tokens is one token more than this model's window, "
       + "and sends it as a real request; then the same ids go to POST /v1/completions. ", el("span", { id: "window-note", class: "note" })),
-    out,
-    el("p", {}, el("button", { id: "btn-ignore-eos", onclick: () => actions.ignoreEos(eosOut) }, "Ignore the end token"),
+    out),
+    group("btn-ignore-eos", el("p", {}, el("button", { id: "btn-ignore-eos", onclick: () => actions.ignoreEos(eosOut) }, "Ignore the end token"),
       " “Say hi”, greedy (temperature 0, max_tokens 40), without and with ignore_eos: the model's end token stops the first; "
       + "nothing but the budget stops the second. Your own settings are left as they are."),
-    eosOut,
-    el("p", {}, el("button", { id: "btn-temps", onclick: () => actions.temps(tempOut) }, "Turn the temperature up"),
+    eosOut),
+    group("btn-temps", el("p", {}, el("button", { id: "btn-temps", onclick: () => actions.temps(tempOut) }, "Turn the temperature up"),
       " your prompt, the same seed, at temperature 0.2, 1 and 2 side by side (top-k and top-p off): watch the text fall apart."),
-    tempOut,
-    el("p", {}, el("button", { id: "btn-overrule", onclick: () => actions.overrule(overOut) }, "Overrule one token"),
+    tempOut),
+    group("btn-overrule", el("p", {}, el("button", { id: "btn-overrule", onclick: () => actions.overrule(overOut) }, "Overrule one token"),
       " your prompt, greedy: halfway through the answer the model's choice is replaced by its second choice, and the engine "
       + "continues from there. Tokens are never revised: everything after the overruled token follows from it. "
       + "(By hand: click any token in panel 4.)"),
-    overOut);
+    overOut));
   return out;
 }
 

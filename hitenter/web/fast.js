@@ -87,5 +87,7 @@ export function renderFast(body, f, run, eng, m = null, onMeasure = null) {
       : "send a burst in panel 7: many requests share each step")),
     row("disaggregation", "prefill and decode on different machines (DistServe, Splitwise) so a long prompt never stalls "
       + "everyone's decode steps: `hitenter serve --disaggregate prefill=1,decode=1` prefills in a worker of its own and ships the KV "
-      + "blocks over; this server runs both phases in one engine (see the outlined prefill columns in panel 7).")));
+      + "blocks over; this server runs both phases in one engine (see the outlined prefill columns in panel 7)."),
+    row("bigger models", "a model too big for one device is split: `--tensor-parallel-size N` shards every layer's weights "
+      + "across N processes, each reading its share per step and exchanging partial results.")));
 }

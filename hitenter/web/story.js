@@ -133,6 +133,7 @@ export function storyMode(root, S, onShow) {
   STEPS.forEach((s, i) => rail.append(el("li", { dataset: { i, key: s.key }, onclick: () => show(i) }, el("span", {}, i + 1), s.title)));
 
   function putBack() {
+    document.querySelectorAll("#p-break .breakit").forEach((g) => { g.hidden = false; });
     for (const [id, mark] of homes) mark.parentNode.insertBefore(document.getElementById(id), mark);
     homes.clear();
   }
@@ -160,6 +161,8 @@ export function storyMode(root, S, onShow) {
     next.disabled = i === STEPS.length - 1;
     document.querySelectorAll(".sliders input").forEach((inp) => inp.classList.toggle("focus", inp.id === `slider-${s.key}`));
     document.querySelectorAll("#p-break button").forEach((b) => b.classList.toggle("focus", b.id === s.focus));
+    // a break-it step shows its own experiment only (the dashboard shows them all)
+    document.querySelectorAll("#p-break .breakit").forEach((g) => { g.hidden = Boolean(s.focus) && g.dataset.for !== s.focus; });
     rail.querySelectorAll("li").forEach((li, j) => { li.className = j === i ? "on" : j < i ? "done" : ""; });
     const on = rail.children[i];       // a one-line rail (phones): keep the current step in view
     if (rail.scrollWidth > rail.clientWidth) rail.scrollLeft = Math.max(0, on.offsetLeft - rail.offsetLeft - 40);
