@@ -132,8 +132,6 @@ def test_quantized_with_tensor_parallel_raises(tiny_llama_path: Path) -> None:
         load_model(tiny_llama_path, tp=FakeTP(), quantization="int8")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="quantization"):
         load_model(tiny_llama_path, quantization="int3")
-    with pytest.raises(ValueError, match="gguf"):
-        load_model(tiny_llama_path, tp=FakeTP(), quantization="gguf")  # type: ignore[arg-type]
 
 
 def _logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
