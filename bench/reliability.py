@@ -21,6 +21,8 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -175,27 +177,84 @@ def _attacker(url: str, stop: Any, at_limit: bool, result: Any) -> None:
     result.put(counts)
 
 
-def streams_under_attack(url: str, pid: int, n: int = 16, max_tokens: int = 64) -> dict[str, object]:
+def _children(pid: int) -> list[int]:
+    kids = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        kids += [int(k) for k in (task / "children").read_text().split()]
+    return kids
+
+
+def _cpu_s(pid: int, fields: tuple[int, ...] = (11, 12)) -> float:
+    """utime (+ stime) of a process in seconds (/proc/PID/stat fields 14 and 15)."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f[i]) for i in fields) / os.sysconf("SC_CLK_TCK")
+
+
+def attacker_cost(url: str, pid: int, seconds: float = 6.0) -> dict[str, object]:
+    """The pathological attacker alone: the server's CPU per refusal (user time ~ what holds the GIL) and
+    the helper processes' (the niced body-check worker). CPU time, so less at the mercy of the load."""
+    procs = [pid, *_children(pid)]
+    before = [(_cpu_s(p), _cpu_s(p, (11,))) for p in procs]
+    ctx = multiprocessing.get_context("fork")
+    stop, result = ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=_attacker, args=(url, stop, False, result), daemon=True)
+    proc.start()
+    time.sleep(seconds)
+    stop.set()
+    counts = result.get(timeout=120)
+    proc.join(timeout=60)
+    n = max(1, sum(counts.values()))
+    after = [(_cpu_s(p), _cpu_s(p, (11,))) for p in procs]
+    ms = [((a[0] - b[0]) / n * 1e3, (a[1] - b[1]) / n * 1e3) for a, b in zip(after, before, strict=True)]
+    return {"seconds": seconds, "refusals": counts, "server_cpu_ms_per_refusal": round(ms[0][0], 2),
+            "server_user_ms_per_refusal": round(ms[0][1], 2),
+            "helpers_cpu_ms_per_refusal": round(sum(m[0] for m in ms[1:]), 2)}
+
+
+def _attacked(url: str, n: int, max_tokens: int, at_limit: bool) -> tuple[float, dict[str, int]]:
+    ctx = multiprocessing.get_context("fork")
+    stop, result = ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=_attacker, args=(url, stop, at_limit, result), daemon=True)
+    proc.start()
+    time.sleep(0.5)
+    tps = asyncio.run(_streams(url, n, max_tokens))
+    stop.set()
+    counts = result.get(timeout=120)
+    proc.join(timeout=60)
+    return tps, counts
+
+
+def streams_under_attack(url: str, pid: int, n: int = 16, max_tokens: int = 64, rounds: int = 10) -> dict[str, object]:
+    """Rounds of: the streams alone, with the pathological attacker, alone, with the at-the-limits one, ...
+    (and alone at the end). Each attacked run's ratio is to the mean of the alone runs either side of it
+    (the machine is shared and its load swings within a minute: only ratios taken close together mean
+    much); the figures are the medians of those ratios."""
     asyncio.run(_streams(url, 2, 4))                         # warm up
-    idle = rss_mb(pid)
-    out: dict[str, object] = {"streams": n, "max_tokens": max_tokens, "rss_idle_mb": round(idle, 1)}
-    alone = asyncio.run(_streams(url, n, max_tokens))
-    alone = (alone + asyncio.run(_streams(url, n, max_tokens))) / 2     # two runs: this machine is noisy
-    out["tokens_per_s_per_stream_alone"] = round(alone, 2)
-    for label, at_limit in (("pathological", False), ("at_the_limits", True)):
-        ctx = multiprocessing.get_context("fork")
-        stop, result, peak = ctx.Event(), ctx.Queue(), idle
-        proc = ctx.Process(target=_attacker, args=(url, stop, at_limit, result), daemon=True)
-        proc.start()
-        time.sleep(0.5)
-        tps = asyncio.run(_streams(url, n, max_tokens))
+    idle, peak = rss_mb(pid), 0.0
+    alone = [asyncio.run(_streams(url, n, max_tokens))]
+    ratios: dict[str, list[float]] = {"pathological": [], "at_the_limits": []}
+    tps: dict[str, list[float]] = {"pathological": [], "at_the_limits": []}
+    counts: dict[str, dict[str, int]] = {"pathological": {}, "at_the_limits": {}}
+    for i in range(rounds):
+        label = "pathological" if i % 2 == 0 else "at_the_limits"
+        v, c = _attacked(url, n, max_tokens, label == "at_the_limits")
         peak = max(peak, rss_mb(pid))
-        stop.set()
-        counts = result.get(timeout=120)
-        proc.join(timeout=60)
-        out[f"with_{label}_attacker"] = {"tokens_per_s_per_stream": round(tps, 2), "ratio": round(tps / alone, 3),
-                                         "attacker_statuses": counts,
+        alone.append(asyncio.run(_streams(url, n, max_tokens)))
+        tps[label].append(v)
+        ratios[label].append(v / ((alone[-2] + alone[-1]) / 2))
+        for k, m in c.items():
+            counts[label][k] = counts[label].get(k, 0) + m
+    out: dict[str, object] = {"streams": n, "max_tokens": max_tokens, "rounds": rounds,
+                              "rss_idle_mb": round(idle, 1),
+                              "tokens_per_s_per_stream_alone": round(statistics.median(alone), 2),
+                              "alone_runs": [round(v, 1) for v in alone]}
+    for label in ratios:
+        out[f"with_{label}_attacker"] = {"ratio": round(statistics.median(ratios[label]), 3),
+                                         "ratios": [round(r, 2) for r in ratios[label]],
+                                         "tokens_per_s_per_stream": [round(v, 1) for v in tps[label]],
+                                         "attacker_statuses": counts[label],
                                          "rss_over_idle_mb": round(max(peak, rss_mb(pid)) - idle, 1)}
+    out["helper_processes_rss_mb"] = {str(k): round(rss_mb(k), 1) for k in _children(pid)}
     return out
 
 
@@ -204,6 +263,7 @@ def main() -> int:
     ap.add_argument("--model", default=None, help="GGUF path or known name (default: a tiny random model)")
     ap.add_argument("--schemathesis-examples", type=int, default=100)
     ap.add_argument("--skip-schemathesis", action="store_true")
+    ap.add_argument("--rounds", type=int, default=10, help="attacked runs of the 16 streams (alternating kinds)")
     ap.add_argument("--only-attacks", action="store_true", help="only the issue-32 attacks and the 16 streams")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="hitenter-reliability-"))
@@ -215,7 +275,8 @@ def main() -> int:
     with served(model, []) as (url, pid):
         name = httpx.get(url + "/v1/models", headers=AUTH).json()["data"][0]["id"]
         results["attacks"] = attacks(url, pid, name)
-        results["streams_under_attack"] = streams_under_attack(url, pid)
+        results["attacker_cost"] = attacker_cost(url, pid)
+        results["streams_under_attack"] = streams_under_attack(url, pid, rounds=a.rounds)
         if not a.only_attacks:
             results["ten_10MB_bodies"] = big_bodies(url, pid, 10 << 20)
             results["ten_4MB_prompts_under_the_limit"] = big_bodies(url, pid, (4 << 20) - 100)

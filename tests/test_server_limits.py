@@ -4,7 +4,12 @@ time (off the engine thread, a spec that ran out refused at once after) and its 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +24,7 @@ from test_server_util import assert_error
 from hitenter.engine import structured
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.engine.structured import GrammarTimeoutError, GuidedSpec, backend_for
-from hitenter.server import limits
+from hitenter.server import body_check, limits
 from hitenter.server.api import create_app
 
 D = 1000
@@ -27,6 +32,7 @@ DEEP = '{"type":"object","properties":{"a":' * D + '{"type":"string"}' + "}}" * 
 ARR = "[" * D + "]" * D
 USER = '[{"role":"user","content":"hi"}]'
 CHAT = '"messages":' + USER + ',"max_tokens":1'
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +197,32 @@ def test_a_queued_compilation_is_cancelled_when_its_caller_leaves(engine: LLMEng
     finally:
         hold.set()
         pool.shutdown(wait=True)
+
+
+def test_limit_checks_import_light() -> None:
+    """The body-check worker runs limit_checks alone: no FastAPI, no torch (hundreds of MB, seconds)."""
+    code = ("import sys, hitenter.server.limit_checks; "
+            "print(sorted({'fastapi', 'torch', 'pydantic'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_large_bodies_checked_in_the_worker_as_in_place() -> None:
+    """A body over INLINE_BYTES gets the worker's verdict, the same as the in-process check's; a worker
+    that died is replaced, and the body it died on still gets its verdict."""
+    checker = body_check.BodyChecker()
+    over = json.dumps({"messages": json.loads(USER), "guided_choice": [f"c{i}" for i in range(100_000)]}).encode()
+    fine = json.dumps({"messages": json.loads(USER), "prompt": "a" * 200_000}).encode()
+    deep = b'{"logit_bias":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    assert len(fine) > body_check.INLINE_BYTES
+    for body in (over, fine, deep):
+        got, want = asyncio.run(checker.problem(body)), limits.body_problem(body)
+        assert (got and (got.status, got.message, got.param)) == (want and (want.status, want.message, want.param))
+    first = checker.worker_pid
+    assert first is not None and first != os.getpid()
+    os.kill(first, signal.SIGKILL)
+    time.sleep(0.2)
+    got = asyncio.run(checker.problem(over))
+    assert got is not None and got.status == 413 and "--max-guided-choices" in got.message
+    assert asyncio.run(checker.problem(fine)) is None and checker.worker_pid not in (None, first)
+    checker._stop()

@@ -41,7 +41,7 @@ GUIDED_KINDS = ("json", "json_schema", "regex", "choice", "grammar", "tool_calls
 COMPILE_SECONDS = 5.0          # a compilation's time limit (hitenter serve --max-grammar-compile-seconds)
 CACHE_BYTES = 64 << 20         # the compiled-grammar cache's bound (--max-grammar-cache-bytes)
 COMPILE_THREADS = 2            # compilations run on these threads, never the engine's
-COMPILE_NICE = 10              # ... at this lower CPU priority (Linux: per thread), so decoding goes first
+COMPILE_NICE = 10              # ... this much lower in CPU priority (Linux: per thread), so decoding goes first
 _REFUSED_MAX = 1024            # specs whose compilation ran out of time, refused at once after
 
 
@@ -78,9 +78,11 @@ def _xgr() -> Any:
 
 
 def _lower_priority() -> None:
-    """A compile thread yields the CPU to the engine and the event loop (raising niceness needs no rights)."""
+    """A compile thread yields the CPU to the engine and the event loop (raising niceness needs no rights):
+    ``COMPILE_NICE`` above the process's own (a server started under ``nice`` keeps the difference)."""
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICE)
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + COMPILE_NICE))
     except (AttributeError, OSError):      # pragma: no cover - not Linux
         pass
 

@@ -1,0 +1,103 @@
+"""Large request bodies are checked (``limit_checks.body_problem``) in a worker process, not in the server's.
+
+Why: ``json.loads`` is one C call that holds the GIL for its whole length, 17-26 ms for a 1 MB list of
+100k strings (measured here), and the GIL is what the engine thread and the event loop need to keep
+decoding and streaming. A client looping refused 1 MB grammars (issue 32) held it about half the time
+and 16 streams kept 0.43x their tokens/s. The worker (one, started when the app first runs, at
+``limit_checks.WORKER_NICE`` below the server's CPU priority, in its own session so a terminal's Ctrl-C
+is the server's alone; it imports neither FastAPI nor torch) parses and checks; the server only writes
+the bytes down a pipe (GIL released) from one helper thread and reads a one-line verdict. The app still
+parses the bodies that pass, itself, as before.
+
+- ``problem(body)``: the body's ``APIError`` or None; bodies up to ``INLINE_BYTES`` are checked in place
+  (well under a millisecond), larger ones in the worker. At most ``MAX_PENDING`` large bodies wait for
+  it at once; one more is a 429 (Retry-After). A worker that dies is started again on the next body,
+  and the body it died on is checked in the helper thread instead (never a 5xx).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+
+from hitenter.server import limits
+from hitenter.server.api_error import APIError
+from hitenter.server.limit_checks import HEAD
+
+INLINE_BYTES = 1 << 16
+MAX_PENDING = 16
+_WORKER = "from hitenter.server.limit_checks import serve; serve()"
+_SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class BodyChecker:
+    """One worker process and the helper thread that talks to it (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="body-check")
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self.pending = 0
+
+    def warm(self) -> None:
+        """Start the worker now (in the helper thread), so the first large body does not wait for it."""
+        self._thread.submit(self._worker)
+
+    async def problem(self, body: bytes) -> APIError | None:
+        if len(body) <= INLINE_BYTES:
+            return limits.body_problem(body)
+        if self.pending >= MAX_PENDING:
+            return APIError(429, f"too many large request bodies ({MAX_PENDING}) are being checked; retry",
+                            headers={"Retry-After": "1"})
+        self.pending += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._thread, self._check, body)
+        finally:
+            self.pending -= 1
+
+    @property
+    def worker_pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def _worker(self) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                env = {**os.environ, "PYTHONPATH": _SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+                self._proc = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE,
+                                              stdout=subprocess.PIPE, env=env, start_new_session=True)
+            return self._proc
+
+    def _check(self, body: bytes) -> APIError | None:
+        lim = json.dumps(asdict(limits.LIMITS)).encode()
+        try:
+            proc = self._worker()
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(HEAD.pack(len(lim), len(body)) + lim)
+            proc.stdin.write(body)
+            proc.stdin.flush()
+            verdict = json.loads(proc.stdout.readline())
+        except (OSError, ValueError):                 # the worker died (killed, out of memory): check it here
+            self._stop()
+            return limits.body_problem(body)
+        return None if verdict is None else APIError(verdict[0], verdict[1], verdict[2])
+
+    def _stop(self) -> None:
+        with self._lock:
+            if self._proc is not None:
+                self._proc.kill()
+                self._proc.wait()
+                self._proc = None
+
+
+CHECKER = BodyChecker()
+
+
+async def problem(body: bytes) -> APIError | None:
+    """The body's limits problem against the process's LIMITS, large bodies checked in the worker."""
+    return await CHECKER.problem(body)
