@@ -76,6 +76,10 @@ def test_tool_use_round_trip(client: anthropic.Anthropic) -> None:
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "sunny"},
                                      {"type": "text", "text": "And tomorrow?"}]}])
     assert follow.stop_reason in ("max_tokens", "end_turn", "tool_use")
+    again = client.messages.create(model="tiny", max_tokens=4, tools=[TOOL], messages=[  # type: ignore[list-item]
+        *USER, {"role": "assistant", "content": [b.model_dump() for b in r.content]},   # caller/toolset_name: null
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "sunny"}]}])
+    assert again.stop_reason in ("max_tokens", "end_turn", "tool_use")
 
 
 def test_stream_as_the_sdk_accumulates_it(client: anthropic.Anthropic) -> None:

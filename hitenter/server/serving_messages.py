@@ -84,6 +84,9 @@ class ToolUseBlock(_Nested):
     name: str
     input: dict[str, Any]
     cache_control: CacheControl | None = None
+    # the SDK's own fields of a block it received, as a client sends it back (model_dump): only empty
+    caller: None = None
+    toolset_name: None = None
 
 
 class ToolResultBlock(_Nested):
