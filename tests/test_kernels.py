@@ -243,3 +243,25 @@ def test_packed_gemm_matches_row_path_on_ragged_shapes(qtype: Q) -> None:
     check_close(x, w, y)
     for i in (0, 8, 15, 16, 20):
         assert torch.equal(y[i:i + 1], qmatmul(x[i:i + 1], w)), f"{w.type_name} row {i}"
+
+
+# fp16 fields of the block types whose codes test_largest_codes_do_not_overflow saturates, beyond F16_FIELDS
+_F16_MORE = {Q.Q2_K: [80, 82], Q.Q3_K: [108]}
+
+
+@pytest.mark.parametrize("qtype", ALL + [Q.Q2_K, Q.Q3_K], ids=lambda t: t.name)
+def test_largest_codes_do_not_overflow(qtype: Q) -> None:
+    """Every code byte 0xFF (every weight at its largest code: Q6_K 63, Q5_* 31, Q4_* 15) against activations
+    all at +amax (quantized 127), so every product is at its maximum: the AVX2 kernels add maddubs pairs in
+    int16 over several dwords before widening (csrc/qm_pack_avx2.h), exact only while the bound holds. A wrap
+    here is off by 65536 units of d * d_x, far outside the bound; row path (M = 1) and packed GEMM (M = 16)."""
+    elems, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    n, k = 16, 256
+    raw = np.full((n, k // elems, nbytes), 0xFF, dtype=np.uint8)
+    for pos in {**F16_FIELDS, **_F16_MORE}[qtype]:
+        raw[..., pos:pos + 2] = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
+    w = BlockWeight(torch.from_numpy(raw.reshape(n, -1)), int(qtype), (n, k))
+    for m in (1, 16):
+        for sign in (1.0, -1.0):
+            x = torch.full((m, k), sign)
+            check_close(x, w, qmatmul(x, w), exact_acts=True)

@@ -18,7 +18,12 @@
 
 /* PN (qm_pvec.h): weight rows per packed group, the lanes of one vector */
 #define PG (32 / PN)  /* packed groups per pass (32 weight rows share each activation row's trip from L2) */
-#define PR 8          /* activation rows per microkernel call */
+#define PR 8          /* most activation rows per microkernel call */
+/* activation rows per call of the packed GEMM's tiles: AVX2 has 16 vector registers, and 8 rows' int16,
+ * int32 and fp32 accumulators spill (qm_pack_avx2.h) */
+#ifndef PT
+#define PT 8
+#endif
 /* From how many activation rows the packed GEMM beats the row path (measured on Zen 4, 2 threads, the
    SmolLM2 / Qwen2.5-1.5B shapes streamed from DRAM: Q4_1 and Q8_0 rows win at M = 4-5 by 10-35%, the
    packed GEMM from M = 6-7 (Q4_1 gate/up 1.6x at M = 8), Q4_K/Q6_K at M = 9; both paths give the same
@@ -80,9 +85,6 @@ static void pack8(const int qt, const int bb, const uint8_t *w, int64_t ldw, int
                 for (int g = 0; g < 16; g++) pb->sc[g][n] = (int8_t)blk[192 + g];
             } else if (qt == QT_Q2_K) {
                 for (int g = 0; g < 16; g++) pb->sc[g][n] = blk[g] & 15;
-                for (int i = 0; i < 8; i++)   /* mn16: the 16 per-16 mins */
-                    pb->mn[i][n] = (int32_t)((uint32_t)(uint16_t)mn16[2 * i]
-                                             | ((uint32_t)(uint16_t)mn16[2 * i + 1] << 16));
             } else if (qt == QT_Q3_K) {
                 int s16[16];
                 qm_q3k_scales(blk + 96, s16);
@@ -98,8 +100,16 @@ static void pack8(const int qt, const int bb, const uint8_t *w, int64_t ldw, int
                 qm_k4_scales(blk + 4, u);
                 for (int g = 0; g < 8; g++) pb->sc[g][n] = ((const uint8_t *)u)[g];
             }
+            /* mn16: the 16 per-16 mins, as int16 pairs: Q2_K's, and on AVX2 Q6_K's / Q3_K's offset * scale
+             * (qm_pack_avx2.h takes their offsets off I this way) */
+            if (qt == QT_Q2_K || (!QM_VNNI && (qt == QT_Q6_K || qt == QT_Q3_K)))
+                for (int i = 0; i < 8; i++)
+                    pb->mn[i][n] = (int32_t)((uint32_t)(uint16_t)mn16[2 * i]
+                                             | ((uint32_t)(uint16_t)mn16[2 * i + 1] << 16));
             for (int i = 0; i < 4 && (qt == QT_Q4_K || qt == QT_Q5_K); i++)   /* mn16: each per-32 min twice */
                 pb->mn[i][n] = (int32_t)((uint32_t)(uint16_t)mn16[4 * i] | ((uint32_t)(uint16_t)mn16[4 * i + 2] << 16));
+            for (int g = 0; g < 16 && !QM_VNNI; g++)   /* AVX2: each scale in both int16 halves (a madd operand) */
+                pb->sc[g][n] = (int32_t)((uint32_t)(uint16_t)(int16_t)pb->sc[g][n] * 0x10001u);
             pb->d[n] = d;
             pb->dmin[n] = dmin;
         }
@@ -239,6 +249,15 @@ QM_INLINE void p_kern32(const int qt, const pblock32 *p, int64_t nb, const char 
     }
 }
 
+#if !QM_VNNI
+#include "qm_pack_avx2.h"
+#define P_KERN p_kern_a2
+#define P_KERN32 p_kern32_a2
+#else
+#define P_KERN p_kern
+#define P_KERN32 p_kern32
+#endif
+
 typedef void (*pack_fn)(const uint8_t *w, int64_t ldw, int nrows, int64_t nb, void *p);
 typedef void (*pkern_fn)(const void *p, int64_t nb, const char *x, int64_t xrow, int R, float *y, int64_t ldy,
                          int nvalid);
@@ -253,10 +272,10 @@ typedef void (*pkern_fn)(const void *p, int64_t nb, const char *x, int64_t xrow,
         const pblock *p = (const pblock *)pv;                                                             \
         const xq256 *x = (const xq256 *)xc;                                                               \
         const int64_t xrow = xrow_bytes / (int64_t)sizeof(xq256);                                         \
-        if (R == 8) p_kern(qt, p, nb, x, xrow, 8, y, ldy, nvalid);                                        \
-        else if (R == 4) p_kern(qt, p, nb, x, xrow, 4, y, ldy, nvalid);                                   \
-        else if (R == 2) p_kern(qt, p, nb, x, xrow, 2, y, ldy, nvalid);                                   \
-        else p_kern(qt, p, nb, x, xrow, 1, y, ldy, nvalid);                                               \
+        if (R == 8) P_KERN(qt, p, nb, x, xrow, 8, y, ldy, nvalid);                                        \
+        else if (R == 4) P_KERN(qt, p, nb, x, xrow, 4, y, ldy, nvalid);                                   \
+        else if (R == 2) P_KERN(qt, p, nb, x, xrow, 2, y, ldy, nvalid);                                   \
+        else P_KERN(qt, p, nb, x, xrow, 1, y, ldy, nvalid);                                               \
     }
 
 DEF_PACKED(pk_q4_k, QT_Q4_K, B_Q4_K)
@@ -274,10 +293,10 @@ DEF_PACKED(pk_iq4_xs, QT_IQ4_XS, B_IQ4_XS)
     static void name##_kern(const void *pv, int64_t nb, const char *x, int64_t xrow, int R, float *y,     \
                             int64_t ldy, int nvalid) {                                                    \
         const pblock32 *p = (const pblock32 *)pv;                                                         \
-        if (R == 8) p_kern32(qt, p, nb, x, xrow, 8, y, ldy, nvalid);                                      \
-        else if (R == 4) p_kern32(qt, p, nb, x, xrow, 4, y, ldy, nvalid);                                 \
-        else if (R == 2) p_kern32(qt, p, nb, x, xrow, 2, y, ldy, nvalid);                                 \
-        else p_kern32(qt, p, nb, x, xrow, 1, y, ldy, nvalid);                                             \
+        if (R == 8) P_KERN32(qt, p, nb, x, xrow, 8, y, ldy, nvalid);                                      \
+        else if (R == 4) P_KERN32(qt, p, nb, x, xrow, 4, y, ldy, nvalid);                                 \
+        else if (R == 2) P_KERN32(qt, p, nb, x, xrow, 2, y, ldy, nvalid);                                 \
+        else P_KERN32(qt, p, nb, x, xrow, 1, y, ldy, nvalid);                                             \
     }
 
 DEF_PACKED32(pk_q4_0, QT_Q4_0, B_Q4_0)
@@ -293,7 +312,7 @@ static void run_packed(pack_fn pack, pkern_fn kern, size_t pbytes, const uint8_t
                        const char *xq, size_t xrow_bytes, int64_t M, int64_t n0, int64_t n1, float *y, int64_t ldy,
                        char *buf) {
     const size_t gbytes = (size_t)nb * pbytes;
-    const int64_t tiles = (M + 7) / 8;   /* kernel calls per group (runs of 8 / 4 / 2 / 1 rows) */
+    const int64_t tiles = (M + PT - 1) / PT;   /* kernel calls per group (runs of PT / 4 / 2 / 1 rows) */
     for (int64_t s = n0; s < n1; s += PG * PN) {
         int ng = 0, rows[PG];
         for (; ng < PG && s + ng * PN < n1; ng++) {
@@ -307,7 +326,7 @@ static void run_packed(pack_fn pack, pkern_fn kern, size_t pbytes, const uint8_t
         const char *pf = (const char *)(w + ns * ldw), *pfend = ns < ne ? (const char *)(w + ne * ldw) : pf;
         const int64_t per = ((pfend - pf) / 64 + tiles * ng - 1) / (tiles * ng) * 64 + 64;
         for (int64_t m = 0; m < M;) {
-            const int R = M - m >= 8 ? 8 : M - m >= 4 ? 4 : M - m >= 2 ? 2 : 1;
+            const int R = M - m >= PT ? PT : M - m >= 4 ? 4 : M - m >= 2 ? 2 : 1;
             for (int g = 0; g < ng; g++) {
                 for (const char *e = pf + per < pfend ? pf + per : pfend; pf < e; pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
                 kern(buf + g * gbytes, nb, xq + m * xrow_bytes, (int64_t)xrow_bytes, R, y + m * ldy + s + g * PN, ldy, rows[g]);

@@ -115,6 +115,7 @@ QM_INLINE void r_kern(const int qt, const uint8_t *p, int64_t nb, const char *x,
                     }
                 }
             } else {
+#if QM_VNNI
 #pragma GCC unroll 4
                 for (int j = 0; j < 4; j++) {
                     const pvi v = pv_loadu(((const rblock4 *)pb)->q[j]), lo = pv_nib_lo(v), hi = pv_nib_hi(v);
@@ -126,6 +127,20 @@ QM_INLINE void r_kern(const int qt, const uint8_t *p, int64_t nb, const char *x,
                         t[r] = pv_dpbusd(t[r], hi, pv_set1(xh));
                     }
                 }
+#else           /* AVX2: the block's 16 products per int16 lane summed in int16 (<= 16 * 15 * 127), then one
+                 * madd by ones (qm_pack_avx2.h) */
+                __m256i t16[PR];
+                for (int r = 0; r < R; r++) t16[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) {
+                    const pvi v = pv_loadu(((const rblock4 *)pb)->q[j]), lo = pv_nib_lo(v), hi = pv_nib_hi(v);
+                    for (int r = 0; r < R; r++) {
+                        t16[r] = a2_step(t16[r], lo, x + r * xrow + 32 * b + 4 * j);
+                        t16[r] = a2_step(t16[r], hi, x + r * xrow + 32 * b + 16 + 4 * j);
+                    }
+                }
+                for (int r = 0; r < R; r++) t[r] = _mm256_add_epi32(t[r], _mm256_madd_epi16(t16[r], _mm256_set1_epi16(1)));
+#endif
             }
             const pvf dv = pf_loadh(qt == QT_Q8_0 ? ((const rblock8 *)pb)->d : ((const rblock4 *)pb)->d);
             for (int r = 0; r < R; r++) {
@@ -142,6 +157,11 @@ QM_INLINE void r_kern(const int qt, const uint8_t *p, int64_t nb, const char *x,
         memcpy(y + r * ldy, tmp, (size_t)nvalid * sizeof(float));
     }
 }
+
+/* activation rows per repacked kernel call (at most PR) */
+#ifndef RT
+#define RT 8
+#endif
 
 typedef void (*rkern_fn)(const uint8_t *p, int64_t nb, const char *x, int64_t xrow, int R, float *y, int64_t ldy,
                          int nvalid);
@@ -163,17 +183,24 @@ static rkern_fn repacked_fn(int qt) {
     return qt == QT_Q4_0 ? rk_q4_0 : qt == QT_Q4_1 ? rk_q4_1 : qt == QT_Q8_0 && QM_VNNI ? rk_q8_0 : NULL;
 }
 
-/* rows [n0, n1) of y (n0 a multiple of PN) for all M rows: each group of PN rows once from memory, then
- * from L1 for every tile of 8 / 4 / 2 / 1 activation rows */
+/* rows [n0, n1) of y (n0 a multiple of PN) for all M rows: tiles of RMT activation rows (they stay in L2:
+ * at M = 512 the whole x streamed from L3 once per group of PN rows, a prefill GEMM at half the speed of
+ * M = 8), each group of PN rows once per tile, then from L1 for every run of RT / 4 / 2 / 1 rows */
+#ifndef RMT
+#define RMT 64
+#endif
 static void run_repacked(rkern_fn kern, size_t rb, const uint8_t *w, int64_t nb, const char *xq, size_t xrow_bytes,
                          int64_t M, int64_t n0, int64_t n1, float *y, int64_t ldy) {
-    for (int64_t s = n0; s < n1; s += PN) {
-        const uint8_t *g = w + (size_t)(s / PN) * (size_t)nb * rb;
-        const int nvalid = n1 - s < PN ? (int)(n1 - s) : PN;
-        for (int64_t m = 0; m < M;) {
-            const int R = M - m >= 8 ? 8 : M - m >= 4 ? 4 : M - m >= 2 ? 2 : 1;
-            kern(g, nb, xq + m * xrow_bytes, (int64_t)xrow_bytes, R, y + m * ldy + s, ldy, nvalid);
-            m += R;
+    for (int64_t mt = 0; mt < M; mt += RMT) {
+        const int64_t mend = mt + RMT < M ? mt + RMT : M;
+        for (int64_t s = n0; s < n1; s += PN) {
+            const uint8_t *g = w + (size_t)(s / PN) * (size_t)nb * rb;
+            const int nvalid = n1 - s < PN ? (int)(n1 - s) : PN;
+            for (int64_t m = mt; m < mend;) {
+                const int R = mend - m >= RT ? RT : mend - m >= 4 ? 4 : mend - m >= 2 ? 2 : 1;
+                kern(g, nb, xq + m * xrow_bytes, (int64_t)xrow_bytes, R, y + m * ldy + s, ldy, nvalid);
+                m += R;
+            }
         }
     }
 }
