@@ -110,7 +110,8 @@ def _block_kind(v: Any) -> str | None:
 Block = Annotated[Annotated[TextBlock, Tag("text")] | Annotated[ToolUseBlock, Tag("tool_use")]
                   | Annotated[ToolResultBlock, Tag("tool_result")],
                   Discriminator(_block_kind, custom_error_type="unsupported_block", custom_error_message=(
-                      "unsupported content block: give text, tool_use or tool_result blocks"))]
+                      "unsupported content block (image, document, thinking, server tool and MCP blocks are not "
+                      "supported here): give text, tool_use or tool_result blocks"))]
 
 
 class Message(_Nested):

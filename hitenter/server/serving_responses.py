@@ -303,7 +303,7 @@ def status_of(r: Reply) -> str:
 def output_items(r: Reply, lps: Logprobs) -> list[dict[str, Any]]:
     items = []
     if r.content or not r.calls:
-        items.append(message_item(new_id("msg", "_"), "completed", [text_part(r.content, lps(r.logprobs or []))]))
+        items.append(message_item(new_id("msg", "_"), status_of(r), [text_part(r.content, lps(r.logprobs or []))]))
     items += [call_item(c, new_id("fc", "_"), "completed") for c in r.calls]
     return items
 
@@ -351,7 +351,7 @@ async def stream_events(src: Source, plan: ToolPlan, base: Base, lps: Logprobs) 
             yield ev("response.output_text.done", item_id=msg_id, output_index=0, content_index=0, text=text,
                      logprobs=text_lps)
             yield ev("response.content_part.done", item_id=msg_id, output_index=0, content_index=0, part=part)
-            items.append(message_item(msg_id, "completed", [part]))
+            items.append(message_item(msg_id, status_of(r), [part]))
             yield ev("response.output_item.done", output_index=0, item=items[-1])
         for call in r.calls:
             i, item_id, args = len(items), new_id("fc", "_"), call["function"]["arguments"]
@@ -382,7 +382,9 @@ def text_spec(text: TextConfig | None) -> GuidedSpec | None:
         return None
     if f.type == "json_object":
         return G.json_spec("text.format")
-    return G.schema_spec(f.schema_ or {"type": "object"}, "text.format")
+    if f.schema_ is None:
+        raise APIError(400, "text.format.schema: is required with type json_schema", "text.format.schema")
+    return G.schema_spec(f.schema_, "text.format")
 
 
 def reply_messages(r: Reply) -> list[dict[str, Any]]:
