@@ -159,3 +159,20 @@ def test_word_order_and_the_heads_grid(client) -> None:
     inner = ref.attentions[:, :, q, 1:q]
     assert best["p"] == pytest.approx(float(inner.max()), abs=1e-5) and 0 < best["k"] < q
     assert c.post("/playground/api/trace/heads", json={"trace_id": s["trace_id"], "index": 999}).status_code == 400
+
+
+def test_one_head_and_the_layer_parts(client) -> None:
+    """q·k/√d per key against softmax (their softmax is the trace's row), and attention + MLP = the layer's step."""
+    c, eng = client
+    s = c.post("/playground/api/trace", json={"model": "tiny", "text": "the bank by the river", "chat": False}).json()
+    q = len(s["pieces"]) - 1
+    ref = trace_forward(eng.runner.model, [p["id"] for p in s["pieces"]])
+    h = c.post("/playground/api/trace/head", json={"trace_id": s["trace_id"], "layer": 1, "head": 1, "index": q}).json()
+    assert torch.softmax(torch.tensor(h["scores"]), -1).tolist() == pytest.approx(ref.attentions[1, 1, q, : q + 1].tolist(), abs=1e-5)
+    assert sum(h["value_share"]) == pytest.approx(1) and len(h["value_norms"]) == q + 1
+    parts = c.post("/playground/api/trace/parts", json={"trace_id": s["trace_id"], "index": q}).json()["layers"]
+    assert len(parts) == eng.model_config.num_layers
+    for p in parts:                                   # in + attention + mlp reproduces the traced layer output
+        assert p["attention"] > 0 and p["mlp"] > 0 and p["error"] <= 1e-3 * max(1.0, p["scale"])
+    bad = c.post("/playground/api/trace/head", json={"trace_id": s["trace_id"], "layer": 99, "head": 0, "index": q})
+    assert bad.status_code == 400

@@ -54,6 +54,9 @@ def check_step(pg, key: str, eng, ref) -> None:
     elif key == "positions":
         assert int(d(pg, "#rope", "pairs")) == eng.model_config.head_dim // 2
     elif key == "attention" and len(ids) > 2:
+        if pg.locator("#attn-fold").count() and pg.is_checked("#attn-fold"):
+            pg.click("#attn-fold")                        # every key column, the template's too
+        pg.wait_for_selector("#attn-heat[data-from='0']")
         pg.click("#attn-heads button[data-head='1']")
         pg.locator("#attn-layer").fill("1")
         pg.dispatch_event("#attn-layer", "change")

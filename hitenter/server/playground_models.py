@@ -99,6 +99,10 @@ class TraceQuery(_Body):
     temperature: Annotated[float, Interval(ge=0, le=100), _NUM] = 1.0
 
 
+class HeadQuery(TraceQuery):
+    head: Annotated[int, Interval(ge=0), Strict(), _NUM] = 0
+
+
 class CompareBody(_Body):
     model: str | None = None
     a: str = Field("I went to the bank to deposit money", max_length=400)

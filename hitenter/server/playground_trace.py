@@ -5,7 +5,8 @@ engine's scheduler and KV cache: requests that are not traced are not held up by
 POST /trace makes one (prompt <= MAX_TRACE_TOKENS tokens) and returns its id and summaries; the other
 routes read a kept trace (the last MAX_TRACES) by id: /trace/attention (one layer, all heads),
 /trace/embedding, /trace/lens (residual norms and the logit lens), /trace/logits, /trace/heads (one query's
-row in every layer and head); /trace/rope, /trace/compare and /trace/order (word order against positions)
+row in every layer and head), /trace/head (q·k/√d and the value mix of one head) and /trace/parts (attention's
+and the MLP's additions to the residual stream, playground_heads.py); /trace/rope, /trace/compare and /trace/order (word order against positions)
 need only a model; /fast is the "making it faster" panel's facts about the served model.
 """
 
@@ -31,9 +32,11 @@ from hitenter.models.trace import (
     trace_with_generation,
     traceable,
 )
+from hitenter.server.playground_heads import head_row, layer_parts
 from hitenter.server.playground_models import (
     MAX_TRACE_TOKENS,
     CompareBody,
+    HeadQuery,
     OrderBody,
     RopeBody,
     TraceBody,
@@ -170,6 +173,28 @@ def _make_routes(router: APIRouter, T: Traces) -> None:
             head, k = divmod(rest, inner.shape[2])
             best = {"layer": layer, "head": head, "k": k + 1, "p": float(inner[layer, head, k])}
         return {"index": i, "probs": (rows * 1e3).round().div(1e3).tolist(), "strongest": best}
+
+    @router.post("/trace/head", openapi_extra=body_doc(HeadQuery))
+    async def head(request: Request) -> dict[str, Any]:
+        """One query in one head: q·k/√d per key, softmax, each key's share of the value mix."""
+        q = await parse(request, HeadQuery)
+        name, tr, _ = T.get(q.trace_id)
+        model = T.model_of(name)
+        if q.layer >= len(model.layers) or q.head >= model.layers[q.layer].num_heads:
+            raise HTTPException(400, f"layer/head: ({q.layer}, {q.head}) is outside {len(model.layers)} layers "
+                                     f"x {model.layers[0].num_heads} heads")
+        i = _index(tr, q.index)
+        async with T.one_at_a_time:
+            return await asyncio.to_thread(head_row, model, tr, q.layer, q.head, i)
+
+    @router.post("/trace/parts", openapi_extra=body_doc(TraceQuery))
+    async def parts(request: Request) -> dict[str, Any]:
+        """A token's residual stream split per layer into what attention added and what the MLP added."""
+        q = await parse(request, TraceQuery)
+        name, tr, _ = T.get(q.trace_id)
+        model, i = T.model_of(name), _index(tr, q.index)
+        async with T.one_at_a_time:
+            return await asyncio.to_thread(layer_parts, model, tr, i)
 
     @router.post("/trace/logits", openapi_extra=body_doc(TraceQuery))
     async def logits(request: Request) -> dict[str, Any]:

@@ -64,7 +64,7 @@ function render() {
       if (tok && tok.trace && !S.reshaped) {
         renderDistribution(S.distNode, { candidates: tok.trace.pieces, stages: tok.trace.stages, entropy: null },
           { chosen: tok.piece.id, step: si, greedy: tok.trace.draw && tok.trace.draw.method === "greedy",
-            label: `step ${si}: as the engine sampled it${pinNote(run, si)}` });
+            label: `step ${si}: as the engine sampled it${pinNote(run, si)}`, context: contextOf(run, si) });
       }
       if (tok && tok.trace) renderDice(body("p-dice").querySelector(".dice"), tok, si);
     }
@@ -212,6 +212,13 @@ function piecesText(tokens) {
   return new TextDecoder().decode(new Uint8Array((hex.match(/../g) || []).map((h) => parseInt(h, 16))));
 }
 
+// The text just before step i: the end of the prompt (no special tokens) and the tokens generated before it.
+function contextOf(run, i) {
+  const before = [...(run.pieces || []).filter((p) => !p.special).map((p) => ({ piece: p })), ...run.tokens.slice(0, i)];
+  const text = piecesText(before.slice(-14));
+  return `…${text.replace(/\n/g, " ↵ ")}`;
+}
+
 // Making it faster: batch 1 against batch n, timed by the engine's own step timestamps.
 async function measure(n) {
   S.measured = null;
@@ -308,6 +315,7 @@ async function refineSelected() {
     if (!d) return;
     S.reshaped = true;
     renderDistribution(S.distNode, d, { chosen: tok.piece.id, reshaped: true, params: sent, step: si, greedy: d.greedy,
+      context: contextOf(run, si),
       label: `step ${si}${pinNote(run, si)} re-shaped with temperature ${sent.temperature}, top_k ${sent.top_k}, `
         + `top_p ${sent.top_p}, min_p ${sent.min_p}${d.greedy ? " (temperature 0 is greedy: the filters are skipped, argmax wins)" : ""}` });
   } catch (e) { status(e.message); }

@@ -33,19 +33,65 @@ async function headGrid(node, tr, A, open) {
     style: { gridTemplateColumns: `repeat(${h.probs[0].length}, 12px)` } }, cells));
 }
 
-function heatmap(tr, probs, onHover) {
+// Where the user's own text sits among the traced tokens: [first, last] token index, or null (matched on the
+// tokens' exact bytes, the last occurrence, so a chat template around it is found).
+export function userSpan(tr, text) {
+  const want = new TextEncoder().encode(text || "");
+  if (!want.length) return null;
+  const bytes = [], starts = [];
+  tr.pieces.slice(0, tr.num_prompt).forEach((p) => { starts.push(bytes.length); bytes.push(...(p.hex.match(/../g) || []).map((h) => parseInt(h, 16))); });
+  for (let at = bytes.length - want.length; at >= 0; at--) {
+    let ok = true;
+    for (let j = 0; j < want.length && ok; j++) ok = bytes[at + j] === want[j];
+    if (!ok) continue;
+    const tokenOf = (b) => { let i = 0; while (i + 1 < starts.length && starts[i + 1] <= b) i++; return i; };
+    return [tokenOf(at), tokenOf(at + want.length - 1)];
+  }
+  return null;
+}
+
+// The heatmap of one head: rows are queries, columns keys. With `from` > 0 the template tokens before the user's
+// text are folded into one column holding their total weight (so every row still sums to 1).
+function heatmap(tr, probs, onHover, from = 0, span = null) {
   const t = probs.length;
+  const idx = [...Array(t).keys()].filter((i) => i >= from);
   const lab = (p) => (p.special ? p.text : visible(p.text)).slice(0, 10);
-  const grid = el("div", { class: "heat", id: "attn-heat", style: { gridTemplateColumns: `7em repeat(${t}, minmax(6px, 1fr))` } });
+  const mine = (i) => span && i >= span[0] && i <= span[1] ? "user" : "";
+  const grid = el("div", { class: "heat", id: "attn-heat", dataset: { from },
+    style: { gridTemplateColumns: `7em ${from ? "minmax(18px, 30px) " : ""}repeat(${idx.length}, minmax(6px, 26px))` } });
   grid.append(el("div", {}));
-  tr.pieces.slice(0, t).forEach((p, k) => grid.append(el("div", { class: "klab", title: p.text }, lab(p))));
-  probs.forEach((row, q) => {
-    grid.append(el("div", { class: "qlab", dataset: { q }, onmouseenter: () => onHover(q) }, lab(tr.pieces[q])));
-    row.forEach((w, k) => grid.append(el("div", { class: `cell ${k > q ? "masked" : ""}`, dataset: { q, k, p: w },
-      title: `${visible(tr.pieces[q].text)} → ${visible(tr.pieces[k].text)}: ${(100 * w).toFixed(1)}%`,
-      style: { background: k > q ? "" : seqColour(w) }, onmouseenter: () => onHover(q) })));
+  if (from) grid.append(el("div", { class: "klab tmpl", title: `${from} template tokens before your text, folded` }, `⟨${from} tmpl⟩`));
+  idx.forEach((k) => grid.append(el("div", { class: `klab ${mine(k)}`, title: tr.pieces[k].text }, lab(tr.pieces[k]))));
+  idx.forEach((q) => {
+    const row = probs[q];
+    grid.append(el("div", { class: `qlab ${mine(q)}`, dataset: { q }, onmouseenter: () => onHover(q) }, lab(tr.pieces[q])));
+    if (from) {
+      const w = row.slice(0, from).reduce((a, b) => a + b, 0);
+      grid.append(el("div", { class: "cell tmpl", dataset: { q, k: "template", p: w }, title: `${visible(tr.pieces[q].text)} → the template: ${(100 * w).toFixed(1)}%`,
+        style: { background: seqColour(w) }, onmouseenter: () => onHover(q) }));
+    }
+    idx.forEach((k) => grid.append(el("div", { class: `cell ${k > q ? "masked" : ""}`, dataset: { q, k, p: row[k] },
+      title: `${visible(tr.pieces[q].text)} → ${visible(tr.pieces[k].text)}: ${(100 * row[k]).toFixed(1)}%`,
+      style: { background: k > q ? "" : seqColour(row[k]) }, onmouseenter: () => onHover(q, k) })));
   });
   return grid;
+}
+
+// One query in one head, from /trace/head: q·k/√d of its strongest keys, their softmax and their share of the value mix.
+const headSeq = sequencer();
+async function headDetail(node, tr, A, q, k = null) {
+  const h = await headSeq(() => postJSON("/trace/head", { trace_id: tr.trace_id, layer: A.layer, head: A.head, index: q }));
+  if (!h) return;
+  const keys = h.probs.map((p, j) => [p, j]).sort((a, b) => b[0] - a[0]).slice(0, 5).map(([, j]) => j);
+  if (k !== null && k <= q && !keys.includes(k)) keys.push(k);
+  clear(node, el("table", { id: "attn-qk", dataset: { q, layer: A.layer, head: A.head, scale: h.scale } },
+    el("tr", {}, el("th", {}, "key"), el("th", {}, "q·k/√d"), el("th", {}, "softmax"), el("th", {}, "share of the value mix")),
+    keys.map((j) => el("tr", { class: j === k ? "chosen" : "", dataset: { k: j, score: h.scores[j], p: h.probs[j], share: h.value_share[j] } },
+      el("td", {}, el("code", {}, visible(tr.pieces[j].text))), el("td", { class: "num" }, h.scores[j] === null ? "masked" : h.scores[j].toFixed(2)),
+      el("td", { class: "num" }, `${(100 * h.probs[j]).toFixed(1)}%`), el("td", { class: "num" }, `${(100 * h.value_share[j]).toFixed(1)}%`)))),
+  el("p", { class: "note" }, `score = q·k × ${h.scale.toFixed(4)} (1/√d); softmax over the ${q + 1} keys gives the weights; `
+    + `the head's output is Σ p_k v_k (length ${h.out_norm.toFixed(2)}): a key's share is |p_k v_k| over the sum.`
+    + (h.kv_head !== A.head ? ` This head reads key/value head ${h.kv_head} (shared by a group of heads).` : "")));
 }
 
 export async function renderAttention(body, S) {
@@ -62,7 +108,15 @@ export async function renderAttention(body, S) {
   A.cache[A.layer] = data;
   const probs = data.probs[A.head];
   const looks = el("div", { id: "attn-looks" });
-  const hover = (q) => {
+  const detail = el("div", { id: "attn-detail" });
+  const span = userSpan(tr, S.tracedText);
+  if (A.fold === undefined) A.fold = Boolean(span && span[0] > 0);
+  const from = A.fold && span ? span[0] : 0;
+  const hover = (q, k = null) => {
+    if (q < from) q = probs.length - 1;
+    clearTimeout(A.timer);                   // a mouse crossing the grid asks once it rests
+    A.timer = setTimeout(() => headDetail(detail, tr, A, q, k).catch((e) => console.warn(e)), 120);
+    if (A.q === q && looks.firstChild) return;
     A.q = q;
     const w = probs[q];
     const top = w.map((p, k) => [p, k]).sort((a, b) => b[0] - a[0]).slice(0, 3);
@@ -82,7 +136,10 @@ export async function renderAttention(body, S) {
     el("p", { class: "note" }, `Each row is one token asking “which earlier tokens matter to me?”; its ${probs.length} weights sum to 1. `
       + `The upper triangle is masked: a token never sees the future. ${tr.heads} heads per layer look for different things`
       + (tr.kv_heads < tr.heads ? ` (${tr.kv_heads} key/value heads shared between them: grouped-query attention).` : ".")),
-    el("div", { class: "scrollx" }, heatmap(tr, probs, hover)), looks, gridNode);
+    span && span[0] > 0 ? el("label", { class: "note" }, el("input", { type: "checkbox", id: "attn-fold", checked: A.fold,
+      onchange: (e) => { A.fold = e.target.checked; renderAttention(body, S); } }),
+    ` fold the ${span[0]} chat-template tokens before your text into one column (your tokens are boxed)`) : null,
+    el("div", { class: "scrollx" }, heatmap(tr, probs, hover, from, span)), looks, detail, gridNode);
   body.querySelector("#attn-heat").dataset.layer = A.layer;
   body.querySelector("#attn-heat").dataset.head = A.head;
   hover(Math.min(A.q, probs.length - 1));

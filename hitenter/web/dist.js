@@ -14,8 +14,25 @@ function oneHot(d) {
   return { name: "greedy", probs, kept: probs.map((x) => x > 0), num_kept: 1 };
 }
 
+// The same candidates as the table on screen: its rows kept and their numbers and bars changed in place, so
+// the bars slide to their new lengths (CSS transition) as a slider moves, instead of being redrawn.
+function morph(old, fresh) {
+  Object.assign(old.dataset, fresh.dataset);
+  [...fresh.rows].forEach((row, i) => {
+    const o = old.rows[i];
+    o.className = row.className;
+    Object.assign(o.dataset, row.dataset);
+    [...row.cells].forEach((c, j) => {
+      const oc = o.cells[j], bar = c.querySelector(".bar div, div");
+      if (c.classList.contains("bar") && bar) oc.firstChild.style.width = bar.style.width;
+      else if (!c.querySelector("code")) oc.textContent = c.textContent;
+    });
+  });
+  return old;
+}
+
 export function renderDistribution(body, d, { chosen = null, reshaped = false, entropy = null, label = "", params = null,
-  step = null, greedy = false } = {}) {
+  step = null, greedy = false, context = "" } = {}) {
   const stages = d.stages.filter((s) => STAGES.includes(s.name));
   const last = greedy ? oneHot(d) : d.stages[d.stages.length - 1];
   if (greedy) stages.push(last);
@@ -31,11 +48,18 @@ export function renderDistribution(body, d, { chosen = null, reshaped = false, e
   });
   const ent0 = entropy || d.entropy;
   const ent = ent0 && greedy ? [...ent0, 0] : ent0;      // one-hot: no uncertainty left
+  const ids = JSON.stringify(d.candidates.slice(0, SHOW).map((p) => p.id));
+  let table = el("table", { id: "dist-table", dataset: { reshaped, kept: last.num_kept, step: step ?? "", greedy,
+    temperature: params ? params.temperature : "", topK: params ? params.top_k : "", topP: params ? params.top_p : "", ids,
+    columns: stages.length } }, head, rows);
+  const old = body.querySelector("#dist-table");
+  if (old && old.dataset.ids === ids && old.dataset.columns === String(stages.length)) table = morph(old, table);
   clear(body,
     live(reshaped ? "reshape_distribution() on the step's cached logits (no model run)" : "the sampler's trace of this step"),
     label ? el("p", { class: "note" }, label) : null,
-    el("table", { id: "dist-table", dataset: { reshaped, kept: last.num_kept, step: step ?? "", greedy, temperature: params ? params.temperature : "",
-      topK: params ? params.top_k : "", topP: params ? params.top_p : "" } }, head, rows),
+    context ? el("p", { class: "context", id: "dist-context" }, el("span", { class: "note" }, "after "), el("code", {}, context),
+      el("span", { class: "note" }, " the next token is one of:")) : null,
+    table,
     el("p", { class: "note" }, greedy ? "temperature 0: one-hot. The top token gets probability 1, every other 0; no dice are rolled."
       : `${last.num_kept} tokens of the vocabulary still possible after the chain; greyed rows were cut.`),
     ent ? el("p", { id: "entropy", dataset: { raw: ent[0], final: ent[ent.length - 1] } },
@@ -60,6 +84,8 @@ export async function reshape(model, step, params) {
   return postJSON("/reshape", { model, request_id: step.rid, index: step.index, params });
 }
 
+let lastDraw = null;
+
 // Panel 3: the seed, the exponential race the sampler really runs, and the chosen slice of the CDF.
 export function renderDice(body, step, index = null) {
   const t = step && step.trace;
@@ -76,11 +102,18 @@ export function renderDice(body, step, index = null) {
   visible(c.p.text)));
   const at = win < 0 ? null : cands.slice(0, win).reduce((a, c) => a + c.prob, 0) + cands[win].prob / 2;
   const pointer = at === null ? null : el("div", { class: "pointer", id: "dice-pointer", dataset: { token: draw.token_id, at },
-    style: { left: `${(100 * at).toFixed(2)}%` } }, "▼");
+    style: { left: "0%" } }, "▼");
   // slices have borders and the winner a minimum width: put the pointer over the drawn slice as laid out
+  // a new draw: the pointer slides from the left edge onto its slice; the same draw redrawn: it stays put
+  const key = `${step.rid}/${step.index}/${draw.token_id}`;
+  const fresh = key !== lastDraw;
+  lastDraw = key;
   requestAnimationFrame(() => {
     const seg = body.querySelector(".cdf > div.chosen");
-    if (pointer && seg) pointer.style.left = `${seg.offsetLeft + seg.offsetWidth / 2}px`;
+    if (!pointer) return;
+    if (!fresh) pointer.style.transition = "none";
+    void pointer.offsetWidth;                 // lay out the start position first, so the move is animated
+    pointer.style.left = seg ? `${seg.offsetLeft + seg.offsetWidth / 2}px` : `${(100 * at).toFixed(2)}%`;
   });
   const head = el("p", { id: "dice", dataset: { method: draw.method, seed: draw.seed ?? "", token: draw.token_id } },
     draw.method === "greedy" ? "temperature 0: greedy, the argmax is taken and no dice are rolled."

@@ -5,6 +5,20 @@ import { postJSON } from "./api.js";
 import { traceTokens } from "./inside.js";
 
 const lensSeq = sequencer();
+const partsSeq = sequencer();
+
+// What each layer added to one token's stream: attention's part beside the MLP's (their lengths, from /trace/parts).
+async function parts(node, tr, i) {
+  const r = await partsSeq(() => postJSON("/trace/parts", { trace_id: tr.trace_id, index: i }));
+  if (!r) return;
+  const max = Math.max(...r.layers.flatMap((l) => [l.attention, l.mlp]), 1e-9);
+  clear(node, el("p", {}, el("b", {}, "what each layer added: "), el("span", { class: "swatch attn" }), " attention ",
+    el("span", { class: "swatch mlp" }), " MLP (the length of each one's addition to the stream at this token)"),
+  el("div", { class: "partbars", id: "resid-parts", dataset: { index: i, attention: JSON.stringify(r.layers.map((l) => l.attention)),
+    mlp: JSON.stringify(r.layers.map((l) => l.mlp)) } },
+  r.layers.map((l) => el("div", { class: "pair", title: `layer ${l.layer + 1}: attention ${l.attention.toFixed(2)}, MLP ${l.mlp.toFixed(2)}` },
+    el("i", { class: "attn", style: { height: `${(100 * l.attention) / max}%` } }), el("i", { class: "mlp", style: { height: `${(100 * l.mlp) / max}%` } })))));
+}
 const logitSeq = sequencer();
 
 export async function renderResidual(body, S, index = null) {
@@ -15,6 +29,7 @@ export async function renderResidual(body, S, index = null) {
   const r = await lensSeq(() => postJSON("/trace/lens", { trace_id: tr.trace_id, index: i }));
   if (!r) return;
   const max = Math.max(...r.norms);
+  const partsNode = el("div", { id: "resid-parts-wrap" });
   const bars = el("div", { class: "normbars", id: "resid-norms", dataset: { norms: JSON.stringify(r.norms) } },
     r.norms.map((n, l) => el("div", { title: `${l === 0 ? "embedding" : `after layer ${l}`}: |x| = ${n.toFixed(2)}`,
       style: { height: `${(100 * n) / max}%` } })));
@@ -30,7 +45,8 @@ export async function renderResidual(body, S, index = null) {
     el("p", {}, el("b", {}, "logit lens: "), "if we stopped after layer L and read the stream out as a prediction:"),
     el("div", { class: "scrollx lens" }, el("table", { id: "lens", dataset: { index: i } },
       el("tr", {}, el("th", {}, "stop at"), el("th", {}, "1st"), el("th", {}, "2nd"), el("th", {}, "3rd")), rows)),
-    el("p", { class: "note" }, "Early layers mostly echo the input; the answer forms in the last few."));
+    el("p", { class: "note" }, "Early layers mostly echo the input; the answer forms in the last few."), partsNode);
+  await parts(partsNode, tr, i);
 }
 
 export async function renderLogits(body, S, temperature = null) {

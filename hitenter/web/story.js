@@ -96,11 +96,11 @@ const FLOW = [["text", ["prompt"]], ["tokenizer", ["tokens", "drill_words"]], ["
   ["softmax", ["softmax", "drill_softmax"]], ["sampler", ["temperature", "hot", "top_k", "top_p", "draw", "determinism"]],
   ["next token ↺", ["loop", "overrule", "prefill", "stops", "no_eos", "overflow", "trigram"]], ["batch", ["batching", "faster"]]];
 
-function flow(key, go) {
-  return el("div", { class: "flow", id: "story-flow" }, FLOW.map(([name, keys], i) => [
+function flow(key, go, layers) {
+  return el("div", { class: "flow", id: "story-flow" }, FLOW.map(([name0, keys], i) => [
     i ? el("span", { class: "arrow" }, "→") : null,
     el("span", { class: `box ${keys.includes(key) ? "on" : ""}`, dataset: { keys: keys.join(" ") }, title: "go to this stage",
-      onclick: () => go && go(keys[0]) }, name)]));
+      onclick: () => go && go(keys[0]) }, layers ? name0.replace("N ×", `${layers} ×`) : name0)]));
 }
 
 function customBody(kind, S) {
@@ -151,7 +151,7 @@ export function storyMode(root, S, onShow) {
       homes.set(id, mark);
       stage.append(sec);
     }
-    clear(flowSlot, flow(s.key, (k) => show(STEPS.findIndex((x) => x.key === k))));
+    clear(flowSlot, flow(s.key, (k) => show(STEPS.findIndex((x) => x.key === k)), S.trace && S.trace.layers));
     title.textContent = `${i + 1} · ${s.title}`;
     text.textContent = s.text;
     root.dataset.step = s.key;
