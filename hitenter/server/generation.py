@@ -115,10 +115,13 @@ State = Annotated[ServerState, Depends(server_state)]
 
 
 def check_chars(m: ServedModel, n_chars: int, param: str) -> None:
+    """A text too long for the window whatever it says: OpenAI's overflow wording (clients search for
+    "maximum context length"), ``n_prompt_tokens`` the least number of tokens it can take."""
     bound = m.max_prompt_chars
     if bound is not None and n_chars > bound:
-        raise APIError(400, f"{param}: {n_chars} characters cannot fit the {m.max_model_len}-token context "
-                       f"window of `{m.name}` (at most {bound} characters)", param, n_ctx=m.max_model_len)
+        at_least = -(-n_chars * m.max_model_len // bound)          # ceil(chars / longest token's bytes)
+        raise overflow_error(param, at_least, m.max_model_len, detail=f"{n_chars} characters need at least "
+                             f"{at_least} tokens: at most {bound} characters fit the window of `{m.name}`")
 
 
 def check_ids(m: ServedModel, ids: list[int], param: str) -> None:
