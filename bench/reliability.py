@@ -1,6 +1,7 @@
 """Reliability under abuse: prints figures, exits non-zero when one is out of bounds.
 
     python bench/reliability.py [--model PATH|NAME] [--schemathesis-examples N] [--skip-schemathesis]
+                                [--only-attacks | --only-schemathesis] [--rounds N]
 
 Starts ``hitenter serve`` (a subprocess, with --api-key) and measures:
 - schemathesis over every route of the OpenAPI schema, key set: cases, 5xx, conformance failures;
@@ -10,8 +11,11 @@ Starts ``hitenter serve`` (a subprocess, with --api-key) and measures:
 - the attacks of issue 32 (deep schemas, string schemas, tool-call arguments and bodies; guided_choice of
   100k, an enum of 100k, a 1M-character pattern and regex; 100k stop strings): status, seconds, RSS
   before/after each (bounds: a 4xx within 1 s, RSS within 200 MB of idle);
+- the server's CPU per refusal while one client loops the refused 1 MB grammars (and the helper
+  processes', i.e. the body-check worker's);
 - 16 streams' tokens/s alone, while one client sends the pathological grammars in a loop, and while one
-  sends grammars at the size limits (1024 fresh choices each, so never cached) (bound: >= 0.8x alone).
+  sends grammars at the size limits (1024 fresh choices each, so never cached), in alternating runs,
+  each attacked run over the mean of the alone runs either side (bound: median >= 0.8).
 The default model is a tiny random GGUF (hitenter.testing.tiny_model): the point is the HTTP layer.
 """
 
@@ -73,18 +77,34 @@ def playground_without_key(url: str) -> dict[str, object]:
 
 
 def schemathesis(url: str, examples: int, out: Path) -> dict[str, object]:
+    """schemathesis over every route (but the endless event stream), key set, every check but positive
+    data acceptance (as tests/test_server_reliability.py: some schema-valid requests are refused for
+    rules a JSON schema cannot state, e.g. 90.0 is a JSON Schema integer and our types are strict, or a
+    tool role the model's template lacks); the statuses and check results counted from its report."""
     exe = Path(sys.executable).with_name("schemathesis")
     report = out / "st.ndjson"
     cmd = [str(exe), "run", url + "/openapi.json", "-H", f"Authorization: Bearer {KEY}", "-n", str(examples),
-           "--checks", "all", "--request-timeout", "30", "--seed", "1", "--max-failures", "200",
-           "--exclude-path", "/playground/api/events",        # an endless event stream by design
+           "--checks", "all", "--exclude-checks", "positive_data_acceptance", "--request-timeout", "30",
+           "--seed", "1", "--max-failures", "200", "--exclude-path", "/playground/api/events",
            "--report", "ndjson", "--report-ndjson-path", str(report)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out)     # its .schemathesis cache: there
+    statuses: dict[str, int] = {}
+    failed: dict[str, int] = {}
+    for line in report.read_text().splitlines() if report.exists() else []:
+        rec = json.loads(line).get("ScenarioFinished", {}).get("recorder") or {}
+        for it in (rec.get("interactions") or {}).values():
+            code = str((it.get("response") or {}).get("status_code"))
+            statuses[code] = statuses.get(code, 0) + 1
+        for checks in (rec.get("checks") or {}).values():
+            for c in checks:
+                if c["status"] != "success":
+                    failed[c["name"]] = failed.get(c["name"], 0) + 1
     lines = proc.stdout.strip().splitlines()
-    failures = [ln[:240] for ln in lines if ln.startswith("___") or ln.startswith("- ST") or ln.startswith("    `{")]
-    summary = lines[lines.index(next(ln for ln in lines if "SUMMARY" in ln)):] if any("SUMMARY" in ln for ln in lines) \
-        else lines[-40:]
-    return {"exit": proc.returncode, "summary": "\n".join(failures + summary)}
+    tail = [ln for ln in lines if ln.startswith(("___", "- ", "    `{")) or "generated" in ln or "Tested" in ln]
+    return {"exit": proc.returncode, "command": " ".join(cmd).replace(KEY, "KEY"),
+            "cases": sum(statuses.values()), "statuses": dict(sorted(statuses.items())),
+            "5xx": sum(n for c, n in statuses.items() if c.startswith("5")), "failed_checks": failed,
+            "summary": "\n".join(tail[-60:])}
 
 
 D = 1000
@@ -191,8 +211,9 @@ def _cpu_s(pid: int, fields: tuple[int, ...] = (11, 12)) -> float:
 
 
 def attacker_cost(url: str, pid: int, seconds: float = 6.0) -> dict[str, object]:
-    """The pathological attacker alone: the server's CPU per refusal (user time ~ what holds the GIL) and
-    the helper processes' (the niced body-check worker). CPU time, so less at the mercy of the load."""
+    """The pathological attacker alone: its rate (paced once it has been refused a few times), the server's
+    CPU per refusal (user time ~ what holds the GIL) and the helper processes' (the niced body-check
+    worker). CPU time, so less at the mercy of the load than tokens/s."""
     procs = [pid, *_children(pid)]
     before = [(_cpu_s(p), _cpu_s(p, (11,))) for p in procs]
     ctx = multiprocessing.get_context("fork")
@@ -206,7 +227,8 @@ def attacker_cost(url: str, pid: int, seconds: float = 6.0) -> dict[str, object]
     n = max(1, sum(counts.values()))
     after = [(_cpu_s(p), _cpu_s(p, (11,))) for p in procs]
     ms = [((a[0] - b[0]) / n * 1e3, (a[1] - b[1]) / n * 1e3) for a, b in zip(after, before, strict=True)]
-    return {"seconds": seconds, "refusals": counts, "server_cpu_ms_per_refusal": round(ms[0][0], 2),
+    return {"seconds": seconds, "refusals": counts, "refusals_per_s": round(n / seconds, 1),
+            "server_cpu_ms_per_refusal": round(ms[0][0], 2),
             "server_user_ms_per_refusal": round(ms[0][1], 2),
             "helpers_cpu_ms_per_refusal": round(sum(m[0] for m in ms[1:]), 2)}
 
@@ -261,7 +283,8 @@ def streams_under_attack(url: str, pid: int, n: int = 16, max_tokens: int = 64, 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None, help="GGUF path or known name (default: a tiny random model)")
-    ap.add_argument("--schemathesis-examples", type=int, default=100)
+    ap.add_argument("--schemathesis-examples", type=int, default=25, help="per route (25: about 5,000 cases)")
+    ap.add_argument("--only-schemathesis", action="store_true")
     ap.add_argument("--skip-schemathesis", action="store_true")
     ap.add_argument("--rounds", type=int, default=10, help="attacked runs of the 16 streams (alternating kinds)")
     ap.add_argument("--only-attacks", action="store_true", help="only the issue-32 attacks and the 16 streams")
@@ -274,10 +297,11 @@ def main() -> int:
     results: dict[str, object] = {}
     with served(model, []) as (url, pid):
         name = httpx.get(url + "/v1/models", headers=AUTH).json()["data"][0]["id"]
-        results["attacks"] = attacks(url, pid, name)
-        results["attacker_cost"] = attacker_cost(url, pid)
-        results["streams_under_attack"] = streams_under_attack(url, pid, rounds=a.rounds)
-        if not a.only_attacks:
+        if not a.only_schemathesis:
+            results["attacks"] = attacks(url, pid, name)
+            results["attacker_cost"] = attacker_cost(url, pid)
+            results["streams_under_attack"] = streams_under_attack(url, pid, rounds=a.rounds)
+        if not a.only_attacks and not a.only_schemathesis:
             results["ten_10MB_bodies"] = big_bodies(url, pid, 10 << 20)
             results["ten_4MB_prompts_under_the_limit"] = big_bodies(url, pid, (4 << 20) - 100)
             results["playground_without_key"] = playground_without_key(url)
@@ -286,16 +310,16 @@ def main() -> int:
     summary = results.pop("schemathesis", None)
     print(json.dumps(results, indent=1))
     if isinstance(summary, dict):
-        print(f"schemathesis (exit {summary['exit']}):\n{summary['summary']}")
+        print(f"schemathesis (exit {summary.pop('exit')}):\n{summary.pop('summary')}\n{json.dumps(summary, indent=1)}")
     ok = all(r["statuses"] == [413] and r["rss_growth_mb"] < 100  # type: ignore[index,operator]
              for k, r in results.items() if k.startswith("ten_10MB"))
     ok = ok and not results.get("playground_without_key", {"not_401": {}})["not_401"]  # type: ignore[index]
     ok = ok and all(400 <= r["status"] < 500 and r["seconds"] < 1 and r["rss_over_idle_mb"] < 200  # type: ignore[operator]
-                    for r in results["attacks"])  # type: ignore[union-attr,attr-defined]
-    sua = results["streams_under_attack"]
-    ok = ok and all(sua[k]["ratio"] >= 0.8 and sua[k]["rss_over_idle_mb"] < 200  # type: ignore[index]
-                    for k in ("with_pathological_attacker", "with_at_the_limits_attacker"))
-    ok = ok and (summary is None or summary["exit"] == 0)
+                    for r in results.get("attacks", []))  # type: ignore[union-attr,attr-defined]
+    sua = results.get("streams_under_attack")
+    ok = ok and (sua is None or all(sua[k]["ratio"] >= 0.8 and sua[k]["rss_over_idle_mb"] < 200  # type: ignore[index]
+                                    for k in ("with_pathological_attacker", "with_at_the_limits_attacker")))
+    ok = ok and (summary is None or summary["5xx"] == 0 and not summary["failed_checks"])
     return 0 if ok else 1
 
 

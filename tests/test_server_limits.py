@@ -226,3 +226,10 @@ def test_large_bodies_checked_in_the_worker_as_in_place() -> None:
     assert got is not None and got.status == 413 and "--max-guided-choices" in got.message
     assert asyncio.run(checker.problem(fine)) is None and checker.worker_pid not in (None, first)
     checker._stop()
+
+
+def test_a_client_looping_refusals_is_paced() -> None:
+    pacer = body_check.RefusalPacer()
+    assert [pacer.delay("10.0.0.1") for _ in range(body_check.PACE_FREE)] == [0.0] * body_check.PACE_FREE
+    assert pacer.delay("10.0.0.1") == body_check.PACE_DELAY_S          # one more within the window
+    assert pacer.delay("10.0.0.2") == 0.0                              # another client is not

@@ -13,6 +13,10 @@ parses the bodies that pass, itself, as before.
   (well under a millisecond), larger ones in the worker. At most ``MAX_PENDING`` large bodies wait for
   it at once; one more is a 429 (Retry-After). A worker that dies is started again on the next body,
   and the body it died on is checked in the helper thread instead (never a 5xx).
+- A client (by address) whose large bodies keep being refused (more than ``PACE_FREE`` in
+  ``PACE_WINDOW_S``) gets each further refusal ``PACE_DELAY_S`` late: one client looping refused 1 MB
+  grammars then costs the server a few refusals a second, not dozens (each is still ~4 ms of the
+  server's interpreter receiving the body); its answers stay the same 4xx, within a second.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
@@ -32,6 +38,8 @@ from hitenter.server.limit_checks import HEAD
 
 INLINE_BYTES = 1 << 16
 MAX_PENDING = 16
+PACE_FREE, PACE_WINDOW_S, PACE_DELAY_S = 8, 10.0, 0.5
+_PACE_CLIENTS = 4096                  # addresses remembered, least recently refused out
 _WORKER = "from hitenter.server.limit_checks import serve; serve()"
 _SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -95,9 +103,32 @@ class BodyChecker:
                 self._proc = None
 
 
-CHECKER = BodyChecker()
+class RefusalPacer:
+    """How late a client's refusal is answered: 0 for its first ``PACE_FREE`` in ``PACE_WINDOW_S``, then
+    ``PACE_DELAY_S`` (event-loop state: called from the loop only)."""
+
+    def __init__(self) -> None:
+        self._seen: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def delay(self, client: str) -> float:
+        now = time.monotonic()
+        times = self._seen.pop(client, None) or deque(maxlen=PACE_FREE + 1)
+        times.append(now)
+        self._seen[client] = times
+        while len(self._seen) > _PACE_CLIENTS:
+            self._seen.popitem(last=False)
+        return PACE_DELAY_S if len(times) > PACE_FREE and now - times[0] < PACE_WINDOW_S else 0.0
 
 
-async def problem(body: bytes) -> APIError | None:
-    """The body's limits problem against the process's LIMITS, large bodies checked in the worker."""
-    return await CHECKER.problem(body)
+CHECKER, PACER = BodyChecker(), RefusalPacer()
+
+
+async def problem(body: bytes, client: str = "") -> APIError | None:
+    """The body's limits problem against the process's LIMITS, large bodies checked in the worker; a
+    large body's refusal paced by ``client`` (its address)."""
+    err = await CHECKER.problem(body)
+    if err is not None and len(body) > INLINE_BYTES:
+        delay = PACER.delay(client)
+        if delay:
+            await asyncio.sleep(delay)
+    return err

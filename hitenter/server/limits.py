@@ -115,7 +115,7 @@ class BoundedBodyMiddleware:
                 scope, receive, send)
             return
         body = b"".join(chunks)
-        problem = await self.check(body)
+        problem = await self.check(body, (scope.get("client") or ("",))[0])
         if problem is not None:
             await problem.response(path)(scope, receive, send)
             return
