@@ -217,10 +217,19 @@ def test_no_stale_panel_after_a_prompt_or_model_change(pg, real) -> None:
     assert pg.locator("section[data-stale]").count() == 0
     want = post(pg, "/playground/api/tokenize", {"model": "smollm2", "text": "I sat by the river bank", "chat": True})["ids"]
     assert json.loads(d(pg, "#prompt-tokens", "ids")) == want
+    # attention opens where "bank" looks hardest (layer 17 of 30, head 0 here: 95% on "river"), not at layer 1 head 0
+    pieces = pg.eval_on_selector_all("#attn-tokens .tok", "ts => ts.map(t => t.querySelector('.piece').textContent)")
+    bank, river = pieces.index("·bank"), pieces.index("·river")
+    pg.wait_for_selector(f"#attn-focus[data-q='{bank}']")
+    assert int(d(pg, "#attn-focus", "top")) == river and d(pg, "#attn-heat", "layer") != "0"
+    pg.click("#view-story")
+    assert pg.eval_on_selector("#story-flow", "f => f.textContent").count("30 × (attention + MLP)") == 1
+    pg.click("#view-dash")
     pg.click("#btn-order")
     pg.wait_for_selector("#order", timeout=60000)
     pg.select_option("#model", "qwen")                    # a model change: every model-bound panel says so
     assert all(d(pg, f"#{sec}", "stale") == "true" for sec in INSIDE)
+    assert "49152 rows" not in pg.inner_text("#cheat") and pg.locator("#drill-words-own[data-tokens='']").count() == 1
     assert pg.locator("#order").count() == 0 and pg.locator("#order-idle").count() == 1
     enter(pg, "qwen", "I sat by the river bank", max_tokens=4)
     assert pg.locator("section[data-stale]").count() == 0

@@ -388,7 +388,7 @@ async function init() {
     markStale(S, "the prompt changed"); });
   $("chat").addEventListener("change", () => { preview(); markStale(S, "the chat template setting changed"); });
   $("model").addEventListener("change", () => { connect(); preview(); markStale(S, "the model changed");
-    S.measured = null; orderIdle(body("p-order"), model, "the model changed: compare again on this one");
+    S.measured = null; orderIdle(body("p-order"), model, "the model changed: compare again on this one"); renderDrills(null, S);
     getJSON(`/fast?model=${encodeURIComponent(model())}`).then((f) => { S.fast = f; render(); }); });
   $("btn-step").addEventListener("click", step);
   $("btn-pause").addEventListener("click", pause);

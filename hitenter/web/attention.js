@@ -98,8 +98,9 @@ export async function renderAttention(body, S) {
   const tr = S.trace;
   if (!tr) { clear(body, live("attention probabilities of a traced forward"), el("p", { class: "note" }, "Press Enter to trace the prompt.")); return; }
   let A = S.attn && S.attn.trace_id === tr.trace_id ? S.attn : null;
-  if (!A) {                // a new trace opens where the last prompt token looks hardest (not layer 1, head 0)
-    A = S.attn = { trace_id: tr.trace_id, layer: 0, head: 0, q: tr.num_prompt - 1, cache: {} };
+  if (!A) {                // a new trace opens where your last token looks hardest (not layer 1, head 0)
+    const own = userSpan(tr, S.tracedText);       // the query: your last token ("bank"), not the template's
+    A = S.attn = { trace_id: tr.trace_id, layer: 0, head: 0, q: own ? own[1] : tr.num_prompt - 1, cache: {} };
     const h = await gridSeq(() => postJSON("/trace/heads", { trace_id: tr.trace_id, index: A.q })).catch(() => null);
     if (h && h.strongest) Object.assign(A, { layer: h.strongest.layer, head: h.strongest.head, heads: h });
   }

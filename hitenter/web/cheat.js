@@ -3,7 +3,9 @@ import { el, clear, bytes, ms, live } from "./util.js";
 import { countWords } from "./drills.js";
 
 export function renderCheat(body, S, info) {
-  const run = S.run, tr = S.trace, f = S.fast, m = info || {};
+  const m = info || {};
+  const mine = (x, name) => (x && name === m.name ? x : null);      // nothing from another model's run or trace
+  const run = mine(S.run, S.run && S.run.model), tr = mine(S.trace, S.tracedModel), f = S.fast;
   const u = run && run.userTokens;
   const words = run ? countWords(run.promptText) : 0;
   const itl = run && run.itl && run.itl.length ? run.itl.reduce((a, b) => a + b, 0) / run.itl.length : null;

@@ -33,7 +33,8 @@ function wordsDrill(S, D) {
     `${a} is off: ${w} words ÷ 0.75 ≈ ${Math.round(wordsToTokens(w))} tokens (a token is about ¾ of a word).`);
   const text = document.getElementById("prompt").value;
   const words = countWords(text);
-  const u = S.run && S.run.userTokens && S.run.promptText === text ? S.run.userTokens : null;
+  const model = document.getElementById("model").value;
+  const u = S.run && S.run.userTokens && S.run.promptText === text && S.run.model === model ? S.run.userTokens : null;
   return el("div", { id: "drill-words", dataset: { words: w, want: wordsToTokens(w) } },
     el("h3", {}, "Drill 1 · words to tokens"),
     el("p", {}, `An English document has ${w.toLocaleString("en")} words. About how many tokens is it?`),
@@ -48,7 +49,7 @@ function wordsDrill(S, D) {
 }
 
 function softmaxDrill(S, D) {
-  const next = S.trace && S.trace.next ? S.trace.next.slice(0, 3) : null;
+  const next = S.trace && S.trace.next && S.tracedModel === document.getElementById("model").value ? S.trace.next.slice(0, 3) : null;
   const z0 = next ? next.map((x) => Math.round(x.logit * 10) / 10) : [2, 1, 0.1];
   const z = z0.map((x) => x + D.shift);
   const names = next ? next.map((x) => (x.piece.special ? x.piece.text : visible(x.piece.text))) : ["a", "b", "c"];
