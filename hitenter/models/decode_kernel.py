@@ -47,7 +47,7 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 # the compiled kernel library, or None (disabled, no compiler, or the build failed: logged once)
-load = LazyLibrary("decode_attention", SOURCE, [SOURCE.parent / "vec16.h"], "HITENTER_DECODE_KERNEL",
+load = LazyLibrary("decode_attention", SOURCE, [SOURCE.parent / "vec16.h", SOURCE.parent / "attn_avx2.h"], "HITENTER_DECODE_KERNEL",
                    "decode attention kernel", "torch path only", _declare)
 
 

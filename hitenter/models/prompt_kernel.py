@@ -39,7 +39,7 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 # the compiled kernel, or None (disabled, no compiler, or a failed build: logged once)
-load = LazyLibrary("prompt_attention", SOURCE, [SOURCE.parent / "vec16.h"], "HITENTER_PROMPT_KERNEL",
+load = LazyLibrary("prompt_attention", SOURCE, [SOURCE.parent / "vec16.h", SOURCE.parent / "attn_avx2.h"], "HITENTER_PROMPT_KERNEL",
                    "prompt attention kernel", "GEMM path for prompt rows", _declare)
 
 

@@ -19,6 +19,11 @@
 
 #include "vec16.h"
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#include "attn_avx2.h"   /* 8-lane register blocks for AVX2 (see there) */
+#define HITENTER_ATTN_AVX2 1
+#endif
+
 #define MAXG 16
 #define MAXNV 16   /* head_dim up to 256 */
 
@@ -146,6 +151,14 @@ INLINE void item_nv(const void *q, void *out, const void *kv, const int kt, int 
    constant GCC contracts other multiply-adds into FMAs, which would change the fp32 kernel's bits. */
 static void item_vec(const void *q, void *out, const void *kv, int kt, int qt, int64_t r, int h, int64_t first,
                      int64_t ctx, const int64_t *table, int H, int KVH, int64_t NB, int BS, int NV, float scale) {
+#ifdef HITENTER_ATTN_AVX2
+    /* NV counts 16-lane vectors here, 8-lane ones there; head sizes 64, 128 and 256 get constant copies */
+    if (NV == 4) decode_item_avx2(q, out, kv, kt, qt, r, h, first, ctx, table, H, KVH, NB, BS, 8, scale);
+    else if (NV == 8) decode_item_avx2(q, out, kv, kt, qt, r, h, first, ctx, table, H, KVH, NB, BS, 16, scale);
+    else if (NV == 16) decode_item_avx2(q, out, kv, kt, qt, r, h, first, ctx, table, H, KVH, NB, BS, 32, scale);
+    else decode_item_avx2(q, out, kv, kt, qt, r, h, first, ctx, table, H, KVH, NB, BS, 2 * NV, scale);
+    return;
+#endif
     if (NV == 4 && kt == KV_F16) item_nv(q, out, kv, KV_F16, qt, r, h, first, ctx, table, H, KVH, NB, BS, 4, scale);
     else if (NV == 8 && kt == KV_F16)
         item_nv(q, out, kv, KV_F16, qt, r, h, first, ctx, table, H, KVH, NB, BS, 8, scale);

@@ -20,6 +20,13 @@
 
 #include "vec16.h"
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#include "attn_avx2.h"   /* 8-lane register blocks for AVX2 (see there) */
+#define ITEM prompt_item_avx2
+#else
+#define ITEM item
+#endif
+
 #define RB 32         /* rows per work item */
 #define QG 8          /* query vectors whose scores are computed together */
 #define MAXG 16
@@ -79,7 +86,7 @@ static void pv_update(float *acc, const int *qi, int nu, const float *corr, cons
 }
 
 /* rows r0 .. r0+n-1 (flat rows of q/out), positions p0 .. p0+n-1, KV head h */
-static void item(const float *q, float *out, const void *kv, int kvt, int64_t r0, int n, int64_t p0, int h,
+__attribute__((unused)) static void item(const float *q, float *out, const void *kv, int kvt, int64_t r0, int n, int64_t p0, int h,
                  const int64_t *table, int H, int KVH, int64_t NB, int BS, int D, float scale, int64_t window,
                  float *scratch) {
     const int G = H / KVH, NV = D / 16, nq = n * G;
@@ -190,7 +197,7 @@ int prompt_attention(const float *q, float *out, const void *kv, int types, int6
             const int64_t s = seq[2 * i], b = seq[2 * i + 1] / KVH;
             const int h = (int)(seq[2 * i + 1] % KVH);
             const int n = nrows[s] - b * RB < RB ? (int)(nrows[s] - b * RB) : RB;
-            item(q, out, kv, kvt, row0[s] + b * RB, n, pos0[s] + b * RB, h, tables + table_start[s], H, KVH, NB, BS, D,
+            ITEM(q, out, kv, kvt, row0[s] + b * RB, n, pos0[s] + b * RB, h, tables + table_start[s], H, KVH, NB, BS, D,
                  scale, window, scratch);
         }
         free(scratch);

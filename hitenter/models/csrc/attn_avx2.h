@@ -1,0 +1,336 @@
+/* The attention kernels' inner loops for AVX2 + FMA CPUs without AVX-512 (decode_attention.c,
+   prompt_attention.c include this and use it where __AVX2__ and __FMA__ are set and __AVX512F__ is not).
+
+   Why a second copy: the portable kernels are written with 16-lane vector extensions sized for
+   AVX-512's 32 registers; on AVX2 (16 registers of 8 lanes) GCC spills every accumulator and builds
+   pointer vectors lane by lane, and they ran at 3-8 GFLOP/s a core (measured on an AMD EPYC, AVX2 only)
+   against ~20 for torch's GEMMs on the same rows. Here every accumulator block fits the 16 ymm
+   registers and FMAs are explicit intrinsics (no compiler choice between FMA and multiply-add).
+
+   Bits: the same rules as the portable kernels, with their own (different) arithmetic: a (row, head)'s
+   result depends only on its query, its position and its keys (values and a tiling fixed by position),
+   never on the rows sharing its block, the thread, or how the queries are grouped into register blocks
+   (a query's scores are one FMA chain over d per key, its P.V one FMA chain over the keys in order, in
+   every block shape). A half-precision tile is widened (exactly) to fp32 once, so the arithmetic is that
+   of an fp32 cache holding the same values. */
+#ifndef HITENTER_ATTN_AVX2_H
+#define HITENTER_ATTN_AVX2_H
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "vec16.h"
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+#define A2_INLINE static inline __attribute__((always_inline))
+
+/* e^x as vec16.h's vexp (Cephes polynomial, 0 below -87, clamped at 88), 8 lanes, explicit FMAs */
+A2_INLINE __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
+    const __m256 magic = _mm256_set1_ps(12582912.0f);
+    const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic), magic);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_fmadd_ps(r, _mm256_set1_ps(1.9875691500E-4f), _mm256_set1_ps(1.3981999507E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* a fixed tree: lanes i and i+4 of each half, ..., then the halves */
+A2_INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+A2_INLINE float hmax8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* lane j of the result = the sum of the lanes of p[j] (a fixed tree of horizontal adds) */
+A2_INLINE __m256 transpose_sum8(const __m256 p[8]) {
+    const __m256 t0 = _mm256_hadd_ps(p[0], p[1]), t1 = _mm256_hadd_ps(p[2], p[3]);
+    const __m256 t2 = _mm256_hadd_ps(p[4], p[5]), t3 = _mm256_hadd_ps(p[6], p[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* n rows of D elements of cache type kt (bf16 or f16) at src[j], widened exactly into dst [n][D] */
+A2_INLINE void widen_rows(float *dst, const char *const *src, int n, int D, int kt) {
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < D; i += 8) {
+            const __m128i h = _mm_loadu_si128((const __m128i *)(src[j] + 2 * i));
+            const __m256 f = kt == KV_F16 ? _mm256_cvtph_ps(h)
+                                          : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+            _mm256_storeu_ps(dst + (size_t)j * D + i, f);
+        }
+}
+
+/* ---- decode: one (row, KV head), its G query heads over keys first .. ctx-1 ---------------------- */
+
+/* scores of query qv (D = 8 * NV, fp32) against the 8 key rows kr[0..7]: lane j = q . k_j, each an FMA
+   chain over d in order, then the fixed transpose tree */
+A2_INLINE __m256 scores8(const float *qv, const float *const *kr, const int NV) {
+    __m256 p[8];
+    for (int j = 0; j < 8; j++) p[j] = _mm256_setzero_ps();
+    for (int i = 0; i < NV; i++) {
+        const __m256 qi = _mm256_loadu_ps(qv + 8 * i);
+        for (int j = 0; j < 8; j++) p[j] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(kr[j] + 8 * i), p[j]);
+    }
+    return transpose_sum8(p);
+}
+
+/* acc[0 .. 8*NV) = acc * corr + sum over keys t < nk (in order) of pr[t] * vr[t]; 8 dims-vectors at a time
+   in registers */
+A2_INLINE void pv_row(float *acc, float corr, const float *pr, const float *const *vr, int nk, const int NV) {
+    const __m256 c = _mm256_set1_ps(corr);
+    for (int i0 = 0; i0 < NV; i0 += 8) {
+        const int nb = NV - i0 < 8 ? NV - i0 : 8;
+        __m256 a[8];
+        for (int b = 0; b < nb; b++) a[b] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8 * (i0 + b)), c);
+        for (int t = 0; t < nk; t++) {
+            const __m256 pt = _mm256_set1_ps(pr[t]);
+            for (int b = 0; b < nb; b++) a[b] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vr[t] + 8 * (i0 + b)), a[b]);
+        }
+        for (int b = 0; b < nb; b++) _mm256_storeu_ps(acc + 8 * (i0 + b), a[b]);
+    }
+}
+
+/* the row pointers of keys k0 .. k0+n-1 of plane `plane` (as decode_attention.c's cache_rows) */
+A2_INLINE void a2_rows(const char **out, const char *base, const int64_t *table, int64_t k0, int n, int BS,
+                       int64_t row_bytes) {
+    int64_t b = k0 / BS;
+    int o = (int)(k0 - b * BS);
+    for (int j = 0; j < n; j++) {
+        out[j] = base + (table[b] * BS + o) * row_bytes;
+        if (++o == BS) o = 0, b++;
+    }
+}
+
+/* q (type qt) row r, heads h*G .. h*G+G-1 -> out; keys first .. ctx-1 of KV head h; D = 8 * NV */
+A2_INLINE void decode_item_avx2(const void *q, void *out, const void *kv, const int kt, int qt, int64_t r, int h,
+                                int64_t first, int64_t ctx, const int64_t *table, int H, int KVH, int64_t NB,
+                                int BS, const int NV, float scale) {
+    enum { MG = 16, MD = 256 };
+    const int G = H / KVH, D = 8 * NV, es = elem_bytes(kt), qes = elem_bytes(qt);
+    float qf[MG * MD] __attribute__((aligned(32))), acc[MG * MD] __attribute__((aligned(32)));
+    float kf[16 * MD] __attribute__((aligned(32))), vf[16 * MD] __attribute__((aligned(32)));
+    float m[MG], l[MG], pr[MG][16], corr[MG];
+    for (int g = 0; g < G; g++) {
+        const char *qp = (const char *)q + ((r * H + h * G + g) * (int64_t)D) * qes;
+        for (int i = 0; i < D; i += 16) {
+            const v16 x = load16t(qp + (int64_t)i * qes, qt) * scale;
+            memcpy(qf + g * D + i, &x, 64);
+        }
+        memset(acc + g * D, 0, (size_t)D * sizeof(float));
+        m[g] = -INFINITY, l[g] = 0.f;
+    }
+    const char *kbase = (const char *)kv + (int64_t)h * NB * BS * D * es;
+    const char *vbase = (const char *)kv + (int64_t)(KVH + h) * NB * BS * D * es;
+    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), ninf = _mm256_set1_ps(-INFINITY);
+    for (int64_t k0 = first; k0 < ctx; k0 += 16) {
+        const int nk = ctx - k0 < 16 ? (int)(ctx - k0) : 16;
+        const char *kp[16], *vp[16];
+        a2_rows(kp, kbase, table, k0, nk, BS, (int64_t)D * es);
+        a2_rows(vp, vbase, table, k0, nk, BS, (int64_t)D * es);
+        const int nn = ctx - (k0 + 16) < 16 ? (int)(ctx - (k0 + 16)) : 16;   /* fetch the next tile's rows */
+        if (nn > 0) {
+            const char *nkp[16], *nvp[16];
+            a2_rows(nkp, kbase, table, k0 + 16, nn, BS, (int64_t)D * es);
+            a2_rows(nvp, vbase, table, k0 + 16, nn, BS, (int64_t)D * es);
+            for (int j = 0; j < nn; j++)
+                for (int o = 0; o < D * es; o += 64) { __builtin_prefetch(nkp[j] + o); __builtin_prefetch(nvp[j] + o); }
+        }
+        const float *kr[16], *vr[16];
+        if (kt == KV_F32)
+            for (int j = 0; j < 16; j++) kr[j] = (const float *)kp[j < nk ? j : 0], vr[j] = (const float *)vp[j < nk ? j : 0];
+        else {
+            widen_rows(kf, kp, nk, D, kt);
+            widen_rows(vf, vp, nk, D, kt);
+            for (int j = 0; j < 16; j++) kr[j] = kf + (j < nk ? j : 0) * D, vr[j] = vf + (j < nk ? j : 0) * D;
+        }
+        const __m256 n8 = _mm256_set1_ps((float)nk);
+        const __m256 v0 = _mm256_cmp_ps(lane, n8, _CMP_LT_OQ);
+        const __m256 v1 = _mm256_cmp_ps(_mm256_add_ps(lane, _mm256_set1_ps(8.f)), n8, _CMP_LT_OQ);
+        for (int g = 0; g < G; g++) {
+            __m256 s0 = scores8(qf + g * D, kr, NV), s1 = scores8(qf + g * D, kr + 8, NV);
+            s0 = _mm256_blendv_ps(ninf, s0, v0);
+            s1 = _mm256_blendv_ps(ninf, s1, v1);
+            const float bm = hmax8(_mm256_max_ps(s0, s1)), nm = bm > m[g] ? bm : m[g];
+            const __m256 nm8 = _mm256_set1_ps(nm);
+            const __m256 e0 = _mm256_and_ps(exp8(_mm256_sub_ps(s0, nm8)), v0);
+            const __m256 e1 = _mm256_and_ps(exp8(_mm256_sub_ps(s1, nm8)), v1);
+            corr[g] = m[g] == -INFINITY ? 0.f : _mm256_cvtss_f32(exp8(_mm256_set1_ps(m[g] - nm)));
+            l[g] = l[g] * corr[g] + hsum8(_mm256_add_ps(e0, e1));
+            m[g] = nm;
+            _mm256_storeu_ps(pr[g], e0);
+            _mm256_storeu_ps(pr[g] + 8, e1);
+        }
+        for (int g = 0; g < G; g++) pv_row(acc + g * D, corr[g], pr[g], vr, nk, NV);
+    }
+    for (int g = 0; g < G; g++) {
+        char *op = (char *)out + ((r * H + h * G + g) * (int64_t)D) * qes;
+        const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;   /* ctx == 0: a zero row (never NaN) */
+        for (int i = 0; i < D; i += 16) {
+            v16 x;
+            memcpy(&x, acc + g * D + i, 64);
+            store16t(op + (int64_t)i * qes, x * inv, qt);
+        }
+    }
+}
+
+/* ---- prompt: a block of n consecutive rows of one sequence, one KV head ---------------------------- */
+
+#define A2_QB 6   /* query vectors whose scores share each key load (6 x 2 accumulators + 2 keys + 1) */
+
+/* s[u] (2 vectors: keys 0-7, 8-15) = q_u . k for the tile kt [D][16], u < A2_QB: per query and key an FMA
+   chain over d in order */
+A2_INLINE void scores_block(const float *const *qv, const float *kt, int D, __m256 s[A2_QB][2]) {
+    for (int u = 0; u < A2_QB; u++) s[u][0] = s[u][1] = _mm256_setzero_ps();
+    for (int d = 0; d < D; d++) {
+        const __m256 lo = _mm256_load_ps(kt + d * 16), hi = _mm256_load_ps(kt + d * 16 + 8);
+        for (int u = 0; u < A2_QB; u++) {
+            const __m256 b = _mm256_broadcast_ss(qv[u] + d);
+            s[u][0] = _mm256_fmadd_ps(b, lo, s[u][0]);
+            s[u][1] = _mm256_fmadd_ps(b, hi, s[u][1]);
+        }
+    }
+}
+
+/* for nu (1 or 2) queries: acc_u = acc_u * corr_u + sum over t < nk of pr_u[t] * vr[t] for the nb (4 or 2)
+   dim-vectors from i0 (the same operations per query whether it runs alone or paired) */
+A2_INLINE void pv_block(float *const *acc, const float *corr, const float *const *pr, const float *const *vr, int nk,
+                        int i0, const int nu, const int nb) {
+    __m256 a[2][4];
+    for (int u = 0; u < nu; u++) {
+        const __m256 c = _mm256_set1_ps(corr[u]);
+        for (int b = 0; b < nb; b++) a[u][b] = _mm256_mul_ps(_mm256_loadu_ps(acc[u] + i0 + 8 * b), c);
+    }
+    for (int t = 0; t < nk; t++) {
+        __m256 vv[4];
+        for (int b = 0; b < nb; b++) vv[b] = _mm256_loadu_ps(vr[t] + i0 + 8 * b);
+        for (int u = 0; u < nu; u++) {
+            const __m256 pt = _mm256_broadcast_ss(pr[u] + t);
+            for (int b = 0; b < nb; b++) a[u][b] = _mm256_fmadd_ps(pt, vv[b], a[u][b]);
+        }
+    }
+    for (int u = 0; u < nu; u++)
+        for (int b = 0; b < nb; b++) _mm256_storeu_ps(acc[u] + i0 + 8 * b, a[u][b]);
+}
+
+/* pv_block over all D dims (D % 16 == 0): blocks of 32 dims, then one of 16 */
+A2_INLINE void pv_pair(float *const *acc, const float *corr, const float *const *pr, const float *const *vr, int nk,
+                       int D, const int nu) {
+    int i0 = 0;
+    for (; i0 + 32 <= D; i0 += 32) pv_block(acc, corr, pr, vr, nk, i0, nu, 4);
+    if (i0 < D) pv_block(acc, corr, pr, vr, nk, i0, nu, 2);
+}
+
+typedef struct { float m, l; } a2_state;
+
+/* rows r0 .. r0+n-1 of q / out at positions p0 .., KV head h (prompt_attention.c's item, same arguments;
+   scratch as there: qs [n*G][D], acc [n*G][D], kt [D][16], kf / vf [16][D], 64-byte aligned) */
+static void prompt_item_avx2(const float *q, float *out, const void *kv, int kvt, int64_t r0, int n, int64_t p0,
+                             int h, const int64_t *table, int H, int KVH, int64_t NB, int BS, int D, float scale,
+                             int64_t window, float *scratch) {
+    const int G = H / KVH, nq = n * G;
+    float *qs = scratch, *acc = qs + (size_t)nq * D;
+    float *kt = acc + (size_t)nq * D;   /* 64-byte aligned: D % 16 == 0 */
+    float *kf = kt + (size_t)16 * D, *vf = kf + (size_t)16 * D;
+    a2_state st[32 * 16];
+    for (int j = 0; j < n; j++)
+        for (int g = 0; g < G; g++) {
+            const float *src = q + ((r0 + j) * H + h * G + g) * (int64_t)D;
+            float *dst = qs + (size_t)(j * G + g) * D;
+            for (int d = 0; d < D; d++) dst[d] = src[d] * scale;
+            memset(acc + (size_t)(j * G + g) * D, 0, (size_t)D * sizeof(float));
+            st[j * G + g] = (a2_state){-INFINITY, 0.f};
+        }
+    const int64_t plast = p0 + n - 1;
+    int64_t kfirst = window > 0 && p0 - window + 1 > 0 ? p0 - window + 1 : 0;
+    kfirst -= kfirst % 16;
+    const int es = elem_bytes(kvt);
+    const char *kbase = (const char *)kv + (int64_t)h * NB * BS * D * es;
+    const char *vbase = (const char *)kv + (int64_t)(KVH + h) * NB * BS * D * es;
+    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), ninf = _mm256_set1_ps(-INFINITY);
+    for (int64_t k0 = kfirst; k0 <= plast; k0 += 16) {
+        const int nk = plast + 1 - k0 < 16 ? (int)(plast + 1 - k0) : 16;
+        const char *kp[16], *vp[16];
+        a2_rows(kp, kbase, table, k0, nk, BS, (int64_t)D * es);
+        a2_rows(vp, vbase, table, k0, nk, BS, (int64_t)D * es);
+        const float *kr[16], *vr[16];
+        if (kvt == KV_F32)
+            for (int t = 0; t < nk; t++) kr[t] = (const float *)kp[t], vr[t] = (const float *)vp[t];
+        else {
+            widen_rows(kf, kp, nk, D, kvt);
+            widen_rows(vf, vp, nk, D, kvt);
+            for (int t = 0; t < nk; t++) kr[t] = kf + (size_t)t * D, vr[t] = vf + (size_t)t * D;
+        }
+        for (int d = 0; d < D; d++)
+            for (int t = 0; t < 16; t++) kt[d * 16 + t] = t < nk ? kr[t][d] : 0.f;
+        const __m256 kidx0 = _mm256_add_ps(lane, _mm256_set1_ps((float)k0));
+        const __m256 kidx1 = _mm256_add_ps(kidx0, _mm256_set1_ps(8.f));
+        const int qstart = (int)(k0 > p0 ? k0 - p0 : 0) * G;   /* earlier rows cannot see this tile */
+        for (int q0 = qstart; q0 < nq; q0 += A2_QB) {
+            const int nqq = nq - q0 < A2_QB ? nq - q0 : A2_QB;
+            const float *qv[A2_QB];
+            for (int u = 0; u < A2_QB; u++) qv[u] = qs + (size_t)(q0 + (u < nqq ? u : 0)) * D;
+            __m256 s[A2_QB][2];
+            scores_block(qv, kt, D, s);
+            float pr[A2_QB][16] __attribute__((aligned(32))), corr[A2_QB];
+            float *accs[A2_QB];
+            const float *prs[A2_QB];
+            int nu = 0;
+            for (int u = 0; u < nqq; u++) {
+                const int64_t p = p0 + (q0 + u) / G;
+                if (window > 0 && k0 + 15 <= p - window) continue;   /* the whole tile is outside its window */
+                const __m256 pp = _mm256_set1_ps((float)p);
+                __m256 ok0 = _mm256_cmp_ps(kidx0, pp, _CMP_LE_OQ), ok1 = _mm256_cmp_ps(kidx1, pp, _CMP_LE_OQ);
+                if (window > 0) {
+                    const __m256 w = _mm256_set1_ps((float)(p - window));
+                    ok0 = _mm256_and_ps(ok0, _mm256_cmp_ps(kidx0, w, _CMP_GT_OQ));
+                    ok1 = _mm256_and_ps(ok1, _mm256_cmp_ps(kidx1, w, _CMP_GT_OQ));
+                }
+                const __m256 s0 = _mm256_blendv_ps(ninf, s[u][0], ok0), s1 = _mm256_blendv_ps(ninf, s[u][1], ok1);
+                a2_state *sq = &st[q0 + u];
+                const float bm = hmax8(_mm256_max_ps(s0, s1)), nm = bm > sq->m ? bm : sq->m;
+                const __m256 nm8 = _mm256_set1_ps(nm);
+                const __m256 e0 = _mm256_and_ps(exp8(_mm256_sub_ps(s0, nm8)), ok0);
+                const __m256 e1 = _mm256_and_ps(exp8(_mm256_sub_ps(s1, nm8)), ok1);
+                corr[nu] = sq->m == -INFINITY ? 0.f : _mm256_cvtss_f32(exp8(_mm256_set1_ps(sq->m - nm)));
+                sq->l = sq->l * corr[nu] + hsum8(_mm256_add_ps(e0, e1));
+                sq->m = nm;
+                _mm256_store_ps(pr[nu], e0);
+                _mm256_store_ps(pr[nu] + 8, e1);
+                accs[nu] = acc + (size_t)(q0 + u) * D;
+                prs[nu] = pr[nu];
+                nu++;
+            }
+            int u = 0;
+            for (; u + 2 <= nu; u += 2) pv_pair(accs + u, corr + u, prs + u, vr, nk, D, 2);
+            if (u < nu) pv_pair(accs + u, corr + u, prs + u, vr, nk, D, 1);
+        }
+    }
+    for (int j = 0; j < n; j++)
+        for (int g = 0; g < G; g++) {
+            const int qi = j * G + g;
+            const float inv = st[qi].l > 0.f ? 1.f / st[qi].l : 0.f;
+            float *dst = out + ((r0 + j) * H + h * G + g) * (int64_t)D;
+            for (int d = 0; d < D; d++) dst[d] = acc[(size_t)qi * D + d] * inv;
+        }
+}
+
+#endif
