@@ -1,18 +1,26 @@
-"""Tensor parallelism: TP=2 vs TP=1 decode tokens/s, TTFT and the communication cost per step.
+"""Tensor parallelism: TP=2 vs TP=1 in the default format (the file's GGUF blocks), same run.
 
-    .venv/bin/python bench/tensor_parallel.py [--model smollm2-135m-instruct] [--max-tokens 64] [--repeats 2]
+    .venv/bin/python bench/tensor_parallel.py [--model smollm2-135m-instruct] [--max-tokens 64] [--rounds 3]
 
-Runs: TP=1 with all cores, TP=1 with one thread per rank's share, and TP=2 (one process per share,
-gloo on 127.0.0.1). On a 2-core box TP cannot be faster: the point is the per-step price of the
-collectives (batch broadcast from rank 0, two all-reduces per layer + one for the vocab-parallel
-embedding, the logits gather), measured on rank 0 (it includes waiting for the slower rank), plus a
-micro-benchmark of the bare gloo latencies between two idle processes. Decode rate = (tokens - 1) / (last - first output).
+Configurations: TP=1 with all cores, TP=1 with one rank's share of the threads, TP=2 (one process per
+share, gloo on 127.0.0.1). Each round runs every configuration once, in turn, each in a fresh child
+process (so each process's RSS is its own): load, a warm-up request, one timed batch-1 greedy request,
+then the resident set of every process of the configuration (rank 0 and the worker) and rank 0's
+weight bytes. Reported: medians over the rounds of decode tok/s ((tokens - 1) / (last - first output))
+and TTFT, the RSS per process, the communication per step measured on rank 0 (batch broadcast,
+all-gathers of the row-parallel layers, embedding all-reduce, logits gather; it includes waiting for the
+slower rank), whether the TP=2 tokens equal TP=1's, and a micro-benchmark of the bare gloo latencies.
+On a 2-core box TP cannot be faster than TP=1 on both cores: the point is memory per process and the
+per-step price of the collectives. Figures on a shared machine are noisy.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,20 +33,32 @@ PROMPT = ("Explain, step by step, how a hash table handles collisions, and compa
           "with separate chaining in terms of memory use, cache behaviour and worst-case lookups.")
 
 
-def _timed_generate(llm: Any, prompt: str, max_tokens: int) -> tuple[float, float, int]:
-    """(TTFT s, decode tokens/s, tokens) of one batch-1 greedy request."""
+def cpu_facts() -> str:
+    """CPU model, its SIMD extensions that matter here and the native qmatmul variant."""
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == "unknown":
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    from hitenter import kernels
+
+    isa = [f for f in ("avx2", "fma", "avx_vnni", "avx512f", "avx512_vnni") if f in flags]
+    return f"CPU {model}; ISA {' '.join(isa) or '?'}; hitenter qmatmul {kernels.native_isa()}"
+
+
+def _rss(pid: int) -> int:
+    import psutil
+
+    return int(psutil.Process(pid).memory_info().rss)
+
+
+def child(model: str, tp: int, threads: int, max_tokens: int) -> dict[str, Any]:
+    """One configuration in this process: load, warm up, one timed request, the processes' RSS."""
     from hitenter import SamplingParams
-
-    t0 = time.perf_counter()
-    stamps: list[float] = []
-    llm.generate(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
-                 on_output=lambda o: stamps.append(time.perf_counter()) if o.outputs[0].delta_token_ids else None)
-    n = len(stamps)
-    rate = (n - 1) / (stamps[-1] - stamps[0]) if n > 1 else float("nan")
-    return stamps[0] - t0, rate, n
-
-
-def run(model: str, tp: int, threads: int, max_tokens: int, repeats: int) -> dict[str, Any]:
     from hitenter.llm import LLM
 
     llm = LLM(model, tensor_parallel_size=tp, num_threads=threads, max_model_len=512, kv_cache_memory=64 << 20)
@@ -51,28 +71,34 @@ def run(model: str, tp: int, threads: int, max_tokens: int, repeats: int) -> dic
         return orig(out)
 
     runner.execute = counting
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     try:
-        _timed_generate(llm, PROMPT, 4)                         # warm-up
-        best: tuple[float, float, int] | None = None
+        llm.generate(PROMPT, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))   # warm-up
+        llm.engine.kv_manager.reset_prefix_cache()
         comm0 = getattr(runner, "comm_seconds", 0.0)
-        bcast0 = runner.model.broadcast_seconds if tp > 1 else 0.0
-        calls0 = runner.model.group.comm_calls if tp > 1 else 0
         steps[0] = 0
-        for _ in range(repeats):
-            llm.engine.kv_manager.reset_prefix_cache()
-            r = _timed_generate(llm, PROMPT, max_tokens)
-            best = r if best is None or r[1] > best[1] else best
-        assert best is not None
-        res: dict[str, Any] = {"tp": tp, "threads_per_rank": threads, "ttft_ms": best[0] * 1e3,
-                               "decode_tok_s": best[1], "steps": steps[0]}
+        stamps: list[float] = []
+        t0 = time.perf_counter()
+        out = llm.generate(PROMPT, sp, on_output=lambda o: stamps.append(time.perf_counter())
+                           if o.outputs[0].delta_token_ids else None)[0]
+        n = len(stamps)
+        inner = runner.model.inner if tp > 1 else runner.model
+        res: dict[str, Any] = {"tp": tp, "threads_per_rank": threads, "ttft_ms": (stamps[0] - t0) * 1e3,
+                               "decode_tok_s": (n - 1) / (stamps[-1] - stamps[0]) if n > 1 else float("nan"),
+                               "tokens": list(out.outputs[0].token_ids), "weight_mb_rank0": inner.weight_bytes() / 1e6,
+                               "rss_mb": [_rss(os.getpid()) / 1e6] + [_rss(p.pid) / 1e6 for p in
+                                                                       (runner.workers.procs if tp > 1 else [])]}
         if tp > 1:
-            n = max(steps[0], 1)
-            res["comm_ms_per_step"] = (runner.comm_seconds - comm0) / n * 1e3
-            res["broadcast_ms_per_step"] = (runner.model.broadcast_seconds - bcast0) / n * 1e3
-            res["collectives_per_step"] = (runner.model.group.comm_calls - calls0) / n
+            res["comm_ms_per_step"] = (runner.comm_seconds - comm0) / max(steps[0], 1) * 1e3
         return res
     finally:
         llm.close()
+
+
+def _spawn(model: str, tp: int, threads: int, max_tokens: int) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", json.dumps([model, tp, threads, max_tokens])]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(next(line for line in out.splitlines() if line.startswith("{")))
 
 
 def _micro_rank(rank: int, port: int, hidden: int, iters: int, out: Any) -> None:
@@ -86,11 +112,13 @@ def _micro_rank(rank: int, port: int, hidden: int, iters: int, out: Any) -> None
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    x = torch.randn(8, hidden)            # one decode step's padded rows
+    x = torch.randn(1, hidden)            # one decode row
+    parts = [torch.empty_like(x) for _ in range(2)]
     meta = AttentionMetadata([0, 1], [200], [list(range(13))], torch.tensor([199]), 16)
     msg = ("forward", torch.tensor([5]), torch.tensor([199]), meta)
     res = {}
-    for name, fn in (("all_reduce_8xH", lambda: dist.all_reduce(x)),
+    for name, fn in (("all_reduce_1xH", lambda: dist.all_reduce(x)),
+                     ("all_gather_1xH", lambda: dist.all_gather(parts, x)),
                      ("broadcast_batch", lambda: broadcast_object(msg if rank == 0 else None))):
         for _ in range(20):
             fn()
@@ -106,7 +134,7 @@ def _micro_rank(rank: int, port: int, hidden: int, iters: int, out: Any) -> None
 
 
 def comm_micro(hidden: int, iters: int = 500) -> dict[str, float]:
-    """Pure gloo latency between two processes (no compute skew): µs per all-reduce / batch broadcast."""
+    """Pure gloo latency between two processes (no compute skew): µs per collective."""
     import torch.multiprocessing as mp
 
     from hitenter.distributed.runner import _free_port
@@ -127,23 +155,43 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.child:
+        print(json.dumps(child(*json.loads(a.child))))
+        return
     cores = os.cpu_count() or 1
-    rows = [run(a.model, 1, cores, a.max_tokens, a.repeats),
-            run(a.model, 1, max(1, cores // 2), a.max_tokens, a.repeats),
-            run(a.model, 2, max(1, cores // 2), a.max_tokens, a.repeats)]
-    print(table([[r["tp"], r["threads_per_rank"], r["ttft_ms"], r["decode_tok_s"],
-                  r.get("comm_ms_per_step", 0.0), r.get("broadcast_ms_per_step", 0.0),
-                  r.get("collectives_per_step", 0.0)] for r in rows],
-                ["TP", "threads/rank", "TTFT ms", "decode tok/s", "comm ms/step", "of which bcast", "collectives/step"]))
+    configs = [(1, cores), (1, max(1, cores // 2)), (2, max(1, cores // 2))]
+    runs: dict[tuple[int, int], list[dict[str, Any]]] = {c: [] for c in configs}
+    for _ in range(a.rounds):                      # alternating rounds: every configuration once per round
+        for tp, threads in configs:
+            runs[(tp, threads)].append(_spawn(a.model, tp, threads, a.max_tokens))
+    rows, summary = [], []
+    for (tp, threads), rs in runs.items():
+        med = {k: statistics.median(r[k] for r in rs) for k in ("decode_tok_s", "ttft_ms", "weight_mb_rank0")}
+        rss = [statistics.median(r["rss_mb"][i] for r in rs) for i in range(len(rs[0]["rss_mb"]))]
+        comm = statistics.median(r.get("comm_ms_per_step", 0.0) for r in rs)
+        same = all(r["tokens"] == runs[configs[0]][0]["tokens"] for r in rs)
+        rows.append([tp, threads, med["decode_tok_s"], med["ttft_ms"], med["weight_mb_rank0"],
+                     " + ".join(f"{x:.0f}" for x in rss), comm, same])
+        summary.append({"tp": tp, "threads_per_rank": threads, **med, "rss_mb_per_process": rss,
+                        "comm_ms_per_step": comm, "tokens_equal_tp1": same,
+                        "decode_tok_s_rounds": [r["decode_tok_s"] for r in rs]})
+    print(cpu_facts())
+    print(f"{a.model}, default format (GGUF blocks), batch 1 greedy, {a.max_tokens} tokens, medians of {a.rounds} "
+          f"alternating rounds (each a fresh process; shared machine: noisy)")
+    print(table(rows, ["TP", "threads/rank", "decode tok/s", "TTFT ms", "weights MB rank 0", "RSS MB per process",
+                       "comm ms/step", "tokens = TP=1"]))
     from hitenter.llm import LLM
 
     hidden = LLM(a.model, max_model_len=64, kv_cache_memory=8 << 20).model_config.hidden_size
     micro = comm_micro(hidden)
-    print(f"gloo, 2 processes, H={hidden}: all-reduce [8, H] {micro['all_reduce_8xH']:.0f} us, "
-          f"decode-batch broadcast ({micro['batch_pickle_bytes']} B pickled) {micro['broadcast_batch']:.0f} us")
-    emit_json("tensor_parallel", {"model": a.model, "max_tokens": a.max_tokens, "runs": rows, "gloo_micro_us": micro})
+    print(f"gloo, 2 idle processes, H={hidden}: all-reduce [1, H] {micro['all_reduce_1xH']:.0f} us, all-gather "
+          f"[1, H] {micro['all_gather_1xH']:.0f} us, decode-batch broadcast ({micro['batch_pickle_bytes']} B) "
+          f"{micro['broadcast_batch']:.0f} us")
+    emit_json("tensor_parallel", {"model": a.model, "max_tokens": a.max_tokens, "cpu": cpu_facts(), "runs": summary,
+                                  "gloo_micro_us": micro})
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 """A tensor-parallel group on torch.distributed: the collectives the sharded model needs.
 
 `TPGroup` implements models/shard.py's `TensorParallel` protocol over the default process group
-(gloo on CPU; the same calls run on NCCL for CUDA tensors): `all_reduce` after the row-parallel
-projections, a vocab-parallel embedding (each rank holds `ceil(V / size)` rows, zero-padded at the
-end; a rank looks up the ids it owns, writes zeros elsewhere, and the ranks all-reduce), and a
-vocab-parallel LM head whose `[N, V/size]` shards are gathered to rank 0 (`gather_logits` returns the
-full `[N, V]` on rank 0 and the local shard elsewhere; only rank 0 samples).
+(gloo on CPU; the same calls run on NCCL for CUDA tensors): `gather_cols` around the row-parallel
+projections over GGUF blocks (models/shard.py; inside the fused C layer through distributed/fused.py,
+`fused_library` / `wire_fused`), `all_reduce` after the dense ones, a vocab-parallel embedding (each
+rank holds `ceil(V / size)` rows: dense, zero-padded at the end; GGUF blocks, the file's rows, shared
+with a tied head's shard; a rank looks up the ids it owns, writes zeros elsewhere, and the ranks
+all-reduce: one row plus zeros, exact), and a vocab-parallel LM head whose `[N, V/size]` shards are
+gathered to rank 0 (`gather_logits` returns the full `[N, V]` on rank 0 and the local shard elsewhere;
+only rank 0 samples).
 
 `broadcast_object` / `validate_tp` are the small helpers the runner and the workers share.
 """
