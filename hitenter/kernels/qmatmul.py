@@ -14,7 +14,8 @@ is shared with torch's, so no second thread pool). Zero-copy: x, w.data and `out
 place through their data pointers; no alignment is required, only unit stride along K (x, w) and N
 (out); `out` may be a column slice of a wider buffer (e.g. fused Q/K/V outputs). Paths: small M
 streams each weight row once per 8 activation rows; from M = 6 (32-wide types) / 9 (K types) it packs 16
-(AVX2: 8) weight rows at a time per call (a GEMM; all types with AVX512-VNNI, all but Q8_0 with AVX2);
+(AVX2: 8) weight rows at a time per call (a GEMM; all types with AVX512-VNNI, all but Q8_0 with AVX2,
+whose microkernels add maddubs pairs in int16 before one madd by the scale: csrc/qm_pack_avx2.h);
 a weight repacked at load (`repack`, csrc/qm_repack.h: Q4_0, Q4_1, Q8_0 with VNNI) runs one kernel for
 every M; all give the same bits for a row.
 Per call: the weight is described to the kernel once (a descriptor cached on the BlockWeight), so a

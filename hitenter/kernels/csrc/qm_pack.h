@@ -2,7 +2,8 @@
  * rows (16 with VNNI, 8 otherwise; qm_pvec.h) are unpacked once per call into an interleaved layout
  * whose PN int32 lanes are PN output columns, so the weight scales, mins and d are plain vectors
  * across lanes and no horizontal sums are needed: per 4 activation bytes one broadcast and one
- * dpbusd for PN outputs. Unpacking is amortized over all M rows.
+ * dpbusd for PN outputs (AVX2 without VNNI: qm_pack_avx2.h's microkernels on the same layout).
+ * Unpacking is amortized over all M rows.
  *
  * Bits: each (m, n) lane takes exactly the integer sums I and Mn of the row path (Q6_K: I - Mn,
  * the offset entering through each group's starting value; Q4_K/Q5_K: Mn from per-32 activation
@@ -81,8 +82,9 @@ static void pack8(const int qt, const int bb, const uint8_t *w, int64_t ldw, int
             int16_t mn16[16];
             unpack256(qt, blk, st[n], sc, &mins, &d, &dmin);
             _mm256_storeu_si256((__m256i *)mn16, mins);
-            if (qt == QT_Q6_K) {
+            if (qt == QT_Q6_K) {   /* AVX2: q - 32, signed (qm_pack_avx2.h: |w| . sign(x, w), no offset term) */
                 for (int g = 0; g < 16; g++) pb->sc[g][n] = (int8_t)blk[192 + g];
+                for (int j = 0; j < 8 && !QM_VNNI; j++) st[n][j] = _mm256_sub_epi8(st[n][j], _mm256_set1_epi8(32));
             } else if (qt == QT_Q2_K) {
                 for (int g = 0; g < 16; g++) pb->sc[g][n] = blk[g] & 15;
             } else if (qt == QT_Q3_K) {
@@ -100,9 +102,9 @@ static void pack8(const int qt, const int bb, const uint8_t *w, int64_t ldw, int
                 qm_k4_scales(blk + 4, u);
                 for (int g = 0; g < 8; g++) pb->sc[g][n] = ((const uint8_t *)u)[g];
             }
-            /* mn16: the 16 per-16 mins, as int16 pairs: Q2_K's, and on AVX2 Q6_K's / Q3_K's offset * scale
+            /* mn16: the 16 per-16 mins, as int16 pairs: Q2_K's, and on AVX2 Q3_K's offset * scale
              * (qm_pack_avx2.h takes their offsets off I this way) */
-            if (qt == QT_Q2_K || (!QM_VNNI && (qt == QT_Q6_K || qt == QT_Q3_K)))
+            if (qt == QT_Q2_K || (!QM_VNNI && qt == QT_Q3_K))
                 for (int i = 0; i < 8; i++)
                     pb->mn[i][n] = (int32_t)((uint32_t)(uint16_t)mn16[2 * i]
                                              | ((uint32_t)(uint16_t)mn16[2 * i + 1] << 16));

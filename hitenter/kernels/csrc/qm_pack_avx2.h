@@ -8,19 +8,23 @@
  * int16 (exact while SEG * 2 * wmax * 127 <= 32767), then one madd by the group's scale, duplicated
  * into both int16 halves of each lane (pblock.sc on AVX2), turns them into the scaled int32 sum: per 4
  * activation bytes one maddubs and one 16-bit add, and no mullo per scale group.
- *   SEG: Q4_K 8 (w <= 15), Q5_K 4 (<= 31), Q6_K 2 (<= 63), Q3_K 4 (<= 7), Q2_K 4 (<= 3); IQ4_XS 1
- *   (|w| <= 127 with the sign on x: a pair may reach 32258, so each dword gets its own madd).
- * Offsets: Q6_K's 32 and Q3_K's 4 come off I through the per-16 mins (offset * scale, int16 pairs in
- * pblock.mn, as Q2_K's) times the activations' 16-element sums, as in the row path (I - Mn).
+ *   SEG: Q4_K 8 (w <= 15), Q5_K 4 (<= 31), Q3_K 4 (<= 7), Q2_K 4 (<= 3); Q6_K 4 on q - 32, signed (the sign
+ *   moved onto x: |w| <= 32); IQ4_XS 1 (|w| <= 127 with the sign on x: a pair may reach 32258, so each
+ *   dword gets its own madd).
+ * Offsets: Q3_K's 4 comes off I through the per-16 mins (offset * scale, int16 pairs in pblock.mn, as
+ * Q2_K's) times the activations' 16-element sums, as in the row path (I - Mn); Q6_K's 32 is in its
+ * signed weights.
  * Legacy types (pblock32): one block is 8 dwords; SEG32 Q4_0/Q4_1 8, Q5_0/Q5_1/MXFP4 4, Q8_0/IQ4_NL 1. */
 #ifndef QM_PACK_AVX2_H
 #define QM_PACK_AVX2_H
 
 /* dwords of int16 sums before a madd, per type */
-#define A2_SEG(qt) ((qt) == QT_Q4_K ? 8 : (qt) == QT_Q5_K ? 4 : (qt) == QT_Q6_K ? 2 : (qt) == QT_IQ4_XS ? 1 : 4)
+#define A2_SEG(qt) ((qt) == QT_Q4_K ? 8 : (qt) == QT_Q5_K ? 4 : (qt) == QT_Q6_K ? 4 : (qt) == QT_IQ4_XS ? 1 : 4)
 #define A2_SEG32(qt) ((qt) == QT_Q4_0 || (qt) == QT_Q4_1 ? 8 : QM_SIGNED32(qt) ? 1 : 4)
 /* K types whose offset comes off I through per-16 mins (pblock.mn pairs) */
-#define A2_OFFMINS(qt) ((qt) == QT_Q6_K || (qt) == QT_Q3_K)
+#define A2_OFFMINS(qt) ((qt) == QT_Q3_K)
+/* K types packed as signed weights (|w| . sign(x, w)): IQ4_XS's codebook values, Q6_K's q - 32 */
+#define A2_SIGNED(qt) ((qt) == QT_IQ4_XS || (qt) == QT_Q6_K)
 
 QM_INLINE __m256i a2_bcast(const void *p) {
     int32_t v;
@@ -41,11 +45,23 @@ QM_INLINE __m256i a2_step(__m256i t, __m256i w, const void *xp) {
     return t;
 }
 
+/* the same with signed weights w (wa = |w|): t + maddubs(wa, sign(x, w)) */
+QM_INLINE __m256i a2_step_sgn(__m256i t, __m256i wa, __m256i w, const void *xp) {
+    __m256i tmp;
+    __asm__("vpbroadcastd %[xp], %t[tmp]\n\t"
+            "vpsignb %t[w], %t[tmp], %t[tmp]\n\t"
+            "vpmaddubsw %t[tmp], %t[wa], %t[tmp]\n\t"
+            "vpaddw %t[tmp], %t[t], %t[t]"
+            : [t] "+x"(t), [tmp] "=&x"(tmp)
+            : [wa] "x"(wa), [w] "x"(w), [xp] "m"(*(const int32_t *)xp));
+    return t;
+}
+
 /* y[r, 0..nvalid) for R activation rows against one packed group (K types) */
 QM_INLINE void p_kern_a2(const int qt, const pblock *p, int64_t nb, const xq256 *x, int64_t xrow, const int R,
                          float *y, int64_t ldy, int nvalid) {
     const int GS = qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_IQ4_XS ? 8 : 4;   /* dwords per scale group */
-    const int SEG = A2_SEG(qt), sgn = qt == QT_IQ4_XS;
+    const int SEG = A2_SEG(qt), sgn = A2_SIGNED(qt);
     __m256 acc[PR];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -65,12 +81,8 @@ QM_INLINE void p_kern_a2(const int qt, const pblock *p, int64_t nb, const xq256 
                     const __m256i wv = _mm256_load_si256((const __m256i *)pb->q[e4]);
                     const __m256i wa = sgn ? _mm256_abs_epi8(wv) : wv;
                     for (int r = 0; r < R; r++) {
-                        if (!sgn) {
-                            t[r] = a2_step(t[r], wv, x[r * xrow + b].q + 4 * e4);
-                            continue;
-                        }
-                        const __m256i xv = _mm256_sign_epi8(a2_bcast(x[r * xrow + b].q + 4 * e4), wv);
-                        t[r] = _mm256_add_epi16(t[r], _mm256_maddubs_epi16(wa, xv));
+                        t[r] = sgn ? a2_step_sgn(t[r], wa, wv, x[r * xrow + b].q + 4 * e4)
+                                   : a2_step(t[r], wv, x[r * xrow + b].q + 4 * e4);
                     }
                 }
                 for (int r = 0; r < R; r++) I[r] = _mm256_add_epi32(I[r], _mm256_madd_epi16(t[r], s));
