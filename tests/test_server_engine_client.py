@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_server_util import LiveServer, live_server
+from test_server_util import LiveServer, live_server, wait_until
 
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.server.api import create_app
@@ -133,33 +133,69 @@ def _score(url: str) -> list[float]:
     return r.json()["choices"][0]["logprobs"]["token_logprobs"][1:]
 
 
-def _stream(url: str, seed: int) -> list[str]:
-    body = {"prompt": f"stream {seed}", "max_tokens": 40, "temperature": 1.0, "seed": seed, "ignore_eos": True}
-    return httpx.post(url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+def _stream(url: str, seed: int, n: int = 40) -> list[str]:
+    body = {"prompt": f"stream {seed}", "max_tokens": n, "temperature": 1.0, "seed": seed, "ignore_eos": True}
+    return httpx.post(url + "/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
 
 
-def test_scores_and_embeddings_under_load_equal_idle(server: LiveServer, engine: LLMEngine) -> None:
+STREAMS = 16
+
+
+def _sliced(make: Any, slices: list[tuple[int, int]], last: list[tuple[int, int]]) -> Any:
+    """``make``'s job, recording (engine step id, requests running) as each of its slices runs."""
+    def job(*args: Any, **kw: Any) -> Any:
+        work = make(*args, **kw)
+        while True:
+            slices.append(last[0])
+            try:
+                next(work)
+            except StopIteration as done:
+                return done.value
+            yield
+    return job
+
+
+@pytest.mark.slow
+def test_scores_and_embeddings_under_load_equal_idle(server: LiveServer, engine: LLMEngine,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompt logprobs and embeddings while 16 streams decode: the numbers of the idle engine, the
+    streams' texts those of the streams alone, and at most one job slice between two engine steps
+    (so no stream step waits on them beyond one slice), all while the 16 streams were running."""
+    from hitenter.server import local_engine
+
     ids = engine.tokenizer.encode(PROMPT)
     direct = [lp.logprob for lp in run_now(score_job(engine, [ids], 1, 10_000))[0].logprobs[1:]]
-    idle, idle_streams = _score(server.url), [_stream(server.url, s) for s in range(4)]
+    idle, idle_streams = _score(server.url), [_stream(server.url, s, 160) for s in range(STREAMS)]
     embed = {"input": [PROMPT, "short"]}
     idle_vecs = httpx.post(server.url + "/v1/embeddings", json=embed, timeout=60).json()["data"]
     assert idle == pytest.approx(direct, abs=1e-5)          # sliced on the engine thread = one forward
+    slices: list[tuple[int, int]] = []
+    last = [(-1, 0)]
+    unsubscribe = engine.subscribe(lambda ev: last.__setitem__(0, (ev.step_id, ev.num_running)))
+    monkeypatch.setattr(local_engine, "score_job", _sliced(local_engine.score_job, slices, last))
+    monkeypatch.setattr(local_engine, "embed_job", _sliced(local_engine.embed_job, slices, last))
     got: dict[str, Any] = {}
 
     def load(s: int) -> None:
-        got[f"s{s}"] = _stream(server.url, s)
+        got[f"s{s}"] = _stream(server.url, s, 160)
 
-    threads = [threading.Thread(target=load, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    busy = [_score(server.url) for _ in range(2)]
-    vecs = httpx.post(server.url + "/v1/embeddings", json=embed, timeout=60).json()["data"]
-    for t in threads:
-        t.join(60)
+    threads = [threading.Thread(target=load, args=(s,)) for s in range(STREAMS)]
+    try:
+        for t in threads:
+            t.start()
+        assert wait_until(lambda: last[0][1] == STREAMS, timeout=30), last   # all 16 decoding
+        busy = [_score(server.url) for _ in range(2)]
+        vecs = httpx.post(server.url + "/v1/embeddings", json=embed, timeout=60).json()["data"]
+        for t in threads:
+            t.join(120)
+    finally:
+        unsubscribe()
     assert all(b == idle for b in busy)
     assert [v["embedding"] for v in vecs] == [v["embedding"] for v in idle_vecs]
-    assert [got[f"s{s}"] for s in range(4)] == idle_streams
+    assert [got[f"s{s}"] for s in range(STREAMS)] == idle_streams
+    steps = [step for step, _ in slices]
+    assert len(slices) >= 6 and len(steps) == len(set(steps)), slices          # one slice per step at most
+    assert sum(running == STREAMS for _, running in slices) >= len(slices) // 2, slices   # beside 16 streams
 
 
 # --- how many server files one request's code runs in (traced, not read from imports) ---------------------
