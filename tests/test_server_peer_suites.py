@@ -43,6 +43,7 @@ CITY = {"type": "object", "properties": {"location": {"type": "string", "pattern
         "required": ["location"], "additionalProperties": False}
 ANT_TOOL = {"name": "get_weather", "description": "Get the current weather in a location", "input_schema": CITY}
 OAI_TOOL = {"type": "function", "name": "get_weather", "description": "weather", "parameters": CITY, "strict": True}
+pytestmark = pytest.mark.slow      # ~70 checks, ~40 s together: the full suite's, not the fast lane's
 USE = [{"role": "user", "content": "What's the weather?"},
        {"role": "assistant", "content": [{"type": "tool_use", "id": "test123", "name": "get_weather",
                                           "input": {"location": "Paris"}}]}]
