@@ -226,6 +226,13 @@ def test_large_bodies_checked_in_the_worker_as_in_place() -> None:
     assert got is not None and got.status == 413 and "--max-guided-choices" in got.message
     assert asyncio.run(checker.problem(fine)) is None and checker.worker_pid not in (None, first)
     checker._stop()
+    # a worker that exits without a verdict: the body it took is checked in place, then a new one starts
+    checker._proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.buffer.read(8)"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    got = asyncio.run(checker.problem(over))
+    assert got is not None and got.status == 413 and checker.worker_pid is None
+    assert asyncio.run(checker.problem(over)) is not None and checker.worker_pid is not None
+    checker._stop()
 
 
 def test_a_client_looping_refusals_is_paced() -> None:

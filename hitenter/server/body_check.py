@@ -11,8 +11,9 @@ parses the bodies that pass, itself, as before.
 
 - ``problem(body)``: the body's ``APIError`` or None; bodies up to ``INLINE_BYTES`` are checked in place
   (well under a millisecond), larger ones in the worker. At most ``MAX_PENDING`` large bodies wait for
-  it at once; one more is a 429 (Retry-After). A worker that dies is started again on the next body,
-  and the body it died on is checked in the helper thread instead (never a 5xx).
+  it at once; one more is a 429 (Retry-After). A worker that dies (or is silent ``STUCK_S`` on one
+  body) is started again on the next body, and the body it failed on is checked in the helper thread
+  instead (never a 5xx).
 - A client (by address) whose large bodies keep being refused (more than ``PACE_FREE`` in
   ``PACE_WINDOW_S``) gets each further refusal ``PACE_DELAY_S`` late: one client looping refused 1 MB
   grammars then costs the server a few refusals a second, not dozens (each is still ~4 ms of the
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -38,6 +40,7 @@ from hitenter.server.limit_checks import HEAD
 
 INLINE_BYTES = 1 << 16
 MAX_PENDING = 16
+STUCK_S = 30.0                        # a worker silent this long on one body is replaced
 PACE_FREE, PACE_WINDOW_S, PACE_DELAY_S = 8, 10.0, 0.5
 _PACE_CLIENTS = 4096                  # addresses remembered, least recently refused out
 _WORKER = "from hitenter.server.limit_checks import serve; serve()"
@@ -89,6 +92,8 @@ class BodyChecker:
             proc.stdin.write(HEAD.pack(len(lim), len(body)) + lim)
             proc.stdin.write(body)
             proc.stdin.flush()
+            if not select.select([proc.stdout], [], [], STUCK_S)[0]:
+                raise OSError("the body-check worker is stuck")
             verdict = json.loads(proc.stdout.readline())
         except (OSError, ValueError):                 # the worker died (killed, out of memory): check it here
             self._stop()
