@@ -486,3 +486,60 @@ def test_llama_parallel_requests(server: LiveServer) -> None:
         together = list(pool.map(lambda b: post(server, "/v1/completions", b).json()["choices"][0]["text"], bodies))
     alone = [post(server, "/v1/completions", b).json()["choices"][0]["text"] for b in bodies]
     assert together == alone and all(len(t) > 0 for t in together)       # batching changes no seeded result
+
+
+# --- vLLM tests/entrypoints/openai/chat_completion: test_non_object_body_validation, test_tool_choice_null,
+# test_chat_stop_token_ids_validation, test_chat_logit_bias_validation, test_system_fingerprint_none
+# (vLLM's cache_salt is its own field: a 400 naming it here) ---------------------------------------------
+
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+@pytest.mark.parametrize("raw", [b"this is not valid json{{{", b'["not", "an", "object"]', b"42", b"null"])
+def test_vllm_non_object_body(server: LiveServer, raw: bytes) -> None:
+    r = httpx.post(server.url + "/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "error" in r.json(), r.text
+
+
+def test_vllm_tool_choice_null(server: LiveServer) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
+    base = {"messages": HELLO, "max_tokens": 2, "temperature": 0}
+    assert post(server, "/v1/chat/completions", {**base, "tools": tools, "tool_choice": None}).json()["choices"] == \
+        post(server, "/v1/chat/completions", {**base, "tools": tools}).json()["choices"]
+    assert post(server, "/v1/chat/completions", {**base, "tool_choice": None}).status_code == 200
+    r = post(server, "/v1/chat/completions", {**base, "tool_choice": None,
+                                              "structured_outputs": {"json": {"type": "object"}}, "max_tokens": 20})
+    assert r.status_code == 200, r.text
+    assert post(server, "/v1/chat/completions", {**base, "tools": tools, "tool_choice": "bogus"}).status_code == 400
+    assert post(server, "/v1/chat/completions", {**base, "tool_choice": "auto"}).status_code == 400
+    assert post(server, "/v1/chat/completions", {**base, "tools": tools, "tool_choice": "none"}).status_code == 200
+
+
+def _vocab(server: LiveServer) -> int:
+    return int(httpx.get(server.url + "/tokenizer_info").json()["vocab_size"])
+
+
+def test_vllm_stop_token_ids_and_logit_bias_bounds(server: LiveServer) -> None:
+    v, base = _vocab(server), {"messages": HELLO, "max_tokens": 3}
+    assert post(server, "/v1/chat/completions", {**base, "stop_token_ids": [v - 1]}).status_code == 200
+    assert post(server, "/v1/chat/completions", {**base, "logit_bias": {str(v - 1): 1.0}}).status_code == 200
+    for body in ({"stop_token_ids": [v + 1]}, {"logit_bias": {str(v + 1): 1.0}}):
+        r = post(server, "/v1/chat/completions", {**base, **body})
+        msg = r.json()["error"]["message"]
+        assert r.status_code == 400 and str(v + 1) in msg and (str(v) in msg or str(v - 1) in msg), msg
+    assert post(server, "/v1/chat/completions", {**base, "stop_token_ids": [-1]}).status_code == 400
+
+
+@pytest.mark.parametrize("bias, names", [({"not_a_token_id": 50}, ["not_a_token_id", "logit_bias"]),
+                                         ({"1": "not_a_number"}, ["logit_bias"]),
+                                         ({"bad1": 50.0, "bad2": 20.0}, ["bad1", "bad2"])])
+def test_vllm_logit_bias_keys_and_values(server: LiveServer, bias: dict[str, Any], names: list[str]) -> None:
+    r = post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 3, "logit_bias": bias})
+    assert r.status_code == 400 and all(n in r.text for n in names), r.text
+
+
+def test_vllm_system_fingerprint_none_and_cache_salt(server: LiveServer) -> None:
+    b = post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 2}).json()
+    assert "system_fingerprint" in b and b["system_fingerprint"] is None
+    r = post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 2, "cache_salt": ""})
+    assert r.status_code == 400 and "cache_salt" in r.json()["error"]["message"]
