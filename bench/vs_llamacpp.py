@@ -136,6 +136,23 @@ def report(name: str, path: str, ours: dict[str, dict], theirs: dict[str, float]
           + (f"; llama.cpp achieves {100 * theirs['decode'] / ceil_gguf:.0f}% of it." if theirs else "."))
 
 
+def cpu_line() -> str:
+    """CPU model, the SIMD extensions that matter for the kernels, and the native qmatmul variant loaded."""
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == "unknown":
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    isa = [f for f in ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16") if f in flags]
+    from hitenter.kernels import native_isa
+
+    return f"CPU {model}; ISA {' '.join(isa) or '?'}; hitenter qmatmul {native_isa()}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=DEFAULT_MODELS)
@@ -155,6 +172,8 @@ def main() -> None:
         return
     from hitenter.models.registry import resolve_model
 
+    cpu = cpu_line()
+    print(cpu, f"| {a.threads} threads")
     results: dict[str, dict] = {}
     for name in a.models:
         path = str(resolve_model(name))
@@ -162,7 +181,7 @@ def main() -> None:
         theirs = llamacpp_rates(path, a)
         report(name, path, ours, theirs, a)
         results[name] = {"hitenter": ours, "llamacpp": theirs, "gguf_bytes": Path(path).stat().st_size}
-    emit_json("vs_llamacpp", {"models": results})
+    emit_json("vs_llamacpp", {"cpu": cpu, "models": results})
 
 
 if __name__ == "__main__":
