@@ -20,8 +20,9 @@
 /* PN (qm_pvec.h): weight rows per packed group, the lanes of one vector */
 #define PG (32 / PN)  /* packed groups per pass (32 weight rows share each activation row's trip from L2) */
 #define PR 8          /* most activation rows per microkernel call */
-/* activation rows per call of the packed GEMM's tiles: AVX2 has 16 vector registers, and 8 rows' int16,
- * int32 and fp32 accumulators spill (qm_pack_avx2.h) */
+/* activation rows per call of the packed GEMM's tiles (-DPT=4 to try; on Zen 3 with AVX2, 8 rows measured
+ * 0-7% faster than 4 on Q4_K/Q6_K/Q5_0 at M = 64 and 512, though 8 rows' accumulators exceed the 16 ymm
+ * registers: the int32/fp32 ones spill once per scale group, the int16 ones stay in registers) */
 #ifndef PT
 #define PT 8
 #endif
