@@ -230,7 +230,8 @@ def attacker_cost(url: str, pid: int, seconds: float = 6.0) -> dict[str, object]
     return {"seconds": seconds, "refusals": counts, "refusals_per_s": round(n / seconds, 1),
             "server_cpu_ms_per_refusal": round(ms[0][0], 2),
             "server_user_ms_per_refusal": round(ms[0][1], 2),
-            "helpers_cpu_ms_per_refusal": round(sum(m[0] for m in ms[1:]), 2)}
+            "helpers_cpu_ms_per_refusal": round(sum(m[0] for m in ms[1:]), 2),
+            "server_user_ms_per_s": round(ms[0][1] * n / seconds, 1)}     # the attack's share of the interpreter
 
 
 def _attacked(url: str, n: int, max_tokens: int, at_limit: bool) -> tuple[float, dict[str, int]]:
