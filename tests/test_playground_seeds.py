@@ -222,6 +222,9 @@ def test_no_stale_panel_after_a_prompt_or_model_change(pg, real) -> None:
     bank, river = pieces.index("·bank"), pieces.index("·river")
     pg.wait_for_selector(f"#attn-focus[data-q='{bank}']")
     assert int(d(pg, "#attn-focus", "top")) == river and d(pg, "#attn-heat", "layer") != "0"
+    pg.hover(f"#p-embed .tracetoks .tok[data-index='{bank}']")      # one token lit in every view of it
+    lit = pg.eval_on_selector_all(".hl", "ns => ns.map(n => n.closest('section').id)")
+    assert {"p-embed", "p-attn", "p-resid", "p-tokens", "p-kv"} <= set(lit), lit
     pg.click("#view-story")
     assert pg.eval_on_selector("#story-flow", "f => f.textContent").count("30 × (attention + MLP)") == 1
     pg.click("#view-dash")

@@ -344,7 +344,7 @@ function connect() {
 }
 
 // One token hovered anywhere in the traced panels lights the same position everywhere: its chip in every row
-// (embedding, attention, lens), its attention row label, and its prompt chip in panel 1.
+// (embedding, attention, lens), its attention row label, its prompt chip in panel 1 and its KV block in panel 7.
 function linkHover(e) {
   const t = e.target.closest(".tracetoks .tok[data-index], #attn-heat .qlab[data-q]");
   const i = t ? (t.dataset.index ?? t.dataset.q) : null;
@@ -355,6 +355,9 @@ function linkHover(e) {
   document.querySelectorAll(`.tracetoks .tok[data-index="${i}"], #attn-heat .qlab[data-q="${i}"]`).forEach((n) => n.classList.add("hl"));
   const chip = document.querySelectorAll("#prompt-tokens .tok")[Number(i)];
   if (chip) chip.classList.add("hl");
+  const run = S.run;                     // its KV slot: the block of this request that holds position i
+  const blk = run && run.blockSize ? document.querySelectorAll("#req-blocks .reqblk")[Math.floor(Number(i) / run.blockSize)] : null;
+  if (blk) blk.classList.add("hl");
 }
 
 async function init() {
