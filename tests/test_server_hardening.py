@@ -86,7 +86,8 @@ def test_long_prompt_refused_before_tokenizing(engine: LLMEngine) -> None:
     with TestClient(app) as c:
         bound = app.state.server.default.max_prompt_chars
         e = _err(c.post("/v1/completions", json={"prompt": "a" * (bound + 1)}), 400, "prompt")
-        assert "cannot fit" in e["message"] and e["n_ctx"] == engine.max_model_len
+        assert "maximum context length" in e["message"] and e["n_ctx"] == engine.max_model_len
+        assert e["n_prompt_tokens"] > engine.max_model_len and "characters need at least" in e["message"]
         msgs = [{"role": "user", "content": "b" * (bound + 1)}]
         _err(c.post("/v1/chat/completions", json={"messages": msgs}), 400, "messages")
 
