@@ -176,6 +176,7 @@ def check(page, key: str, model: str, eng, prompt: str) -> None:
         page.fill("#measure-n", "4")
         page.click("#btn-measure")
         page.wait_for_selector("#fast-measured", timeout=120000)
+        assert d(page, "#fast-measured", "n") == "4" and page.input_value("#measure-n") == "4"   # kept across redraws
         assert float(d(page, "#fast-measured", "tps-batched")) > float(d(page, "#fast-measured", "tps-alone"))
         per = eng.model_config.kv_bytes_per_token(4)          # fp32 K/V (GGUF blocks, fp32 activations)
         assert int(d(page, "#fast", "kv-per")) == per and int(d(page, "#fast", "kv-opt")) == 800 * 1024

@@ -20,7 +20,7 @@ const $ = (id) => document.getElementById(id);
 const body = (id) => $(id).querySelector(".body");
 const S = { models: [], eng: { kv: null, steps: [], preempted: [] }, es: null, run: null, prev: null, branch: null,
   tri: null, triSel: null, abort: null, sel: null, sampling: { temperature: 0.8, top_k: -1, top_p: 1, min_p: 0 },
-  trace: null, story: 0, fast: null, sliders: {} };
+  trace: null, story: 0, fast: null, sliders: {}, measureCtl: { n: 8, measure: null } };
 window.playground = S;                       // for the curious (and the tests): the page's whole state
 
 const model = () => $("model").value;
@@ -70,7 +70,8 @@ function render() {
     }
     renderTrigram(body("p-trigram"), S.tri, S.triSel, (i) => { S.triSel = i; render(); });
     renderBlockMap(S.kvNodes.map, S.eng, run && run.rid);
-    renderFast(body("p-fast"), S.fast, run, S.eng, S.measured, measure);
+    const ran = run && run.error && S.prev && !S.prev.error && S.prev.model === run.model ? S.prev : run;   // a refusal ran nothing
+    renderFast(body("p-fast"), S.fast, ran, S.eng, S.measured, S.measureCtl);
     renderCheat(body("p-cheat"), S, info());
     $("window-note").textContent = windowNote(info());
   });
@@ -375,6 +376,7 @@ async function init() {
   S.kvNodes = kvPanel(body("p-kv"), (n) => postJSON("/burst", { model: model(), n,
     text: $("prompt").value, chat: $("chat").checked, max_tokens: Number($("max_tokens").value) }));
   S.breakOut = breakPanel(body("p-break"), { ignoreEos, overflow, temps, overrule });
+  S.measureCtl.measure = measure;
   orderIdle(body("p-order"), model);
   determinismPanel(body("p-determinism"), async (n, out) => {
     clear(out, el("p", { class: "note" }, "running…"));

@@ -37,7 +37,8 @@ function measured(m) {
     + `${(b.tokens_per_s / a.tokens_per_s).toFixed(1)}× the throughput (greedy, ${m.tokens} tokens each, the engine's own step times; a shared machine, so noisy).`);
 }
 
-export function renderFast(body, f, run, eng, m = null, onMeasure = null) {
+// `ctl`: {n, measure(n)}, the N to measure with (kept across redraws: the panel is redrawn on every event).
+export function renderFast(body, f, run, eng, m = null, ctl = { n: 8, measure: null }) {
   if (!f) { clear(body, live("GET /playground/api/fast"), el("p", { class: "note" }, "loading…")); return; }
   const steps = run ? run.steps.filter((s) => s.mine && s.token) : [];
   const ctx = steps.length ? steps[steps.length - 1].cached_tokens : 0;
@@ -49,14 +50,17 @@ export function renderFast(body, f, run, eng, m = null, onMeasure = null) {
   const batches = eng ? eng.steps.filter((s) => s.batch.length).slice(-40).map((s) => s.batch.length) : [];
   const kv = kvFacts(f), sz = sizeFacts(f);
   const st = f.spec_stats;
-  const nIn = el("input", { type: "number", id: "measure-n", value: 8, min: 2, max: 16, style: { width: "4em" } });
+  const had = body.querySelector("#measure-n");
+  const focused = had && document.activeElement === had;
+  const nIn = el("input", { type: "number", id: "measure-n", value: ctl.n, min: 2, max: 16, style: { width: "4em" },
+    oninput: () => { ctl.n = Number(nIn.value) || ctl.n; } });
   const row = (th, ...td) => el("tr", {}, el("th", {}, th), el("td", {}, ...td));
   clear(body, live("the engine's model, KV cache and steps; POST /playground/api/measure"),
     el("p", { class: "note" }, "Every serving trick targets one phase: prefill (heavy arithmetic on the whole prompt) or decode "
       + "(one token per step, every weight read again). The numbers below are this server's."),
     el("table", { id: "fast", dataset: { weightBytes: f.weight_bytes, bandwidth: f.bandwidth, ceiling, tiles, spec: f.spec ? f.spec.method : "",
       kvPer: kv.per, kvOpt: kv.opt, fp32: sz.fp32, bf16: sz.bf16, file: sz.file } },
-    row("batching", el("button", { id: "btn-measure", onclick: () => onMeasure && onMeasure(Number(nIn.value)) }, "Measure batch 1 vs batch N"),
+    row("batching", el("button", { id: "btn-measure", onclick: () => ctl.measure && ctl.measure(Number(nIn.value)) }, "Measure batch 1 vs batch N"),
       " N = ", nIn, el("div", { id: "fast-measure" }, measured(m))),
     row("bandwidth", `a decode step reads ${bytes(perTok)} (the weights + ${ctx} cached tokens × ${bytes(f.kv_bytes_per_token)} of K/V); `
       + `${(f.bandwidth / 1e9).toFixed(1)} GB/s measured here → at most `, el("b", { id: "fast-ceiling" }, `${ceiling.toFixed(0)} tokens/s`),
@@ -90,4 +94,5 @@ export function renderFast(body, f, run, eng, m = null, onMeasure = null) {
       + "blocks over; this server runs both phases in one engine (see the outlined prefill columns in panel 7)."),
     row("bigger models", "a model too big for one device is split: `--tensor-parallel-size N` shards every layer's weights "
       + "across N processes, each reading its share per step and exchanging partial results.")));
+  if (focused) nIn.focus();
 }
