@@ -9,7 +9,7 @@ then the resident set of every process of the configuration (rank 0 and the work
 weight bytes. Reported: medians over the rounds of decode tok/s ((tokens - 1) / (last - first output))
 and TTFT, the RSS per process, the communication per step measured on rank 0 (batch broadcast,
 all-gathers of the row-parallel layers, embedding all-reduce, logits gather; it includes waiting for the
-slower rank), whether the TP=2 tokens equal TP=1's, and a micro-benchmark of the bare gloo latencies.
+slower rank), whether each round's tokens equal that round's TP=1 (all cores), and a micro-benchmark of the bare gloo latencies.
 On a 2-core box TP cannot be faster than TP=1 on both cores: the point is memory per process and the
 per-step price of the collectives. Figures on a shared machine are noisy.
 """
@@ -172,7 +172,7 @@ def main() -> None:
         med = {k: statistics.median(r[k] for r in rs) for k in ("decode_tok_s", "ttft_ms", "weight_mb_rank0")}
         rss = [statistics.median(r["rss_mb"][i] for r in rs) for i in range(len(rs[0]["rss_mb"]))]
         comm = statistics.median(r.get("comm_ms_per_step", 0.0) for r in rs)
-        same = all(r["tokens"] == runs[configs[0]][0]["tokens"] for r in rs)
+        same = all(r["tokens"] == ref["tokens"] for r, ref in zip(rs, runs[configs[0]], strict=True))   # per round
         rows.append([tp, threads, med["decode_tok_s"], med["ttft_ms"], med["weight_mb_rank0"],
                      " + ".join(f"{x:.0f}" for x in rss), comm, same])
         summary.append({"tp": tp, "threads_per_rank": threads, **med, "rss_mb_per_process": rss,
