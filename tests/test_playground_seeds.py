@@ -244,4 +244,8 @@ def test_no_stale_panel_after_a_prompt_or_model_change(pg, real) -> None:
     per = real[1]["qwen"].model_config.kv_bytes_per_token(4)           # fp32 K/V
     pg.wait_for_function(f"() => +document.querySelector('#fast').dataset.kvPer === {per}")
     assert pg.locator("main > section.panel").count() == 22
+    assert pg.is_visible("#dash-flow-bar") and "24 × (attention + MLP)" in pg.inner_text("#dash-flow-bar")
+    pg.click("#dash-flow-bar .box[data-keys^='logits']")           # the diagram scrolls to its stage's panel
+    pg.wait_for_function("() => Math.abs(document.querySelector('#p-logits').getBoundingClientRect().top) < 120")
+    pg.wait_for_function("() => +document.querySelector('#dash-flow-bar').dataset.lit >= 0")
     pg.screenshot(path=str(OUT / "seeds-dashboard-qwen.png"), full_page=True)

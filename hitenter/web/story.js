@@ -117,6 +117,30 @@ function customBody(kind, S) {
       : el("p", { class: "note" }, "Press Enter first."));
 }
 
+// The same pipeline bar above the dashboard: it stays on screen, a click scrolls to the stage's panel, and the
+// stage of the panel being read (the top-most one in view) is lit.
+export function dashFlow(root, S) {
+  const panelOf = (keys) => { const st = STEPS.find((x) => keys.includes(x.key) && x.panels.length); return st ? st.panels[0] : null; };
+  const stageOf = new Map();
+  FLOW.forEach(([, keys], i) => STEPS.filter((x) => keys.includes(x.key)).forEach((x) => x.panels.forEach((p) => {
+    if (!stageOf.has(p)) stageOf.set(p, i);
+  })));
+  const draw = (lit) => clear(root, el("div", { class: "flow", id: "dash-flow-bar", dataset: { lit } }, FLOW.map(([name, keys], i) => [
+    i ? el("span", { class: "arrow" }, "→") : null,
+    el("span", { class: `box ${i === lit ? "on" : ""}`, dataset: { keys: keys.join(" ") }, title: "scroll to this stage",
+      onclick: () => { const id = panelOf(keys); if (id) document.getElementById(id).scrollIntoView({ behavior: "smooth", block: "start" }); } },
+    S.trace && S.trace.layers ? name.replace("N ×", `${S.trace.layers} ×`) : name)])));
+  const seen = new Set();
+  const io = new IntersectionObserver((entries) => {
+    entries.forEach((e) => (e.isIntersecting ? seen.add(e.target.id) : seen.delete(e.target.id)));
+    const top = [...document.querySelectorAll("main > section.panel")].find((sec) => seen.has(sec.id) && stageOf.has(sec.id));
+    draw(top ? stageOf.get(top.id) : -1);
+  }, { rootMargin: "-60px 0px -40% 0px" });
+  document.querySelectorAll("main > section.panel").forEach((sec) => io.observe(sec));
+  draw(-1);
+  return { refresh: () => draw(Number(root.firstChild ? root.firstChild.dataset.lit : -1)) };
+}
+
 // Mount story mode into `root`; `onShow(step)` lets the page refresh a panel when its step is shown.
 export function storyMode(root, S, onShow) {
   const homes = new Map();

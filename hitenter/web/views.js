@@ -5,13 +5,14 @@ import { postJSON } from "./api.js";
 import { renderEmbedding, renderRope } from "./inside.js";
 import { renderAttention, renderCompare } from "./attention.js";
 import { renderResidual, renderLogits } from "./residual.js";
-import { storyMode } from "./story.js";
+import { storyMode, dashFlow } from "./story.js";
 import { renderDrills } from "./drills.js";
 import { renderOrder } from "./order.js";
 
 const INSIDE = ["p-embed", "p-rope", "p-attn", "p-resid", "p-logits", "p-drill-softmax"];
 let H = null;          // the page's helpers: $, body, render
 let story = null;
+let bar = null;
 const node = (id) => (id === "p-attn" ? H.body(id).querySelector(".attn") : H.body(id));
 
 // Trace the prompt on the engine's model (outside its scheduler). Sets S.trace, or S.traceError.
@@ -66,6 +67,7 @@ export async function renderInside(S) {
     renderAttention(node("p-attn"), S), renderResidual(node("p-resid"), S), renderLogits(node("p-logits"), S),
     Promise.resolve().then(() => renderDrills(H.body("p-drill-words"), S))];
   await Promise.all(jobs.map((j) => j.catch((e) => console.warn(e))));
+  if (bar) bar.refresh();                 // the diagram names this model's layer count
   document.body.dataset.insideReady = S.trace.trace_id;
   if (story && document.body.dataset.view === "story") story.refresh();    // never pull panels off the dashboard
 }
@@ -73,6 +75,8 @@ export async function renderInside(S) {
 function setView(view) {
   document.body.dataset.view = view;
   H.$("story").hidden = view !== "story";
+  H.$("dash-flow").hidden = view !== "dashboard";
+  if (bar) bar.refresh();
   H.$("view-story").classList.toggle("on", view === "story");
   H.$("view-dash").classList.toggle("on", view === "dashboard");
   if (view === "story") story.refresh();
@@ -88,6 +92,7 @@ export function inside(S, helpers) {
     el("button", { id: "btn-compare", onclick: () => renderCompare(compareOut, S.modelName || H.$("model").value) },
       "Compare “bank”"), " I went to the bank to deposit money · I sat by the river bank"), compareOut);
   traceMissing(S);
+  bar = dashFlow(H.$("dash-flow"), S);
   story = storyMode(H.$("story"), S, (step) => {
     H.render();
     const order = H.body("p-order"), m = H.$("model").value;
