@@ -45,18 +45,20 @@ def prefill_kv(model: Any, ids: torch.Tensor, kv_caches: list[torch.Tensor], blo
     """KV of `ids` (positions 0..n-1, a prompt of n + 1 tokens but its last) computed into scratch blocks
     0..nb-1; returns them stacked `[L, 2, kv_heads, nb, block_size, head_dim]` (a copy). Chunking does not
     change a row's bits. Rows take the path the engine's runner would give them (a short prompt's rows the
-    fused layers: KernelPlan.fused_prompt_max)."""
+    fused layers: models/plan.prompt_paths)."""
     from hitenter.models.attention import AttentionMetadata
+    from hitenter.models.plan import prompt_paths
 
     n = ids.numel()
+    kernel_from, decode_from = prompt_paths(model, n + 1)
     nb = -(-n // block_size)
     table = list(range(nb))
     for start in range(0, n, chunk):
         m = min(chunk, n - start)
         pos = torch.arange(start, start + m, dtype=torch.long)
-        fused = n + 1 <= getattr(model, "fused_prompt_max", 0)
+        fused = kernel_from == 0
         meta = AttentionMetadata([0, m], [start + m], [table], pos.clone(), block_size,
-                                 kernel_from=[0] if fused else None)
+                                 kernel_from=[0] if fused else None, decode_from=[decode_from] if fused else None)
         model(ids[start:start + m], pos, meta, kv_caches)
     return torch.stack([kv[:, :, :nb] for kv in kv_caches])
 

@@ -52,7 +52,7 @@ class FusedCollectives:
     @classmethod
     def create(cls, base: ctypes.CDLL) -> FusedCollectives | None:
         """The instance for the current kernels (`base`: the process's own fused library), or None."""
-        from hitenter.models.fused_decode import open_library
+        from hitenter.models.fused_decode import open_library, prompt_entry
 
         qm, gen = native_entry()
         attn = decode_kernel.load()
@@ -65,6 +65,7 @@ class FusedCollectives:
             return None
         me = cls(lib, base, qm, gen)
         lib.dl_init(ctypes.cast(me.callback, ctypes.c_void_p).value, ctypes.cast(attn.decode_attention, ctypes.c_void_p).value)
+        lib.dl_init_prompt(prompt_entry())   # prompt rows: the tiled prompt kernel, as at TP=1
         return me
 
     def current(self, base: ctypes.CDLL) -> bool:

@@ -18,6 +18,7 @@ import torch
 
 from hitenter.engine.scheduler import SchedulerOutput
 from hitenter.models.attention import AttentionMetadata
+from hitenter.models.plan import prompt_paths
 
 if TYPE_CHECKING:
     from hitenter.models.plan import KernelPlan
@@ -55,7 +56,8 @@ class ModelRunner:
         sample_rows: list[int] = []
         sample_ids: list[str] = []
         num_rows: list[int] = []
-        kernel_from: list[int] = []   # generation rows (position >= prompt length - 1): fused kernel
+        kernel_from: list[int] = []   # rows through the fused layers (models/plan.py: prompt_paths)
+        decode_from: list[int] = []   # of those, the generation rows (position >= prompt length - 1)
         for sr in out.scheduled:
             req = sr.request
             start, n = sr.num_computed_tokens, sr.num_new_tokens
@@ -67,9 +69,9 @@ class ModelRunner:
             qsl.append(qsl[-1] + n)
             seq_lens.append(start + n)
             tables.append(table)
-            # generation rows (and, for a short prompt in the fused format, every row: see KernelPlan)
-            short = req.num_prompt_tokens <= getattr(self.model, "fused_prompt_max", 0)
-            kernel_from.append(0 if short else req.num_prompt_tokens - 1)
+            paths = prompt_paths(self.model, req.num_prompt_tokens)
+            kernel_from.append(paths[0])
+            decode_from.append(paths[1])
             if start + n >= req.num_tokens:   # caught up: the last 1 + k rows score the drafts + next token
                 k = len(req.spec_token_ids)
                 sample_rows.extend(range(qsl[-1] - 1 - k, qsl[-1]))
@@ -82,6 +84,7 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.long),
             block_size=bs,
             kernel_from=kernel_from,
+            decode_from=decode_from,
             use_kernel=None if self.plan is None else self.plan.attention_kernel,
             workspace=self.workspace,
         )

@@ -69,6 +69,10 @@ class AttentionMetadata:
     # per sequence, the first position whose row is a generation row for the fused kernel (the prompt
     # length - 1); None: all rows take the GEMM path
     kernel_from: list[int] | None = None
+    # per sequence, the first position whose row is a generation row (the prompt length - 1) where kernel_from
+    # also sends prompt rows to the fused layers: those take the tiled prompt kernel there, the generation rows
+    # the decode kernel (models/plan.py: prompt_paths); None: every kernel row the decode kernel
+    decode_from: list[int] | None = None
     # the fused kernel runs: decided at load by the kernel plan (models/plan.py); None: checked per call
     use_kernel: bool | None = None
     _plans: dict[tuple[int, int, bool, int | None], list[_Group]] = field(default_factory=dict, repr=False,

@@ -102,13 +102,22 @@ def decode_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, ctx_lens: to
 @dataclass
 class KernelRows:
     """Generation rows of a step for decode_kernel: row r is flat row rows[r], sees ctx[r] keys, and its
-    block table is tables[starts[r]:]; `all_rows` when they are exactly rows 0..T-1 in order."""
+    block table is tables[starts[r]:]; `all_rows` when they are exactly rows 0..T-1 in order.
+
+    Where the metadata has `decode_from`, the rows before it (prompt rows run by the fused layers) are also
+    described as runs for the tiled prompt kernel: `prompt` `[NP, 4]` (first row r, row count, first
+    position, table start) and the remaining rows as `decode` (their r), `decode_ctx`, `decode_starts`;
+    `prompt` None: every row takes the decode kernel."""
 
     rows: torch.Tensor
     ctx: torch.Tensor
     starts: torch.Tensor
     tables: torch.Tensor
     all_rows: bool
+    prompt: torch.Tensor | None = None
+    decode: torch.Tensor | None = None
+    decode_ctx: torch.Tensor | None = None
+    decode_starts: torch.Tensor | None = None
 
 
 def build_kernel_rows(meta: AttentionMetadata, num_blocks: int) -> KernelRows | None:
@@ -116,7 +125,10 @@ def build_kernel_rows(meta: AttentionMetadata, num_blocks: int) -> KernelRows | 
     ctx: list[int] = []
     starts: list[int] = []
     flat: list[int] = []
+    runs: list[int] = []     # prompt runs, 4 numbers each
+    dec: list[int] = []      # the other rows' r
     qsl = meta.query_start_loc
+    decode_from = getattr(meta, "decode_from", None)
     for i, seq_len in enumerate(meta.seq_lens):
         a, b = qsl[i], qsl[i + 1]
         g = meta.gemm_rows(i, True)
@@ -124,6 +136,10 @@ def build_kernel_rows(meta: AttentionMetadata, num_blocks: int) -> KernelRows | 
             continue
         start = seq_len - (b - a)
         table = meta.table(i)
+        n_prompt = 0 if decode_from is None else max(0, min(b - a, decode_from[i] - start) - g)
+        if n_prompt:
+            runs += [len(rows), n_prompt, start + g, len(flat)]
+        dec.extend(range(len(rows) + n_prompt, len(rows) + b - a - g))
         for j in range(g, b - a):
             rows.append(a + j)
             ctx.append(start + j + 1)
@@ -133,5 +149,10 @@ def build_kernel_rows(meta: AttentionMetadata, num_blocks: int) -> KernelRows | 
         return None
     check_rows(ctx, flat, num_blocks)
     as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
-    return KernelRows(as_long(rows), as_long(ctx), as_long(starts), as_long(flat),
-                       all_rows=rows == list(range(qsl[-1])))
+    kr = KernelRows(as_long(rows), as_long(ctx), as_long(starts), as_long(flat),
+                    all_rows=rows == list(range(qsl[-1])))
+    if runs:
+        d = as_long(dec)
+        kr.prompt, kr.decode = as_long(runs).view(-1, 4).t().contiguous(), d
+        kr.decode_ctx, kr.decode_starts = kr.ctx.index_select(0, d), kr.starts.index_select(0, d)
+    return kr

@@ -32,7 +32,7 @@ import torch
 from hitenter.kernels.blocks import BlockWeight
 from hitenter.kernels.build import BuildError, load_library
 from hitenter.kernels.qmatmul import native_descriptor, native_entry
-from hitenter.models import decode_kernel
+from hitenter.models import decode_kernel, prompt_kernel
 from hitenter.models.block_linear import BlockLinear
 from hitenter.models.kv_dtype import KV_TYPE_CODES
 from hitenter.models.moe import GLUS
@@ -62,7 +62,8 @@ class _Layer(ctypes.Structure):
 class _Step(ctypes.Structure):
     _fields_ = [("cos", c_p), ("sin", c_p), ("slots", c_p), ("ctx", c_p), ("starts", c_p), ("tables", c_p),
                 ("R", c_i64), ("NB", c_i64), ("BS", c_i32), ("nthreads", c_i32), ("cos2", c_p), ("sin2", c_p),
-                ("kv_type", c_i32), ("pad", c_i32)]
+                ("kv_type", c_i32), ("pad", c_i32), ("NP", c_i64), ("ND", c_i64), ("p_row0", c_p), ("p_nrows", c_p),
+                ("p_pos0", c_p), ("p_tstart", c_p), ("d_rows", c_p), ("d_ctx", c_p), ("d_starts", c_p)]
 
 
 _lock = threading.Lock()
@@ -88,6 +89,7 @@ def _load() -> ctypes.CDLL | None:
             log.warning("fused decode layer unavailable (the torch layer runs instead): %s", e)
             return None
         lib.dl_init(qm, ctypes.cast(attn.decode_attention, c_p).value)
+        lib.dl_init_prompt(prompt_entry())
         _lib = lib
         return lib
 
@@ -97,6 +99,7 @@ def open_library(name: str = "decode_layer") -> ctypes.CDLL:
     pointers to be set by dl_init), its functions typed. BuildError where it cannot be built."""
     lib = load_library(name, SOURCE, ["-ffp-contract=off"], [SOURCE.parent / "vec16.h"])
     lib.dl_init.argtypes = [c_p, c_p]
+    lib.dl_init_prompt.argtypes = [c_p]
     lib.dl_layer.argtypes = [c_p, c_p, c_p, c_p, c_p]
     lib.dl_layer.restype = c_i32
     lib.dl_scratch.argtypes = [c_p, c_i64]
@@ -106,6 +109,19 @@ def open_library(name: str = "decode_layer") -> ctypes.CDLL:
     lib.dl_supported.argtypes = [c_i32, c_i32, c_i32]
     lib.dl_supported.restype = c_i32
     return lib
+
+
+def prompt_entry() -> int:
+    """The tiled prompt attention kernel's address for dl_init_prompt (0 where it is not built: the fused
+    layer then runs every row through the decode kernel, and the plan keeps short prompts only)."""
+    lib = prompt_kernel.load()
+    return 0 if lib is None else ctypes.cast(lib.prompt_attention, c_p).value or 0
+
+
+def prompt_rows_fused() -> bool:
+    """Whether the fused layers run prompt rows with the tiled prompt kernel (any prompt length pays)."""
+    lib = _load()
+    return lib is not None and prompt_entry() != 0
 
 
 def _proj(module: Any, bias_ok: bool = False) -> _Proj | None:
@@ -257,6 +273,10 @@ def step_state(meta: Any, kr: decode_kernel.KernelRows, tables: Tables, kv_cache
     st = _Step(cs[0].data_ptr(), cs[1].data_ptr(), slots.data_ptr(), kr.ctx.data_ptr(), kr.starts.data_ptr(),
                kr.tables.data_ptr(), r, nb, bs, torch.get_num_threads(), cs[2].data_ptr(), cs[3].data_ptr(),
                KV_TYPE_CODES[kv_cache.dtype], 0)
+    if kr.prompt is not None:   # prompt rows: the tiled prompt kernel; the others (kr.decode) the decode kernel
+        st.NP, st.ND = kr.prompt.shape[1], kr.decode.shape[0]
+        st.p_row0, st.p_nrows, st.p_pos0, st.p_tstart = (kr.prompt[k].data_ptr() for k in range(4))
+        st.d_rows, st.d_ctx, st.d_starts = kr.decode.data_ptr(), kr.decode_ctx.data_ptr(), kr.decode_starts.data_ptr()
     scratch = torch.empty(int(fused.lib.dl_scratch(ctypes.byref(fused.struct), r)), dtype=torch.float32)
     got = (st, scratch, (cs, slots, kr))
     meta.fused_steps[key] = got

@@ -47,7 +47,8 @@ class KernelPlan:
             f"attention kernel   {'on' if self.attention_kernel else 'off'} ({self.attention_kernel_why})",
             f"quant kernel       {self.quant_kernel}",
             f"fused decode       {self.fused_decode}",
-            f"fused prompts      up to {self.fused_prompt_max} tokens" if self.fused_prompt_max else "fused prompts      none",
+            ("fused prompts      every length" if self.fused_prompt_max >= ANY_LENGTH else
+             f"fused prompts      up to {self.fused_prompt_max} tokens" if self.fused_prompt_max else "fused prompts      none"),
         ])
 
 
@@ -114,12 +115,14 @@ def _quant_kernel(model: torch.nn.Module) -> str:
 def _fused(model: torch.nn.Module, kv_caches: list[torch.Tensor], attention_kernel: bool) -> tuple[str, int]:
     """(whether generation rows run fused, the longest prompt whose every row does too).
 
-    A prompt row runs faster fused (its glue in C, the same packed GEMMs) until its attention, done per row
-    by the decode kernel with no key reuse across rows, costs more than the batched torch attention saves:
-    measured on SmolLM2 (crossover ~600 tokens) and Qwen2.5-1.5B (~3000; +26% at 512 tokens), the
-    crossover scales with a layer's matmul work per unit of attention width (weights / (heads x head_dim)),
-    so it is set to 0.1 x that. The choice depends on the request's prompt length only, so a row's path is
-    still fixed by its request and position (batch invariance)."""
+    Where the fused layers have the tiled prompt kernel (csrc/prompt_attention.c through dl_init_prompt),
+    every prompt runs fused at any length: its prompt rows' glue in C, their attention tiled with key reuse
+    (prompt_paths). Without it a prompt row's attention in the fused layer is the decode kernel's, per row
+    with no key reuse, which costs more than the torch path's batched attention past a crossover: measured
+    on SmolLM2 (~600 tokens) and Qwen2.5-1.5B (~3000; +26% at 512 tokens), it scales with a layer's matmul
+    work per unit of attention width (weights / (heads x head_dim)), so it is set to 0.1 x that. The choice
+    depends on the request's prompt length only, so a row's path is still fixed by its request and
+    position (batch invariance)."""
     from hitenter.models import fused_decode
 
     layers = getattr(model, "layers", None)
@@ -128,11 +131,26 @@ def _fused(model: torch.nn.Module, kv_caches: list[torch.Tensor], attention_kern
     n = sum(fused_decode.fused_layer(layer, cache) is not None for layer, cache in zip(layers, kv_caches, strict=True))
     if not n:
         return "off (weights not native GGUF blocks, or disabled)", 0
+    if n == len(layers) and fused_decode.prompt_rows_fused():
+        return f"on for {n} of {len(layers)} layers, prompt rows with the tiled prompt kernel", ANY_LENGTH
     cfg = model.config
     width = cfg.num_heads * cfg.head_dim
     per_layer = (cfg.hidden_size * (width + 2 * cfg.num_kv_heads * cfg.head_dim) + width * cfg.hidden_size
                  + 3 * cfg.hidden_size * ffn_width(cfg))
     return f"on for {n} of {len(layers)} layers", int(0.1 * per_layer / width) if n == len(layers) else 0
+
+
+ANY_LENGTH = 1 << 40   # fused_prompt_max where every prompt runs fused
+
+
+def prompt_paths(model: torch.nn.Module, num_prompt: int) -> tuple[int, int]:
+    """(kernel_from, decode_from) of a request's sequence for AttentionMetadata: the first position whose
+    row runs the fused layers (0 for a prompt short enough, KernelPlan.fused_prompt_max, else the last
+    prompt token's) and the first that takes the decode kernel there (the last prompt token's). A function
+    of the prompt length only, so a row's path depends on its request and position alone (batch
+    invariance); the runner, the trace and the disaggregated prefill all call this."""
+    last = num_prompt - 1
+    return (0 if num_prompt <= getattr(model, "fused_prompt_max", 0) else last), last
 
 
 def ffn_width(cfg: object) -> int:

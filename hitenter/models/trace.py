@@ -70,8 +70,9 @@ def _private_cache(model: torch.nn.Module, n: int, num_prompt: int, block_size: 
                    ) -> tuple[list[torch.Tensor], object]:
     """A KV cache of its own for one n-token sequence, and the metadata the engine would build for it as
     one prefill (rows from the prompt's last on generation rows, every row for a prompt short enough to
-    run fused: KernelPlan.fused_prompt_max), so the layers run exactly as there."""
+    run fused: models/plan.prompt_paths), so the layers run exactly as there."""
     from hitenter.models.attention import AttentionMetadata, allocate_kv_caches
+    from hitenter.models.plan import prompt_paths
 
     blocks = -(-n // block_size)
     # the engine's cache element type (set by plan.apply_plan; kv_dtype.py), so the layers round K/V as there
@@ -79,8 +80,8 @@ def _private_cache(model: torch.nn.Module, n: int, num_prompt: int, block_size: 
     caches = allocate_kv_caches(model.config, blocks, block_size, kv_dtype, num_kv_heads=model.layers[0].num_kv_heads)
     meta = AttentionMetadata(query_start_loc=[0, n], seq_lens=[n], block_tables=[list(range(blocks))],
                              slot_mapping=torch.arange(n, dtype=torch.long), block_size=block_size,
-                             kernel_from=[0 if num_prompt <= getattr(model, "fused_prompt_max", 0) else num_prompt - 1],
-                             workspace={})
+                             kernel_from=[prompt_paths(model, num_prompt)[0]],
+                             decode_from=[prompt_paths(model, num_prompt)[1]], workspace={})
     return caches, meta
 
 

@@ -33,10 +33,16 @@ typedef int (*attn_fn)(const void *q, void *out, const void *kv, int types, int6
                        const int64_t *table_start, const int64_t *tables, int H, int KVH, int64_t NB, int BS,
                        int D, float scale, int64_t window, int nthreads);
 
+typedef int (*pattn_fn)(const float *q, float *out, const void *kv, int types, int64_t S, const int64_t *row0,
+                        const int64_t *nrows, const int64_t *pos0, const int64_t *table_start, const int64_t *tables,
+                        int H, int KVH, int64_t NB, int BS, int D, float scale, int64_t window, int nthreads);
+
 static qm_fn g_qm;
 static attn_fn g_attn;
+static pattn_fn g_pattn;   /* the prompt rows' tiled kernel (prompt_attention.c), or NULL: g_attn for every row */
 
 void dl_init(void *qm, void *attn) { g_qm = (qm_fn)qm; g_attn = (attn_fn)attn; }
+void dl_init_prompt(void *pattn) { g_pattn = (pattn_fn)pattn; }
 
 #define MAXP 4   /* parts of one projection (runs of one block type, side by side in the output) */
 
@@ -78,6 +84,12 @@ typedef struct {   /* one step's generation rows (shared by the layers) */
     int32_t BS, nthreads;
     const float *cos2, *sin2;                         /* the second RoPE table (Gemma 3's local layers) */
     int32_t kv_type, pad;                             /* the cache's elements: 0 fp32, 1 bf16, 2 f16 (vec16.h) */
+    /* prompt rows (position < prompt length - 1) taking the tiled prompt kernel: NP runs of consecutive
+       rows, run i = rows p_row0[i] .. + p_nrows[i] - 1 at positions p_pos0[i] .., block table at
+       tables[p_tstart[i]:]; the other ND rows d_rows[] (key counts d_ctx[], tables at d_starts[]) the
+       decode kernel. NP == 0 (or no prompt kernel): every row the decode kernel with ctx / starts. */
+    int64_t NP, ND;
+    const int64_t *p_row0, *p_nrows, *p_pos0, *p_tstart, *d_rows, *d_ctx, *d_starts;
 } step;
 
 static inline v16 ld(const float *p) { v16 v; memcpy(&v, p, 64); return v; }
@@ -136,7 +148,7 @@ static int project(const proj *pr, const float *x, int64_t R, int64_t ldx, float
 /* scratch floats needed for R rows */
 int64_t dl_scratch(const layer *L, int64_t R) {
     const int64_t q = (int64_t)L->NH * L->D, kv = (int64_t)L->KVH * L->D;
-    const int64_t dense = R * (L->H + (q + 2 * kv) + q + q + L->H + 2 * (int64_t)L->F + L->F);
+    const int64_t dense = R * (L->H + (q + 2 * kv) + q + q + L->H + 2 * (int64_t)L->F + L->F) + 2 * R * q;
     /* experts, per (row, rank) pair: weights, ids, order; gathered rows, outputs [H] each, gate+up [2F],
        act [F]; per row the router logits [E]; the E + 1 offsets */
     const int64_t P = R * L->K;
@@ -254,8 +266,10 @@ static int moe(const layer *L, const step *S, const float *h, float *y, float *s
     return 0;
 }
 
-/* bias, RoPE, the cache write, then the attention of the rows' queries into obuf [R, NH * D] */
-static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf, float *obuf, void *kv) {
+/* bias, RoPE, the cache write, then the attention of the rows' queries into obuf [R, NH * D]: prompt rows by
+   the tiled prompt kernel, generation rows by the decode kernel (step's NP / ND) */
+static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf, float *obuf, void *kv,
+                          float *dscratch) {
     const int64_t R = S->R, q = (int64_t)L->NH * L->D, kvw = (int64_t)L->KVH * L->D, n = q + 2 * kvw;
     const int D = L->D;
     const int kt = S->kv_type, es = elem_bytes(kt);
@@ -289,8 +303,20 @@ static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf
                 }
         }
     }
-    return g_attn(qbuf, obuf, kv, kt, R, S->ctx, S->starts, S->tables, L->NH, L->KVH, S->NB, S->BS, D, L->scale,
-                  L->window, S->nthreads);
+    if (!S->NP || !g_pattn)
+        return g_attn(qbuf, obuf, kv, kt, R, S->ctx, S->starts, S->tables, L->NH, L->KVH, S->NB, S->BS, D, L->scale,
+                      L->window, S->nthreads);
+    int rc = g_pattn(qbuf, obuf, kv, kt, S->NP, S->p_row0, S->p_nrows, S->p_pos0, S->p_tstart, S->tables, L->NH,
+                     L->KVH, S->NB, S->BS, D, L->scale, L->window, S->nthreads);
+    if (rc || !S->ND) return rc;
+    /* the generation rows, gathered behind the dense buffers (2 R q floats of dl_scratch; the experts' scratch
+       there is used only after the attention) */
+    float *qd = dscratch, *od = qd + S->ND * q;
+    for (int64_t i = 0; i < S->ND; i++) memcpy(qd + i * q, qbuf + S->d_rows[i] * q, q * sizeof(float));
+    rc = g_attn(qd, od, kv, kt, S->ND, S->d_ctx, S->d_starts, S->tables, L->NH, L->KVH, S->NB, S->BS, D, L->scale,
+                L->window, S->nthreads);
+    for (int64_t i = 0; i < S->ND && !rc; i++) memcpy(obuf + S->d_rows[i] * q, od + i * q, q * sizeof(float));
+    return rc;
 }
 
 /* one layer over S->R rows of x [R, H] (in place) and the layer's KV cache [2, KVH, NB, BS, D] (fp32, bf16 or
@@ -304,7 +330,7 @@ int dl_layer(const layer *L, const step *S, float *x, void *kv, float *scratch) 
     if (!g_qm || !g_attn) return -10;
     pre_norm(L->attn_norm, x, h, R, (int)H, L->eps);
     if ((rc = project(&L->qkv, h, R, H, qkv, n, S->nthreads))) return rc;
-    if ((rc = attention_part(L, S, qkv, qbuf, obuf, kv))) return rc;
+    if ((rc = attention_part(L, S, qkv, qbuf, obuf, kv, act + R * F))) return rc;
     if ((rc = project(&L->o, obuf, R, q, tmp, H, S->nthreads))) return rc;
     if (L->post_attn_norm)
         for (int64_t r = 0; r < R; r++) rmsnorm(tmp + r * H, L->post_attn_norm, tmp + r * H, (int)H, L->eps);
