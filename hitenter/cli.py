@@ -125,7 +125,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
 def _limits(a: argparse.Namespace) -> object:
     from dataclasses import fields
 
-    from hitenter.server.limits import Limits
+    from hitenter.server.body_limits import Limits
     return Limits(**{f.name: getattr(a, f.name) for f in fields(Limits)})
 
 
@@ -148,7 +148,7 @@ _LIMIT_HELP = {
 def _server_guard_flags(p: argparse.ArgumentParser) -> None:
     from dataclasses import fields
 
-    from hitenter.server.limits import Limits
+    from hitenter.server.body_limits import Limits
     for f in fields(Limits):
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
                        help=f"{_LIMIT_HELP[f.name]} (default {f.default})")

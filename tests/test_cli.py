@@ -66,6 +66,16 @@ def test_models_lists_known_names():
         assert name in r.stdout
 
 
+def test_serve_help_imports_no_torch():
+    """`hitenter serve --help` reads its flags (the limits too) without torch, FastAPI or the engine."""
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "hitenter.cli", "serve", "--help"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "--max-json-depth" in r.stdout, r.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+    assert "hitenter.server.body_limits" in imported                   # the trace saw the flags' module
+    assert not imported & {"torch", "fastapi", "hitenter.engine", "hitenter.server.api_error"}, sorted(imported)
+
+
 @pytest.mark.slow
 def test_chat_repl(tiny_llama_path):
     r = _cli("chat", "--model", str(tiny_llama_path), "--max-tokens", "3", input="hello\nagain\n\n")

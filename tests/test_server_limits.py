@@ -24,7 +24,7 @@ from test_server_util import assert_error
 from hitenter.engine import structured
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.engine.structured import GrammarTimeoutError, GuidedSpec, backend_for
-from hitenter.server import body_check, limits
+from hitenter.server import body_limits
 from hitenter.server.api import create_app
 
 D = 1000
@@ -170,12 +170,12 @@ def test_compile_timeout_is_a_400(client: TestClient) -> None:
 
 
 def test_depth_check_has_no_recursion() -> None:
-    assert limits.depth_over([[[]]], 2) and not limits.depth_over([[[]]], 3)
+    assert body_limits.depth_over([[[]]], 2) and not body_limits.depth_over([[[]]], 3)
     deep: Any = []
     for _ in range(100_000):
         deep = [deep]
-    assert limits.depth_over(deep, 64)
-    assert limits.deep_field(b'{"a": 1, "b": [[[[1]]]], "c": 2}', 3) == "b"
+    assert body_limits.depth_over(deep, 64)
+    assert body_limits.deep_field(b'{"a": 1, "b": [[[[1]]]], "c": 2}', 3) == "b"
 
 
 def test_a_queued_compilation_is_cancelled_when_its_caller_leaves(engine: LLMEngine,
@@ -199,9 +199,9 @@ def test_a_queued_compilation_is_cancelled_when_its_caller_leaves(engine: LLMEng
         pool.shutdown(wait=True)
 
 
-def test_limit_checks_import_light() -> None:
-    """The body-check worker runs limit_checks alone: no FastAPI, no torch (hundreds of MB, seconds)."""
-    code = ("import sys, hitenter.server.limit_checks; "
+def test_body_limits_import_light() -> None:
+    """The body-check worker runs body_limits alone: no FastAPI, no torch (hundreds of MB, seconds)."""
+    code = ("import sys, hitenter.server.body_limits; "
             "print(sorted({'fastapi', 'torch', 'pydantic'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
@@ -210,13 +210,13 @@ def test_limit_checks_import_light() -> None:
 def test_large_bodies_checked_in_the_worker_as_in_place() -> None:
     """A body over INLINE_BYTES gets the worker's verdict, the same as the in-process check's; a worker
     that died is replaced, and the body it died on still gets its verdict."""
-    checker = body_check.BodyChecker()
+    checker = body_limits.BodyChecker()
     over = json.dumps({"messages": json.loads(USER), "guided_choice": [f"c{i}" for i in range(100_000)]}).encode()
     fine = json.dumps({"messages": json.loads(USER), "prompt": "a" * 200_000}).encode()
     deep = b'{"logit_bias":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    assert len(fine) > body_check.INLINE_BYTES
+    assert len(fine) > body_limits.INLINE_BYTES
     for body in (over, fine, deep):
-        got, want = asyncio.run(checker.problem(body)), limits.body_problem(body)
+        got, want = asyncio.run(checker.problem(body)), body_limits.body_problem(body)
         assert (got and (got.status, got.message, got.param)) == (want and (want.status, want.message, want.param))
     first = checker.worker_pid
     assert first is not None and first != os.getpid()
@@ -236,7 +236,7 @@ def test_large_bodies_checked_in_the_worker_as_in_place() -> None:
 
 
 def test_a_client_looping_refusals_is_paced() -> None:
-    pacer = body_check.RefusalPacer()
-    assert [pacer.delay("10.0.0.1") for _ in range(body_check.PACE_FREE)] == [0.0] * body_check.PACE_FREE
-    assert pacer.delay("10.0.0.1") == body_check.PACE_DELAY_S          # one more within the window
+    pacer = body_limits.RefusalPacer()
+    assert [pacer.delay("10.0.0.1") for _ in range(body_limits.PACE_FREE)] == [0.0] * body_limits.PACE_FREE
+    assert pacer.delay("10.0.0.1") == body_limits.PACE_DELAY_S          # one more within the window
     assert pacer.delay("10.0.0.2") == 0.0                              # another client is not

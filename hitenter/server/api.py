@@ -24,7 +24,7 @@ from fastapi import FastAPI
 
 from hitenter.engine.async_engine import AsyncLLMEngine
 from hitenter.engine.llm_engine import LLMEngine
-from hitenter.server import limits as L
+from hitenter.server import body_limits as L
 from hitenter.server import (
     serving_admin,
     serving_chat,
@@ -41,6 +41,7 @@ from hitenter.server import (
 from hitenter.server.api_error import (
     DEFAULT_MAX_BODY_BYTES,
     BodyLimitMiddleware,
+    BoundedBodyMiddleware,
     SafeJSONResponse,
     api_key_dependency,
     error_responses,
@@ -60,7 +61,7 @@ API_ROUTERS = [serving_completion.router, serving_chat.router, serving_embedding
                serving_ollama_models.router, serving_ollama_pull.router]
 
 
-BOUNDED_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize")   # the API bodies limits.check_body bounds
+BOUNDED_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize")   # the API bodies body_limits bounds
 
 
 def _served(name: str | None, e: Served, max_queued: int | None) -> ServedModel:
@@ -84,7 +85,7 @@ def create_app(engine: Served, served_model_name: str | None = None, api_key: st
     """The app. ``max_queued_requests``, when given, is set on every engine; ``playground`` mounts
     the web playground (its API under /playground/api, the page at /) when it is installed;
     ``allowed_origins``: the browser origins allowed cross-origin calls (CORS; none by default);
-    ``limits``: depth, size and grammar-compilation bounds (hitenter/server/limits.py; the defaults when None);
+    ``limits``: depth, size and grammar-compilation bounds (hitenter/server/body_limits.py; the defaults when None);
     ``pull``: what /api/pull runs, ``(name, progress)`` (hitenter.models.registry.pull when None)."""
     L.configure(limits or L.Limits())
     models = {m.name: m for m in [_served(served_model_name, engine, max_queued_requests)]}
@@ -104,7 +105,7 @@ def create_app(engine: Served, served_model_name: str | None = None, api_key: st
     app = FastAPI(title="hitenter", version="0.1.0", lifespan=lifespan, default_response_class=SafeJSONResponse)
     app.state.server = state
     app.state.models, app.state.metrics = models, state.metrics
-    app.add_middleware(L.BoundedBodyMiddleware, prefixes=BOUNDED_PATHS)     # inside the body limit
+    app.add_middleware(BoundedBodyMiddleware, prefixes=BOUNDED_PATHS)     # inside the body limit
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
     install_error_handlers(app)
     guarded: dict[str, Any] = {}

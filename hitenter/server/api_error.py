@@ -9,7 +9,9 @@
 - Request framing guards before any parsing: the body size limit (413; a body without Content-Length is
   counted as it streams; the rest of an oversized body is drained up to ``DRAIN_CAP`` bytes so the client
   gets the 413, then the connection closes) and ambiguous framing (Content-Length with
-  Transfer-Encoding, or two Content-Lengths: request smuggling bait; 400, close).
+  Transfer-Encoding, or two Content-Lengths: request smuggling bait; 400, close); then
+  ``BoundedBodyMiddleware``: the depth and size bounds of hitenter/server/body_limits.py on every API body.
+- ``check_known_fields``: a /v1 body's fields the request model does not define are a 400 naming them.
 - ``--api-key``: a dependency on every router that runs the model, tokenizes or shows requests; the key
   is read from ``Authorization: Bearer <key>`` (OpenAI, Ollama clients) or ``x-api-key`` (Anthropic).
 """
@@ -31,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hitenter.engine.async_engine import EngineDeadError
+from hitenter.server import body_limits
 
 
 class SafeJSONResponse(JSONResponse):
@@ -129,6 +132,20 @@ def validation_error(exc: RequestValidationError) -> APIError:
     msgs = "; ".join(f"{'.'.join(_field_path(e.get('loc', ()))) or 'body'}: "
                      f"{str(e.get('msg', '')).removeprefix('Value error, ')}" for e in ordered[:5])
     return APIError(400, msgs, param)
+
+
+METADATA_FIELDS = frozenset({"user"})       # sent by clients as pure metadata (no effect on generation)
+
+
+def check_known_fields(req: BaseModel) -> None:
+    """400 for fields the request model does not define (``extra="allow"`` keeps them in model_extra);
+    ``stream_options`` without ``stream`` is a 400 too (as vLLM does)."""
+    extra = sorted(set(req.model_extra or {}) - METADATA_FIELDS)
+    if extra:
+        raise APIError(400, f"{extra[0]}: unsupported request field(s) {extra}; see the README for the fields "
+                       "this server implements", extra[0])
+    if getattr(req, "stream_options", None) is not None and not getattr(req, "stream", False):
+        raise APIError(400, "stream_options: only allowed when stream is true", "stream_options")
 
 
 class ErrorDetail(BaseModel):
@@ -336,6 +353,51 @@ class BodyLimitMiddleware:
             return msg
 
         await self.app(scope, counted, send)
+
+
+class BoundedBodyMiddleware:
+    """The bounds of hitenter/server/body_limits.py on the JSON body of every POST under ``prefixes``,
+    before the app parses it: the body is read (its size is already bounded by BodyLimitMiddleware,
+    outside this one), checked (bodies over 64 KiB in the body-check worker process: the parse holds the
+    GIL), and replayed to the app. A body too deep for the JSON parser itself is refused naming its field,
+    as is one over the limits; the error is in the API's own shape (by path)."""
+
+    def __init__(self, app: ASGIApp, prefixes: tuple[str, ...]) -> None:
+        self.app, self.prefixes = app, prefixes
+        body_limits.CHECKER.warm()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or scope.get("method") != "POST" or not path.startswith(self.prefixes):
+            await self.app(scope, receive, send)
+            return
+        chunks, more = [], True
+        try:
+            while more:
+                msg = await receive()
+                if msg["type"] != "http.request":
+                    return                              # the client left
+                chunks.append(msg.get("body", b""))
+                more = msg.get("more_body", False)
+        except HTTPException as e:                      # the body limit (413), raised from its receive
+            await APIError(e.status_code, str(e.detail), headers=dict(e.headers or {})).response(path)(
+                scope, receive, send)
+            return
+        body = b"".join(chunks)
+        r = await body_limits.problem(body, (scope.get("client") or ("",))[0])
+        if r is not None:
+            await APIError(r.status, r.message, r.param).response(path)(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
 _bearer = HTTPBearer(auto_error=False, description="the server's --api-key")

@@ -27,8 +27,18 @@ from hitenter.server.generation import (
     sampling_params,
     submit,
 )
-from hitenter.server.openai_serving import (
+from hitenter.server.prompt_logprobs import PromptScores
+from hitenter.server.schema_types import (
+    STRICT,
+    Bool,
+    NLogprobs,
+    NonEmpty,
+    NonNegInt,
+    TokenId,
+)
+from hitenter.server.serving_chat import (
     NO_UNKNOWN,
+    OK_OR_STREAM,
     SYSTEM_FINGERPRINT,
     Decode,
     SamplingRequest,
@@ -40,15 +50,6 @@ from hitenter.server.openai_serving import (
     scores_for,
     usage,
     vllm_prompt_logprobs,
-)
-from hitenter.server.prompt_logprobs import PromptScores
-from hitenter.server.schema_types import (
-    STRICT,
-    Bool,
-    NLogprobs,
-    NonEmpty,
-    NonNegInt,
-    TokenId,
 )
 
 
@@ -94,10 +95,6 @@ class CompletionRequest(SamplingRequest):
 
 
 router = APIRouter(responses=error_responses(400, 404, 413, 429))
-
-
-OK_OR_STREAM = {200: {"content": {"application/json": {}, "text/event-stream": {}},
-                      "description": "The completion, or with `stream` its server-sent events"}}
 
 
 @router.post("/v1/completions", responses=OK_OR_STREAM)

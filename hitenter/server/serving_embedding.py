@@ -12,9 +12,8 @@ from annotated_types import MinLen
 from fastapi import APIRouter
 from pydantic import ConfigDict
 
-from hitenter.server.api_error import APIError, error_responses
+from hitenter.server.api_error import APIError, check_known_fields, error_responses
 from hitenter.server.generation import ServedModel, State, check_ids
-from hitenter.server.openai_serving import check_known_fields
 from hitenter.server.schema_types import Lenient, NonEmpty, PositiveInt, TokenId
 
 MAX_EMBED_INPUTS = 2048

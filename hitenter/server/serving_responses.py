@@ -66,7 +66,6 @@ from hitenter.server.generation import (
     sampling_params,
     submit,
 )
-from hitenter.server.openai_serving import chat_logprobs
 from hitenter.server.reply import (
     Done,
     Piece,
@@ -80,6 +79,7 @@ from hitenter.server.reply import (
 )
 from hitenter.server.schema_types import Bool, NLogprobs, PositiveInt, Temperature, TopP
 from hitenter.server.schema_types import Nested as _Nested
+from hitenter.server.serving_chat import chat_logprobs
 
 INCLUDE = frozenset({"message.output_text.logprobs"})
 

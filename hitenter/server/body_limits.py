@@ -1,23 +1,62 @@
-"""The checks behind hitenter/server/limits.py, standalone: nothing here imports FastAPI or the engine,
-so the body-check worker process (hitenter/server/body_check.py) runs them light. Every function takes
-the ``Limits`` it checks against; a problem is a ``Refusal`` (status, message, param), which limits.py
-raises as the server's ``APIError``.
+"""Bounded work for every request (issue 32): the depth and size limits on request bodies and on the
+inputs that drive grammar compilation, checked without recursion before anything recurses (pydantic,
+templates, xgrammar), and the worker process that checks large bodies. Each problem is a ``Refusal``
+(status, message naming the field and the limit, param): 400, or 413 for a grammar input over its size
+limit; the server renders it as its ``APIError``, in the API's own shape.
 
-- ``check_body`` / ``body_problem``: a request body (parsed / raw) against the list sizes, grammar input
-  sizes and depth limits; ``deep_field``: where a body too deep for the JSON parser nests too deep.
-- ``check_json`` / ``loads``, ``check_schema``, ``check_choices``, ``check_text``: one field's value.
-- ``serve``: the body-check worker's loop.
+This module imports neither FastAPI nor torch (nor the rest of the server): the body-check worker runs it
+alone, and ``hitenter serve --help`` reads ``Limits`` from it.
+
+- ``Limits``: the bounds, flags of ``hitenter serve`` (hitenter/cli.py); ``LIMITS`` holds the process's
+  values (``create_app(limits=...)`` calls ``configure``).
+- ``body_problem(body)``: a raw body against LIMITS: no value nested deeper than ``max_json_depth`` below
+  its top-level field; at most ``max_stop`` stop strings, ``max_logit_bias`` logit_bias entries,
+  ``max_tools`` tools and ``max_messages`` messages/items; the grammar inputs within their sizes.
+  ``problem(body, client)``: the same, large bodies checked in the worker (below); api_error.py's
+  ``BoundedBodyMiddleware`` calls it on every API body before FastAPI parses it.
+- ``loads``, ``check_schema``, ``check_choices``, ``check_text``: one field's value (a ``guided_json``
+  string, tool-call arguments, a schema before it is compiled, ``guided_choice``, regex / EBNF sources),
+  raising the server's ``APIError``.
+- ``depth_over`` / ``deep_field``: how deep a value nests; where a body too deep for the JSON parser does.
+
+Why a worker: ``json.loads`` is one C call that holds the GIL for its whole length, 17-26 ms for a 1 MB
+list of 100k strings (measured here), and the GIL is what the engine thread and the event loop need to keep
+decoding and streaming. A client looping refused 1 MB grammars (issue 32) held it about half the time and
+16 streams kept 0.43x their tokens/s. The worker (one, started when the app first runs, ``WORKER_NICE``
+below the server's CPU priority, in its own session so a terminal's Ctrl-C is the server's alone) parses
+and checks (``serve``); the server only writes the bytes down a pipe (GIL released) from one helper thread
+and reads a one-line verdict. The app still parses the bodies that pass, itself.
+
+- ``BodyChecker.problem(body)``: bodies up to ``INLINE_BYTES`` are checked in place (well under a
+  millisecond), larger ones in the worker. At most ``MAX_PENDING`` large bodies wait for it at once; one
+  more is a 429. A worker that dies (or is silent ``STUCK_S`` on one body) is started again on the next
+  body, and the body it failed on is checked in the helper thread instead (never a 5xx).
+- ``RefusalPacer``: a client (by address) whose large bodies keep being refused (more than ``PACE_FREE``
+  in ``PACE_WINDOW_S``) gets each further refusal ``PACE_DELAY_S`` late: one client looping refused 1 MB
+  grammars then costs the server a few refusals a second, not dozens (each is still ~4 ms of the server's
+  interpreter receiving the body); its answers stay the same 4xx, within a second.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
+import select
 import struct
+import subprocess
 import sys
-from dataclasses import dataclass
-from typing import IO, Any
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from functools import wraps
+from typing import IO, Any, NoReturn, TypeVar
+
+T = TypeVar("T")
 
 
 class Refusal(Exception):
@@ -69,7 +108,7 @@ def depth_over(value: Any, limit: int) -> bool:
     return False
 
 
-def loads(text: str, field: str, lim: Limits, what: str = "not valid JSON") -> Any:
+def _loads(text: str, field: str, lim: Limits, what: str = "not valid JSON") -> Any:
     """``json.loads`` of a string field, bounded: too deep for the parser or over ``max_json_depth`` is a 400."""
     try:
         value = json.loads(text)
@@ -77,11 +116,11 @@ def loads(text: str, field: str, lim: Limits, what: str = "not valid JSON") -> A
         raise _deep(field, lim.max_json_depth) from e
     except json.JSONDecodeError as e:
         raise Refusal(400, f"{field}: {what}: {e}", field) from e
-    check_json(value, field, lim.max_json_depth)
+    _check_json(value, field, lim.max_json_depth)
     return value
 
 
-def check_json(value: Any, field: str, limit: int) -> None:
+def _check_json(value: Any, field: str, limit: int) -> None:
     if depth_over(value, limit):
         raise _deep(field, limit)
 
@@ -91,7 +130,7 @@ def _count(field: str, n: int, limit: int, what: str, flag: str) -> None:
         raise Refusal(400, f"{field}: {n} {what}; the limit is {limit} ({flag})", field)
 
 
-def check_body(body: Any, lim: Limits) -> None:
+def _check_body(body: Any, lim: Limits) -> None:
     """The request body's list sizes and grammar inputs (cheap ``len`` checks first), then its depth per
     top-level field; the first problem is a 400 (413 for a grammar input over its size)."""
     if not isinstance(body, dict):
@@ -110,7 +149,7 @@ def check_body(body: Any, lim: Limits) -> None:
     for key in _MESSAGES:
         if isinstance(body.get(key), list):
             _count(key, len(body[key]), lim.max_messages, "items", "--max-messages")
-    check_grammar_inputs(body, lim)
+    _check_grammar_inputs(body, lim)
     for key, value in body.items():
         field = str(key)
         if depth_over(value, lim.max_json_depth + 8):        # + the envelope around a schema or arguments
@@ -125,20 +164,20 @@ def _at(obj: Any, *keys: str) -> Any:
     return obj
 
 
-def check_grammar_inputs(body: dict[str, Any], lim: Limits) -> None:
+def _check_grammar_inputs(body: dict[str, Any], lim: Limits) -> None:
     """The grammar inputs of every surface's spelling, sized before the body is validated (so an oversized
     one costs one parse, not a parse, a validation and then the refusal); the same checks as guided.py's."""
     so = body.get("structured_outputs")
     for field, choices in (("guided_choice", body.get("guided_choice")), ("structured_outputs",
                                                                           _at(so, "choice"))):
         if isinstance(choices, list):
-            check_choices(choices, field, lim)
+            _check_choices(choices, field, lim)
     for field, kind, text in (("guided_regex", "regex", body.get("guided_regex")),
                               ("guided_grammar", "grammar", body.get("guided_grammar")),
                               ("structured_outputs", "regex", _at(so, "regex")),
                               ("structured_outputs", "grammar", _at(so, "grammar"))):
         if isinstance(text, str):
-            check_text(text, kind, field, lim)
+            _check_text(text, kind, field, lim)
     rf, fmt = body.get("response_format"), body.get("format")
     schemas = [("guided_json", body.get("guided_json")), ("structured_outputs", _at(so, "json")),
                ("response_format", _at(rf, "schema")), ("response_format", _at(rf, "json_schema", "schema")),
@@ -146,14 +185,14 @@ def check_grammar_inputs(body: dict[str, Any], lim: Limits) -> None:
                ("output_config.format", _at(body, "output_config", "format", "schema"))]
     for field, schema in schemas:
         if isinstance(schema, dict):
-            check_schema(schema, field, lim)
+            _check_schema(schema, field, lim)
 
 
 def _too_big(field: str, what: str, n: int, limit: int, flag: str) -> Refusal:
     return Refusal(413, f"{field}: {what} {n} is over the limit {limit} ({flag})", field)
 
 
-def check_schema(schema: Any, field: str, lim: Limits) -> None:
+def _check_schema(schema: Any, field: str, lim: Limits) -> None:
     """A JSON schema's depth, node count, enum sizes and pattern lengths (what compilation cost grows with),
     in one walk that sizes a node before it looks at its children."""
     nodes = enum_total = 0
@@ -202,7 +241,7 @@ def check_schema(schema: Any, field: str, lim: Limits) -> None:
                 nodes += 1
 
 
-def check_choices(choices: list[str], field: str, lim: Limits) -> None:
+def _check_choices(choices: list[str], field: str, lim: Limits) -> None:
     if len(choices) > lim.max_guided_choices:
         raise _too_big(field, "choice count", len(choices), lim.max_guided_choices, "--max-guided-choices")
     total = sum(len(c) for c in choices if isinstance(c, str))
@@ -211,7 +250,7 @@ def check_choices(choices: list[str], field: str, lim: Limits) -> None:
                        "--max-guided-choice-chars")
 
 
-def check_text(text: str, kind: str, field: str, lim: Limits) -> None:
+def _check_text(text: str, kind: str, field: str, lim: Limits) -> None:
     """A regex (``max_pattern_chars``) or an EBNF grammar (``max_grammar_chars``)."""
     limit, flag = ((lim.max_pattern_chars, "--max-pattern-chars") if kind == "regex"
                    else (lim.max_grammar_chars, "--max-grammar-chars"))
@@ -246,8 +285,8 @@ def deep_field(body: bytes, limit: int) -> str:
     return key
 
 
-def body_problem(body: bytes, lim: Limits) -> Refusal | None:
-    """``check_body`` of a raw body: its Refusal, or None (also for malformed JSON: the app's own 400)."""
+def _body_problem(body: bytes, lim: Limits) -> Refusal | None:
+    """``_check_body`` of a raw body: its Refusal, or None (also for malformed JSON: the app's own 400)."""
     if not body:
         return None
     try:
@@ -258,12 +297,68 @@ def body_problem(body: bytes, lim: Limits) -> Refusal | None:
     except ValueError:
         return None                                     # malformed JSON: the app's own 400
     try:
-        check_body(value, lim)
+        _check_body(value, lim)
     except Refusal as e:
         return e
     return None
 
 
+# --- the process's limits, and the checks as the routes call them -----------------------------------------
+
+LIMITS = Limits()
+
+
+def configure(limits: Limits) -> None:
+    """Set the process's limits (the grammar backend's time and cache bounds too)."""
+    global LIMITS
+    LIMITS = limits
+    from hitenter.engine import structured  # the engine: only once a server configures it
+    structured.configure(limits.max_grammar_compile_seconds, limits.max_grammar_cache_bytes)
+
+
+def _raise(r: Refusal) -> NoReturn:
+    from hitenter.server.api_error import APIError  # the server's side only: the worker never raises one
+    raise APIError(r.status, r.message, r.param) from None
+
+
+def _raising(check: Callable[..., T]) -> Callable[..., T]:
+    """``check`` against the process's LIMITS, its Refusal raised as the server's APIError."""
+    @wraps(check)
+    def run(*args: Any) -> T:
+        try:
+            return check(*args, LIMITS)
+        except Refusal as r:
+            _raise(r)
+    return run
+
+
+check_schema = _raising(_check_schema)     # (schema, field)
+check_choices = _raising(_check_choices)   # (choices, field)
+check_text = _raising(_check_text)         # (text, kind, field)
+
+
+def loads(text: str, field: str, what: str = "not valid JSON") -> Any:
+    """``json.loads`` of a string field, bounded: too deep for the parser or over ``max_json_depth`` is a 400."""
+    try:
+        return _loads(text, field, LIMITS, what)
+    except Refusal as r:
+        _raise(r)
+
+
+def body_problem(body: bytes) -> Refusal | None:
+    """The raw body's problem against the process's LIMITS (None also for malformed JSON: the app's 400)."""
+    return _body_problem(body, LIMITS)
+
+
+# --- large bodies: the worker process, and the server's side of it ----------------------------------------
+
+INLINE_BYTES = 1 << 16
+MAX_PENDING = 16
+STUCK_S = 30.0                        # a worker silent this long on one body is replaced
+PACE_FREE, PACE_WINDOW_S, PACE_DELAY_S = 8, 10.0, 0.5
+_PACE_CLIENTS = 4096                  # addresses remembered, least recently refused out
+_WORKER = "from hitenter.server.body_limits import serve; serve()"
+_SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEAD = struct.Struct("<II")          # the worker's framing: limits JSON length, body length
 WORKER_NICE = 10                     # the worker runs this much below the server in CPU priority
 
@@ -284,8 +379,99 @@ def serve(inp: IO[bytes] | None = None, out: IO[bytes] | None = None) -> None:
         try:
             n_lim, n_body = HEAD.unpack(_read(inp, HEAD.size))
             lim = Limits(**json.loads(_read(inp, n_lim)))
-            err = body_problem(_read(inp, n_body), lim)
+            err = _body_problem(_read(inp, n_body), lim)
         except EOFError:
             return
         out.write(json.dumps(None if err is None else [err.status, err.message, err.param]).encode() + b"\n")
         out.flush()
+
+
+class BodyChecker:
+    """One worker process and the helper thread that talks to it (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="body-check")
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self.pending = 0
+
+    def warm(self) -> None:
+        """Start the worker now (in the helper thread), so the first large body does not wait for it."""
+        self._thread.submit(self._worker)
+
+    async def problem(self, body: bytes) -> Refusal | None:
+        if len(body) <= INLINE_BYTES:
+            return body_problem(body)
+        if self.pending >= MAX_PENDING:                   # answered with Retry-After: 1 (a 429's header)
+            return Refusal(429, f"too many large request bodies ({MAX_PENDING}) are being checked; retry")
+        self.pending += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._thread, self._check, body)
+        finally:
+            self.pending -= 1
+
+    @property
+    def worker_pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def _worker(self) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                env = {**os.environ, "PYTHONPATH": _SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+                self._proc = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE,
+                                              stdout=subprocess.PIPE, env=env, start_new_session=True)
+            return self._proc
+
+    def _check(self, body: bytes) -> Refusal | None:
+        lim = json.dumps(asdict(LIMITS)).encode()
+        try:
+            proc = self._worker()
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(HEAD.pack(len(lim), len(body)) + lim)
+            proc.stdin.write(body)
+            proc.stdin.flush()
+            if not select.select([proc.stdout], [], [], STUCK_S)[0]:
+                raise OSError("the body-check worker is stuck")
+            verdict = json.loads(proc.stdout.readline())
+        except (OSError, ValueError):                 # the worker died (killed, out of memory): check it here
+            self._stop()
+            return body_problem(body)
+        return None if verdict is None else Refusal(verdict[0], verdict[1], verdict[2])
+
+    def _stop(self) -> None:
+        with self._lock:
+            if self._proc is not None:
+                self._proc.kill()
+                self._proc.wait()
+                self._proc = None
+
+
+class RefusalPacer:
+    """How late a client's refusal is answered: 0 for its first ``PACE_FREE`` in ``PACE_WINDOW_S``, then
+    ``PACE_DELAY_S`` (event-loop state: called from the loop only)."""
+
+    def __init__(self) -> None:
+        self._seen: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def delay(self, client: str) -> float:
+        now = time.monotonic()
+        times = self._seen.pop(client, None) or deque(maxlen=PACE_FREE + 1)
+        times.append(now)
+        self._seen[client] = times
+        while len(self._seen) > _PACE_CLIENTS:
+            self._seen.popitem(last=False)
+        return PACE_DELAY_S if len(times) > PACE_FREE and now - times[0] < PACE_WINDOW_S else 0.0
+
+
+CHECKER, PACER = BodyChecker(), RefusalPacer()
+
+
+async def problem(body: bytes, client: str = "") -> Refusal | None:
+    """The body's limits problem against the process's LIMITS, large bodies checked in the worker; a
+    large body's refusal paced by ``client`` (its address)."""
+    err = await CHECKER.problem(body)
+    if err is not None and len(body) > INLINE_BYTES:
+        delay = PACER.delay(client)
+        if delay:
+            await asyncio.sleep(delay)
+    return err
