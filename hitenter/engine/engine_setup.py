@@ -126,13 +126,33 @@ def _num_blocks(cfg: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype, max_mo
     return num_blocks
 
 
+def _window_groups(cfg: EngineConfig, mcfg: ModelConfig, num_blocks: int,
+                   sched: SchedulerConfig) -> tuple[int, int | None, int | None]:
+    """(global blocks, local blocks, local window): a model with both global and sliding-window layers gives
+    the local ones their own tables that release what the window left (hitenter/kv_cache/window_group.py),
+    in the same memory; (num_blocks, None, None) otherwise, under tensor parallelism or disaggregated
+    prefill (their workers keep one table), or with HITENTER_WINDOW_RELEASE=0."""
+    from hitenter.kv_cache.window_group import split_blocks
+
+    wins = [mcfg.layer_window(i) for i in range(mcfg.num_layers)]
+    local = sum(w is not None for w in wins)
+    if (not 0 < local < mcfg.num_layers or cfg.parallel.tensor_parallel_size > 1
+            or cfg.parallel.disaggregate is not None or os.environ.get("HITENTER_WINDOW_RELEASE", "1") == "0"):
+        return num_blocks, None, None
+    window = max(w for w in wins if w is not None)
+    ng, nl = split_blocks(num_blocks, mcfg.num_layers - local, local, window, cfg.cache.block_size,
+                          sched.max_num_seqs, sched.max_num_batched_tokens)
+    return ng, nl, window
+
+
 def _runner(cfg: EngineConfig, path: str, net: torch.nn.Module, mcfg: ModelConfig, dtype: torch.dtype,
-            num_blocks: int, sched: SchedulerConfig, kv_dtype: torch.dtype | None = None) -> ModelRunner:
+            num_blocks: int, sched: SchedulerConfig, kv_dtype: torch.dtype | None = None,
+            num_local_blocks: int | None = None) -> ModelRunner:
     from hitenter.models.attention import allocate_kv_caches
 
     bs, tp = cfg.cache.block_size, cfg.parallel.tensor_parallel_size
     kv_dtype = kv_dtype or dtype
-    kv_caches = allocate_kv_caches(mcfg, num_blocks, bs, kv_dtype) if tp == 1 else []
+    kv_caches = allocate_kv_caches(mcfg, num_blocks, bs, kv_dtype, num_local_blocks=num_local_blocks) if tp == 1 else []
     runner = ModelRunner(net, kv_caches, bs)
     if tp > 1:   # this process becomes rank 0 of a tensor-parallel group and spawns the others
         from hitenter.distributed.runner import DistributedModelRunner
@@ -183,20 +203,24 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     kv_dtype = kv_cache_torch_dtype(cfg, dtype)
     num_blocks = _num_blocks(cfg, mcfg, kv_dtype, max_model_len)
     decode_kernel.load()   # build / load the fused attention kernel at start-up, not on the first request
-    if mcfg.sliding_window:   # sliding-window layers keep their old blocks (masked): say what that costs
+    num_blocks, num_local, window = _window_groups(cfg, mcfg, num_blocks, sched_cfg)
+    if mcfg.sliding_window:   # what the local layers' windows cost a full-length sequence, and what is done about it
         from hitenter.models.decoder import windowed_kv_bytes
 
         now, held = windowed_kv_bytes(mcfg, max_model_len, cfg.cache.block_size,
                                       torch.empty(0, dtype=kv_dtype).element_size())
-        log.info("sliding window %d: a %d-token sequence holds %.1f MB of KV; freeing the blocks outside the "
-                 "local layers' windows would leave %.1f MB (%.0f%% less)", mcfg.sliding_window, max_model_len,
-                 now / 1e6, held / 1e6, 100 * (1 - held / now))
-    runner = _runner(cfg, path, net, mcfg, dtype, num_blocks, sched_cfg, kv_dtype)
+        log.info("sliding window %d: a %d-token sequence would hold %.1f MB of KV with one table; %s %.1f MB "
+                 "(%.0f%% less)%s", mcfg.sliding_window, max_model_len, now / 1e6,
+                 "the local layers release their blocks outside the window:" if window else "releasing the "
+                 "blocks outside the local layers' windows would leave", held / 1e6, 100 * (1 - held / now),
+                 f"; {num_blocks} global and {num_local} local blocks" if window else "")
+    runner = _runner(cfg, path, net, mcfg, dtype, num_blocks, sched_cfg, kv_dtype, num_local)
     plan = build_plan(runner.model, runner.kv_caches, dtype, cfg.load.batch_invariant)
     apply_plan(runner.model, plan)
     runner.plan = plan
     log.info("kernel plan for %s:\n%s", path, plan.describe())
-    kv_manager = KVCacheManager(num_blocks, cfg.cache.block_size, cfg.cache.enable_prefix_caching)
+    kv_manager = KVCacheManager(num_blocks, cfg.cache.block_size, cfg.cache.enable_prefix_caching,
+                                local_window=window, num_local_blocks=num_local)
     spec = build_spec_decoder(cfg.speculative, tokenizer, mcfg.vocab_size, max_model_len, num_blocks,
                               cfg.cache.block_size, dtype, cfg.load.dtype, cfg.load.quantization,
                               kv_dtype=kv_dtype)

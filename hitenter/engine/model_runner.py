@@ -53,6 +53,9 @@ class ModelRunner:
         qsl = [0]
         seq_lens: list[int] = []
         tables: list[list[int]] = []
+        local = bool(out.scheduled) and out.scheduled[0].local_block_ids is not None   # kv_cache/window_group.py
+        ltables: list[list[int]] = []
+        lslots: list[int] = []
         sample_rows: list[int] = []
         sample_ids: list[str] = []
         num_rows: list[int] = []
@@ -69,6 +72,10 @@ class ModelRunner:
             qsl.append(qsl[-1] + n)
             seq_lens.append(start + n)
             tables.append(table)
+            if local:
+                lt = sr.local_block_ids
+                lslots.extend(lt[p // bs] * bs + p % bs for p in pos)   # type: ignore[index]
+                ltables.append(lt)   # type: ignore[arg-type]
             paths = prompt_paths(self.model, req.num_prompt_tokens)
             kernel_from.append(paths[0])
             decode_from.append(paths[1])
@@ -87,6 +94,8 @@ class ModelRunner:
             decode_from=decode_from,
             use_kernel=None if self.plan is None else self.plan.attention_kernel,
             workspace=self.workspace,
+            local_block_tables=ltables if local else None,
+            local_slot_mapping=torch.tensor(lslots, dtype=torch.long) if local else None,
         )
         t0 = time.perf_counter()
         hidden = self.model(

@@ -58,6 +58,7 @@ class ScheduledRequest:
     num_new_tokens: int          # tokens to compute this step, starting at num_computed_tokens
     num_computed_tokens: int     # request.num_computed_tokens at schedule time (after any prefix hit)
     block_ids: list[int]         # the request's whole block table after allocation
+    local_block_ids: list[int] | None = None   # the sliding-window layers' table (kv_cache/window_group.py)
 
     @property
     def caught_up(self) -> bool:
@@ -114,7 +115,7 @@ class Scheduler:
         limit = self.config.max_queued_requests
         if limit is not None and self.num_waiting >= limit:
             raise QueueFullError(f"the waiting queue is full ({limit} requests); retry later")
-        n_ctx = min(self.config.max_model_len, self.kv.num_blocks * self.kv.block_size)
+        n_ctx = min(self.config.max_model_len, self.kv.max_context_tokens(self.config.max_num_batched_tokens))
         if request.num_prompt_tokens + request.max_tokens > n_ctx:
             raise ContextOverflowError(request.num_prompt_tokens, n_ctx, request.max_tokens)
         request.status = RequestStatus.WAITING_FOR_REMOTE_KV if remote else RequestStatus.WAITING
@@ -194,8 +195,8 @@ class Scheduler:
                     break
             if req.status is RequestStatus.PREEMPTED:
                 break   # it was the newest: everything after it is preempted too
-            scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens,
-                                              self.kv.block_table(req.request_id)))
+            scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens, self.kv.block_table(req.request_id),
+                                              self.kv.local_block_table(req.request_id)))
             budget -= n
             i += 1
 
@@ -218,7 +219,8 @@ class Scheduler:
             req.num_computed_tokens = num_hit
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            scheduled.append(ScheduledRequest(req, n, num_hit, self.kv.block_table(req.request_id)))
+            scheduled.append(ScheduledRequest(req, n, num_hit, self.kv.block_table(req.request_id),
+                                              self.kv.local_block_table(req.request_id)))
             budget -= n
         return scheduled, preempted, budget
 

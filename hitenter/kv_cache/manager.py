@@ -13,6 +13,12 @@ leading blocks that are full of verified tokens. Contracts:
 - Ownership: every block's ref_cnt equals the number of live tables holding it; a block appears at
   most once in a table; when all requests are gone every block is free (``check_invariants``).
 
+Sliding-window layers (``local_window``, ``num_local_blocks``): a second layer group, the local layers,
+with its own pool and tables (hitenter/kv_cache/window_group.py) that release the blocks their window left.
+Every call above covers both groups; a prefix hit is shortened to the longest one whose local blocks in the
+window are still cached, and allocation fits both groups or neither. ``block_table`` is the global group's,
+``local_block_table`` the local one's (None without a local group).
+
 Events (``KVEvent``) go to ``on_event`` (a public, settable attribute) and to every ``subscribe``d
 listener, synchronously, after the state change.
 """
@@ -25,6 +31,7 @@ from hitenter.engine.request import Request, RequestStatus
 from hitenter.kv_cache.block_pool import BlockPool
 from hitenter.kv_cache.events import BlockState, KVEvent, KVEventKind, PrefixCacheStats
 from hitenter.kv_cache.hashing import BlockHash, hash_block_tokens
+from hitenter.kv_cache.window_group import WindowGroup
 
 EventListener = Callable[[KVEvent], None]
 
@@ -33,9 +40,13 @@ class KVCacheManager:
     """Block tables, prefix hits, allocation and release for all live requests."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 on_event: EventListener | None = None) -> None:
+                 on_event: EventListener | None = None, local_window: int | None = None,
+                 num_local_blocks: int | None = None) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size: must be > 0, got {block_size}")
+        self.local: WindowGroup | None = None if not local_window else WindowGroup(
+            num_blocks if num_local_blocks is None else num_local_blocks, block_size, local_window,
+            enable_prefix_caching)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
@@ -81,6 +92,23 @@ class KVCacheManager:
         """A copy of the request's block table ([] when it holds none)."""
         return list(self._tables.get(request_id, ()))
 
+    def local_block_table(self, request_id: str) -> list[int] | None:
+        """A copy of the request's local-group table (placeholders for released entries); None without one."""
+        return None if self.local is None else list(self.local.tables.get(request_id, ()))
+
+    def held_blocks(self, request_id: str) -> tuple[int, int]:
+        """(global blocks, local blocks) the request owns (local 0 without a local group)."""
+        return len(self._tables.get(request_id, ())), 0 if self.local is None else len(self.local.owned(request_id))
+
+    def max_context_tokens(self, chunk_tokens: int) -> int:
+        """The most tokens one request alone can hold when steps compute up to ``chunk_tokens`` at a time."""
+        n = self.num_blocks * self.block_size
+        if self.local is not None:
+            peak = self.num_blocks_needed(self.local.window + chunk_tokens) + 1
+            if peak > self.local.pool.num_blocks:
+                n = min(n, self.local.pool.num_blocks * self.block_size)
+        return n
+
     def num_blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
@@ -106,7 +134,16 @@ class KVCacheManager:
                 break
             hits.append(bid)
             parent = h
+        if self.local is not None:
+            hashes = [self.pool.blocks[b].block_hash for b in hits]
+            while hits and self.local.hit_blocks(hashes, self._chunks(request)) is None:
+                hits.pop()
+                hashes.pop()
         return hits, len(hits) * bs
+
+    def _chunks(self, request: Request):  # noqa: ANN202 -- a block index -> its tokens
+        bs = self.block_size
+        return lambda i: request.token_slice(i * bs, (i + 1) * bs)
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: list[int] | None = None) -> list[int] | None:
@@ -129,6 +166,18 @@ class KVCacheManager:
         reclaim = sum(1 for b in hits if self.pool.blocks[b].ref_cnt == 0)  # hits leaving the free queue
         if num_new + reclaim > self.pool.num_free_blocks:
             return None
+        lg = self.local
+        if lg is not None:
+            lhits = lg.hit_blocks([self.pool.blocks[b].block_hash for b in hits],  # type: ignore[misc]
+                                  self._chunks(request)) if hits else []
+            if lhits is None:
+                raise ValueError(f"request {rid!r}: prefix hits whose local blocks are not cached")
+            lp = lg.pool
+            l_new = lg.num_new(rid, self.num_blocks_needed(total), len(hits))
+            l_reclaim = sum(1 for b in lhits if lp.blocks[b].ref_cnt == 0)
+            l_back = sum(1 for b in lg.releasable(rid, request.num_computed_tokens) if lp.blocks[b].ref_cnt == 1)
+            if l_new + l_reclaim > lp.num_free_blocks + l_back:
+                return None
         if self.enable_prefix_caching and not table and request.status is RequestStatus.WAITING:
             st = self.prefix_cache_stats   # counted once per admission; not for a preempted request's re-hits
             st.requests += 1
@@ -147,6 +196,8 @@ class KVCacheManager:
             self._hashes[rid] = []
         table.extend(new)
         self._emit("alloc", rid, new)
+        if lg is not None:
+            lg.grow(rid, len(table), lhits, len(hits), request.num_computed_tokens)
         return new
 
     def cache_blocks(self, request: Request, num_verified_tokens: int) -> None:
@@ -173,12 +224,16 @@ class KVCacheManager:
                 new_cached.append(table[i])
             hashes.append(h)
         self._emit("cache", rid, new_cached)
+        if self.local is not None:
+            self.local.cache(rid, hashes, self._chunks(request))
 
     def free(self, request: Request) -> None:
         """Release all of the request's blocks, tail first. Unknown / blockless requests are a no-op."""
         rid = request.request_id
         table = self._tables.pop(rid, None)
         self._hashes.pop(rid, None)
+        if self.local is not None:
+            self.local.free(rid)
         if not table:
             return
         order = table[::-1]
@@ -194,6 +249,8 @@ class KVCacheManager:
         if not table:
             return
         keep = max(self.num_blocks_needed(num_tokens), len(self._hashes.get(rid, ())))
+        if self.local is not None:
+            self.local.trim(rid, keep)
         if keep >= len(table):
             return
         order = table[keep:][::-1]
@@ -203,7 +260,12 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached hash; only possible when no request holds blocks. Returns success."""
-        return self.pool.reset_prefix_cache()
+        if self.local is not None and self.local.pool.num_free_blocks != self.local.pool.num_blocks:
+            return False
+        ok = self.pool.reset_prefix_cache()
+        if ok and self.local is not None:
+            self.local.pool.reset_prefix_cache()
+        return ok
 
     # ---- introspection ---------------------------------------------------------------------------------
     def snapshot(self) -> list[BlockState]:
@@ -219,6 +281,11 @@ class KVCacheManager:
     def check_invariants(self) -> None:
         """Raise AssertionError if ownership, ref counts, free queue or hashes disagree."""
         self.pool.check_invariants()
+        if self.local is not None:
+            self.local.check_invariants()
+            for rid, table in self._tables.items():
+                if len(self.local.tables.get(rid, ())) != len(table):
+                    raise AssertionError(f"request {rid!r}: local table length != global table length")
         holders = [0] * self.pool.num_blocks
         for rid, table in self._tables.items():
             if len(set(table)) != len(table):

@@ -80,6 +80,22 @@ class AttentionMetadata:
     _kernel_rows: list[decode_kernel.KernelRows | None] = field(default_factory=list, repr=False, compare=False)
     # per-step state of the fused decode layer (models/fused_decode.py), built by the first layer
     fused_steps: dict[int, object] = field(default_factory=dict, repr=False, compare=False)
+    # the sliding-window layers' own block tables and slots (hitenter/kv_cache/window_group.py: same table
+    # lengths, released entries hold a placeholder id that no row reads); None: every layer uses the above
+    local_block_tables: list[list[int]] | None = None
+    local_slot_mapping: torch.Tensor | None = None
+    _local: list[AttentionMetadata] = field(default_factory=list, repr=False, compare=False)
+
+    def for_window(self, window: int | None) -> AttentionMetadata:
+        """The metadata a layer with this sliding `window` (None: a global layer) reads and writes through:
+        a view with the local tables and slots where the step has them (built once), else self."""
+        if window is None or self.local_block_tables is None:
+            return self
+        if not self._local:
+            self._local.append(AttentionMetadata(
+                self.query_start_loc, self.seq_lens, self.local_block_tables, self.local_slot_mapping,
+                self.block_size, self.workspace, self.kernel_from, self.decode_from, self.use_kernel))
+        return self._local[0]
 
     @property
     def num_seqs(self) -> int:
@@ -199,16 +215,20 @@ def _group(its: list[tuple[list[int], list[int], list[int]]], rows_m: int, nt: i
 
 
 def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int,
-                       dtype: torch.dtype = torch.float32, num_kv_heads: int | None = None) -> list[torch.Tensor]:
+                       dtype: torch.dtype = torch.float32, num_kv_heads: int | None = None,
+                       num_local_blocks: int | None = None) -> list[torch.Tensor]:
     """One zeroed tensor `[2, num_kv_heads, num_blocks, block_size, head_dim]` per layer, of `dtype` (the
     cache's element type: float32, bfloat16 or float16, hitenter/models/kv_dtype.py).
 
-    num_kv_heads: the KV heads this process holds (a tensor-parallel rank's shard); default all."""
-    if num_blocks <= 0 or block_size <= 0:
-        raise ValueError(f"num_blocks and block_size must be > 0, got {num_blocks}, {block_size}")
+    num_kv_heads: the KV heads this process holds (a tensor-parallel rank's shard); default all.
+    num_local_blocks: the sliding-window layers' block count where they have their own block tables
+    (hitenter/kv_cache/window_group.py); default num_blocks."""
+    nl = num_blocks if num_local_blocks is None else num_local_blocks
+    if num_blocks <= 0 or block_size <= 0 or nl <= 0:
+        raise ValueError(f"num_blocks and block_size must be > 0, got {num_blocks}, {block_size}, {nl}")
     kvh = config.num_kv_heads if num_kv_heads is None else num_kv_heads
-    shape = (2, kvh, num_blocks, block_size, config.head_dim)
-    return [torch.zeros(shape, dtype=dtype) for _ in range(config.num_layers)]
+    return [torch.zeros((2, kvh, num_blocks if config.layer_window(i) is None else nl, block_size, config.head_dim),
+                        dtype=dtype) for i in range(config.num_layers)]
 
 
 def write_kv(kv_cache_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -175,6 +175,7 @@ class DecoderLayer(nn.Module):
 
     def forward_torch(self, x: torch.Tensor, rope: Rope | None, cos_sin: CosSin | None, attn: AttentionMetadata,
                       kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
+        attn = attn.for_window(self.window)   # a local layer: its own block tables where the step has them
         q, k, v = self.qkv_heads(x, rope, cos_sin)
         t = q.shape[0]
         write_kv(kv_cache, k[:n_real], v[:n_real], attn.slot_mapping)

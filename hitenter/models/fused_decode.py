@@ -63,7 +63,8 @@ class _Step(ctypes.Structure):
     _fields_ = [("cos", c_p), ("sin", c_p), ("slots", c_p), ("ctx", c_p), ("starts", c_p), ("tables", c_p),
                 ("R", c_i64), ("NB", c_i64), ("BS", c_i32), ("nthreads", c_i32), ("cos2", c_p), ("sin2", c_p),
                 ("kv_type", c_i32), ("pad", c_i32), ("NP", c_i64), ("ND", c_i64), ("p_row0", c_p), ("p_nrows", c_p),
-                ("p_pos0", c_p), ("p_tstart", c_p), ("d_rows", c_p), ("d_ctx", c_p), ("d_starts", c_p)]
+                ("p_pos0", c_p), ("p_tstart", c_p), ("d_rows", c_p), ("d_ctx", c_p), ("d_starts", c_p),
+                ("slots2", c_p), ("tables2", c_p), ("NB2", c_i64)]
 
 
 _lock = threading.Lock()
@@ -253,10 +254,12 @@ Tables = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 def step_state(meta: Any, kr: decode_kernel.KernelRows, tables: Tables, kv_cache: torch.Tensor,
-               fused: FusedLayer) -> tuple[_Step, torch.Tensor, tuple]:
+               fused: FusedLayer, local_cache: torch.Tensor | None = None) -> tuple[_Step, torch.Tensor, tuple]:
     """The C step struct for the generation rows `kr`: RoPE `tables` (cos, sin `[T, 1, D]`; a second one
     for Gemma 3's local layers, else the first again), slots, key ranges, a scratch buffer, and the tensors
-    it points into. Built once per step and set of tables, shared by the layers."""
+    it points into. Built once per step and set of tables, shared by the layers. `local_cache`: a sliding-window
+    layer's cache where the metadata has the local group's tables (kv_cache/window_group.py): those layers
+    then read and write through the second slots / tables."""
     key = tuple(id(t[0]) for t in tables)
     got = meta.fused_steps.get(key)
     if got is not None:
@@ -277,8 +280,17 @@ def step_state(meta: Any, kr: decode_kernel.KernelRows, tables: Tables, kv_cache
         st.NP, st.ND = kr.prompt.shape[1], kr.decode.shape[0]
         st.p_row0, st.p_nrows, st.p_pos0, st.p_tstart = (kr.prompt[k].data_ptr() for k in range(4))
         st.d_rows, st.d_ctx, st.d_starts = kr.decode.data_ptr(), kr.decode_ctx.data_ptr(), kr.decode_starts.data_ptr()
+    keep: tuple = ()
+    local = meta.for_window(1) if local_cache is not None else meta
+    if local is not meta:
+        lkr = local.kernel_rows(local_cache.shape[2])
+        if lkr is None or not torch.equal(lkr.starts, kr.starts):
+            raise ValueError("the local block tables do not match the global ones' lengths")
+        slots2 = (local.slot_mapping if rows is None else local.slot_mapping.index_select(0, rows)).long().contiguous()
+        st.slots2, st.tables2, st.NB2 = slots2.data_ptr(), lkr.tables.data_ptr(), local_cache.shape[2]
+        keep = (slots2, lkr)
     scratch = torch.empty(int(fused.lib.dl_scratch(ctypes.byref(fused.struct), r)), dtype=torch.float32)
-    got = (st, scratch, (cs, slots, kr))
+    got = (st, scratch, (cs, slots, kr, keep))
     meta.fused_steps[key] = got
     return got
 
@@ -302,7 +314,9 @@ def run_all_layers(model: Any, x: torch.Tensor, attn: Any, tables: Tables,
         arrays = (kv_caches, [id(f) for f in fused], layers, caches)
         model.__dict__["_fused_arrays"] = arrays
     widest = max(fused, key=lambda f: f.struct.E)   # the scratch of a layer with experts, if any, holds any
-    st, scratch, _keep = step_state(attn, kr, tables, kv_caches[0], widest)
+    local = next((c for f, c in zip(fused, kv_caches, strict=True) if f.struct.window > 0), None)
+    main = next((c for f, c in zip(fused, kv_caches, strict=True) if f.struct.window == 0), kv_caches[0])
+    st, scratch, _keep = step_state(attn, kr, tables, main, widest, local)
     y = x.contiguous().clone()
     rc = fused[0].lib.dl_forward(arrays[2], arrays[3], len(fused), ctypes.byref(st), y.data_ptr(),
                                  scratch.data_ptr())

@@ -23,7 +23,8 @@ def gemm_only(meta: Any) -> tuple[torch.Tensor, Any]:
     """(flat indices of the step's rows that take the GEMM path, metadata for just those rows, all on the
     GEMM path): each sequence's first rows up to its prompt length - 1, seen as a step of their own."""
     rows: list[int] = []
-    qsl, seq_lens, tables = [0], [], []
+    qsl, seq_lens, tables, local = [0], [], [], getattr(meta, "local_block_tables", None)
+    ltables = []
     for i, seq_len in enumerate(meta.seq_lens):
         a, n = meta.query_start_loc[i], meta.query_start_loc[i + 1] - meta.query_start_loc[i]
         g = meta.gemm_rows(i, True)
@@ -33,9 +34,14 @@ def gemm_only(meta: Any) -> tuple[torch.Tensor, Any]:
         qsl.append(qsl[-1] + g)
         seq_lens.append(seq_len - (n - g))
         tables.append(meta.block_tables[i])
+        if local is not None:
+            ltables.append(local[i])
     idx = torch.tensor(rows, dtype=torch.long)
-    return idx, type(meta)(qsl, seq_lens, tables, meta.slot_mapping.index_select(0, idx), meta.block_size,
-                           workspace=meta.workspace)
+    sub = type(meta)(qsl, seq_lens, tables, meta.slot_mapping.index_select(0, idx), meta.block_size,
+                     workspace=meta.workspace)
+    if local is not None:   # the sliding-window layers' own tables (kv_cache/window_group.py)
+        sub.local_block_tables, sub.local_slot_mapping = ltables, meta.local_slot_mapping.index_select(0, idx)
+    return idx, sub
 
 
 def split_forward(model: Any, x: torch.Tensor, attn: Any, kv_caches: list[torch.Tensor],
@@ -69,7 +75,7 @@ def run_layers(model: Any, x: torch.Tensor, attn: Any, kv_caches: list[torch.Ten
     else each layer in turn. layer_ropes: each layer's (RoPE, cos/sin table); tables: the step's tables."""
     plain = not model.dense_gemms   # no padded GEMMs (TP shards of blocks too: distributed/fused.py)
     fused = fused_decode.all_fused(model, attn, kv_caches) if plain else None
-    kr = attn.kernel_rows(kv_caches[0].shape[2]) if fused is not None else None
+    kr = attn.kernel_rows(global_cache(model, kv_caches).shape[2]) if fused is not None else None
     if kr is not None:   # generation rows: all layers in one native call, after the prompt rows' layers
         return split_forward(model, x, attn, kv_caches, fused, kr, layer_ropes, tables)
     for layer, cache, (rope, cos_sin) in zip(model.layers, kv_caches, layer_ropes, strict=True):
@@ -77,9 +83,17 @@ def run_layers(model: Any, x: torch.Tensor, attn: Any, kv_caches: list[torch.Ten
     return x
 
 
+def global_cache(model: Any, kv_caches: list[torch.Tensor]) -> torch.Tensor:
+    """A global (not sliding-window) layer's cache: the one the step's global block tables index
+    (the local layers' caches may hold fewer blocks, kv_cache/window_group.py)."""
+    return next((c for layer, c in zip(model.layers, kv_caches, strict=True)
+                 if getattr(layer, "window", None) is None), kv_caches[0])
+
+
 def layer_forward(layer: Any, x: torch.Tensor, rope: Any, cos_sin: tuple[torch.Tensor, torch.Tensor], attn: Any,
                   kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
     """One layer called on its own (the trace): generation rows fused, the others through `forward_torch`."""
+    attn = attn.for_window(getattr(layer, "window", None))
     fused = fused_decode.fused_layer(layer, kv_cache) if attn.kernel_from is not None and attn.use_kernel is not False else None
     kr = attn.kernel_rows(kv_cache.shape[2]) if fused is not None else None
     if kr is None:

@@ -90,6 +90,10 @@ typedef struct {   /* one step's generation rows (shared by the layers) */
        decode kernel. NP == 0 (or no prompt kernel): every row the decode kernel with ctx / starts. */
     int64_t NP, ND;
     const int64_t *p_row0, *p_nrows, *p_pos0, *p_tstart, *d_rows, *d_ctx, *d_starts;
+    /* the sliding-window layers' own slots and flat tables (same table offsets) into caches of NB2 blocks
+       (hitenter/kv_cache/window_group.py); tables2 NULL: every layer reads slots / tables */
+    const int64_t *slots2, *tables2;
+    int64_t NB2;
 } step;
 
 static inline v16 ld(const float *p) { v16 v; memcpy(&v, p, 64); return v; }
@@ -273,7 +277,10 @@ static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf
     const int64_t R = S->R, q = (int64_t)L->NH * L->D, kvw = (int64_t)L->KVH * L->D, n = q + 2 * kvw;
     const int D = L->D;
     const int kt = S->kv_type, es = elem_bytes(kt);
-    char *K = (char *)kv, *V = K + (int64_t)L->KVH * S->NB * S->BS * D * es;
+    const int loc = L->window > 0 && S->tables2;   /* a local layer with its own tables */
+    const int64_t *slots = loc ? S->slots2 : S->slots, *tables = loc ? S->tables2 : S->tables;
+    const int64_t NB = loc ? S->NB2 : S->NB;
+    char *K = (char *)kv, *V = K + (int64_t)L->KVH * NB * S->BS * D * es;
     for (int64_t r = 0; r < R; r++) {
         float *row = qkv + r * n;
         if (L->qkv_bias)
@@ -291,7 +298,7 @@ static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf
         }
         memcpy(qbuf + r * q, row, q * sizeof(float));
         for (int h = 0; h < L->KVH; h++) {   /* plane h of K and of V: [KVH][NB * BS][D] */
-            const int64_t at = ((int64_t)h * S->NB * S->BS + S->slots[r]) * D * es;
+            const int64_t at = ((int64_t)h * NB * S->BS + slots[r]) * D * es;
             const float *kr = row + q + (int64_t)h * D, *vr = row + q + kvw + (int64_t)h * D;
             if (kt == KV_F32) {
                 memcpy(K + at, kr, D * sizeof(float));
@@ -304,16 +311,16 @@ static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf
         }
     }
     if (!S->NP || !g_pattn)
-        return g_attn(qbuf, obuf, kv, kt, R, S->ctx, S->starts, S->tables, L->NH, L->KVH, S->NB, S->BS, D, L->scale,
+        return g_attn(qbuf, obuf, kv, kt, R, S->ctx, S->starts, tables, L->NH, L->KVH, NB, S->BS, D, L->scale,
                       L->window, S->nthreads);
-    int rc = g_pattn(qbuf, obuf, kv, kt, S->NP, S->p_row0, S->p_nrows, S->p_pos0, S->p_tstart, S->tables, L->NH,
-                     L->KVH, S->NB, S->BS, D, L->scale, L->window, S->nthreads);
+    int rc = g_pattn(qbuf, obuf, kv, kt, S->NP, S->p_row0, S->p_nrows, S->p_pos0, S->p_tstart, tables, L->NH,
+                     L->KVH, NB, S->BS, D, L->scale, L->window, S->nthreads);
     if (rc || !S->ND) return rc;
     /* the generation rows, gathered behind the dense buffers (2 R q floats of dl_scratch; the experts' scratch
        there is used only after the attention) */
     float *qd = dscratch, *od = qd + S->ND * q;
     for (int64_t i = 0; i < S->ND; i++) memcpy(qd + i * q, qbuf + S->d_rows[i] * q, q * sizeof(float));
-    rc = g_attn(qd, od, kv, kt, S->ND, S->d_ctx, S->d_starts, S->tables, L->NH, L->KVH, S->NB, S->BS, D, L->scale,
+    rc = g_attn(qd, od, kv, kt, S->ND, S->d_ctx, S->d_starts, tables, L->NH, L->KVH, NB, S->BS, D, L->scale,
                 L->window, S->nthreads);
     for (int64_t i = 0; i < S->ND && !rc; i++) memcpy(obuf + S->d_rows[i] * q, od + i * q, q * sizeof(float));
     return rc;
