@@ -39,8 +39,11 @@ def step(m: KVCacheManager, r: Request, n: int) -> None:
 def test_local_table_releases_outside_the_window() -> None:
     m = KVCacheManager(32, 4, local_window=8)
     r = req("a", list(range(40)))
-    step(m, r, 40)                                   # the prompt's rows read from key 0: nothing released yet
+    assert m.allocate_slots(r, 40) is not None       # the prompt's rows read from key 0: nothing released yet
     assert m.held_blocks("a") == (10, 10)
+    r.num_computed_tokens = 40
+    m.cache_blocks(r, 40)                            # the step ran: the next row (40) reads keys 33.. only
+    assert m.held_blocks("a") == (10, 2)
     r.output_token_ids.append(7)
     step(m, r, 1)                                    # position 40 reads keys 33..40: blocks 8..10
     table = m.local_block_table("a")
@@ -143,14 +146,6 @@ def test_split_blocks_keeps_the_memory() -> None:
 _CACHE_BLOCKS = KVCacheManager.cache_blocks
 
 
-@pytest.fixture(scope="module")
-def tiny_gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from hitenter.testing.tiny_gemma import write_tiny_gemma3
-
-    # 6 layers, 5 local (window 8) and one global: Gemma 3's 5:1 pattern
-    return write_tiny_gemma3(tmp_path_factory.mktemp("wr") / "g.gguf", layers=6, pattern=6, context_length=512)
-
-
 def _run(path: Path, release: bool, monkeypatch: pytest.MonkeyPatch, **opts: object) -> tuple[list, list, int]:
     from hitenter import LLM, SamplingParams
 
@@ -175,16 +170,23 @@ def _run(path: Path, release: bool, monkeypatch: pytest.MonkeyPatch, **opts: obj
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("opts", [{}, {"kv_cache_memory": 1536 * 4 * 60, "max_model_len": 200,
-                                       "max_num_batched_tokens": 64}])
-def test_engine_outputs_identical_with_and_without_release(tiny_gemma: Path, monkeypatch: pytest.MonkeyPatch,
-                                                           opts: dict) -> None:
-    """Greedy, prefix caching, chunked prefill and (with the small cache) preemption: the same tokens, the
-    same bits as the one-table engine (release off), whose own correctness tests/test_gemma3.py checks."""
-    off, held_off, pre_off = _run(tiny_gemma, False, monkeypatch, **opts)
-    on, held_on, pre_on = _run(tiny_gemma, True, monkeypatch, **opts)
+@pytest.mark.parametrize("quant,opts", [
+    (None, {}),
+    (None, {"kv_cache_memory": 1536 * 4 * 60, "max_model_len": 200, "max_num_batched_tokens": 64}),
+    ("Q8_0", {"speculative_method": "ngram", "num_speculative_tokens": 3})])   # the fused C layers; n-gram drafts, most of them rejected
+def test_engine_outputs_identical_with_and_without_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           quant: str | None, opts: dict) -> None:
+    """Greedy, prefix caching, chunked prefill, (with the small cache) preemption and speculative verification
+    rows: the same tokens as the one-table engine (release off), whose correctness tests/test_gemma3.py checks."""
+    from hitenter.testing.tiny_gemma import write_tiny_gemma3
+
+    # 6 layers, 5 local (window 8) and one global: Gemma 3's 5:1 pattern
+    path = write_tiny_gemma3(tmp_path / "g.gguf", layers=6, pattern=6, context_length=512, quant=quant)
+    off, held_off, pre_off = _run(path, False, monkeypatch, **opts)
+    on, held_on, pre_on = _run(path, True, monkeypatch, **opts)
     assert on == off
-    assert (pre_off > 0 and pre_on > 0) == bool(opts), (pre_off, pre_on)   # the small cache preempts
+    small = "kv_cache_memory" in opts
+    assert (pre_off > 0 and pre_on > 0) == small, (pre_off, pre_on)   # the small cache preempts
     assert all(loc == 0 for _, _, loc in held_off)
     at, g, loc = max(held_on)                        # the longest context seen: 162 tokens
     assert loc <= 8 // 4 + 2 < g
@@ -222,8 +224,8 @@ def _model_logits(model: torch.nn.Module, ids: list[int], steps: list[tuple[int,
     return torch.cat(out)
 
 
-@pytest.mark.parametrize("per_layer", [False, True])
-@pytest.mark.parametrize("kernel_from,decode_from", [(31, None), (0, 31)])
+@pytest.mark.slow
+@pytest.mark.parametrize("per_layer,kernel_from,decode_from", [(False, 0, 31), (False, 31, None), (True, 0, 31)])
 def test_model_bits_with_released_local_blocks(q8_gemma: Path, per_layer: bool, kernel_from: int,
                                                decode_from: int | None) -> None:
     """The torch layer, the decode and prompt kernels and the fused C layers (all layers in one call, or per

@@ -204,8 +204,14 @@ class KVCacheManager:
         """Register the request's blocks that are now full of verified (computed) tokens.
 
         Call with the request's verified token count (e.g. ``num_computed_tokens`` after a step);
-        drafted or otherwise unconfirmed tokens must not be counted. Idempotent.
+        drafted or otherwise unconfirmed tokens must not be counted. Idempotent. With a local group it
+        then releases the local blocks that no row from ``num_verified_tokens`` on can read.
         """
+        self._cache_blocks(request, num_verified_tokens)
+        if self.local is not None:
+            self.local.release(request.request_id, num_verified_tokens)
+
+    def _cache_blocks(self, request: Request, num_verified_tokens: int) -> None:
         rid = request.request_id
         table = self._tables.get(rid)
         if not self.enable_prefix_caching or not table:
