@@ -203,6 +203,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     kv_dtype = kv_cache_torch_dtype(cfg, dtype)
     num_blocks = _num_blocks(cfg, mcfg, kv_dtype, max_model_len)
     decode_kernel.load()   # build / load the fused attention kernel at start-up, not on the first request
+    draft_blocks = num_blocks   # a draft model's cache keeps the one-table token count (it stops drafting when full)
     num_blocks, num_local, window = _window_groups(cfg, mcfg, num_blocks, sched_cfg)
     if mcfg.sliding_window:   # what the local layers' windows cost a full-length sequence, and what is done about it
         from hitenter.models.decoder import windowed_kv_bytes
@@ -221,7 +222,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     log.info("kernel plan for %s:\n%s", path, plan.describe())
     kv_manager = KVCacheManager(num_blocks, cfg.cache.block_size, cfg.cache.enable_prefix_caching,
                                 local_window=window, num_local_blocks=num_local)
-    spec = build_spec_decoder(cfg.speculative, tokenizer, mcfg.vocab_size, max_model_len, num_blocks,
+    spec = build_spec_decoder(cfg.speculative, tokenizer, mcfg.vocab_size, max_model_len, draft_blocks,
                               cfg.cache.block_size, dtype, cfg.load.dtype, cfg.load.quantization,
                               kv_dtype=kv_dtype)
     trim_heap()   # the load's freed temporaries

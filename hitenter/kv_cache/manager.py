@@ -85,8 +85,8 @@ class KVCacheManager:
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks held by live requests, 0.0..1.0."""
-        return self.pool.usage
+        """Fraction of blocks held by live requests, 0.0..1.0 (with a local group: the fuller group's)."""
+        return self.pool.usage if self.local is None else max(self.pool.usage, self.local.pool.usage)
 
     def block_table(self, request_id: str) -> list[int]:
         """A copy of the request's block table ([] when it holds none)."""

@@ -283,11 +283,12 @@ class CausalLM(nn.Module):
 
 
 def windowed_kv_bytes(cfg: ModelConfig, num_tokens: int, block_size: int, dtype_bytes: int = 4) -> tuple[int, int]:
-    """(KV bytes one sequence of num_tokens holds now, bytes it would hold if each local layer kept only
-    the blocks its window can still reach) -- the memory a hybrid allocator (vLLM's) would save.
+    """(KV bytes one sequence of num_tokens holds with one block table for all layers, bytes it holds when
+    each local layer keeps only the blocks its window can still reach), logged at start.
 
-    hitenter keeps one block table for all layers (so prefix caching, preemption and the kernels stay as
-    they are) and masks old keys instead of freeing them; this is the cost of that choice, logged at start."""
+    The engine gives the local layers their own tables that release those blocks (hitenter/kv_cache/
+    window_group.py, as vLLM's hybrid allocator does) unless it runs with one table (tensor parallelism,
+    disaggregated prefill, HITENTER_WINDOW_RELEASE=0), where old keys are only masked."""
     per_layer_token = 2 * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
     blocks = -(-num_tokens // block_size)
     now = held = 0
