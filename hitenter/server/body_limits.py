@@ -359,6 +359,7 @@ PACE_FREE, PACE_WINDOW_S, PACE_DELAY_S = 8, 10.0, 0.5
 _PACE_CLIENTS = 4096                  # addresses remembered, least recently refused out
 _WORKER = "from hitenter.server.body_limits import serve; serve()"
 _SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 HEAD = struct.Struct("<II")          # the worker's framing: limits JSON length, body length
 WORKER_NICE = 10                     # the worker runs this much below the server in CPU priority
 
