@@ -165,19 +165,25 @@ class Scheduler:
                                self.config.max_num_batched_tokens - budget, events, lane)
 
     def record_step(self, out: SchedulerOutput, seconds: float) -> None:
-        """The step of ``out`` ran for ``seconds`` (bounds the fresh lane's steps)."""
-        self.lane.record(out.lane_only, seconds)
+        """The step of ``out`` ran for ``seconds`` (bounds the fresh lane's steps and paces long prompts)."""
+        prompt = sum(sr.num_new_tokens for sr in out.scheduled if _prefilling(sr.request, sr.num_computed_tokens))
+        decoding = any(not _prefilling(sr.request, sr.num_computed_tokens) for sr in out.scheduled)
+        self.lane.record(out.lane_only, seconds, prompt, decoding)
 
     def _pick(self, lane: bool) -> tuple[list[ScheduledRequest], list[Request], int]:
         """(scheduled, preempted, budget left); with ``lane`` the older running requests sit it out."""
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
+        # prompt tokens beside decoding streams: paced (fresh_lane.py)
+        paced = any(not _prefilling(r, r.num_computed_tokens) for r in self.running)
+        prompt_budget = self.lane.prompt_cap if paced else budget
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            prefill = _prefilling(req, req.num_computed_tokens)
+            n = min(req.num_tokens - req.num_computed_tokens, budget, prompt_budget if prefill else budget)
             if n <= 0 or (lane and not self.lane.is_fresh(req)):
                 i += 1
                 continue
@@ -198,6 +204,7 @@ class Scheduler:
             scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens, self.kv.block_table(req.request_id),
                                               self.kv.local_block_table(req.request_id)))
             budget -= n
+            prompt_budget -= n if prefill else 0
             i += 1
 
         while (not preempted and self.waiting and budget > 0
@@ -207,8 +214,8 @@ class Scheduler:
             remote = self._remote_tokens.get(req.request_id, 0)
             if remote:    # disaggregated prefill: blocks for the arrived KV, filled by the runner
                 hits, num_hit = [], remote
-            n = min(req.num_tokens - num_hit, budget)
-            if self.kv.allocate_slots(req, n + remote, hits) is None:
+            n = min(req.num_tokens - num_hit, budget, prompt_budget)
+            if n <= 0 or self.kv.allocate_slots(req, n + remote, hits) is None:
                 break   # stays at the head: FCFS, no bypass
             self.waiting.popleft()
             self._remote_tokens.pop(req.request_id, None)
@@ -222,6 +229,7 @@ class Scheduler:
             scheduled.append(ScheduledRequest(req, n, num_hit, self.kv.block_table(req.request_id),
                                               self.kv.local_block_table(req.request_id)))
             budget -= n
+            prompt_budget -= n
         return scheduled, preempted, budget
 
     def _preempt(self, req: Request) -> None:
@@ -294,3 +302,8 @@ def _drop_drafts(req: Request, num: int) -> None:
     num = min(num, len(req.spec_token_ids))
     if num > 0:
         del req.spec_token_ids[len(req.spec_token_ids) - num:]
+
+
+def _prefilling(req: Request, num_computed: int) -> bool:
+    """Whether a request's next rows are prompt rows (a new or preempted request still computing its prompt)."""
+    return num_computed < req.num_prompt_tokens
