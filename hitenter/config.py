@@ -168,9 +168,10 @@ class CacheConfig:
     kv_cache_memory: int | None = _opt(None, "bytes of KV cache (default: a share of RAM)")
     enable_prefix_caching: bool = _opt(True, "reuse the KV of shared prompt prefixes",
                                        flag="--no-enable-prefix-caching")
-    kv_cache_dtype: str = _opt("auto", "KV cache elements: auto = the activations' dtype (fp32 for GGUF blocks "
-                                       "and the float32 reference, bf16 for bfloat16 weights); bfloat16 / "
-                                       "float16 halve the bytes per token (hitenter/models/kv_dtype.py)",
+    kv_cache_dtype: str = _opt("auto", "KV cache elements: auto = half precision (float16 on CPUs with F16C, "
+                                       "else bfloat16; bf16 for bfloat16 weights, float32 for the float32 "
+                                       "reference load); float32 doubles the bytes per token "
+                                       "(hitenter/models/kv_dtype.py)",
                                choices=KV_CACHE_DTYPES)
 
     def __post_init__(self) -> None:

@@ -60,10 +60,10 @@ def test_option_validated_and_resolved() -> None:
     assert CacheConfig(kv_cache_dtype="fp16").kv_cache_dtype == "float16"
     assert EngineConfig.from_options(kv_cache_dtype="bfloat16").cache.kv_cache_dtype == "bfloat16"
     assert CacheConfig().kv_cache_dtype == "auto"
-    # auto: the activations' dtype (the fp32 reference stays fp32, dense bf16 weights keep bf16)
+    # auto: half precision for the GGUF's blocks; the fp32 reference stays fp32, dense bf16 weights keep bf16
     assert resolve_kv_dtype("auto", torch.float32, "float32") == torch.float32
     assert resolve_kv_dtype("auto", torch.bfloat16, "bfloat16") == torch.bfloat16
-    assert resolve_kv_dtype("auto", torch.float32, "auto") == torch.float32
+    assert resolve_kv_dtype("auto", torch.float32, "auto") == auto_half()
     assert auto_half() in (torch.float16, torch.bfloat16)
     assert resolve_kv_dtype("float32", torch.float32, "auto") == torch.float32
     assert resolve_kv_dtype("float16", torch.bfloat16, "bfloat16") == torch.float16
@@ -225,8 +225,10 @@ def test_half_cache_halves_bytes_and_doubles_blocks(tiny: Path) -> None:
 
 
 def test_auto_defaults(tiny: Path) -> None:
-    """auto: the activations' dtype, fp32 for GGUF blocks (the default weights) and the fp32 reference."""
+    """auto: half precision for GGUF blocks (the default weights: half the bytes per token), fp32 for the
+    fp32 reference."""
     gguf = LLM(str(tiny), kv_cache_memory=1 << 20, max_model_len=128)
-    assert gguf.engine.parts.runner.kv_caches[0].dtype == torch.float32
+    assert gguf.engine.parts.runner.kv_caches[0].dtype == auto_half()
+    assert gguf.engine.plan.kv_bytes_per_token * 2 == gguf.engine.parts.model.config.kv_bytes_per_token(4)
     ref = LLM(str(tiny), dtype="float32", kv_cache_memory=1 << 20, max_model_len=128)
     assert ref.engine.parts.runner.kv_caches[0].dtype == torch.float32

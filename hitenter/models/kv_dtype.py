@@ -8,13 +8,13 @@ changes only the stored K/V values, never the order of any sum: a kernel over an
 gives bitwise the result it gives over an fp32 cache holding the same rounded values, and batch
 invariance holds as before.
 
-`auto` (the default): the activations' dtype, so fp32 for the GGUF's own blocks and for the float32
-reference, bf16 for dense bf16 weights: exactly the cache before this option existed. Half precision is
-opt-in for now: on this AVX2 + F16C CPU the decode kernel over an f16 cache measured slower than over
-fp32 (GCC 12's _Float16 widening in the key loop; bf16, a 16-bit shift, ran about as fast as fp32), so a
-half default waits for that kernel to be tuned. `auto_half()` names the half type the CPU should convert
-fastest (f16 with F16C: vcvtph2ps, one instruction per 8 values; else bf16); f16 keeps 10 mantissa bits
-against bf16's 7 and K/V values sit well inside its range (65504).
+`auto` (the default): half precision wherever the activations are fp32 and the weights are not the float32
+reference: `auto_half()`, the half type this CPU converts fastest (f16 with F16C: vcvtph2ps, one instruction
+per 8 values; else bf16); f16 keeps 10 mantissa bits against bf16's 7 and K/V values sit well inside its
+range (65504). It halves the bytes per token (Qwen2.5-1.5B: 57,344 -> 28,672), so a long context reads half
+the bytes per decode step and twice the tokens fit. bf16 for dense bf16 weights; fp32 for the float32
+reference load (`dtype float32`), which the exact tests compare against HF and llama.cpp. On AVX2 the
+kernels widen a half tile once into fp32 (csrc/attn_avx2.h): the f16 decode kernel runs as fast as fp32.
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype, load_dtype: 
     (its activations in `model_dtype`)."""
     if kv_cache_dtype != "auto":
         return TORCH_KV_DTYPES[kv_cache_dtype]
-    return model_dtype   # the activations' dtype: fp32 stays the reference (see the module doc)
+    if model_dtype != torch.float32 or load_dtype == "float32":
+        return model_dtype   # bf16 weights: bf16; the float32 reference: fp32 (see the module doc)
+    return auto_half()
 
 
 def type_codes(kv_dtype: torch.dtype, q_dtype: torch.dtype) -> int:

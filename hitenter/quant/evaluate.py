@@ -25,10 +25,10 @@ def english_text() -> str:
 class _Seq:
     """One sequence's KV cache; `step(ids)` feeds new tokens and returns their fp32 logits."""
 
-    def __init__(self, model: torch.nn.Module, max_len: int) -> None:
+    def __init__(self, model: torch.nn.Module, max_len: int, kv_dtype: torch.dtype | None = None) -> None:
         self.model = model
         self.blocks = -(-max_len // BLOCK)
-        self.caches = allocate_kv_caches(model.config, self.blocks, BLOCK, model.dtype)
+        self.caches = allocate_kv_caches(model.config, self.blocks, BLOCK, kv_dtype or model.dtype)
         self.done = 0
 
     def step(self, ids: list[int], all_logits: bool = True) -> torch.Tensor:
@@ -41,16 +41,18 @@ class _Seq:
 
 
 @torch.inference_mode()
-def perplexity(model: torch.nn.Module, ids: list[int], chunk: int = 512, max_tokens: int | None = None) -> float:
+def perplexity(model: torch.nn.Module, ids: list[int], chunk: int = 512, max_tokens: int | None = None,
+               kv_dtype: torch.dtype | None = None) -> float:
     """exp(mean NLL) of `ids` (first max_tokens of them), scored in independent windows of `chunk` tokens
-    (each window starts a fresh context; its first token is not predicted)."""
+    (each window starts a fresh context; its first token is not predicted); the KV cache of `kv_dtype`
+    (default the model's dtype)."""
     ids = ids[:max_tokens] if max_tokens else ids
     nll, count = 0.0, 0
     for s in range(0, len(ids) - 1, chunk):
         win = ids[s:s + chunk]
         if len(win) < 2:
             break
-        logits = _Seq(model, len(win)).step(win)
+        logits = _Seq(model, len(win), kv_dtype).step(win)
         nll += float(F.cross_entropy(logits[:-1], torch.tensor(win[1:]), reduction="sum"))
         count += len(win) - 1
     return math.exp(nll / count)
