@@ -4,6 +4,7 @@ Llama / Qwen2 GGUF models that the tests write themselves."""
 from __future__ import annotations
 
 import importlib
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,3 +41,51 @@ def tiny_qwen2_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from hitenter.testing.tiny_model import write_tiny_gguf
 
     return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny-qwen2.gguf", arch="qwen2", seed=1)
+
+
+class Fp32Models:
+    """Real GGUFs dequantized to fp32 (HF's reference format), each loaded once and the last ``keep`` kept:
+    the loads take seconds to tens of seconds on 2 cores, and the tests only read these models."""
+
+    def __init__(self, keep: int = 2) -> None:
+        self._keep = keep
+        self._models: OrderedDict[Path, object] = OrderedDict()
+
+    def __call__(self, path: Path) -> object:
+        import torch
+
+        from hitenter.models.loader import load_model
+
+        path = Path(path)
+        if path not in self._models:
+            while len(self._models) >= self._keep:
+                self._models.popitem(last=False)
+            self._models[path] = load_model(path, dtype=torch.float32)[0]
+        self._models.move_to_end(path)
+        return self._models[path]
+
+
+@pytest.fixture(scope="session")
+def fp32_model() -> Iterator[Fp32Models]:
+    """``fp32_model(path)``: the read-only fp32 model of a real GGUF, shared by the modules that compare with it."""
+    models = Fp32Models()
+    yield models
+    models._models.clear()
+
+
+@pytest.fixture(scope="session")
+def qwen_coder_engine() -> Iterator[object]:
+    """Qwen2.5-Coder-0.5B in one LLMEngine (2048-token window) for the real-client modules: each serves it
+    behind its own app, whose AsyncLLMEngine shuts down with the app while the engine outlives it."""
+    from hitenter.engine.llm_engine import LLMEngine
+    from hitenter.models.registry import resolve_model
+
+    yield LLMEngine(str(resolve_model("qwen2.5-coder-0.5b-instruct")), max_model_len=2048)
+
+
+@pytest.fixture(scope="session")
+def smollm2_llm(smollm2_path: Path) -> object:
+    """SmolLM2 in one LLM (1024-token window, defaults otherwise) for the tests that only run requests on it."""
+    from hitenter.llm import LLM
+
+    return LLM(str(smollm2_path), max_model_len=1024)

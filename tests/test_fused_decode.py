@@ -184,14 +184,14 @@ def test_disabled_by_environment(paths: dict[str, Path], monkeypatch: pytest.Mon
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma-3-270m"])
-def test_real_model_fused_as_close_to_fp32_as_the_torch_layer(name: str) -> None:
+def test_real_model_fused_as_close_to_fp32_as_the_torch_layer(name: str, fp32_model) -> None:  # type: ignore[no-untyped-def]
     """On real text, teacher-forced: the fused rows are no further from the dense fp32 model (HF-exact) than
     the torch layer's rows, and their perplexity is within 1% of fp32's."""
     p = model_path(name)
     if not p.exists():
         pytest.skip(f"{name} not cached")
     model, _ = load_model(p)
-    ref, _ = load_model(p, dtype="float32")
+    ref = fp32_model(p)
     ids = Tokenizer.from_gguf(p).encode(english_text())[:384]
     exact = _logits(ref, ids, kernel_from=0)
     _set_fused(model, True)

@@ -212,10 +212,10 @@ def test_engine_batch_chunk_prefix_and_ngram_invariance(tiny_gemma_path: Path) -
 
 
 @pytest.fixture(scope="module")
-def gemma() -> Gemma3Model:
+def gemma(fp32_model) -> Gemma3Model:  # type: ignore[no-untyped-def]
     if not GEMMA.is_file():
         pytest.skip(f"{GEMMA} not present (hitenter pull gemma-3-270m)")
-    return load_model(GEMMA, dtype="float32")[0]   # the HF-exact reference format
+    return fp32_model(GEMMA)   # the HF-exact reference format
 
 
 @pytest.mark.slow

@@ -154,8 +154,8 @@ def test_packed_linear_matches_f_linear(dtype: torch.dtype) -> None:
 
 
 @pytest.fixture(scope="module")
-def smollm2(smollm2_path: Path) -> LlamaModel:
-    return load_model(smollm2_path, dtype=torch.float32)[0]   # the goldens are HF fp32 on the dequantized GGUF
+def smollm2(smollm2_path: Path, fp32_model) -> LlamaModel:  # type: ignore[no-untyped-def]
+    return fp32_model(smollm2_path)   # the goldens are HF fp32 on the dequantized GGUF
 
 
 @pytest.mark.slow
@@ -187,8 +187,8 @@ def test_smollm2_greedy_matches_goldens(smollm2: LlamaModel) -> None:
 
 
 @pytest.mark.slow
-def test_qwen2_greedy_matches_goldens() -> None:
+def test_qwen2_greedy_matches_goldens(fp32_model) -> None:  # type: ignore[no-untyped-def]
     path = hitenter_home() / "models" / "qwen2.5-coder-0.5b-instruct.gguf"
     if not path.exists():
         pytest.skip(f"{path} is not cached (see scripts/make_model_goldens.py)")
-    _check_greedy(load_model(path, dtype=torch.float32)[0], "model_qwen2_greedy.json")
+    _check_greedy(fp32_model(path), "model_qwen2_greedy.json")

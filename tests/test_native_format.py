@@ -205,6 +205,7 @@ def _real(name: str) -> Path:
 REAL = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]
 
 
+@pytest.mark.slow   # three real GGUF loads (the 1.5B one ~1 GB): the full suite's; the tiny models' bytes: above
 @pytest.mark.parametrize("name", REAL + ["qwen2.5-coder-1.5b-instruct"])
 def test_real_model_resident_bytes_within_5_percent_of_the_file(blocks: None, name: str) -> None:
     path = _real(name)
@@ -219,14 +220,13 @@ def test_real_model_resident_bytes_within_5_percent_of_the_file(blocks: None, na
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", REAL)
-def test_real_model_logits_and_perplexity_match_dense_fp32(blocks: None, name: str) -> None:
+def test_real_model_logits_and_perplexity_match_dense_fp32(blocks: None, name: str, fp32_model) -> None:  # type: ignore[no-untyped-def]
     from hitenter.tokenizer.bpe import Tokenizer
 
     path = _real(name)
     ids = Tokenizer.from_gguf(path).encode(english_text())
-    ref, _ = load_model(path, dtype="float32")
+    ref = fp32_model(path)
     ref_logits, ref_ppl = _logits(ref, ids[:128]), perplexity(ref, ids, 512, PPL_TOKENS)
-    del ref
     model, _ = load_model(path)
     assert model.weight_format == "gguf"
     _assert_close(_logits(model, ids[:128]), ref_logits)

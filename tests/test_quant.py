@@ -3,6 +3,7 @@ batch invariance, and perplexity / greedy quality on SmolLM2 against the fp32-de
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import gguf
@@ -152,32 +153,50 @@ def smol_ids(smollm2_path: Path) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def smol_fp32_ppl(smollm2_path: Path, smol_ids: list[int]) -> float:
-    return perplexity(load_model(smollm2_path, dtype=torch.float32)[0], smol_ids, 512, PPL_TOKENS)
+def smol_fp32(smollm2_path: Path, fp32_model) -> torch.nn.Module:  # type: ignore[no-untyped-def]
+    return fp32_model(smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def smol_quantized(smollm2_path: Path) -> Iterator[Callable[[str], torch.nn.Module]]:
+    """``smol_quantized(mode)``: SmolLM2 in int8 / int4 / bf16, each loaded once for this module (read only)."""
+    models: dict[str, torch.nn.Module] = {}
+
+    def get(mode: str) -> torch.nn.Module:
+        if mode not in models:
+            models[mode] = (load_model(smollm2_path, dtype=torch.bfloat16) if mode == "bf16"
+                            else load_model(smollm2_path, quantization=mode))[0]
+        return models[mode]
+
+    yield get
+    models.clear()
+
+
+@pytest.fixture(scope="module")
+def smol_fp32_ppl(smol_fp32: torch.nn.Module, smol_ids: list[int]) -> float:
+    return perplexity(smol_fp32, smol_ids, 512, PPL_TOKENS)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["int8", "int4", "bf16"])
-def test_smollm2_perplexity_within_2_percent(smollm2_path: Path, smol_ids: list[int], smol_fp32_ppl: float,
-                                             mode: str) -> None:
-    model, _ = (load_model(smollm2_path, dtype=torch.bfloat16) if mode == "bf16"
-                else load_model(smollm2_path, quantization=mode))
-    ppl = perplexity(model, smol_ids, 512, PPL_TOKENS)
+def test_smollm2_perplexity_within_2_percent(smol_quantized: Callable[[str], torch.nn.Module], smol_ids: list[int],
+                                             smol_fp32_ppl: float, mode: str) -> None:
+    ppl = perplexity(smol_quantized(mode), smol_ids, 512, PPL_TOKENS)
     assert 5 < smol_fp32_ppl < 60
     assert abs(ppl / smol_fp32_ppl - 1) < 0.02, (mode, ppl, smol_fp32_ppl)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_smollm2_next_token_in_fp32_top3(smollm2_path: Path, mode: str) -> None:
+def test_smollm2_next_token_in_fp32_top3(smollm2_path: Path, smol_fp32: torch.nn.Module,
+                                         smol_quantized: Callable[[str], torch.nn.Module], mode: str) -> None:
     """The quantized model's greedy next token is one of the fp32 model's top 3 on every prompt.
 
     (Agreement over 24 greedy tokens: see test_smollm2_int4_greedy_agrees_with_fp32.)"""
     from hitenter.tokenizer.bpe import Tokenizer
 
     tok = Tokenizer.from_gguf(smollm2_path)
-    ref, _ = load_model(smollm2_path, dtype=torch.float32)
-    qm, _ = load_model(smollm2_path, quantization=mode)
+    ref, qm = smol_fp32, smol_quantized(mode)
     for p in PROMPTS:
         ids = tok.encode(p)
         top3 = _logits(ref, ids)[-1].topk(3).indices.tolist()
@@ -186,7 +205,8 @@ def test_smollm2_next_token_in_fp32_top3(smollm2_path: Path, mode: str) -> None:
 
 
 @pytest.mark.slow
-def test_smollm2_int4_greedy_agrees_with_fp32(smollm2_path: Path) -> None:
+def test_smollm2_int4_greedy_agrees_with_fp32(smollm2_path: Path, smol_fp32: torch.nn.Module,
+                                              smol_quantized: Callable[[str], torch.nn.Module]) -> None:
     """int4 (the GGUF's exact Q4_1 weights, bf16 activations, rescored head), fed the fp32 model's 24 greedy
     tokens after each prompt, predicts that model's next token at >= 95% of the positions (measured 97.9%;
     int8, requantized per row, 95.4%). Teacher-forced, so one near-tie does not decide a whole
@@ -195,8 +215,7 @@ def test_smollm2_int4_greedy_agrees_with_fp32(smollm2_path: Path) -> None:
     from hitenter.tokenizer.bpe import Tokenizer
 
     tok = Tokenizer.from_gguf(smollm2_path)
-    ref, _ = load_model(smollm2_path, dtype=torch.float32)
-    qm, _ = load_model(smollm2_path, quantization="int4")
+    ref, qm = smol_fp32, smol_quantized("int4")
     agree = total = 0
     for p in PROMPTS:
         ids = tok.encode(p)

@@ -19,7 +19,6 @@ import pytest
 from test_server_util import LiveServer, live_server
 
 from hitenter.engine.llm_engine import LLMEngine
-from hitenter.models.registry import resolve_model
 from hitenter.server.api import create_app
 
 pytestmark = pytest.mark.slow
@@ -38,9 +37,8 @@ RESULT = '{"temperature_c": 21, "sky": "clear"}'
 
 
 @pytest.fixture(scope="module")
-def qwen() -> Iterator[LiveServer]:
-    eng = LLMEngine(str(resolve_model(NAME)), max_model_len=2048)
-    with live_server(create_app(eng, served_model_name=NAME, playground=False)) as srv:
+def qwen(qwen_coder_engine: LLMEngine) -> Iterator[LiveServer]:
+    with live_server(create_app(qwen_coder_engine, served_model_name=NAME, playground=False)) as srv:
         yield srv
 
 

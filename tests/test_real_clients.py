@@ -16,7 +16,6 @@ from test_server_util import LiveServer, live_server
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.engine.structured import GuidedSpec
 from hitenter.llm import LLM
-from hitenter.models.registry import resolve_model
 from hitenter.sampling_params import SamplingParams
 from hitenter.server.api import create_app
 
@@ -27,8 +26,8 @@ WEATHER = {"type": "function", "function": {
 ASK = [{"role": "user", "content": "What is the weather in Paris right now? Use the tool."}]
 
 
-def test_smollm2_50_json_schemas(smollm2_path: Any) -> None:
-    llm = LLM(str(smollm2_path), max_model_len=1024)
+def test_smollm2_50_json_schemas(smollm2_llm: LLM) -> None:
+    llm = smollm2_llm
     schemas = random_schemas(50, seed=1)
     params = [SamplingParams(temperature=1.0, seed=i, max_tokens=400, guided=GuidedSpec("json_schema", json.dumps(s)))
               for i, s in enumerate(schemas)]
@@ -39,9 +38,8 @@ def test_smollm2_50_json_schemas(smollm2_path: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def qwen() -> Iterator[LiveServer]:
-    eng = LLMEngine(str(resolve_model("qwen2.5-coder-0.5b-instruct")), max_model_len=2048)
-    with live_server(create_app(eng, served_model_name="qwen")) as srv:
+def qwen(qwen_coder_engine: LLMEngine) -> Iterator[LiveServer]:
+    with live_server(create_app(qwen_coder_engine, served_model_name="qwen")) as srv:
         yield srv
 
 
@@ -103,8 +101,8 @@ def test_langchain_bind_tools_and_structured_output(qwen: LiveServer) -> None:
     assert isinstance(out, GetWeather) and "paris" in out.city.lower()
 
 
-def test_template_without_tools(smollm2_path: Any) -> None:
-    with live_server(create_app(LLMEngine(str(smollm2_path), max_model_len=512))) as srv:
+def test_template_without_tools(smollm2_llm: LLM) -> None:
+    with live_server(create_app(smollm2_llm.engine)) as srv:
         c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.BadRequestError, match="does not support tools"):
             c.chat.completions.create(model="smollm2-135m-instruct", messages=ASK, tools=[WEATHER])  # type: ignore[arg-type]

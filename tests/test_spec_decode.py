@@ -206,10 +206,10 @@ CODE_PROMPT = f"Copy this Python code:\n\n```python\n{CODE}```"
 
 
 @pytest.mark.slow
-def test_smollm2_prompt_lookup_on_code_identical(smollm2_path):
+def test_smollm2_prompt_lookup_on_code_identical(smollm2_path, smollm2_llm):
     sp = SamplingParams(temperature=0.0, max_tokens=48, logprobs=1)
     msgs = [{"role": "user", "content": CODE_PROMPT}]
-    ref = LLM(str(smollm2_path), max_model_len=1024).chat(msgs, sp)[0]
+    ref = smollm2_llm.chat(msgs, sp)[0]
     llm = LLM(str(smollm2_path), max_model_len=1024, speculative_method="ngram", num_speculative_tokens=4)
     got = llm.chat(msgs, sp)[0]
     assert _sig(got) == _sig(ref)
