@@ -62,3 +62,22 @@ def decode_read_bytes(model: Any) -> int:
     if any(t.data_ptr() in gemm_ptrs for t in embed):
         return total
     return total - weight_bytes(model.embed)
+
+
+def cpu_line() -> str:
+    """CPU model, the SIMD extensions that matter for the kernels, and the native qmatmul variant loaded."""
+    from pathlib import Path
+
+    from hitenter.kernels import native_isa
+
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == "unknown":
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    isa = [f for f in ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16") if f in flags]
+    return f"CPU {model}; ISA {' '.join(isa) or '?'}; hitenter qmatmul {native_isa()}"

@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit_json, table  # noqa: E402
-from vs_llamacpp import cpu_line  # noqa: E402
+from common import cpu_line, emit_json, table  # noqa: E402
 
 LLAMACPP_SCRIPT = r"""
 import json, sys, time

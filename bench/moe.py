@@ -29,29 +29,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import cpu_line  # noqa: E402
+
 SHAPE = {"layers": 16, "hidden": 1024, "experts": 64, "expert_ffn": 768, "top_k": 8, "heads": 16,
          "kv_heads": 4, "head_dim": 64, "context": 4096}
 PREFILL, DECODE = 512, 64
 
 
 # ---- machine facts --------------------------------------------------------------------------------------
-
-def cpu_facts() -> str:
-    """CPU model, the SIMD extensions that matter here, and the native qmatmul variant."""
-    model, flags = "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == "unknown":
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    isa = [f for f in ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16") if f in flags]
-    from hitenter import kernels
-
-    return f"CPU {model}; ISA {' '.join(isa) or '?'}; hitenter qmatmul {kernels.native_isa()}"
-
 
 def medians(samples: dict[str, list[float]]) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in samples.items()}
@@ -106,7 +92,7 @@ def layer_bench(a: argparse.Namespace) -> None:
     holder.ffn = owned
     own_block_bytes(holder)   # what the loader does: the arena copy, gate+up adjacent -> one qmatmul
     expert_bytes = gate.blocks.nbytes() // e + up.blocks.nbytes() // e + down.blocks.nbytes() // e
-    print(cpu_facts(), f"| torch threads {torch.get_num_threads()}")
+    print(cpu_line(), f"| torch threads {torch.get_num_threads()}")
     print(f"MoE layer: hidden {h}, {e} experts of ffn {f}, top-{k}, Q4_K; {expert_bytes / 1e6:.2f} MB per expert")
     for t in (1, PREFILL):
         # T = 1: a different row each call (other experts: their bytes come from DRAM, as in a model whose
@@ -303,7 +289,7 @@ def model_bench(a: argparse.Namespace) -> None:
             t0 = time.perf_counter()
             write_model(path.with_suffix(".tmp"), moe=kind == "qwen3moe").rename(path)
             print(f"wrote {path} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t0:.0f} s")
-    print(cpu_facts(), f"| {a.threads} threads")
+    print(cpu_line(), f"| {a.threads} threads")
     for kind, path in files.items():
         workers = {"hitenter": Worker(sys.executable, "hitenter", path, a.threads)}
         if Path(a.llamacpp_python).exists():

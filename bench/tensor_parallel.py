@@ -27,27 +27,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit_json, table  # noqa: E402
+from common import cpu_line, emit_json, table  # noqa: E402
 
 PROMPT = ("Explain, step by step, how a hash table handles collisions, and compare open addressing "
           "with separate chaining in terms of memory use, cache behaviour and worst-case lookups.")
-
-
-def cpu_facts() -> str:
-    """CPU model, its SIMD extensions that matter here and the native qmatmul variant."""
-    model, flags = "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == "unknown":
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    from hitenter import kernels
-
-    isa = [f for f in ("avx2", "fma", "avx_vnni", "avx512f", "avx512_vnni") if f in flags]
-    return f"CPU {model}; ISA {' '.join(isa) or '?'}; hitenter qmatmul {kernels.native_isa()}"
 
 
 def _rss(pid: int) -> int:
@@ -178,7 +161,7 @@ def main() -> None:
         summary.append({"tp": tp, "threads_per_rank": threads, **med, "rss_mb_per_process": rss,
                         "comm_ms_per_step": comm, "tokens_equal_tp1": same,
                         "decode_tok_s_rounds": [r["decode_tok_s"] for r in rs]})
-    print(cpu_facts())
+    print(cpu_line())
     print(f"{a.model}, default format (GGUF blocks), batch 1 greedy, {a.max_tokens} tokens, medians of {a.rounds} "
           f"alternating rounds (each a fresh process; shared machine: noisy)")
     print(table(rows, ["TP", "threads/rank", "decode tok/s", "TTFT ms", "weights MB rank 0", "RSS MB per process",
@@ -190,7 +173,7 @@ def main() -> None:
     print(f"gloo, 2 idle processes, H={hidden}: all-reduce [1, H] {micro['all_reduce_1xH']:.0f} us, all-gather "
           f"[1, H] {micro['all_gather_1xH']:.0f} us, decode-batch broadcast ({micro['batch_pickle_bytes']} B) "
           f"{micro['broadcast_batch']:.0f} us")
-    emit_json("tensor_parallel", {"model": a.model, "max_tokens": a.max_tokens, "cpu": cpu_facts(), "runs": summary,
+    emit_json("tensor_parallel", {"model": a.model, "max_tokens": a.max_tokens, "cpu": cpu_line(), "runs": summary,
                                   "gloo_micro_us": micro})
 
 

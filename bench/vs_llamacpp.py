@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import FORMATS, decode_read_bytes, emit_json, rss_bytes, table  # noqa: E402
+from common import FORMATS, cpu_line, decode_read_bytes, emit_json, rss_bytes, table  # noqa: E402
 
 N_CTX = 4096   # llama.cpp's context below, and hitenter's KV cache
 DEFAULT_MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct"]   # gemma-3-270m also runs (--models)
@@ -134,23 +134,6 @@ def report(name: str, path: str, ours: dict[str, dict], theirs: dict[str, float]
               f"step -> ceiling {ceil:.0f} tok/s at {a.bandwidth} GB/s; achieved {100 * r['decode'] / ceil:.0f}%.")
     print(f"The GGUF is {gguf_bytes / 1e6:.0f} MB -> ceiling {ceil_gguf:.0f} tok/s for a quantized reader"
           + (f"; llama.cpp achieves {100 * theirs['decode'] / ceil_gguf:.0f}% of it." if theirs else "."))
-
-
-def cpu_line() -> str:
-    """CPU model, the SIMD extensions that matter for the kernels, and the native qmatmul variant loaded."""
-    model, flags = "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == "unknown":
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    isa = [f for f in ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16") if f in flags]
-    from hitenter.kernels import native_isa
-
-    return f"CPU {model}; ISA {' '.join(isa) or '?'}; hitenter qmatmul {native_isa()}"
 
 
 def main() -> None:
