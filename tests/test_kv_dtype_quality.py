@@ -1,0 +1,27 @@
+"""The half-precision KV cache on a real model and real text (issue 29): perplexity with an f16 or bf16
+cache within 0.5% of the fp32 cache's, the same weights (the file's blocks), teacher-forced."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hitenter.models.loader import load_model
+from hitenter.models.registry import model_path
+from hitenter.quant.evaluate import english_text, perplexity
+from hitenter.tokenizer import Tokenizer
+
+
+@pytest.mark.slow
+def test_half_precision_cache_perplexity_within_half_a_percent() -> None:
+    p = model_path("smollm2-135m-instruct")
+    if not p.exists():
+        pytest.skip("smollm2-135m-instruct not cached")
+    model, _ = load_model(p)
+    ids = Tokenizer.from_gguf(p).encode(english_text())
+    ppl = {dt: perplexity(model, ids, chunk=512, max_tokens=1024, kv_dtype=dt)
+           for dt in (torch.float32, torch.float16, torch.bfloat16)}
+    assert 2 < ppl[torch.float32] < 100, ppl   # real text on a real model, not a degenerate run
+    for dt in (torch.float16, torch.bfloat16):
+        assert abs(ppl[dt] / ppl[torch.float32] - 1) <= 0.005, (dt, ppl)
+    assert ppl[torch.float16] != ppl[torch.float32]   # the cache type did change what was stored
