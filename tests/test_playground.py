@@ -202,7 +202,10 @@ def test_timeline_prefill_chunks_then_decodes(page, server) -> None:
 def test_block_map_equals_the_engines_kv_state(page, server) -> None:
     eng = server[1]["tiny"]
     enter(page, "Hello world", max_tokens=8)
-    assert int(data(page, "#req-kv", "bytes")) == int(data(page, "#req-kv", "tokens")) * 512
+    # the engine's own bytes per token: K and V of every layer in the cache's elements (f16 by default: 256)
+    per_token = eng.parts.model.config.kv_bytes_per_token(eng.parts.runner.kv_caches[0].element_size())
+    assert per_token == eng.plan.kv_bytes_per_token in (256, 512)
+    assert int(data(page, "#req-kv", "bytes")) == int(data(page, "#req-kv", "tokens")) * per_token
     assert int(data(page, "#req-kv", "blocks")) == math.ceil(int(data(page, "#req-kv", "tokens")) / 4)
     page.fill("#max_tokens", "70")              # 6 x (prompt + 70..90 tokens) > 64 blocks: preemptions
     page.fill("#burst-n", "6")

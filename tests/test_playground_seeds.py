@@ -178,7 +178,8 @@ def check(page, key: str, model: str, eng, prompt: str) -> None:
         page.wait_for_selector("#fast-measured", timeout=120000)
         assert d(page, "#fast-measured", "n") == "4" and page.input_value("#measure-n") == "4"   # kept across redraws
         assert float(d(page, "#fast-measured", "tps-batched")) > float(d(page, "#fast-measured", "tps-alone"))
-        per = eng.model_config.kv_bytes_per_token(4)          # fp32 K/V (GGUF blocks, fp32 activations)
+        per = eng.plan.kv_bytes_per_token                     # the engine's cache: half precision K/V by default
+        assert per == eng.model_config.kv_bytes_per_token(2)
         assert int(d(page, "#fast", "kv-per")) == per and int(d(page, "#fast", "kv-opt")) == 800 * 1024
         assert int(d(page, "#fast", "file")) == FILES[model].stat().st_size
         assert int(d(page, "#fast", "bf16")) * 2 == int(d(page, "#fast", "fp32"))
@@ -241,7 +242,8 @@ def test_no_stale_panel_after_a_prompt_or_model_change(pg, real) -> None:
     assert json.loads(d(pg, "#prompt-tokens", "ids")) == want
     traced = pg.eval_on_selector_all("#p-embed .tracetoks .tok", "ts => ts.map(t => +t.dataset.id)")
     assert traced[: len(want)] == want
-    per = real[1]["qwen"].model_config.kv_bytes_per_token(4)           # fp32 K/V
+    per = real[1]["qwen"].plan.kv_bytes_per_token                      # the engine's (half precision) K/V
+    assert per == real[1]["qwen"].model_config.kv_bytes_per_token(2)
     pg.wait_for_function(f"() => +document.querySelector('#fast').dataset.kvPer === {per}")
     assert pg.locator("main > section.panel").count() == 22
     assert pg.is_visible("#dash-flow-bar") and "24 × (attention + MLP)" in pg.inner_text("#dash-flow-bar")
