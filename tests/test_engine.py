@@ -98,8 +98,7 @@ def test_prefix_cache_hit_same_tokens_and_reports_cached(llm):
 def test_preemption_small_kv_budget_same_outputs(tiny_llama_path, llm):
     prompts, params = _prompts(12, seed=5, lo=20, hi=60), _mixed_params(12)
     ref = llm.generate(prompts, params)
-    cfg = llm.model_config
-    per_block = cfg.kv_bytes_per_token(4) * 16
+    per_block = llm.engine.plan.kv_bytes_per_token * 16   # the cache's own elements (f16 by default)
     tight = LLM(str(tiny_llama_path), kv_cache_memory=per_block * 18, max_model_len=256)
     preempted = []
     tight.engine.subscribe(lambda ev: preempted.extend(ev.preempted))

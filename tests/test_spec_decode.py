@@ -110,7 +110,7 @@ def test_chunking_and_preemption_with_drafts(tiny_qwen2_path, drafts, plain):
     prompts = _prompts(10, seed=7, lo=20, hi=50)
     sp = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, logprobs=1)
     ref = plain.generate(prompts, sp)
-    per_block = plain.model_config.kv_bytes_per_token(4) * 16
+    per_block = plain.engine.plan.kv_bytes_per_token * 16   # the cache's own elements (f16 by default)
     for opts in (dict(max_num_batched_tokens=10),                              # drafts cut by the budget
                  dict(kv_cache_memory=per_block * 20, max_model_len=256)):     # preemption
         llm = LLM(str(tiny_qwen2_path), speculative_model=str(tiny_qwen2_path), num_speculative_tokens=4,
