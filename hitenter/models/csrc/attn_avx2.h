@@ -109,17 +109,6 @@ A2_INLINE void pv_row(float *acc, float corr, const float *pr, const float *cons
     }
 }
 
-/* the row pointers of keys k0 .. k0+n-1 of plane `plane` (as decode_attention.c's cache_rows) */
-A2_INLINE void a2_rows(const char **out, const char *base, const int64_t *table, int64_t k0, int n, int BS,
-                       int64_t row_bytes) {
-    int64_t b = k0 / BS;
-    int o = (int)(k0 - b * BS);
-    for (int j = 0; j < n; j++) {
-        out[j] = base + (table[b] * BS + o) * row_bytes;
-        if (++o == BS) o = 0, b++;
-    }
-}
-
 /* q (type qt) row r, heads h*G .. h*G+G-1 -> out; keys first .. ctx-1 of KV head h; D = 8 * NV */
 A2_INLINE void decode_item_avx2(const void *q, void *out, const void *kv, const int kt, int qt, int64_t r, int h,
                                 int64_t first, int64_t ctx, const int64_t *table, int H, int KVH, int64_t NB,
@@ -144,13 +133,13 @@ A2_INLINE void decode_item_avx2(const void *q, void *out, const void *kv, const 
     for (int64_t k0 = first; k0 < ctx; k0 += 16) {
         const int nk = ctx - k0 < 16 ? (int)(ctx - k0) : 16;
         const char *kp[16], *vp[16];
-        a2_rows(kp, kbase, table, k0, nk, BS, (int64_t)D * es);
-        a2_rows(vp, vbase, table, k0, nk, BS, (int64_t)D * es);
+        paged_rows(kp, kbase, table, k0, nk, BS, (int64_t)D * es);
+        paged_rows(vp, vbase, table, k0, nk, BS, (int64_t)D * es);
         const int nn = ctx - (k0 + 16) < 16 ? (int)(ctx - (k0 + 16)) : 16;   /* fetch the next tile's rows */
         if (nn > 0) {
             const char *nkp[16], *nvp[16];
-            a2_rows(nkp, kbase, table, k0 + 16, nn, BS, (int64_t)D * es);
-            a2_rows(nvp, vbase, table, k0 + 16, nn, BS, (int64_t)D * es);
+            paged_rows(nkp, kbase, table, k0 + 16, nn, BS, (int64_t)D * es);
+            paged_rows(nvp, vbase, table, k0 + 16, nn, BS, (int64_t)D * es);
             for (int j = 0; j < nn; j++)
                 for (int o = 0; o < D * es; o += 64) { __builtin_prefetch(nkp[j] + o); __builtin_prefetch(nvp[j] + o); }
         }
@@ -269,8 +258,8 @@ static void prompt_item_avx2(const float *q, float *out, const void *kv, int kvt
     for (int64_t k0 = kfirst; k0 <= plast; k0 += 16) {
         const int nk = plast + 1 - k0 < 16 ? (int)(plast + 1 - k0) : 16;
         const char *kp[16], *vp[16];
-        a2_rows(kp, kbase, table, k0, nk, BS, (int64_t)D * es);
-        a2_rows(vp, vbase, table, k0, nk, BS, (int64_t)D * es);
+        paged_rows(kp, kbase, table, k0, nk, BS, (int64_t)D * es);
+        paged_rows(vp, vbase, table, k0, nk, BS, (int64_t)D * es);
         const float *kr[16], *vr[16];
         if (kvt == KV_F32)
             for (int t = 0; t < nk; t++) kr[t] = (const float *)kp[t], vr[t] = (const float *)vp[t];

@@ -57,17 +57,10 @@ static inline v16 transpose_add(v16 v[16]) {
 }
 
 /* the rows of keys k0 .. k0+n-1 in plane `plane` (K of head h: h; V of head h: KVH + h) of the cache
-   [2 * KVH planes, NB, BS, row_bytes]; key k lives in block table[k / BS] at k % BS (one division per
-   call, the block walked after that: a division per key cost more than the attention arithmetic) */
+   [2 * KVH planes, NB, BS, row_bytes] (vec16.h: paged_rows) */
 static inline void cache_rows(const char **out, const void *kv, int plane, const int64_t *table, int64_t k0,
                               int n, int64_t NB, int BS, int row_bytes) {
-    int64_t b = k0 / BS;
-    int o = (int)(k0 - b * BS);
-    const char *base = (const char *)kv + (int64_t)plane * NB * BS * row_bytes;
-    for (int j = 0; j < n; j++) {
-        out[j] = base + (table[b] * BS + o) * (int64_t)row_bytes;
-        if (++o == BS) o = 0, b++;
-    }
+    paged_rows(out, (const char *)kv + (int64_t)plane * NB * BS * row_bytes, table, k0, n, BS, row_bytes);
 }
 
 #define INLINE static inline __attribute__((always_inline))

@@ -114,4 +114,17 @@ static inline void store16t(void *p, v16 x, const int t) {
 
 static inline int elem_bytes(int t) { return t == KV_F32 ? 4 : 2; }
 
+/* the addresses of keys k0 .. k0+n-1 in a cache plane starting at `base` (rows of row_bytes, blocks of BS
+   rows): key k lives in block table[k / BS] at k % BS (one division per call, the block walked after that:
+   a division per key cost more than the attention arithmetic) */
+static inline void paged_rows(const char **out, const char *base, const int64_t *table, int64_t k0, int n, int BS,
+                              int64_t row_bytes) {
+    int64_t b = k0 / BS;
+    int o = (int)(k0 - b * BS);
+    for (int j = 0; j < n; j++) {
+        out[j] = base + (table[b] * BS + o) * row_bytes;
+        if (++o == BS) o = 0, b++;
+    }
+}
+
 #endif
