@@ -77,11 +77,11 @@ def _private_cache(model: torch.nn.Module, n: int, num_prompt: int, block_size: 
     blocks = -(-n // block_size)
     # the engine's cache element type (set by plan.apply_plan; kv_dtype.py), so the layers round K/V as there
     kv_dtype = getattr(model, "kv_cache_dtype", model.dtype)
+    paths = prompt_paths(model, num_prompt)
     caches = allocate_kv_caches(model.config, blocks, block_size, kv_dtype, num_kv_heads=model.layers[0].num_kv_heads)
     meta = AttentionMetadata(query_start_loc=[0, n], seq_lens=[n], block_tables=[list(range(blocks))],
                              slot_mapping=torch.arange(n, dtype=torch.long), block_size=block_size,
-                             kernel_from=[prompt_paths(model, num_prompt)[0]],
-                             decode_from=[prompt_paths(model, num_prompt)[1]], workspace={})
+                             kernel_from=[paths[0]], decode_from=[paths[1]], workspace={})
     return caches, meta
 
 
