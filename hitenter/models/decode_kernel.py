@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "decode_attention.c"
+SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "csrc" / "decode_attention.c"
 MAX_GROUP = 16      # query heads per KV head the kernel supports
 MAX_HEAD_DIM = 256
 

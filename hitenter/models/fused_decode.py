@@ -40,7 +40,7 @@ from hitenter.models.moe import GLUS
 log = logging.getLogger(__name__)
 _qm = importlib.import_module("hitenter.kernels.qmatmul")   # the module (the package exports a function of its name)
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "decode_layer.c"
+SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "csrc" / "decode_layer.c"
 MAXP = 4
 c_p, c_i64, c_i32, c_f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "prompt_attention.c"
+SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "csrc" / "prompt_attention.c"
 
 
 def _declare(lib: ctypes.CDLL) -> None:

@@ -12,7 +12,7 @@
  * Ties go to the lower id, a row of only -inf / NaN gives token 0, as the reference's argmax does. */
 #include <stdint.h>
 #include <string.h>
-#include "../../models/csrc/vec16.h"
+#include "vec16.h"
 
 #define GOLDEN 0x9E3779B97F4A7C15ULL
 
