@@ -37,7 +37,7 @@ __all__ = ["race", "race_reference", "race_q", "race_uniforms"]
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "race.c"
-_VEC16 = Path(__file__).resolve().parent.parent / "models" / "csrc" / "vec16.h"
+_VEC16 = Path(__file__).resolve().parent / "csrc" / "vec16.h"
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _C1, _C2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
