@@ -3,7 +3,6 @@ Llama / Qwen2 GGUF models that the tests write themselves."""
 
 from __future__ import annotations
 
-import importlib
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,12 +12,16 @@ import pytest
 
 @pytest.fixture
 def reload_kernels(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    """Reload the quantized-matmul library under a changed environment; the default one is reloaded afterwards."""
-    qm = importlib.import_module("hitenter.kernels.qmatmul")
-    qm._reset_for_tests()
+    """Reload the native libraries (kernels/native.py) under a changed environment; the default ones are
+    reloaded afterwards."""
+    from hitenter.kernels.native import LIBRARIES
+
+    for lib in LIBRARIES:
+        lib.reset()
     yield monkeypatch
     monkeypatch.undo()
-    qm._reset_for_tests()
+    for lib in LIBRARIES:
+        lib.reset()
 
 
 @pytest.fixture(scope="session")

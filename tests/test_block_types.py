@@ -27,6 +27,7 @@ from test_kernels import exact_activations
 
 from hitenter import LLM, SamplingParams
 from hitenter.kernels import BLOCK_TYPES, BlockWeight, qmatmul
+from hitenter.kernels.native import QMATMUL
 from hitenter.models.block_linear import BlockLinear
 from hitenter.models.gguf import SUPPORTED_TENSOR_TYPES
 from hitenter.models.loader import load_model
@@ -98,7 +99,7 @@ def test_types_are_registered() -> None:
     for t in TYPES:
         assert int(t) in BLOCK_TYPES and t in SUPPORTED_TENSOR_TYPES
         if qm.native_available():
-            assert int(t) in qm._supported, f"{t.name}: no native kernel"
+            assert int(t) in QMATMUL().supported, f"{t.name}: no native kernel"
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

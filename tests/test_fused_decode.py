@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from hitenter.kernels import native_available
+from hitenter.kernels.native import DECODE_LAYER
 from hitenter.llm import LLM
 from hitenter.models import fused_decode
 from hitenter.models.attention import AttentionMetadata, allocate_kv_caches
@@ -176,10 +177,13 @@ def test_disabled_by_environment(paths: dict[str, Path], monkeypatch: pytest.Mon
     cache = allocate_kv_caches(model.config, 1, BLOCK)[0]
     assert fused_decode.fused_layer(model.layers[0], cache) is not None
     monkeypatch.setenv("HITENTER_FUSED_DECODE", "0")
-    for name, value in (("_tried", False), ("_lib", None), ("_lib_gen", -1)):   # restored after the test
-        monkeypatch.setattr(fused_decode, name, value)
-    model.layers[0].__dict__.pop("_fused")
-    assert fused_decode.fused_layer(model.layers[0], cache) is None
+    DECODE_LAYER.reset()
+    try:
+        model.layers[0].__dict__.pop("_fused")
+        assert fused_decode.fused_layer(model.layers[0], cache) is None
+    finally:
+        monkeypatch.undo()
+        DECODE_LAYER.reset()   # the default library again for the next tests
 
 
 @pytest.mark.slow

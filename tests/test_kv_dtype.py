@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from hitenter.config import CacheConfig, EngineConfig
+from hitenter.kernels.native import DECODE_LAYER
 from hitenter.llm import LLM
 from hitenter.models import attention as A
 from hitenter.models import decode_kernel as DK
@@ -182,7 +183,7 @@ def test_fused_layer_writes_and_reads_a_half_cache(tiny: Path, dtype: torch.dtyp
     for layer in model.layers:
         layer.__dict__.pop("_fused", None)
     half, hc = _run_model(model, ids, 0, dtype)
-    if fused_decode._load() is not None:
+    if DECODE_LAYER() is not None:
         assert all(isinstance(layer._fused, fused_decode.FusedLayer) for layer in model.layers)
     full, fc = _run_model(model, ids, 0, torch.float32)
     for a, b in zip(hc, fc, strict=True):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hitenter.kernels import BlockWeight, qmatmul, reference_qmatmul
+from hitenter.kernels.native import QMATMUL
 from hitenter.models.block_linear import BlockEmbedding, BlockLinear
 from hitenter.models.loader import load_model
 from hitenter.testing.tiny_model import write_tiny_gguf
@@ -39,7 +40,7 @@ def repacked(w: BlockWeight) -> BlockWeight:
 def test_repacked_is_lossless_and_bitwise_equal(qtype: Q, n: int, k: int) -> None:
     w = weight(qtype, n, k, seed=n)
     r = repacked(w)
-    assert r.lanes == qm._lanes and r.nbytes() == -(-n // r.lanes) * r.lanes * (k // 32) * (34 if qtype == Q.Q8_0 else 20)
+    assert r.lanes == QMATMUL().lanes and r.nbytes() == -(-n // r.lanes) * r.lanes * (k // 32) * (34 if qtype == Q.Q8_0 else 20)
     assert torch.equal(r.file_rows(), w.data)
     assert torch.equal(r.dequantize(), w.dequantize())
     assert torch.equal(r.dequantize(torch.tensor([0, n - 1])), w.dequantize(torch.tensor([0, n - 1])))
@@ -75,7 +76,7 @@ def test_repacked_weight_under_another_build_takes_the_reference(reload_kernels:
     r = repacked(w)
     x = torch.randn(5, 160)
     reload_kernels.setenv("HITENTER_QMATMUL_ISA", "generic")     # no repacking there: lanes differ
-    qm._reset_for_tests()
+    QMATMUL.reset()
     assert qm.native_isa() == "generic" and not qm.repack_enabled()
     torch.testing.assert_close(qmatmul(x, r), reference_qmatmul(x, w), rtol=0, atol=0.05)
 

@@ -1,12 +1,12 @@
 """The fused native decode layer (models/fused_decode.py) on a tensor-parallel shard.
 
 The C layer (kernels/csrc/decode_layer.c) runs a whole layer and calls its matmuls through one function
-pointer that `dl_init` sets. A TP group loads a second instance of that library (another file name,
-so its own pointer) and sets the pointer to `FusedCollectives.matmul`, a ctypes callback: a projection
-whose descriptor is an ordinary kernel descriptor (Q/K/V, gate/up: this rank's output rows; replicated
-experts) goes straight to the native kernel; the row-parallel projections' descriptors are replaced
-(`wire`) by tokens that name a GatheredBlockLinear (models/shard.py), whose forward all-gathers the
-ranks' inputs, runs this rank's output rows and all-gathers the outputs. Everything else in the layer
+pointer that `dl_init` sets. A TP group loads a second instance of that library (native.DECODE_LAYER's
+"tp" instance: another file name, so its own pointer) and sets the pointer to `FusedCollectives.matmul`,
+a ctypes callback: a projection whose descriptor is an ordinary kernel descriptor (Q/K/V, gate/up:
+this rank's output rows; replicated experts) goes straight to the native kernel; the row-parallel
+projections' descriptors are replaced (`wire`) by tokens that name a GatheredBlockLinear
+(models/shard.py), whose forward all-gathers the ranks' inputs, runs this rank's output rows and all-gathers the outputs. Everything else in the layer
 (norms, RoPE, the cache write, attention over this rank's heads, SiLU, residuals) is the C code TP=1
 runs, on the same inputs, so the ranks' fused rows get TP=1's fused bits, not the torch layer's.
 
@@ -24,9 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hitenter.kernels.build import BuildError
-from hitenter.kernels.qmatmul import native_entry
-from hitenter.models import decode_kernel
+from hitenter.kernels.native import DECODE_ATTENTION, DECODE_LAYER, PROMPT_ATTENTION, QMATMUL
 from hitenter.models.shard import GatheredBlockLinear
 
 log = logging.getLogger(__name__)
@@ -43,33 +41,29 @@ def _floats(addr: int, n: int) -> torch.Tensor:
 class FusedCollectives:
     """A fused-layer library instance whose matmuls go through this object (see the module doc)."""
 
-    def __init__(self, lib: ctypes.CDLL, base: ctypes.CDLL, qm: int, gen: int) -> None:
-        self.lib, self.base, self.gen = lib, base, gen
+    def __init__(self, lib: ctypes.CDLL, base: ctypes.CDLL, qm: int) -> None:
+        self.lib, self.base = lib, base
         self.native = QM_FN(qm)
         self.tokens: dict[int, tuple[Any, GatheredBlockLinear]] = {}   # token address -> (buffer, module)
         self.callback = QM_FN(self.matmul)     # kept alive as long as the library points at it
 
     @classmethod
     def create(cls, base: ctypes.CDLL) -> FusedCollectives | None:
-        """The instance for the current kernels (`base`: the process's own fused library), or None."""
-        from hitenter.models.fused_decode import open_library, prompt_entry
-
-        qm, gen = native_entry()
-        attn = decode_kernel.load()
-        if not qm or attn is None:
+        """The instance for the current kernels (`base`: the process's own fused library, wired to them),
+        or None (the instance cannot be built: one warning)."""
+        qm, attn = QMATMUL.address("qm_matmul_desc"), DECODE_ATTENTION.address("decode_attention")
+        lib = DECODE_LAYER.instance("tp") if qm and attn else None
+        if lib is None:
             return None
-        try:
-            lib = open_library("decode_layer_tp")
-        except BuildError as e:
-            log.warning("fused decode layer unavailable under tensor parallelism: %s", e)
-            return None
-        me = cls(lib, base, qm, gen)
-        lib.dl_init(ctypes.cast(me.callback, ctypes.c_void_p).value, ctypes.cast(attn.decode_attention, ctypes.c_void_p).value)
-        lib.dl_init_prompt(prompt_entry())   # prompt rows: the tiled prompt kernel, as at TP=1
+        me = cls(lib, base, qm)
+        lib.dl_init(ctypes.cast(me.callback, ctypes.c_void_p).value, attn)
+        lib.dl_init_prompt(PROMPT_ATTENTION.address("prompt_attention"))   # prompt rows: the tiled kernel, as at TP=1
         return me
 
     def current(self, base: ctypes.CDLL) -> bool:
-        return self.base is base and self.gen == native_entry()[1]
+        """Whether this instance belongs to `base`, the process's fused library as now loaded (reloading it,
+        or a kernel it calls, gives a new one)."""
+        return self.base is base
 
     def wire(self, fused: Any, layer: nn.Module) -> None:
         """Replace the fused layer's row-parallel projections (o, down) by tokens for their modules."""

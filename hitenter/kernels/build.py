@@ -1,4 +1,4 @@
-"""Build-on-first-use for the native C libraries (qmatmul, the decode attention kernel).
+"""Build-on-first-use for the native C libraries (declared and loaded in hitenter/kernels/native.py).
 
 `cc -O3 -march=native -fopenmp -shared` into $HITENTER_HOME/kernels (~/.cache/hitenter/kernels), the
 file name keyed by the sources, the compiler, the flags and this CPU's flags (a cache shared by
@@ -8,15 +8,12 @@ renamed into place, so concurrent processes never load a half-written file. Seco
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
-import logging
 import os
 import shutil
 import subprocess
 import tempfile
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from hitenter.models.registry import hitenter_home
@@ -69,44 +66,3 @@ def build_library(name: str, main_source: Path, flags: Sequence[str], extra_sour
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out
-
-
-def load_library(name: str, main_source: Path, flags: Sequence[str], extra_sources: Sequence[Path] = ()) -> ctypes.CDLL:
-    """Build if needed, then dlopen. Raises BuildError (also for a library that fails to load)."""
-    path = build_library(name, main_source, flags, extra_sources)
-    try:
-        return ctypes.CDLL(str(path))
-    except OSError as e:
-        raise BuildError(f"loading {path} failed: {e}") from e
-
-
-class LazyLibrary:
-    """A kernel library built and loaded on the first call, once per process: ``lib()`` returns the
-    CDLL (after ``setup(lib)`` declared its functions), or None when the environment switch ``env`` is
-    "0" or the build fails (logged once: "<what> unavailable: <fallback>")."""
-
-    def __init__(self, name: str, source: Path, extra: Sequence[Path], env: str, what: str, fallback: str,
-                 setup: Callable[[ctypes.CDLL], None]) -> None:
-        self.name, self.source, self.extra, self.env = name, source, list(extra), env
-        self.what, self.fallback, self.setup = what, fallback, setup
-        self._lock = threading.Lock()
-        self._lib: ctypes.CDLL | None = None
-        self._tried = False
-
-    def __call__(self) -> ctypes.CDLL | None:
-        if self._lib is not None:      # loaded: no lock (this runs per layer per step)
-            return self._lib
-        with self._lock:
-            if self._tried:
-                return self._lib
-            self._tried = True
-            if os.environ.get(self.env, "1") == "0":
-                return None
-            try:
-                lib = load_library(self.name, self.source, [], self.extra)
-            except BuildError as e:
-                logging.getLogger("hitenter.kernels").warning("%s unavailable: %s. %s", self.what, self.fallback, e)
-                return None
-            self.setup(lib)
-            self._lib = lib
-            return lib

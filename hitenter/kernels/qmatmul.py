@@ -5,7 +5,7 @@ Contract (both paths): x fp32 `[M, K]` (rows contiguous; a row stride is allowed
 on M, on the tiling or on the thread count (the native kernel fixes each output's reduction order;
 the reference path is only used when the kernel is absent, for the whole process).
 
-Native library (csrc/qmatmul.c): built on first use (hitenter.kernels.build), loaded once per process.
+Native library (csrc/qmatmul.c): `native.QMATMUL`, built on first use and loaded once per process.
 * HITENTER_QMATMUL=0: never load it (reference path, no warning).
 * HITENTER_QMATMUL_ISA=auto|avx512|avx2|generic: force a variant (built with -mno-avx512f, ...), so
   the AVX2 and plain-C paths can be tested on an AVX-512 machine.
@@ -27,114 +27,42 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import threading
-from pathlib import Path
 
 import torch
 
 from hitenter.kernels.blocks import BlockWeight
-from hitenter.kernels.build import BuildError, load_library
+from hitenter.kernels.native import QMATMUL
 
 log = logging.getLogger(__name__)
 
-CSRC = Path(__file__).resolve().parent / "csrc"
-ISA_FLAGS: dict[str, list[str]] = {
-    "auto": [], "avx512": [], "avx2": ["-mno-avx512f"],
-    "generic": ["-mno-avx512f", "-mno-avx2", "-DQM_GENERIC"],
-}
 ISA_NAMES = {0: "generic", 1: "avx2", 2: "avx512vnni"}
-# -ffp-contract=off: fused multiply-adds only where the source asks, identically in every inlined copy
-FLAGS = ["-ffp-contract=off"]
-
-_lock = threading.Lock()
-_fn: ctypes._CFuncPtr | None = None      # qm_matmul, None when not loaded
-_fn_desc: ctypes._CFuncPtr | None = None  # qm_matmul_desc
-_desc_init: ctypes._CFuncPtr | None = None
-_desc_init_repacked: ctypes._CFuncPtr | None = None
-_repack: ctypes._CFuncPtr | None = None
-_repacked_bytes: ctypes._CFuncPtr | None = None
-_desc_size = 0
-_gen = 0                                   # bumped on every (re)load: descriptors of an older library are stale
-_isa: str | None = None
-_lanes = 0                                 # rows per repacked group in the loaded library (0: none)
-_supported: frozenset[int] = frozenset()
-_tried = False
 
 
-def _load() -> None:
-    global _fn, _fn_desc, _desc_init, _desc_size, _gen, _isa, _supported, _tried
-    global _desc_init_repacked, _repack, _repacked_bytes, _lanes
-    if _tried:
-        return
-    with _lock:
-        if _tried:
-            return
-        try:
-            if os.environ.get("HITENTER_QMATMUL", "1") == "0":
-                log.info("HITENTER_QMATMUL=0: quantized matmuls use the torch reference path")
-                return
-            isa = os.environ.get("HITENTER_QMATMUL_ISA", "auto")
-            if isa not in ISA_FLAGS:
-                raise ValueError(f"HITENTER_QMATMUL_ISA={isa!r}: expected one of {sorted(ISA_FLAGS)}")
-            try:
-                lib = load_library(f"qmatmul-{isa}", CSRC / "qmatmul.c", FLAGS + ISA_FLAGS[isa],
-                                   sorted(CSRC.glob("qm_*.h")))
-            except BuildError as e:
-                log.warning("native quantized matmul unavailable, using the slow torch reference path: %s", e)
-                return
-            p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-            fn = lib.qm_matmul
-            fn.restype = i32
-            fn.argtypes = [i32, p, i64, i64, i64, p, i64, i64, p, i64, i32]
-            _fn_desc = lib.qm_matmul_desc
-            _fn_desc.restype = i32
-            _fn_desc.argtypes = [p, p, i64, i64, p, i64, i32]
-            _desc_init = lib.qm_desc_init
-            _desc_init.restype = i32
-            _desc_init.argtypes = [p, i32, p, i64, i64, i64]
-            _desc_init_repacked = lib.qm_desc_init_repacked
-            _desc_init_repacked.restype = i32
-            _desc_init_repacked.argtypes = [p, i32, p, i64, i64]
-            _repack = lib.qm_repack
-            _repack.restype = i32
-            _repack.argtypes = [i32, p, i64, i64, i64, p, i32]
-            _repacked_bytes = lib.qm_repacked_bytes
-            _repacked_bytes.restype = i64
-            _repacked_bytes.argtypes = [i32, i64, i64]
-            lib.qm_repack_lanes.restype = i32
-            lib.qm_desc_size.restype = i64
-            _desc_size = lib.qm_desc_size()
-            lib.qm_isa.restype = i32
-            lib.qm_supported.restype = i32
-            lib.qm_supported.argtypes = [i32]
-            _isa = ISA_NAMES[lib.qm_isa()]
-            if isa == "avx512" and _isa != "avx512vnni":
-                log.warning("HITENTER_QMATMUL_ISA=avx512 but this CPU/compiler gives %s", _isa)
-            _supported = frozenset(t for t in range(64) if lib.qm_supported(t))
-            _lanes = lib.qm_repack_lanes()
-            _fn = fn
-        finally:
-            _gen += 1
-            _tried = True
+class QmKernels:
+    """The loaded library (native.QMATMUL's handle): its entry points and what this build does, read
+    once at load."""
+
+    def __init__(self, lib: ctypes.CDLL, variant: str) -> None:
+        self.matmul_desc = lib.qm_matmul_desc
+        self.desc_init, self.desc_init_repacked = lib.qm_desc_init, lib.qm_desc_init_repacked
+        self.repack, self.repacked_bytes = lib.qm_repack, lib.qm_repacked_bytes
+        self.desc_size = int(lib.qm_desc_size())
+        self.isa = ISA_NAMES[lib.qm_isa()]
+        self.supported = frozenset(t for t in range(64) if lib.qm_supported(t))
+        self.lanes = int(lib.qm_repack_lanes())    # rows per repacked group (0: this build repacks nothing)
+        if variant == "avx512" and self.isa != "avx512vnni":
+            log.warning("HITENTER_QMATMUL_ISA=avx512 but this CPU/compiler gives %s", self.isa)
 
 
 def native_available() -> bool:
     """True when the compiled quantized-matmul library is loaded (one warning when it cannot)."""
-    _load()
-    return _fn is not None
+    return QMATMUL() is not None
 
 
 def native_isa() -> str | None:
     """Which variant is loaded: 'avx512vnni', 'avx2', 'generic', or None."""
-    _load()
-    return _isa
-
-
-def _reset_for_tests() -> None:
-    """Forget the loaded library so the next call re-reads the environment (tests only)."""
-    global _fn, _fn_desc, _desc_init, _isa, _supported, _tried, _lanes
-    with _lock:
-        _fn, _fn_desc, _desc_init, _isa, _supported, _tried, _lanes = None, None, None, None, frozenset(), False, 0
+    k = QMATMUL()
+    return None if k is None else k.isa
 
 
 def _check(x: torch.Tensor, w: BlockWeight, out: torch.Tensor | None) -> None:
@@ -160,24 +88,25 @@ class _Desc:
     the C descriptor (pointer, N, K, row stride, type) in `buf`, passed by address. Stale (rebuilt)
     when the weight's data, shape or type object changes, or when the library is reloaded."""
 
-    __slots__ = ("addr", "buf", "data", "gen", "k", "keep", "n", "qtype", "shape")
+    __slots__ = ("addr", "buf", "data", "fn", "gen", "k", "keep", "n", "qtype", "shape")
 
     def __init__(self, w: BlockWeight) -> None:
-        self.data, self.shape, self.qtype, self.gen = w.data, w.shape, w.qtype, _gen
+        kern: QmKernels | None = QMATMUL()
+        self.data, self.shape, self.qtype, self.gen = w.data, w.shape, w.qtype, QMATMUL.generation
         self.n, self.k = w.shape
-        self.addr, self.buf, self.keep = 0, None, None
-        if _fn_desc is None or w.qtype not in _supported or (w.lanes and w.lanes != _lanes):
+        self.addr, self.buf, self.keep, self.fn = 0, None, None, None
+        if kern is None or w.qtype not in kern.supported or (w.lanes and w.lanes != kern.lanes):
             return   # reference path (a weight repacked by another library build also dequantizes)
-        buf = ctypes.create_string_buffer(_desc_size)
+        buf = ctypes.create_string_buffer(kern.desc_size)
         if w.lanes:
             data = w.data
-            rc = _desc_init_repacked(buf, w.qtype, data.data_ptr(), self.n, self.k)
+            rc = kern.desc_init_repacked(buf, w.qtype, data.data_ptr(), self.n, self.k)
         else:
             data = w.data if w.data.stride(1) == 1 else w.data.contiguous()
-            rc = _desc_init(buf, w.qtype, data.data_ptr(), self.n, self.k, data.stride(0))
+            rc = kern.desc_init(buf, w.qtype, data.data_ptr(), self.n, self.k, data.stride(0))
         if rc != 0:
             raise RuntimeError(f"qmatmul: the native kernel refuses the {w.type_name} weight {w.shape} (code {rc})")
-        self.buf, self.keep, self.addr = buf, data, ctypes.addressof(buf)
+        self.buf, self.keep, self.addr, self.fn = buf, data, ctypes.addressof(buf), kern.matmul_desc
 
     def __reduce__(self) -> tuple:
         """Pickled/deep-copied as None (it holds raw addresses): the copy builds its own on first use."""
@@ -185,10 +114,13 @@ class _Desc:
 
 
 def _describe(w: BlockWeight) -> _Desc:
-    if not isinstance(w, BlockWeight):
-        raise TypeError(f"qmatmul: w must be a BlockWeight, got {type(w).__name__}")
-    d = _Desc(w)
-    w._qm_desc = d   # not a dataclass field: no effect on eq/repr/fields
+    """w's cached descriptor, rebuilt where it is stale (the weight changed, or the library was reloaded)."""
+    d = getattr(w, "_qm_desc", None)
+    if d is None or d.gen != QMATMUL.generation or d.data is not w.data or d.shape is not w.shape or d.qtype != w.qtype:
+        if not isinstance(w, BlockWeight):
+            raise TypeError(f"qmatmul: w must be a BlockWeight, got {type(w).__name__}")
+        d = _Desc(w)
+        w._qm_desc = d   # not a dataclass field: no effect on eq/repr/fields
     return d
 
 
@@ -197,11 +129,9 @@ def qmatmul(x: torch.Tensor, w: BlockWeight, out: torch.Tensor | None = None) ->
 
     The weight is validated once and described to the kernel by a cached descriptor (`w._qm_desc`);
     each call checks only x and out (a few attribute reads: this runs on every decode-step matmul)."""
-    if not _tried:
-        _load()
     d = getattr(w, "_qm_desc", None)
-    if d is None or d.gen != _gen or d.data is not w.data or d.shape is not w.shape or d.qtype != w.qtype:
-        d = _describe(w)
+    if d is None or d.gen != QMATMUL.generation or d.data is not w.data or d.shape is not w.shape or d.qtype != w.qtype:
+        d = _describe(w)   # the hot path above: a few attribute reads
     if not d.addr:
         _check(x, w, out)
         y = reference_qmatmul(x, w)
@@ -225,7 +155,7 @@ def qmatmul(x: torch.Tensor, w: BlockWeight, out: torch.Tensor | None = None) ->
         if sy[1] != 1 and d.n > 1:
             raise ValueError("qmatmul: out rows must be contiguous (out.stride(1) == 1)")
         ldy = sy[0] if m > 1 else d.n     # a single row's stride(0) is arbitrary in torch
-    rc = _fn_desc(d.addr, x.data_ptr(), m, sx[0] if m > 1 else k, out.data_ptr(), ldy, torch.get_num_threads())
+    rc = d.fn(d.addr, x.data_ptr(), m, sx[0] if m > 1 else k, out.data_ptr(), ldy, torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"qmatmul: native kernel failed (code {rc}) on {w.type_name} {w.shape}, x {tuple(x.shape)}")
     return out
@@ -233,16 +163,16 @@ def qmatmul(x: torch.Tensor, w: BlockWeight, out: torch.Tensor | None = None) ->
 
 def repack_enabled() -> bool:
     """Whether weights get repacked at load: the native library repacks here and HITENTER_REPACK != 0."""
-    _load()
-    return _lanes > 0 and os.environ.get("HITENTER_REPACK", "1") != "0"
+    kern: QmKernels | None = QMATMUL()
+    return kern is not None and kern.lanes > 0 and os.environ.get("HITENTER_REPACK", "1") != "0"
 
 
 def repacked_nbytes(w: BlockWeight) -> int:
     """Bytes `w` takes repacked (csrc/qm_repack.h), 0 where it stays as the file's rows (its type is not
     repacked in this build, it already is, or repacking is off)."""
-    if w.lanes or not repack_enabled() or _repacked_bytes is None:
+    if w.lanes or not repack_enabled():
         return 0
-    return int(_repacked_bytes(w.qtype, w.shape[0], w.shape[1]))
+    return int(QMATMUL().repacked_bytes(w.qtype, w.shape[0], w.shape[1]))
 
 
 def repack(w: BlockWeight, out: torch.Tensor) -> BlockWeight:
@@ -250,30 +180,20 @@ def repack(w: BlockWeight, out: torch.Tensor) -> BlockWeight:
     values, the same qmatmul bits, no per-call unpacking. Q4_0, Q4_1 (and Q8_0 with AVX512-VNNI)."""
     n, k = w.shape
     want = repacked_nbytes(w)
-    if not want or _repack is None:
+    if not want:
         raise ValueError(f"repack: {w.type_name} {w.shape} is not repacked by this build")
     if out.dtype != torch.uint8 or out.dim() != 1 or out.numel() != want or not out.is_contiguous():
         raise ValueError(f"repack: out must be uint8 [{want}], got {out.dtype} {tuple(out.shape)}")
+    kern: QmKernels = QMATMUL()
     data = w.data if w.data.stride(1) == 1 else w.data.contiguous()
-    rc = _repack(w.qtype, data.data_ptr(), n, k, data.stride(0), out.data_ptr(), torch.get_num_threads())
+    rc = kern.repack(w.qtype, data.data_ptr(), n, k, data.stride(0), out.data_ptr(), torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"repack: native code {rc} on {w.type_name} {w.shape}")
-    return BlockWeight(out, w.qtype, w.shape, _lanes)
-
-
-def native_entry() -> tuple[int, int]:
-    """(address of the C function qm_matmul_desc, library generation) for native callers that run the
-    kernel themselves (the fused decode layer); (0, generation) when the library is not loaded."""
-    _load()
-    return (ctypes.cast(_fn_desc, ctypes.c_void_p).value or 0 if _fn_desc is not None else 0), _gen
+    return BlockWeight(out, w.qtype, w.shape, kern.lanes)
 
 
 def native_descriptor(w: BlockWeight) -> int:
-    """Address of w's validated C descriptor (cached on w, valid for the current generation), 0 when w
-    takes the reference path."""
-    if not _tried:
-        _load()
-    d = getattr(w, "_qm_desc", None)
-    if d is None or d.gen != _gen or d.data is not w.data or d.shape is not w.shape or d.qtype != w.qtype:
-        d = _describe(w)
-    return d.addr
+    """Address of w's validated C descriptor (cached on w, valid for the current load of the library), 0
+    when w takes the reference path. For native callers that run the kernel themselves (the fused decode
+    layer, through native.QMATMUL.address("qm_matmul_desc"))."""
+    return _describe(w).addr

@@ -24,20 +24,17 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from hitenter.kernels.build import LazyLibrary
+from hitenter.kernels.native import RACE
 
 __all__ = ["race", "race_reference", "race_q", "race_uniforms"]
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "race.c"
-_VEC16 = Path(__file__).resolve().parent / "csrc" / "vec16.h"
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _C1, _C2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
@@ -68,18 +65,9 @@ def race_reference(x: Tensor, seeds: Sequence[int]) -> Tensor:
     return probs.div_(q).nan_to_num_(nan=-1.0).argmax(dim=-1)
 
 
-def _declare(lib: ctypes.CDLL) -> None:
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.race_argmax.restype = ctypes.c_int
-    lib.race_argmax.argtypes = [p, i64, i64, i64, p, p, ctypes.c_int]
-    lib.race_q.restype = None
-    lib.race_q.argtypes = [ctypes.c_uint64, p, i64, p]
-
-
-# the compiled kernel, or None (HITENTER_RACE_KERNEL=0, no compiler, or a failed build: logged once;
-# race() then runs the reference)
-load = LazyLibrary("race", SOURCE, [_VEC16], "HITENTER_RACE_KERNEL", "sampling race kernel", "numpy draws (slower)",
-                   _declare)
+# the compiled kernel (native.RACE), or None (HITENTER_RACE_KERNEL=0, no compiler, or a failed build:
+# logged once; race() then runs the reference)
+load = RACE
 
 
 def race(x: Tensor, seeds: Sequence[int], num_threads: int | None = None) -> Tensor:

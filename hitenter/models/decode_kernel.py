@@ -18,15 +18,13 @@ the torch path (the whole engine then consistently uses it).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from hitenter.kernels.build import LazyLibrary
+from hitenter.kernels.native import DECODE_ATTENTION
 from hitenter.models.kv_dtype import KV_TYPE_CODES, type_codes
 
 if TYPE_CHECKING:
@@ -34,21 +32,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "csrc" / "decode_attention.c"
 MAX_GROUP = 16      # query heads per KV head the kernel supports
 MAX_HEAD_DIM = 256
 
 
 
-def _declare(lib: ctypes.CDLL) -> None:
-    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.decode_attention.restype = i32
-    lib.decode_attention.argtypes = [p, p, p, i32, i64, p, p, p, i32, i32, i64, i32, i32, ctypes.c_float, i64, i32]
-
-
-# the compiled kernel library, or None (disabled, no compiler, or the build failed: logged once)
-load = LazyLibrary("decode_attention", SOURCE, [SOURCE.parent / "vec16.h", SOURCE.parent / "attn_avx2.h"], "HITENTER_DECODE_KERNEL",
-                   "decode attention kernel", "torch path only", _declare)
+# the compiled kernel library (native.DECODE_ATTENTION), or None (disabled, no compiler, or the build failed: logged once)
+load = DECODE_ATTENTION
 
 
 def supports(kv_cache_layer: torch.Tensor, num_heads: int, q_dtype: torch.dtype) -> bool:

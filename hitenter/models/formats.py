@@ -17,14 +17,13 @@ Contract of `resolve_format(dtype, quantization, tensor_parallel)` -> (activatio
   row-parallel layers gather their inputs instead of splitting blocks, models/shard.py), as without it.
 * gguf without the native kernels (`hitenter.kernels.native_available()` False): the reference qmatmul
   dequantizes a whole weight per call, far too slow to serve, so the weights are dequantized once at
-  load to the dense fp32 path instead, with one warning per process. HITENTER_GGUF_REFERENCE=1 keeps
-  the blocks anyway (the reference path, slow: for tests and kernel work).
+  load to the dense fp32 path instead (the library's one warning says so: kernels/native.py QMATMUL).
+  HITENTER_GGUF_REFERENCE=1 keeps the blocks anyway (the reference path, slow: for tests and kernel work).
 Anything else raises ValueError naming the option.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Literal
 
@@ -32,13 +31,10 @@ import torch
 
 from hitenter import kernels
 
-log = logging.getLogger("hitenter.loader")
-
 WeightFormat = Literal["gguf", "dense", "int8", "int4"]
 QUANTIZATION_CHOICES: tuple[str, ...] = ("none", "gguf", "int8", "int4")
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
                                   "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-_warned_no_native = False
 
 
 def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
@@ -55,14 +51,9 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
 
 
 def _native_or_dense() -> WeightFormat:
-    """gguf where the native kernels are loaded, else dense fp32 (warned once per process)."""
-    global _warned_no_native
+    """gguf where the native kernels are loaded, else dense fp32 (the library's failure was warned once)."""
     if kernels.native_available() or os.environ.get("HITENTER_GGUF_REFERENCE") == "1":
         return "gguf"
-    if not _warned_no_native:
-        _warned_no_native = True
-        log.warning("the native quantized-matmul kernels are not available: GGUF blocks are dequantized at "
-                    "load and run as dense fp32 weights (same results as dtype='float32', more memory)")
     return "dense"
 
 

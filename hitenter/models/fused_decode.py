@@ -20,27 +20,21 @@ compared in tests/test_fused_decode.py.
 from __future__ import annotations
 
 import ctypes
-import importlib
 import logging
-import os
-import threading
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from hitenter.kernels.blocks import BlockWeight
-from hitenter.kernels.build import BuildError, load_library
-from hitenter.kernels.qmatmul import native_descriptor, native_entry
-from hitenter.models import decode_kernel, prompt_kernel
+from hitenter.kernels.native import DECODE_LAYER, PROMPT_ATTENTION
+from hitenter.kernels.qmatmul import native_descriptor
+from hitenter.models import decode_kernel
 from hitenter.models.block_linear import BlockLinear
 from hitenter.models.kv_dtype import KV_TYPE_CODES
 from hitenter.models.moe import GLUS
 
 log = logging.getLogger(__name__)
-_qm = importlib.import_module("hitenter.kernels.qmatmul")   # the module (the package exports a function of its name)
 
-SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "csrc" / "decode_layer.c"
 MAXP = 4
 c_p, c_i64, c_i32, c_f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
 
@@ -67,62 +61,10 @@ class _Step(ctypes.Structure):
                 ("slots2", c_p), ("tables2", c_p), ("NB2", c_i64)]
 
 
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_lib_gen = -1       # the qmatmul library generation dl_init was given
-_tried = False
-
-
-def _load() -> ctypes.CDLL | None:
-    """The fused-layer library wired to the loaded kernels, or None (disabled, or a kernel is missing)."""
-    global _lib, _lib_gen, _tried
-    qm, gen = native_entry()
-    if _tried and _lib_gen == gen:
-        return _lib
-    with _lock:
-        _tried, _lib_gen, _lib = True, gen, None
-        attn = decode_kernel.load()
-        if os.environ.get("HITENTER_FUSED_DECODE", "1") == "0" or not qm or attn is None:
-            return None
-        try:
-            lib = open_library()
-        except BuildError as e:
-            log.warning("fused decode layer unavailable (the torch layer runs instead): %s", e)
-            return None
-        lib.dl_init(qm, ctypes.cast(attn.decode_attention, c_p).value)
-        lib.dl_init_prompt(prompt_entry())
-        _lib = lib
-        return lib
-
-
-def open_library(name: str = "decode_layer") -> ctypes.CDLL:
-    """The C layer's library built under `name` (another name: another instance, with its own kernel
-    pointers to be set by dl_init), its functions typed. BuildError where it cannot be built."""
-    lib = load_library(name, SOURCE, ["-ffp-contract=off"], [SOURCE.parent / "vec16.h"])
-    lib.dl_init.argtypes = [c_p, c_p]
-    lib.dl_init_prompt.argtypes = [c_p]
-    lib.dl_layer.argtypes = [c_p, c_p, c_p, c_p, c_p]
-    lib.dl_layer.restype = c_i32
-    lib.dl_scratch.argtypes = [c_p, c_i64]
-    lib.dl_scratch.restype = c_i64
-    lib.dl_forward.argtypes = [c_p, c_p, c_i32, c_p, c_p, c_p]
-    lib.dl_forward.restype = c_i32
-    lib.dl_supported.argtypes = [c_i32, c_i32, c_i32]
-    lib.dl_supported.restype = c_i32
-    return lib
-
-
-def prompt_entry() -> int:
-    """The tiled prompt attention kernel's address for dl_init_prompt (0 where it is not built: the fused
-    layer then runs every row through the decode kernel, and the plan keeps short prompts only)."""
-    lib = prompt_kernel.load()
-    return 0 if lib is None else ctypes.cast(lib.prompt_attention, c_p).value or 0
-
-
 def prompt_rows_fused() -> bool:
-    """Whether the fused layers run prompt rows with the tiled prompt kernel (any prompt length pays)."""
-    lib = _load()
-    return lib is not None and prompt_entry() != 0
+    """Whether the fused layers run prompt rows with the tiled prompt kernel (any prompt length pays;
+    without it the fused layer runs every row through the decode kernel, and the plan keeps short prompts)."""
+    return DECODE_LAYER() is not None and PROMPT_ATTENTION() is not None
 
 
 def _proj(module: Any, bias_ok: bool = False) -> _Proj | None:
@@ -220,9 +162,9 @@ def fused_layer(layer: Any, kv_cache: torch.Tensor) -> FusedLayer | None:
     if f is False:
         return None
     tp = layer.__dict__.get("tp")   # tensor parallel: the group's own instance of the library
-    if f is not None and f.gen == _qm._gen and f.lib is (_lib if tp is None else tp.fused_lib):   # the hot path
+    if f is not None and f.gen == DECODE_LAYER.generation and (tp is None or f.lib is tp.fused_lib):   # the hot path
         return f
-    lib = _load()
+    lib = DECODE_LAYER()   # wired to the loaded kernels (native.py), or None
     if lib is not None and tp is not None:
         lib = tp.fused_library(lib)
     if lib is None:
@@ -241,7 +183,7 @@ def fused_layer(layer: Any, kv_cache: torch.Tensor) -> FusedLayer | None:
           and bool(lib.dl_supported(cfg.hidden_size, width, cfg.head_dim))
           and decode_kernel.supports(kv_cache, layer.num_heads, torch.float32))
     try:
-        f = FusedLayer(layer, lib, _lib_gen) if ok else False
+        f = FusedLayer(layer, lib, DECODE_LAYER.generation) if ok else False
         if f and tp is not None:
             tp.wire_fused(f, layer)
     except ValueError:

@@ -14,14 +14,12 @@ not depend on the rows that share its block or on the chunking (tested).
 
 from __future__ import annotations
 
-import ctypes
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from hitenter.kernels.build import LazyLibrary
+from hitenter.kernels.native import PROMPT_ATTENTION
 from hitenter.models.kv_dtype import KV_TYPE_CODES, type_codes
 
 if TYPE_CHECKING:
@@ -29,18 +27,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "csrc" / "prompt_attention.c"
 
 
-def _declare(lib: ctypes.CDLL) -> None:
-    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.prompt_attention.restype = i32
-    lib.prompt_attention.argtypes = [p, p, p, i32, i64, p, p, p, p, p, i32, i32, i64, i32, i32, ctypes.c_float, i64, i32]
-
-
-# the compiled kernel, or None (disabled, no compiler, or a failed build: logged once)
-load = LazyLibrary("prompt_attention", SOURCE, [SOURCE.parent / "vec16.h", SOURCE.parent / "attn_avx2.h"], "HITENTER_PROMPT_KERNEL",
-                   "prompt attention kernel", "GEMM path for prompt rows", _declare)
+# the compiled kernel library (native.PROMPT_ATTENTION), or None (disabled, no compiler, or the build failed: logged once)
+load = PROMPT_ATTENTION
 
 
 def supports(kv_cache_layer: torch.Tensor, num_heads: int, q_dtype: torch.dtype) -> bool:

@@ -1,0 +1,99 @@
+"""One way to load native code (hitenter/kernels/native.py): every C source under kernels/csrc is a
+NativeLibrary that knows every header it includes, no other module opens a shared library of ours, and
+without a compiler the engine still generates, with exactly one warning per library that failed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hitenter.kernels.native import CSRC, DECODE_LAYER, LIBRARIES, NativeLibrary
+
+PACKAGE = Path(__file__).resolve().parent.parent / "hitenter"
+
+
+def test_every_c_source_is_one_declared_library() -> None:
+    sources = sorted(lib.source.name for lib in LIBRARIES)
+    assert sources == sorted(p.name for p in CSRC.glob("*.c"))
+    assert len({lib.name for lib in LIBRARIES}) == len(LIBRARIES)
+
+
+@pytest.mark.parametrize("lib", LIBRARIES, ids=lambda lib: lib.name)
+def test_the_cache_key_covers_every_included_header(lib: NativeLibrary) -> None:
+    """Each quoted #include of the source and of its headers, read here line by line, is a header the build
+    hashes (a change to any of them rebuilds the library)."""
+    names = {h.name for h in lib.headers}
+    for f in (lib.source, *lib.headers):
+        for line in f.read_text().splitlines():
+            m = re.match(r'\s*#\s*include\s+"(.+)"', line)
+            if m:
+                assert m.group(1) in names, f"{lib.name}: {f.name} includes {m.group(1)}"
+
+
+def test_every_header_belongs_to_a_library() -> None:
+    used = {h.name for lib in LIBRARIES for h in lib.headers}
+    assert used == {p.name for p in CSRC.glob("*.h")}
+    assert "vec16.h" in {h.name for h in DECODE_LAYER.headers}
+
+
+def test_no_other_module_opens_a_library() -> None:
+    """Only native.py dlopens our code and calls the build; the one other CDLL is the C library itself
+    (arena.py: CDLL(None), nothing built)."""
+    opens = re.compile(r"\bCDLL\(|LoadLibrary\(|\bbuild_library\(|\bload_library\(|kernels\.build import")
+    found = []
+    for py in PACKAGE.rglob("*.py"):
+        if py.name in ("native.py", "build.py") and py.parent.name == "kernels":
+            continue
+        for n, line in enumerate(py.read_text().splitlines(), 1):
+            if opens.search(line) and "CDLL(None" not in line:
+                found.append(f"{py.relative_to(PACKAGE)}:{n}: {line.strip()}")
+    assert not found, found
+
+
+def test_an_undeclared_instance_is_refused() -> None:
+    with pytest.raises(ValueError, match="no instance"):
+        DECODE_LAYER.instance("other")
+
+
+SCRIPT = """
+import json, logging, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="LOG %(levelname)s %(name)s %(message)s")
+from hitenter import LLM, SamplingParams
+from hitenter.kernels.native import LIBRARIES
+llm = LLM(sys.argv[1])
+outs = llm.generate(["hello world", "the cat"], [SamplingParams(max_tokens=6, temperature=0, ignore_eos=True),
+                                                 SamplingParams(max_tokens=6, temperature=0.8, seed=1, ignore_eos=True)])
+print(json.dumps({"tokens": [o.outputs[0].token_ids for o in outs],
+                  "libraries": {lib.name: [lib.what, lib.status] for lib in LIBRARIES}}))
+"""
+
+
+@pytest.mark.slow
+def test_without_a_compiler_the_engine_generates_with_one_warning_per_library(tmp_path: Path) -> None:
+    from hitenter.testing.tiny_model import write_tiny_gguf
+
+    model = write_tiny_gguf(tmp_path / "tiny.gguf", quant="Q8_0")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "CC": "/nonexistent/cc", "HITENTER_HOME": str(home)}
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(model)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [len(t) for t in got["tokens"]] == [6, 6]
+    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("LOG WARNING")]
+    libs = got["libraries"]
+    assert libs["qmatmul"][1].startswith("failed") and libs["decode_attention"][1].startswith("failed")
+    assert libs["race"][1].startswith("failed")                       # the seeded row sampled through it
+    assert libs["decode_layer"][1].startswith("needs")               # not built: what it calls is absent
+    for name, (what, status) in libs.items():
+        said = [ln for ln in warnings if f" {what} unavailable" in ln]
+        assert len(said) == (1 if status.startswith("failed") else 0), (name, status, said)
+    assert len(warnings) == sum(s.startswith("failed") for _, s in libs.values()), warnings
+    assert not list(home.rglob("*.so"))
