@@ -91,7 +91,7 @@ def test_without_a_compiler_the_engine_generates_with_one_warning_per_library(tm
     libs = got["libraries"]
     assert libs["qmatmul"][1].startswith("failed") and libs["decode_attention"][1].startswith("failed")
     assert libs["race"][1].startswith("failed")                       # the seeded row sampled through it
-    assert libs["decode_layer"][1].startswith("needs")               # not built: what it calls is absent
+    assert libs["decode_layer"][1] in ("needs qmatmul, decode_attention", "not loaded yet")   # never built
     for name, (what, status) in libs.items():
         said = [ln for ln in warnings if f" {what} unavailable" in ln]
         assert len(said) == (1 if status.startswith("failed") else 0), (name, status, said)
