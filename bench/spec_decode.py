@@ -1,23 +1,34 @@
-"""Speculative decoding: batch-1 greedy decode tokens/s with and without it, acceptance, in one run.
+"""Speculative decoding: batch-1 greedy decode with and without it, side by side in one run.
 
-    .venv/bin/python bench/spec_decode.py [--max-tokens 128] [--k 2 4] [--repeats 2] [--qwen-ngram]
+    .venv/bin/python bench/spec_decode.py [--cases qwen-draft qwen-ngram smol-ngram] [--max-tokens 96]
+        [--k 4] [--rounds 3] [--num-threads 2]
 
-Cases: SmolLM2-135M with prompt lookup (ngram) on a code-copying chat prompt; Qwen2.5-Coder-1.5B with
-the 0.5B as draft model when both GGUFs are cached (`hitenter pull qwen2.5-coder-1.5b-instruct`);
-`--qwen-ngram` adds Qwen2.5-Coder-0.5B with prompt lookup. Every speculative run is checked to produce
-the same tokens as the plain run. Decode rate = (tokens - 1) / (last output time - first output time).
+Cases (each: the target alone, then every speculative configuration, the same prompts):
+- qwen-draft: Qwen2.5-Coder-1.5B with the 0.5B as draft model, 4 greedy code prompts (write / edit /
+  document / test); configurations: fixed K with the draft's full head (HITENTER_SPEC_ADAPTIVE=0,
+  HITENTER_DRAFT_VOCAB=0, HITENTER_DRAFT_LOOKUP=0: the engine before adaptive lengths), fixed K with the
+  trimmed head (the first 32768 ids), adaptive K, adaptive K with prompt lookup first (the default).
+- qwen-ngram: Qwen2.5-Coder-1.5B with prompt lookup on a repeat-this-text prompt and a code edit.
+- smol-ngram: SmolLM2-135M with prompt lookup on a code-copying prompt.
+Rounds alternate the configurations (all models loaded once); figures are medians over rounds. Every
+speculative run must produce the target's tokens ("same"). Decode rate = output tokens after the first /
+(last output time - first output time), summed over the prompts; "cpu ms/tok" is the process CPU time
+over the same span per token (less sensitive to other load on a shared machine than the wall clock,
+though OpenMP's spinning threads count too).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit_json, table  # noqa: E402
+from common import cpu_line, emit_json, table  # noqa: E402
 
 CODE = '''def checksum(data):
     total = 0
@@ -33,8 +44,23 @@ def find_block(blocks, key):
             return i
     return -1
 '''
+TEXT = ("The committee met on Tuesday to review the budget for the coming year. After a long discussion, "
+        "the members agreed to increase funding for the public library by ten percent, to repair the roof "
+        "of the community hall before winter, and to postpone the new parking lot until the spring. The "
+        "chair thanked the volunteers who had organised the summer festival and asked for ideas for next "
+        "year's theme.")
 COPY_PROMPT = f"Copy this Python code:\n\n```python\n{CODE}```"
 EDIT_PROMPT = f"Rename the variable `total` to `acc` in this code and return all of it:\n\n```python\n{CODE}```"
+REPEAT_PROMPT = f"Repeat this text exactly, word for word:\n\n{TEXT}"
+CODE_PROMPTS = [
+    "Write a Python function `parse_csv_line(line)` that splits one CSV line into fields, handling quoted "
+    "fields with commas and doubled quotes. Only the code.",
+    EDIT_PROMPT,
+    f"Add type hints and a one-line docstring to every function in this code; return the whole code:\n\n"
+    f"```python\n{CODE}```",
+    "Write a Python function `binary_search(items, target)` returning the index of target in a sorted list "
+    "or -1, then three pytest tests for it. Only the code.",
+]
 
 
 def _cached(name: str) -> str | None:
@@ -44,75 +70,120 @@ def _cached(name: str) -> str | None:
     return str(p) if p.exists() else None
 
 
-def decode_run(llm: Any, prompt: str, max_tokens: int, repeats: int) -> tuple[float, list[int], dict[str, float]]:
-    """Best decode tokens/s over `repeats` runs (after a warm-up), the tokens, and the spec stats of a run."""
+def run_prompts(llm: Any, prompts: list[str], max_tokens: int) -> dict[str, Any]:
+    """One pass over the prompts: tokens, decode seconds (wall and CPU), decode tokens, spec stats."""
     from hitenter import SamplingParams
 
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    msgs = [{"role": "user", "content": prompt}]
-    best, tokens, extra = 0.0, [], {}
-    for r in range(repeats + 1):
-        times: list[float] = []
-        out = llm.chat(msgs, sp, on_output=lambda o, t=times: t.append(time.perf_counter()))[0]
-        tokens = out.outputs[0].token_ids
-        extra = out.extra.get("spec_decode", {})
-        if r and len(tokens) > 1 and times[-1] > times[0]:
-            best = max(best, (len(tokens) - 1) / (times[-1] - times[0]))
-    return best, tokens, extra
+    tokens, wall, cpu, n, drafted, accepted, steps = [], 0.0, 0.0, 0, 0, 0, 0
+    for prompt in prompts:
+        marks: list[tuple[float, float]] = []
+        out = llm.chat([{"role": "user", "content": prompt}], sp,
+                       on_output=lambda o, m=marks: m.append((time.perf_counter(), time.process_time())))[0]
+        toks = out.outputs[0].token_ids
+        tokens.append(toks)
+        if len(marks) > 1:
+            wall += marks[-1][0] - marks[0][0]
+            cpu += marks[-1][1] - marks[0][1]
+            n += len(toks) - 1   # the tokens after the first output (the prompt step's)
+        st = out.extra.get("spec_decode", {})
+        drafted += st.get("num_draft_tokens", 0)
+        accepted += st.get("num_accepted_tokens", 0)
+        steps += st.get("num_verify_steps", 0)
+    return {"tokens": tokens, "wall": wall, "cpu": cpu, "n": n, "drafted": drafted, "accepted": accepted,
+            "steps": steps}
 
 
-def bench_case(name: str, target: str, prompt: str, specs: list[dict[str, Any]], max_tokens: int,
-               repeats: int) -> list[list[Any]]:
+def build(target: str, opts: dict[str, Any], env: dict[str, str]) -> Any:
+    """An LLM built with `env` set (the speculative knobs read at construction), restored afterwards."""
     from hitenter import LLM
 
-    plain = LLM(target, max_model_len=2048)
-    base_rate, base_tokens, _ = decode_run(plain, prompt, max_tokens, repeats)
-    del plain
-    rows: list[list[Any]] = [[name, "none", "-", base_rate, 1.0, "-", "-", len(base_tokens), "-"]]
-    for opts in specs:
-        llm = LLM(target, max_model_len=2048, **opts)
-        rate, tokens, st = decode_run(llm, prompt, max_tokens, repeats)
-        how = "ngram" if opts.get("speculative_method") == "ngram" else Path(opts["speculative_model"]).stem
-        rows.append([name, how, opts["num_speculative_tokens"], rate, rate / base_rate if base_rate else 0.0,
-                     st.get("acceptance_rate", 0.0), st.get("mean_accepted_length", 0.0), len(tokens),
-                     "yes" if tokens == base_tokens else "NO"])
-        del llm
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return LLM(target, max_model_len=2048, **opts)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def bench_case(name: str, target: str, prompts: list[str], configs: list[tuple[str, dict[str, Any], dict[str, str]]],
+               max_tokens: int, rounds: int) -> list[list[Any]]:
+    """Target alone + each configuration, alternating rounds after a warm-up pass each."""
+    llms = [("none", build(target, {}, {}))] + [(label, build(target, o, e)) for label, o, e in configs]
+    results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in llms}
+    for r in range(rounds + 1):
+        for label, llm in llms:
+            res = run_prompts(llm, prompts, max_tokens)
+            if r:
+                results[label].append(res)
+    base = results["none"]
+    base_tokens = base[0]["tokens"]
+    base_rate = statistics.median(x["n"] / x["wall"] for x in base)
+    base_cpu = statistics.median(x["cpu"] / x["n"] for x in base)
+    rows = []
+    for label, _ in llms:
+        xs = results[label]
+        rate = statistics.median(x["n"] / x["wall"] for x in xs)
+        cpu = statistics.median(x["cpu"] / x["n"] for x in xs)
+        last = xs[-1]
+        same = all(x["tokens"] == base_tokens for x in xs)
+        acc = last["accepted"] / last["drafted"] if last["drafted"] else 0.0
+        per_step = (last["accepted"] + last["steps"]) / last["steps"] if last["steps"] else 1.0
+        rows.append([name, label, rate, rate / base_rate, 1e3 * cpu, base_cpu / cpu if cpu else 0.0,
+                     acc, last["drafted"] / last["steps"] if last["steps"] else 0.0, per_step,
+                     sum(len(t) for t in last["tokens"]), "-" if label == "none" else ("yes" if same else "NO")])
+    del llms
     return rows
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--k", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--cases", nargs="+", default=["qwen-draft", "qwen-ngram", "smol-ngram"],
+                    choices=["qwen-draft", "qwen-ngram", "smol-ngram"])
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens (the adaptive length's maximum)")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--num-threads", type=int, default=None)
-    ap.add_argument("--qwen-ngram", action="store_true", help="also Qwen2.5-Coder-0.5B with prompt lookup")
     a = ap.parse_args()
     if a.num_threads:
         import torch
 
         torch.set_num_threads(a.num_threads)
-    from hitenter.models.registry import resolve_model
-
+    q05, q15, smol = (_cached(m) for m in ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct",
+                                            "smollm2-135m-instruct"))
+    fixed, adaptive = {"HITENTER_SPEC_ADAPTIVE": "0"}, {"HITENTER_SPEC_ADAPTIVE": "1"}
+    ngram = {"speculative_method": "ngram", "num_speculative_tokens": a.k}
     rows: list[list[Any]] = []
-    smol = str(resolve_model("smollm2-135m-instruct"))
-    rows += bench_case("smollm2-135m copy", smol, COPY_PROMPT,
-                       [{"speculative_method": "ngram", "num_speculative_tokens": k} for k in a.k], a.max_tokens, a.repeats)
-    q05, q15 = _cached("qwen2.5-coder-0.5b-instruct"), _cached("qwen2.5-coder-1.5b-instruct")
-    if a.qwen_ngram and q05:
-        rows += bench_case("qwen-coder-0.5b edit", q05, EDIT_PROMPT,
-                           [{"speculative_method": "ngram", "num_speculative_tokens": k} for k in a.k],
-                           a.max_tokens, a.repeats)
-    if q05 and q15:
-        rows += bench_case("qwen-coder-1.5b edit", q15, EDIT_PROMPT,
-                           [{"speculative_model": q05, "num_speculative_tokens": k} for k in a.k]
-                           + [{"speculative_method": "ngram", "num_speculative_tokens": a.k[-1]}],
-                           a.max_tokens, a.repeats)
-    else:
-        print("(Qwen2.5-Coder 1.5B/0.5B pair not cached: skipped; `hitenter pull qwen2.5-coder-1.5b-instruct`)")
-    header = ["case", "proposer", "K", "decode tok/s", "speedup", "accept rate", "accepted/step", "tokens", "same"]
+    if "qwen-draft" in a.cases and q05 and q15:
+        draft = {"speculative_model": q05, "num_speculative_tokens": a.k}
+        old = {"HITENTER_SPEC_ADAPTIVE": "0", "HITENTER_DRAFT_VOCAB": "0", "HITENTER_DRAFT_LOOKUP": "0"}
+        rows += bench_case("qwen1.5b+0.5b code", q15, CODE_PROMPTS,
+                           [(f"draft K={a.k} full head", draft, old),
+                            (f"draft K={a.k}", draft, {**fixed, "HITENTER_DRAFT_LOOKUP": "0"}),
+                            ("draft adaptive", draft, {**adaptive, "HITENTER_DRAFT_LOOKUP": "0"}),
+                            ("draft adaptive+lookup", draft, adaptive)],
+                           a.max_tokens, a.rounds)
+    if "qwen-ngram" in a.cases and q15:
+        for case, prompt in (("qwen1.5b repeat", REPEAT_PROMPT), ("qwen1.5b edit", EDIT_PROMPT)):
+            rows += bench_case(case, q15, [prompt], [(f"ngram K={a.k}", ngram, fixed),
+                                                     ("ngram adaptive", ngram, adaptive)], a.max_tokens, a.rounds)
+    if "smol-ngram" in a.cases and smol:
+        rows += bench_case("smollm2 copy", smol, [COPY_PROMPT], [(f"ngram K={a.k}", ngram, fixed),
+                                                                 ("ngram adaptive", ngram, adaptive)],
+                           a.max_tokens, a.rounds)
+    if not rows:
+        print("(no case ran: the models are not cached; `hitenter pull qwen2.5-coder-1.5b-instruct`)")
+        return 1
+    header = ["case", "config", "decode tok/s", "speedup", "cpu ms/tok", "cpu speedup", "accept rate",
+              "drafted/step", "tokens/step", "tokens", "same"]
+    print(cpu_line())
+    print(f"load average at the end: {os.getloadavg()[0]:.2f} (1 min)")
     print(table(rows, header))
-    emit_json("spec_decode", {"rows": [dict(zip(header, r, strict=True)) for r in rows]})
+    emit_json("spec_decode", {"cpu": cpu_line(), "rows": [dict(zip(header, r, strict=True)) for r in rows]})
     return 0 if all(r[-1] in ("yes", "-") for r in rows) else 1
 
 

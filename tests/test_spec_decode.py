@@ -28,6 +28,14 @@ def _sig(o):
     return c.token_ids, lps, c.text, c.finish_reason, c.stop_reason
 
 
+@pytest.fixture(autouse=True)
+def fixed_draft_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check verification at a fixed draft length, drafted by the model alone; the adaptive
+    length and prompt lookup before the draft model have their own tests (test_spec_adaptive.py)."""
+    monkeypatch.setenv("HITENTER_SPEC_ADAPTIVE", "0")
+    monkeypatch.setenv("HITENTER_DRAFT_LOOKUP", "0")
+
+
 @pytest.fixture(scope="module")
 def drafts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("drafts")

@@ -24,6 +24,12 @@ GUIDED = [GuidedSpec("json_schema", json.dumps(s)) for s in SCHEMAS] + [
     GuidedSpec("choice", json.dumps(["alpha beta gamma", "delta"]), "guided_choice")]
 
 
+@pytest.fixture(autouse=True)
+def model_drafts_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The draft-model cases draft with the model alone (no prompt lookup first), so "same" agrees everywhere."""
+    monkeypatch.setenv("HITENTER_DRAFT_LOOKUP", "0")
+
+
 @pytest.fixture(scope="module")
 def one_layer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A draft that agrees with the tiny Qwen2 sometimes (so drafts are accepted and rejected)."""

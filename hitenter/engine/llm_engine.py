@@ -251,6 +251,8 @@ class LLMEngine:
         if self.spec is not None:
             for r in finished:
                 self.spec.release(r.request_id)
+            self.spec.observe(sched.num_batched_tokens, len(sched.scheduled), ran.num_rows,
+                              time.perf_counter() - t0)   # the draft-length controller's step costs
         self.step_counter += 1 if sched.scheduled else 0
         self.scheduler.record_step(sched, time.perf_counter() - t0)
         kv_events, self._kv_events[:] = list(self._kv_events), []

@@ -11,6 +11,7 @@ rows for a request carrying ``k`` drafted tokens (its last verified token and ea
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -35,8 +36,12 @@ class ModelRunnerOutput:
 class ModelRunner:
     """Owns the model and its KV cache tensors; stateless between steps otherwise."""
 
-    def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], block_size: int) -> None:
+    def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], block_size: int,
+                 logits: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """`logits`: hidden rows -> logits rows (default the model's compute_logits; a speculative draft's
+        head may score fewer ids: hitenter/engine/spec/draft_head.py)."""
         self.model = model
+        self.logits = logits or model.compute_logits
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.workspace: dict[torch.dtype, torch.Tensor] = {}   # attention scratch reused across steps
@@ -106,5 +111,5 @@ class ModelRunner:
         )
         logits = None
         if sample_rows:
-            logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, dtype=torch.long)])
+            logits = self.logits(hidden[torch.tensor(sample_rows, dtype=torch.long)])
         return ModelRunnerOutput(logits, sample_ids, time.perf_counter() - t0, num_rows)

@@ -2,22 +2,28 @@
 one pass, greedy acceptance / modified rejection sampling keeps exactly the target's output.
 
 Engine options: ``SpeculativeConfig`` in hitenter/config.py (``speculative_model``, ``speculative_method``,
-``num_speculative_tokens``), validated there.
+``num_speculative_tokens``, the most drafted per step), validated there. The draft length adapts per
+request to its acceptance and the measured costs (adaptive.py; HITENTER_SPEC_ADAPTIVE=0: always K); a
+draft model scores the first HITENTER_DRAFT_VOCAB ids only (draft_head.py, default 32768; 0: all) and
+is skipped where prompt lookup finds the last 4+ tokens earlier (HITENTER_DRAFT_LOOKUP=0: never).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
 from hitenter.config import SpeculativeConfig
+from hitenter.engine.spec.adaptive import AdaptiveK
 from hitenter.engine.spec.decoder import SpecDecoder, SpecDecodeStats, spec_request_stats
+from hitenter.engine.spec.draft_head import draft_logits, draft_vocab_size
 from hitenter.engine.spec.proposers import DraftModelProposer, NgramProposer
 from hitenter.engine.spec.rejection import greedy_accept, point_mass, rejection_sample
 
 __all__ = ["SpecDecoder", "SpecDecodeStats", "spec_request_stats", "build_spec_decoder", "check_vocab_compatible",
-           "NgramProposer", "DraftModelProposer", "rejection_sample", "greedy_accept", "point_mass"]
+           "NgramProposer", "DraftModelProposer", "AdaptiveK", "adaptive_k", "rejection_sample", "greedy_accept", "point_mass"]
 
 def check_vocab_compatible(target_tok: Any, draft_tok: Any, target_vocab: int, draft_vocab: int,
                            draft_name: str) -> None:
@@ -45,11 +51,12 @@ def build_spec_decoder(cfg: SpeculativeConfig, tokenizer: Any, vocab_size: int, 
         return None
     assert k is not None
     if method == "ngram":
-        return SpecDecoder(NgramProposer(), k, method)
+        return SpecDecoder(NgramProposer(), k, method, adaptive_k(k))
     from hitenter.engine.model_runner import ModelRunner
     from hitenter.kv_cache.manager import KVCacheManager
     from hitenter.models.attention import allocate_kv_caches
     from hitenter.models.loader import load_model
+    from hitenter.models.plan import apply_plan, build_plan
     from hitenter.models.registry import resolve_model
     from hitenter.tokenizer.bpe import Tokenizer
 
@@ -59,9 +66,19 @@ def build_spec_decoder(cfg: SpeculativeConfig, tokenizer: Any, vocab_size: int, 
     net, mcfg = load_model(path, dtype=load_dtype if (quantization or "none") in ("none", "gguf") else dtype)
     check_vocab_compatible(tokenizer, Tokenizer.from_gguf(path), vocab_size, mcfg.vocab_size, model)
     if mcfg.context_length < max_model_len:
-        raise ValueError(f"speculative_model: {model!r} has a context of {cfg.context_length} tokens, less than "
+        raise ValueError(f"speculative_model: {model!r} has a context of {mcfg.context_length} tokens, less than "
                          f"max_model_len={max_model_len}")
     kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False)   # the target's token capacity
-    runner = ModelRunner(net, allocate_kv_caches(mcfg, num_blocks, block_size, kv_dtype or dtype),
-                         block_size)
-    return SpecDecoder(DraftModelProposer(runner, kv), k, method)
+    caches = allocate_kv_caches(mcfg, num_blocks, block_size, kv_dtype or dtype)
+    # the target's kernel plan for the draft too: its prompts and catch-up rows take the fused C layers
+    plan = build_plan(net, caches, dtype, getattr(net, "batch_invariant", True))
+    apply_plan(net, plan)
+    runner = ModelRunner(net, caches, block_size, draft_logits(net, draft_vocab_size()))
+    runner.plan = plan
+    lookup = NgramProposer() if os.environ.get("HITENTER_DRAFT_LOOKUP", "1") != "0" else None
+    return SpecDecoder(DraftModelProposer(runner, kv, lookup), k, method, adaptive_k(k))
+
+
+def adaptive_k(k_max: int) -> AdaptiveK | None:
+    """The draft-length controller (HITENTER_SPEC_ADAPTIVE=0: always num_speculative_tokens)."""
+    return None if os.environ.get("HITENTER_SPEC_ADAPTIVE", "1") == "0" else AdaptiveK(k_max)

@@ -1,15 +1,22 @@
 """SpecDecoder: the engine's speculative-decoding part (propose before a step, verify after the forward).
 
 - ``propose(running, generators)``: before ``schedule()``, every running request that is a decode (all
-  but its newest token computed, no drafts yet) gets up to ``k = min(K, max_tokens - outputs - 1)``
+  but its newest token computed, no drafts yet) gets up to ``k = min(k_req, max_tokens - outputs - 1)``
   drafted tokens in ``request.spec_token_ids`` (so the accepted run plus one token never overshoots
-  max_tokens). The scheduler then scores them like any other tokens.
+  max_tokens). ``k_req`` is K (num_speculative_tokens) or, adaptive (the default), the length in
+  [0, K] that maximises the request's expected tokens per second (``adaptive.py``: its acceptance so far,
+  the measured draft step and target pass times, fed by ``observe`` after each step). The scheduler then
+  scores them like any other tokens.
 - ``sample(...)``: rows of requests without drafts go through the plain Sampler unchanged (same
   tokens, randomness, logprobs and traces as without speculation). A request with ``s`` drafts has
   ``s + 1`` logits rows; row ``j`` is processed by the request's logits-processor chain with output
   history ``outputs + drafts[:j]`` (what plain decoding would have seen had it produced those drafts),
-  then verified (``rejection.py``). Logprobs are the raw ones of each emitted token's row.
-- Structured outputs: a constrained request's point-mass drafts are cut at the first token its grammar
+  then verified (``rejection.py``): a greedy row keeps the drafts while they equal the target's argmax;
+  a sampling row draws row j's token as plain decoding would (the race with the request's next row
+  seed) and keeps the drafts while they equal it. Either way the emitted tokens, and a seeded request's
+  generator, are exactly those of decoding without speculation. Logprobs are the raw ones of each
+  emitted token's row.
+- Structured outputs: a constrained request's drafts are cut at the first token its grammar
   refuses; row ``j`` is masked by the grammar after ``drafts[:j]`` (``GrammarConstraint.speculate``),
   so a refused draft is rejected, and the matcher is then rolled back by the number of rejected drafts
   (``settle``). The draft model draws under the same grammar (proposers.py).
@@ -19,6 +26,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -33,11 +41,13 @@ from hitenter.engine.sampler import (
     SamplingTrace,
     StepSample,
     TokenLogprobs,
+    row_seed,
     run_chain,
     token_logprobs,
 )
+from hitenter.engine.spec.adaptive import AdaptiveK
 from hitenter.engine.spec.proposers import Proposer, stop_ids
-from hitenter.engine.spec.rejection import draw_randomness, greedy_accept, point_mass, rejection_sample
+from hitenter.engine.spec.rejection import greedy_accept, race_accept
 from hitenter.engine.structured import constraints_of
 
 
@@ -78,43 +88,68 @@ def spec_request_stats(reqs: Sequence[Request]) -> dict[str, float]:
 
 
 class SpecDecoder:
-    def __init__(self, proposer: Proposer, num_speculative_tokens: int, method: str) -> None:
+    """`adaptive`: the draft length per request and step chosen by AdaptiveK (None: always K)."""
+
+    def __init__(self, proposer: Proposer, num_speculative_tokens: int, method: str,
+                 adaptive: AdaptiveK | None = None) -> None:
         if num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens: must be >= 1, got {num_speculative_tokens}")
         self.proposer = proposer
         self.k = num_speculative_tokens
         self.method = method
+        self.adaptive = adaptive
         self.stats = SpecDecodeStats()
-        self._probs: dict[str, Tensor | None] = {}
+        self._t_propose = 0.0    # seconds the last propose() took (subtracted from its step's time)
 
     def release(self, request_id: str) -> None:
-        self._probs.pop(request_id, None)
         self.proposer.release(request_id)
+        if self.adaptive is not None:
+            self.adaptive.release(request_id)
+
+    def observe(self, num_tokens: int, num_requests: int, num_rows: Sequence[int], step_seconds: float) -> None:
+        """A step ran `num_tokens` tokens of `num_requests` requests and sampled `num_rows` rows per
+        request it sampled, in `step_seconds` (the whole step; the proposer's share is taken out). Only a
+        pure decode step (every request sampled, every token a sampled row) measures the target's pass."""
+        if self.adaptive is None or not num_requests:
+            return
+        if len(num_rows) == num_requests and sum(num_rows) == num_tokens:
+            self.adaptive.costs.observe_pass(num_tokens, step_seconds - self._t_propose)
+        self._t_propose = 0.0
+
+    def _draft_length(self, r: Request, other_rows: int) -> int:
+        if self.adaptive is None:
+            return self.k
+        return self.adaptive.choose(r.request_id, other_rows)
 
     def propose(self, running: Sequence[Request], sampler: Sampler) -> None:
         live = {r.request_id for r in running if r.status is RequestStatus.RUNNING}
         for rid in [r for r in self.proposer.request_ids if r not in live]:
             self.release(rid)   # preempted or finished: its draft state goes
+        decodes = [r for r in running if r.status is RequestStatus.RUNNING and not r.spec_token_ids
+                   and r.num_output_tokens and r.num_computed_tokens == r.num_tokens - 1]
         reqs, ks = [], []
-        for r in running:
-            k = min(self.k, r.max_tokens - r.num_output_tokens - 1)
-            if (r.status is RequestStatus.RUNNING and k > 0 and not r.spec_token_ids and r.num_output_tokens
-                    and r.num_computed_tokens == r.num_tokens - 1):
+        other = len(decodes) - 1    # rows of the other decodes in this step (1 each, + their drafts)
+        for r in decodes:
+            k = min(self._draft_length(r, other), r.max_tokens - r.num_output_tokens - 1)
+            if k > 0:
                 reqs.append(r)
                 ks.append(k)
+                other += k
         if not reqs:
             return
+        t0 = time.perf_counter()
         drafts = self.proposer.propose(reqs, ks, sampler.chain, [r.generator for r in reqs])
+        self._t_propose = time.perf_counter() - t0
+        if self.adaptive is not None and self.proposer.steps_run:
+            self.adaptive.costs.observe_draft(self.proposer.steps_run, self._t_propose)
         for r, d in zip(reqs, drafts, strict=True):
             grammar = r.extra.get("grammar")
-            if grammar is not None and d.probs is None:
-                # point-mass drafts (prompt lookup, greedy draft model): cut at the first token the grammar
-                # refuses, which the verifier would reject anyway (for a point mass, resampling after that
-                # rejection draws from the target's distribution, as the bonus token does: same output law)
+            if grammar is not None:
+                # cut at the first token the grammar refuses, which the verifier would reject anyway (the
+                # target's own token is emitted there)
                 r.spec_token_ids = list(d.token_ids[:grammar.legal_prefix(d.token_ids)])
             else:
                 r.spec_token_ids = list(d.token_ids)
-            self._probs[r.request_id] = d.probs
 
     def sample(self, logits: Tensor, num_rows: Sequence[int], reqs: Sequence[Request],
                generators: Sequence[torch.Generator | None], sampler: Sampler, trace: bool = False) -> StepSample:
@@ -159,22 +194,18 @@ class SpecDecoder:
         for i in spec:
             r, n = reqs[i], num_rows[i]
             draft = r.spec_token_ids[:n - 1]
-            q_all = self._probs.pop(r.request_id, None)
             xi = x[local:local + n]
             local += n
             if r.sampling_params.is_greedy:
                 tokens[i] = greedy_accept(xi.argmax(dim=-1).tolist(), draft)
-            else:
-                p = torch.softmax(xi, dim=-1)
-                d = torch.tensor([draft], dtype=torch.long)
-                q = point_mass(d, p.shape[-1]) if q_all is None else q_all[:n - 1].unsqueeze(0)
-                u, e = draw_randomness([generators[i]], n - 1, p.shape[-1])
-                num_acc, tok = rejection_sample(p.unsqueeze(0), q, d, u, e)
-                tokens[i] = draft[:int(num_acc[0])] + [int(tok[0])]
+            else:   # each row drawn as plain decoding draws it: the seeded request's very tokens
+                tokens[i] = race_accept(xi, draft, lambda g=generators[i]: row_seed(g))
             accepted = len(tokens[i]) - 1
             if "grammar" in r.extra:
                 r.extra["grammar"].settle(accepted)    # roll back the rejected drafts
             self.stats.record(n - 1, accepted)
+            if self.adaptive is not None:
+                self.adaptive.record(r.request_id, n - 1, accepted)
             d0, a0, s0 = r.extra.get("spec_decode", (0, 0, 0))
             r.extra["spec_decode"] = (d0 + n - 1, a0 + accepted, s0 + 1)
         want = [(i, j) for i in spec if reqs[i].sampling_params.logprobs is not None for j in range(len(tokens[i]))]

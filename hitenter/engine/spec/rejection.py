@@ -10,17 +10,26 @@ processors). A proposer without probabilities (prompt lookup) is a point mass ``
 Greedy rows: accept while the target's argmax equals the draft; the first mismatch emits the target's
 argmax (the token plain decoding would have produced), all accepted emits the bonus argmax.
 
-The functions here are pure tensor code: the randomness (uniforms ``u``, ``Exp(1)`` draws ``e`` for
+The engine verifies a sampling row with :func:`race_accept` instead: row ``j``'s token is drawn exactly as
+plain decoding draws it (the exponential race with the request's next row seed), and the drafts are kept
+while they equal it, so a seeded request emits the very tokens it emits without speculation, and its
+generator advances once per emitted token as it does there. A draft model drawing with the same seeds
+(its race on its own probabilities: a Gumbel-max coupling) then agrees with the target where the two
+distributions are close. ``rejection_sample`` stays the textbook rule (tests/test_spec_sampling.py).
+
+The functions here (but race_accept) are pure tensor code: the randomness (uniforms ``u``, ``Exp(1)`` draws ``e`` for
 the exponential race ``argmax(w / e)`` that samples from unnormalized weights ``w``) is drawn by the
 caller from each request's own generator, a fixed amount per step whatever is accepted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
+
+from hitenter.kernels.race import race
 
 _TINY = torch.finfo(torch.float32).tiny
 
@@ -67,6 +76,19 @@ def greedy_accept(target_argmax: Sequence[int], draft: Sequence[int]) -> list[in
         if target_argmax[j] != x:
             return out
     out.append(target_argmax[len(draft)])
+    return out
+
+
+def race_accept(x: Tensor, draft: Sequence[int], seed: Callable[[], int]) -> list[int]:
+    """Tokens emitted by a sampling row whose processed logits are ``x`` ``[len(draft) + 1, V]``: row j's
+    token is the race over ``x[j]`` with the seed ``seed()`` returns (the request's next row seed, drawn
+    only for the rows reached); the drafts up to the first that differs from it, then that token."""
+    out: list[int] = []
+    for j in range(len(draft) + 1):
+        tok = int(race(x[j:j + 1], [seed()])[0])
+        out.append(tok)
+        if j == len(draft) or tok != draft[j]:
+            break
     return out
 
 
