@@ -92,3 +92,51 @@ def smollm2_llm(smollm2_path: Path) -> object:
     from hitenter.llm import LLM
 
     return LLM(str(smollm2_path), max_model_len=1024)
+
+
+class SharedChromium:
+    """One headless Debian Chromium for the browser modules (a launch takes seconds on 2 busy cores), started on
+    first use and closed as soon as the next test's module has no browser test: Playwright's sync API marks the
+    main thread's asyncio loop as running between its calls, which a later test's asyncio.run would refuse."""
+
+    PATH = Path("/usr/bin/chromium")
+    ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+            "--disable-component-update", "--no-first-run", "--disable-quic"]
+
+    def __init__(self) -> None:
+        self._playwright: object = None
+        self.browser: object = None
+        self.modules: set[str] = set()   # the modules whose tests use it (from the collected items)
+
+    def get(self) -> object:
+        if self.browser is None:
+            from playwright.sync_api import sync_playwright
+
+            self._playwright = sync_playwright().start()
+            self.browser = self._playwright.chromium.launch(executable_path=str(self.PATH), args=self.ARGS)
+        return self.browser
+
+    def close(self) -> None:
+        if self.browser is not None:
+            self.browser.close()
+            self._playwright.stop()
+            self.browser = self._playwright = None
+
+
+CHROMIUM = SharedChromium()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    CHROMIUM.modules = {item.nodeid.split("::")[0] for item in items if "browser" in getattr(item, "fixturenames", ())}
+
+
+@pytest.hookimpl(trylast=True)   # after the test's own fixtures (its pages) are torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if nextitem is None or nextitem.nodeid.split("::")[0] not in CHROMIUM.modules:
+        CHROMIUM.close()
+
+
+@pytest.fixture
+def browser() -> object:
+    """The shared headless Chromium (playwright's Browser); each test opens and closes its own pages."""
+    return CHROMIUM.get()

@@ -17,11 +17,9 @@ import pytest
 
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "playground"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run", "--disable-quic"]
 TINY_OPTS = dict(kv_cache_memory=64 * 4 * 512, block_size=4, max_model_len=128, max_num_batched_tokens=16)
 pytestmark = [pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's /usr/bin/chromium"),
-              pytest.mark.slow]     # a browser per module: the fast lane (-m "not slow") skips it
+              pytest.mark.slow]     # a browser (conftest: one for these modules): the fast lane skips it
 
 
 @pytest.fixture(scope="module")
@@ -47,16 +45,6 @@ def server(tiny_llama_path):
     yield f"http://127.0.0.1:{port}", {n: e.engine for n, e in engines.items()}
     srv.should_exit = True
     th.join(10)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture

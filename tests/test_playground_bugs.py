@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from test_playground import CHROMIUM, browser, enter, finished, gen_ids, server  # noqa: F401
+from test_playground import CHROMIUM, enter, finished, gen_ids, server  # noqa: F401
 
 # browser tests: the full suite (CI), not the fast lane
 pytestmark = [pytest.mark.slow,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_playground import ARGS, CHROMIUM, browser, enter, finished, gen_ids, server  # noqa: F401
+from test_playground import CHROMIUM, enter, finished, gen_ids, server  # noqa: F401
 
 from hitenter.models.trace import trace_forward
 
