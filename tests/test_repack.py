@@ -44,6 +44,8 @@ def test_repacked_is_lossless_and_bitwise_equal(qtype: Q, n: int, k: int) -> Non
     assert torch.equal(r.file_rows(), w.data)
     assert torch.equal(r.dequantize(), w.dequantize())
     assert torch.equal(r.dequantize(torch.tensor([0, n - 1])), w.dequantize(torch.tensor([0, n - 1])))
+    rows = torch.tensor([n - 1, 0, n // 2, n // 2])
+    assert torch.equal(r.file_rows(rows), w.data.index_select(0, rows))
     for m in (1, 2, 3, 5, 8, 9, 16, 17, 33, 70):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
         want = qmatmul(x, w)
@@ -87,21 +89,42 @@ def test_avx2_build_repacks_eight_lanes(reload_kernels: pytest.MonkeyPatch) -> N
         pytest.skip("no AVX2 build here")
     w = weight(Q.Q4_0, 37, 96)
     r = repacked(w)
-    assert r.lanes == 8 and qm.repacked_nbytes(weight(Q.Q8_0, 16, 32)) == 0   # Q8_0 + 128 needs VNNI
+    assert r.lanes == 8
     x = torch.randn(19, 96)
     assert torch.equal(qmatmul(x, r), qmatmul(x, w)) and torch.equal(r.file_rows(), w.data)
+    # Q8_0: the stored w + 128 back to signed w, |w| . sign(x, w); every code, -128 included, and |x| at 127
+    raw = weight(Q.Q8_0, 24, 64).data.clone()
+    codes = torch.arange(256, dtype=torch.uint8).repeat(6).view(24, 64)
+    raw.view(24, 2, 34)[:, :, 2:] = codes.view(24, 2, 32)
+    w8 = BlockWeight(raw, int(Q.Q8_0), (24, 64))
+    r8 = repacked(w8)
+    x = torch.randn(19, 64)
+    x[:, ::7] = 50.0   # the block maxima: their codes are exactly 127
+    for m in (1, 8, 19):
+        assert torch.equal(qmatmul(x[:m], r8), qmatmul(x[:m], w8)), f"M={m}"
+    torch.testing.assert_close(qmatmul(x, r8), reference_qmatmul(x, w8), rtol=1e-2, atol=0.5)
 
 
 @pytest.mark.parametrize("tied", [True, False])
-def test_loader_repacks_matmul_weights_not_tables(tmp_path, tied: bool) -> None:   # type: ignore[no-untyped-def]
+def test_loader_repacks_matmul_weights_and_tied_tables(tmp_path, monkeypatch, tied: bool) -> None:   # type: ignore[no-untyped-def]
     path = write_tiny_gguf(tmp_path / "m.gguf", quant="Q8_0", tied=tied)
     model, _ = load_model(path)
     parts = [p for m in model.modules() if isinstance(m, BlockLinear) for p in m.parts]
     emb = next(m for m in model.modules() if isinstance(m, BlockEmbedding))
     table = emb.table.data.data_ptr()
-    want = qm.repack_enabled() and qm.native_isa() == "avx512vnni"
-    assert all(bool(p.lanes) == (want and p.data.data_ptr() != table) for p in parts)
-    assert emb.table.lanes == 0 and any(p.data.data_ptr() == table for p in parts) == tied
+    want = qm.repack_enabled() and qm.native_isa() in ("avx2", "avx512vnni")
+    assert all(bool(p.lanes) == want for p in parts)
+    # a tied table is the head's repacked bytes, its lookups read from there (the same rows as the file's)
+    assert emb.table.lanes == (parts[0].lanes if tied and want else 0)
+    assert any(p.data.data_ptr() == table for p in parts) == tied
+    monkeypatch.setenv("HITENTER_REPACK", "0")
+    plain, _ = load_model(path)
+    ref = next(m for m in plain.modules() if isinstance(m, BlockEmbedding))
+    assert ref.table.lanes == 0
+    for ids in (torch.tensor([0, 5, 5, emb.num_embeddings - 1, 3]), torch.tensor([7])):
+        assert torch.equal(emb(ids), ref(ids))
+    x = torch.randn(3, emb.embedding_dim)
+    assert torch.equal(model.compute_logits(x), plain.compute_logits(x))
 
 
 def test_repacking_can_be_switched_off(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:   # type: ignore[no-untyped-def]

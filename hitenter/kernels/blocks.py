@@ -76,32 +76,40 @@ class BlockWeight:
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 `[N, K]` (or just `rows`), exactly the file's values (gguf's reference dequantizer)."""
-        data = self.file_rows() if self.lanes else self.data
-        data = data if rows is None else data.index_select(0, rows)
+        data = self.file_rows(rows)
         out = gguf.quants.dequantize(data.numpy(), Q(self.qtype))
         return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(data.shape[0], self.shape[1])
 
 
-    def file_rows(self) -> torch.Tensor:
-        """The file's rows `[N, K / block_elems * block_bytes]` of a repacked weight (undoes the repacking)."""
+    def file_rows(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The file's rows `[N, K / block_elems * block_bytes]` (or just `rows`, in that order); of a repacked
+        weight the repacking undone, for `rows` reading only their groups (a tied embedding's lookups)."""
         if not self.lanes:
-            return self.data
+            return self.data if rows is None else self.data.index_select(0, rows)
         n, k = self.shape
         nb, ln, qt = k // 32, self.lanes, self.qtype
-        g = (n + ln - 1) // ln
         order = [b for ph in range(4) for b in range(ph, nb, 4)]        # blocks as stored: b % 4, then b / 4
-        r = self.data.numpy().reshape(g, nb, -1)[:, np.argsort(order)]
+        groups = self.data.numpy().reshape(-1, nb, REPACK_ROW_BYTES[qt] * ln)
+        pick = None if rows is None else rows.numpy().astype(np.int64)
+        r = (groups if pick is None else groups[pick // ln])[:, np.argsort(order)]
+
+        def lanes_of(a: np.ndarray, width: int) -> np.ndarray:   # [groups, nb, lanes * width] -> [rows, nb, width]
+            a = a.reshape(a.shape[0], nb, ln, width)
+            if pick is None:
+                return a.transpose(0, 2, 1, 3).reshape(-1, nb, width)
+            return a[np.arange(len(pick)), :, pick % ln]
+
         nq = 8 if qt == int(Q.Q8_0) else 4                 # quant vectors per block: [nq, lanes, 4] bytes
-        q = r[..., :nq * ln * 4].reshape(g, nb, nq, ln, 4).transpose(0, 3, 1, 2, 4).reshape(g * ln, nb, nq * 4)
-        d = r[..., nq * ln * 4:nq * ln * 4 + 2 * ln].reshape(g, nb, ln, 2).transpose(0, 2, 1, 3).reshape(g * ln, nb, 2)
+        q = lanes_of(r[..., :nq * ln * 4].reshape(-1, nb, nq, ln, 4).transpose(0, 1, 3, 2, 4), nq * 4)
+        d = lanes_of(r[..., nq * ln * 4:nq * ln * 4 + 2 * ln], 2)
         if qt == int(Q.Q8_0):
             blocks = np.concatenate([d, q ^ 0x80], axis=-1)
         elif qt == int(Q.Q4_1):
-            m = r[..., nq * ln * 4 + 2 * ln:].reshape(g, nb, ln, 2).transpose(0, 2, 1, 3).reshape(g * ln, nb, 2)
-            blocks = np.concatenate([d, m, q], axis=-1)
+            blocks = np.concatenate([d, lanes_of(r[..., nq * ln * 4 + 2 * ln:], 2), q], axis=-1)
         else:
             blocks = np.concatenate([d, q], axis=-1)
-        return torch.from_numpy(np.ascontiguousarray(blocks[:n].reshape(n, -1)))
+        count = n if pick is None else len(pick)
+        return torch.from_numpy(np.ascontiguousarray(blocks[:count].reshape(count, -1)))
 
 
 def cat_block_rows(ws: list[BlockWeight]) -> BlockWeight:

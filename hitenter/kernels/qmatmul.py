@@ -16,7 +16,7 @@ place through their data pointers; no alignment is required, only unit stride al
 streams each weight row once per 8 activation rows; from M = 6 (32-wide types) / 9 (K types) it packs 16
 (AVX2: 8) weight rows at a time per call (a GEMM; all types with AVX512-VNNI, all but Q8_0 with AVX2,
 whose microkernels add maddubs pairs in int16 before one madd by the scale: csrc/qm_pack_avx2.h);
-a weight repacked at load (`repack`, csrc/qm_repack.h: Q4_0, Q4_1, Q8_0 with VNNI) runs one kernel for
+a weight repacked at load (`repack`, csrc/qm_repack.h: Q4_0, Q4_1, Q8_0) runs one kernel for
 every M; all give the same bits for a row.
 Per call: the weight is described to the kernel once (a descriptor cached on the BlockWeight), so a
 call costs a few attribute reads on x/out and one 7-argument ctypes call (~3 us with a tiny kernel).
@@ -177,7 +177,7 @@ def repacked_nbytes(w: BlockWeight) -> int:
 
 def repack(w: BlockWeight, out: torch.Tensor) -> BlockWeight:
     """`w` repacked into `out` (uint8, 1-D, `repacked_nbytes(w)` bytes, e.g. a WeightArena slot): the same
-    values, the same qmatmul bits, no per-call unpacking. Q4_0, Q4_1 (and Q8_0 with AVX512-VNNI)."""
+    values, the same qmatmul bits, no per-call unpacking. Q4_0, Q4_1 and Q8_0."""
     n, k = w.shape
     want = repacked_nbytes(w)
     if not want:

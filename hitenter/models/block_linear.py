@@ -51,12 +51,11 @@ def own_block_bytes(model: nn.Module) -> None:
                         and m.table.data.data_ptr() in unique]
     if not unique:
         return
-    # a matmul-only weight of a repacked type (Q4_0, Q4_1, Q8_0 with VNNI) goes into the arena repacked
-    # (kernels/csrc/qm_repack.h: no per-call unpacking, same size, same bits); a table also read by rows
-    # (a tied embedding) keeps the file's rows
+    # every matmul weight of a repacked type (Q4_0, Q4_1, Q8_0) goes into the arena repacked
+    # (kernels/csrc/qm_repack.h: no per-call unpacking, same size, same bits), a tied head's too: its
+    # embedding then reads the rows it looks up out of the repacked groups (BlockWeight.file_rows)
     weights = {p.data.data_ptr(): p for m in linears for p in m.parts}
-    tied = {m.table.data.data_ptr() for m in owners if isinstance(m, BlockEmbedding)}
-    repacked = {ptr: n for ptr, w in weights.items() if ptr not in tied and (n := repacked_nbytes(w))}
+    repacked = {ptr: n for ptr, w in weights.items() if (n := repacked_nbytes(w))}
     arena = WeightArena([repacked.get(ptr, t.numel()) for ptr, t in unique.items()])
     placed: dict[int, BlockWeight] = {}
     for ptr, w in weights.items():

@@ -57,6 +57,17 @@ QM_INLINE __m256i a2_step_sgn(__m256i t, __m256i wa, __m256i w, const void *xp) 
     return t;
 }
 
+/* maddubs(wa, sign(the dword at xp in every lane, w)) alone, int16 pairs (signed weights w, wa = |w|) */
+QM_INLINE __m256i a2_dot_sgn(__m256i wa, __m256i w, const void *xp) {
+    __m256i tmp;
+    __asm__("vpbroadcastd %[xp], %t[tmp]\n\t"
+            "vpsignb %t[w], %t[tmp], %t[tmp]\n\t"
+            "vpmaddubsw %t[tmp], %t[wa], %t[tmp]"
+            : [tmp] "=&x"(tmp)
+            : [wa] "x"(wa), [w] "x"(w), [xp] "m"(*(const int32_t *)xp));
+    return tmp;
+}
+
 /* y[r, 0..nvalid) for R activation rows against one packed group (K types) */
 QM_INLINE void p_kern_a2(const int qt, const pblock *p, int64_t nb, const xq256 *x, int64_t xrow, const int R,
                          float *y, int64_t ldy, int nvalid) {

@@ -6,7 +6,8 @@
  * Same bytes as the file: Q4_0/Q4_1 keep their nibbles (q[j] byte n * 4 + c holds elements 4j + c
  * (low nibble) and 16 + 4j + c (high) of lane n's block, the file's own pairing), d and m stay fp16:
  * 20 bytes per row and block (Q4_1: exactly the file's size; Q4_0: +2). Q8_0: q[e4] holds elements
- * 4 e4 .. 4 e4 + 3 of each lane + 128 (unsigned for dpbusd), d fp16: 34 bytes, the file's size. Rows
+ * 4 e4 .. 4 e4 + 3 of each lane + 128 (unsigned for dpbusd; the AVX2 kernel takes the 128 off again and
+ * dots |w| . sign(x, w)), d fp16: 34 bytes, the file's size. Rows
  * past N (the last group) are zero. Within a group the blocks are stored in the order the kernel reads
  * them, blocks b % 4 == 0 first, then 1, 2, 3 (the four partial sums of the canonical float sequence),
  * so a group is one sequential stream (in file order the 4-block stride defeated the prefetcher: GEMV
@@ -45,7 +46,7 @@ typedef struct {
 /* bytes of one repacked block (PN rows x 32 elements), 0 for a type not repacked in this build */
 static size_t repack_block_bytes(int qt) {
     if (qt == QT_Q4_0 || qt == QT_Q4_1) return sizeof(rblock4);
-    if (qt == QT_Q8_0) return QM_VNNI ? sizeof(rblock8) : 0;   /* AVX2's maddubs would saturate on + 128 */
+    if (qt == QT_Q8_0) return sizeof(rblock8);   /* AVX2: the + 128 taken off again in the kernel (signed w) */
     return 0;
 }
 
@@ -103,8 +104,20 @@ QM_INLINE void r_kern(const int qt, const uint8_t *p, int64_t nb, const char *x,
         for (int r = 0; r < R; r++) acc[r] = pf_zero();
         for (int64_t b = ph; b < nb; b += 4, pb += rb) {
             pvi t[PR];
-            for (int r = 0; r < R; r++) t[r] = qt == QT_Q4_1 ? pv_zero() : pv_set1(XL_C(x + r * xrow, nb)[b]);
-            if (qt == QT_Q8_0) {
+            for (int r = 0; r < R; r++)
+                t[r] = qt == QT_Q4_1 || (qt == QT_Q8_0 && !QM_VNNI) ? pv_zero() : pv_set1(XL_C(x + r * xrow, nb)[b]);
+            if (qt == QT_Q8_0 && !QM_VNNI) {
+                /* AVX2: the stored w + 128 back to signed w, then |w| . sign(x, w) (maddubs pairs <= 2 * 128 * 127:
+                 * exact), each dword's pairs to int32 at once (two would overflow int16) */
+#pragma GCC unroll 8
+                for (int e4 = 0; e4 < 8; e4++) {
+                    const __m256i wv = _mm256_xor_si256(pv_loadu(((const rblock8 *)pb)->q[e4]), _mm256_set1_epi8((char)0x80));
+                    const __m256i wa = _mm256_abs_epi8(wv);
+                    for (int r = 0; r < R; r++)
+                        t[r] = _mm256_add_epi32(t[r], _mm256_madd_epi16(a2_dot_sgn(wa, wv, x + r * xrow + 32 * b + 4 * e4),
+                                                                       _mm256_set1_epi16(1)));
+                }
+            } else if (qt == QT_Q8_0) {
 #pragma GCC unroll 8
                 for (int e4 = 0; e4 < 8; e4++) {
                     const pvi wv = pv_loadu(((const rblock8 *)pb)->q[e4]);
@@ -180,7 +193,7 @@ DEF_REPACKED(rk_q4_1, QT_Q4_1)
 DEF_REPACKED(rk_q8_0, QT_Q8_0)
 
 static rkern_fn repacked_fn(int qt) {
-    return qt == QT_Q4_0 ? rk_q4_0 : qt == QT_Q4_1 ? rk_q4_1 : qt == QT_Q8_0 && QM_VNNI ? rk_q8_0 : NULL;
+    return qt == QT_Q4_0 ? rk_q4_0 : qt == QT_Q4_1 ? rk_q4_1 : qt == QT_Q8_0 ? rk_q8_0 : NULL;
 }
 
 /* rows [n0, n1) of y (n0 a multiple of PN) for all M rows: tiles of RMT activation rows (they stay in L2:
