@@ -1,5 +1,5 @@
 """Mixture-of-experts speed: one MoE layer alone (hitenter/models/moe.py), and a whole synthetic
-Qwen3-MoE model against llama.cpp beside a dense Qwen3 of the same active size.
+Qwen3-MoE model against llama.cpp beside a dense Qwen3 of the same active size and a Qwen2 of that shape.
 
     .venv/bin/python bench/moe.py layer [--rounds 7] [--threads 2]
     .venv/bin/python bench/moe.py model [--dir /tmp/hitenter-moe-bench] [--rounds 5]
@@ -13,7 +13,8 @@ GGUF blocks) and, at T = 1, the bandwidth the active experts' bytes imply.
 model: writes (once, cached in --dir) a synthetic qwen3moe GGUF (16 layers, hidden 1024, 64 experts of
 768, top-8, 16 heads / 4 KV heads of 64 with attn_q_norm / attn_k_norm; llama.cpp's tensor names and
 keys, as convert_hf_to_gguf writes them) and a dense qwen3 GGUF of the same active size (ffn 8 x 768),
-all matrices Q4_K; then times decode (batch 1, 64 tokens) and prefill (512 tokens) in hitenter
+and a qwen2 GGUF of the dense shape (no QK-norm; Q/K/V biases): "dense Qwen3 as fast as the same-size
+Qwen2". All matrices Q4_K; then times decode (batch 1, 64 tokens) and prefill (512 tokens) in hitenter
 (`hitenter.LLM(path)`) and llama.cpp (llama-cpp-python in its own venv), each a persistent worker
 process, alternating rounds; medians and ratios. A file hitenter cannot load yet is reported as such.
 """
@@ -125,16 +126,17 @@ def layer_bench(a: argparse.Namespace) -> None:
 
 # ---- synthetic GGUFs ------------------------------------------------------------------------------------
 
-def write_model(path: Path, moe: bool, seed: int = 0) -> Path:
-    """A qwen3moe (moe) or qwen3 (dense, ffn = top_k x expert_ffn) GGUF with llama.cpp's names and keys;
-    every matrix Q4_K (random valid blocks, a few distinct arrays reused across layers to bound memory)."""
+def write_model(path: Path, arch: str, seed: int = 0) -> Path:
+    """A qwen3moe, qwen3 (dense, ffn = top_k x expert_ffn) or qwen2 (the dense shape without QK-norm, with
+    Q/K/V biases) GGUF with llama.cpp's names and keys; every matrix Q4_K (random valid blocks, a few
+    distinct arrays reused across layers to bound memory)."""
     import gguf
     import numpy as np
 
     from hitenter.testing.tiny_model import add_tokenizer, random_kquant
 
     s = SHAPE
-    arch = "qwen3moe" if moe else "qwen3"
+    moe = arch == "qwen3moe"
     h, d, nh, nkv = s["hidden"], s["head_dim"], s["heads"], s["kv_heads"]
     ffn = s["expert_ffn"] if moe else s["expert_ffn"] * s["top_k"]
     rng = np.random.default_rng(seed)
@@ -180,8 +182,12 @@ def write_model(path: Path, moe: bool, seed: int = 0) -> Path:
         w.add_tensor(p + "attn_k.weight", blocks(nkv * d, h), raw_dtype=q4k)
         w.add_tensor(p + "attn_v.weight", blocks(nkv * d, h), raw_dtype=q4k)
         w.add_tensor(p + "attn_output.weight", blocks(h, nh * d), raw_dtype=q4k)
-        w.add_tensor(p + "attn_q_norm.weight", norm(d))
-        w.add_tensor(p + "attn_k_norm.weight", norm(d))
+        if arch == "qwen2":
+            for name, n in (("attn_q", nh * d), ("attn_k", nkv * d), ("attn_v", nkv * d)):
+                w.add_tensor(p + name + ".bias", (rng.standard_normal(n) * 0.05).astype(np.float32))
+        else:
+            w.add_tensor(p + "attn_q_norm.weight", norm(d))
+            w.add_tensor(p + "attn_k_norm.weight", norm(d))
         w.add_tensor(p + "ffn_norm.weight", norm(h))
         if moe:   # ggml ne [in, out, E]: numpy [E, out, in bytes]; the router stays F32 as llama.cpp keeps it
             w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((s["experts"], h)) * 0.05).astype(np.float32))
@@ -283,11 +289,11 @@ def model_bench(a: argparse.Namespace) -> None:
     out = Path(a.dir)
     out.mkdir(parents=True, exist_ok=True)
     tag = "-".join(str(v) for v in SHAPE.values())
-    files = {kind: out / f"{kind}-{tag}.gguf" for kind in ("qwen3moe", "qwen3")}
+    files = {kind: out / f"{kind}-{tag}.gguf" for kind in ("qwen3moe", "qwen3", "qwen2")}
     for kind, path in files.items():
         if not path.exists():
             t0 = time.perf_counter()
-            write_model(path.with_suffix(".tmp"), moe=kind == "qwen3moe").rename(path)
+            write_model(path.with_suffix(".tmp"), kind).rename(path)
             print(f"wrote {path} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t0:.0f} s")
     print(cpu_line(), f"| {a.threads} threads")
     for kind, path in files.items():

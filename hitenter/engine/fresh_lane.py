@@ -30,7 +30,9 @@ from dataclasses import dataclass
 
 from hitenter.engine.request import Request
 
-MIN_PROMPT_CHUNK = 32     # the cap never goes below this (per-step overheads would dominate)
+MIN_PROMPT_CHUNK = 8      # the cap never goes below this. It was 32: on SmolLM2 with 16 streams a decode
+                          # step is ~70 ms and 32 prompt tokens at position ~4k ~200 ms, so the streams
+                          # kept 0.30x of their rate (bench/long_prompt_streams.py)
 NO_CAP = 1 << 40
 
 
