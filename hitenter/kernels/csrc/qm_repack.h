@@ -93,8 +93,35 @@ static void repack_all(int qt, int bb, const uint8_t *w, int64_t ldw, int64_t N,
         repack_group(qt, bb, w, ldw, N, g, nb, out + (size_t)g * (size_t)nb * repack_block_bytes(qt));
 }
 
-/* y[r, 0..nvalid) for R activation rows (xl layout) against one repacked group of nb blocks */
-QM_INLINE void r_kern(const int qt, const uint8_t *p, int64_t nb, const char *x, int64_t xrow, const int R,
+/* A tile of R activation rows as the repacked kernel reads them (tile_rows builds it from the xl rows once
+ * per call): per block, its 8 quant dwords of each row side by side ([e4][r]), then d[r], s[r], c[r]: one
+ * pointer per block and constant offsets (with a pointer per row and array, 24 of them at R = 8, GCC
+ * reloaded addresses from the stack in every block's float steps) */
+#define XT_BLOCK(R) (44 * (R))
+static void tile_rows(const char *xq, size_t xrow_bytes, int64_t nb, int64_t m0, int R, char *out) {
+    for (int64_t b = 0; b < nb; b++) {
+        char *ob = out + b * XT_BLOCK(R);
+        if (R == 8) {   /* the quants: one 8 x 8 dword transpose */
+            __m256i v[8];
+            for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_si256((const __m256i *)(xq + (m0 + r) * xrow_bytes + 32 * b));
+            tr8x8_store(v, (uint8_t *)ob, 32);
+        }
+        for (int r = 0; r < R; r++) {
+            const char *xr = xq + (m0 + r) * xrow_bytes;
+            for (int e4 = 0; e4 < 8 && R != 8; e4++) memcpy(ob + (e4 * R + r) * 4, xr + 32 * b + 4 * e4, 4);
+            memcpy(ob + 32 * R + 4 * r, XL_D(xr, nb) + b, 4);
+            memcpy(ob + 36 * R + 4 * r, XL_S(xr, nb) + b, 4);
+            memcpy(ob + 40 * R + 4 * r, XL_C(xr, nb) + b, 4);
+        }
+    }
+}
+#define XT_Q(xb, e4, r) ((xb) + ((e4) * R + (r)) * 4)
+#define XT_D(xb, r) (((const float *)((xb) + 32 * R))[r])
+#define XT_S(xb, r) (((const float *)((xb) + 36 * R))[r])
+#define XT_C(xb, r) (((const int32_t *)((xb) + 40 * R))[r])
+
+/* y[r, 0..nvalid) for R activation rows (a tile, tile_rows) against one repacked group of nb blocks */
+QM_INLINE void r_kern(const int qt, const uint8_t *p, int64_t nb, const char *x, const int R,
                       float *y, int64_t ldy, int nvalid) {
     const size_t rb = qt == QT_Q8_0 ? sizeof(rblock8) : sizeof(rblock4);
     pvf part[4][PR];
@@ -103,9 +130,10 @@ QM_INLINE void r_kern(const int qt, const uint8_t *p, int64_t nb, const char *x,
         pvf acc[PR];
         for (int r = 0; r < R; r++) acc[r] = pf_zero();
         for (int64_t b = ph; b < nb; b += 4, pb += rb) {
+            const char *xb = x + b * XT_BLOCK(R);
             pvi t[PR];
             for (int r = 0; r < R; r++)
-                t[r] = qt == QT_Q4_1 || (qt == QT_Q8_0 && !QM_VNNI) ? pv_zero() : pv_set1(XL_C(x + r * xrow, nb)[b]);
+                t[r] = qt == QT_Q4_1 || (qt == QT_Q8_0 && !QM_VNNI) ? pv_zero() : pv_set1(XT_C(xb, r));
             if (qt == QT_Q8_0 && !QM_VNNI) {
                 /* AVX2: the stored w + 128 back to signed w, then |w| . sign(x, w) (maddubs pairs <= 2 * 128 * 127:
                  * exact), each dword's pairs to int32 at once (two would overflow int16) */
@@ -114,7 +142,7 @@ QM_INLINE void r_kern(const int qt, const uint8_t *p, int64_t nb, const char *x,
                     const __m256i wv = _mm256_xor_si256(pv_loadu(((const rblock8 *)pb)->q[e4]), _mm256_set1_epi8((char)0x80));
                     const __m256i wa = _mm256_abs_epi8(wv);
                     for (int r = 0; r < R; r++)
-                        t[r] = _mm256_add_epi32(t[r], _mm256_madd_epi16(a2_dot_sgn(wa, wv, x + r * xrow + 32 * b + 4 * e4),
+                        t[r] = _mm256_add_epi32(t[r], _mm256_madd_epi16(a2_dot_sgn(wa, wv, XT_Q(xb, e4, r)),
                                                                        _mm256_set1_epi16(1)));
                 }
             } else if (qt == QT_Q8_0) {
@@ -123,7 +151,7 @@ QM_INLINE void r_kern(const int qt, const uint8_t *p, int64_t nb, const char *x,
                     const pvi wv = pv_loadu(((const rblock8 *)pb)->q[e4]);
                     for (int r = 0; r < R; r++) {
                         int32_t xv;
-                        memcpy(&xv, x + r * xrow + 32 * b + 4 * e4, 4);
+                        memcpy(&xv, XT_Q(xb, e4, r), 4);
                         t[r] = pv_dpbusd(t[r], wv, pv_set1(xv));
                     }
                 }
@@ -134,8 +162,8 @@ QM_INLINE void r_kern(const int qt, const uint8_t *p, int64_t nb, const char *x,
                     const pvi v = pv_loadu(((const rblock4 *)pb)->q[j]), lo = pv_nib_lo(v), hi = pv_nib_hi(v);
                     for (int r = 0; r < R; r++) {
                         int32_t xl, xh;
-                        memcpy(&xl, x + r * xrow + 32 * b + 4 * j, 4);
-                        memcpy(&xh, x + r * xrow + 32 * b + 16 + 4 * j, 4);
+                        memcpy(&xl, XT_Q(xb, j, r), 4);
+                        memcpy(&xh, XT_Q(xb, 4 + j, r), 4);
                         t[r] = pv_dpbusd(t[r], lo, pv_set1(xl));
                         t[r] = pv_dpbusd(t[r], hi, pv_set1(xh));
                     }
@@ -148,8 +176,8 @@ QM_INLINE void r_kern(const int qt, const uint8_t *p, int64_t nb, const char *x,
                 for (int j = 0; j < 4; j++) {
                     const pvi v = pv_loadu(((const rblock4 *)pb)->q[j]), lo = pv_nib_lo(v), hi = pv_nib_hi(v);
                     for (int r = 0; r < R; r++) {
-                        t16[r] = a2_step(t16[r], lo, x + r * xrow + 32 * b + 4 * j);
-                        t16[r] = a2_step(t16[r], hi, x + r * xrow + 32 * b + 16 + 4 * j);
+                        t16[r] = a2_step(t16[r], lo, XT_Q(xb, j, r));
+                        t16[r] = a2_step(t16[r], hi, XT_Q(xb, 4 + j, r));
                     }
                 }
                 for (int r = 0; r < R; r++) t[r] = _mm256_add_epi32(t[r], _mm256_madd_epi16(t16[r], _mm256_set1_epi16(1)));
@@ -157,9 +185,8 @@ QM_INLINE void r_kern(const int qt, const uint8_t *p, int64_t nb, const char *x,
             }
             const pvf dv = pf_loadh(qt == QT_Q8_0 ? ((const rblock8 *)pb)->d : ((const rblock4 *)pb)->d);
             for (int r = 0; r < R; r++) {
-                const char *xr = x + r * xrow;
-                acc[r] = pf_fmadd(pf_cvt(t[r]), pf_mul(dv, pf_set1(XL_D(xr, nb)[b])), acc[r]);
-                if (qt == QT_Q4_1) acc[r] = pf_fmadd(pf_loadh(((const rblock4 *)pb)->m), pf_set1(XL_S(xr, nb)[b]), acc[r]);
+                acc[r] = pf_fmadd(pf_cvt(t[r]), pf_mul(dv, pf_set1(XT_D(xb, r))), acc[r]);
+                if (qt == QT_Q4_1) acc[r] = pf_fmadd(pf_loadh(((const rblock4 *)pb)->m), pf_set1(XT_S(xb, r)), acc[r]);
             }
         }
         for (int r = 0; r < R; r++) part[ph][r] = acc[r];
@@ -176,17 +203,21 @@ QM_INLINE void r_kern(const int qt, const uint8_t *p, int64_t nb, const char *x,
 #define RT 8
 #endif
 
-typedef void (*rkern_fn)(const uint8_t *p, int64_t nb, const char *x, int64_t xrow, int R, float *y, int64_t ldy,
-                         int nvalid);
+typedef void (*rkern_fn)(const uint8_t *p, int64_t nb, const char *xt, int R, float *y, int64_t ldy, int nvalid);
 
 #define DEF_REPACKED(name, qt)                                                                            \
-    static void name(const uint8_t *p, int64_t nb, const char *x, int64_t xrow, int R, float *y, int64_t ldy, \
-                     int nvalid) {                                                                        \
-        if (R == 8) r_kern(qt, p, nb, x, xrow, 8, y, ldy, nvalid);                                        \
-        else if (R == 4) r_kern(qt, p, nb, x, xrow, 4, y, ldy, nvalid);                                   \
-        else if (R == 2) r_kern(qt, p, nb, x, xrow, 2, y, ldy, nvalid);                                   \
-        else r_kern(qt, p, nb, x, xrow, 1, y, ldy, nvalid);                                               \
+    static void name(const uint8_t *p, int64_t nb, const char *xt, int R, float *y, int64_t ldy, int nvalid) { \
+        if (R == 8) r_kern(qt, p, nb, xt, 8, y, ldy, nvalid);                                             \
+        else if (R == 4) r_kern(qt, p, nb, xt, 4, y, ldy, nvalid);                                        \
+        else if (R == 2) r_kern(qt, p, nb, xt, 2, y, ldy, nvalid);                                        \
+        else r_kern(qt, p, nb, xt, 1, y, ldy, nvalid);                                                    \
     }
+
+/* the rows of a run starting at row m: runs of RT / 4 / 2 / 1 rows, as run_repacked walks them (RMT is a
+ * multiple of RT) */
+static inline int tile_run(int64_t m, int64_t M) {
+    return M - m >= RT ? RT : M - m >= 4 ? 4 : M - m >= 2 ? 2 : 1;
+}
 
 DEF_REPACKED(rk_q4_0, QT_Q4_0)
 DEF_REPACKED(rk_q4_1, QT_Q4_1)
@@ -198,20 +229,25 @@ static rkern_fn repacked_fn(int qt) {
 
 /* rows [n0, n1) of y (n0 a multiple of PN) for all M rows: tiles of RMT activation rows (they stay in L2:
  * at M = 512 the whole x streamed from L3 once per group of PN rows, a prefill GEMM at half the speed of
- * M = 8), each group of PN rows once per tile, then from L1 for every run of RT / 4 / 2 / 1 rows */
+ * M = 8), each group of PN rows once per tile, then from L1 for every run of RT / 4 / 2 / 1 rows.
+ * Calls of more than RMT rows (prefill) take tiles of RT rows instead: one kernel call per group and tile,
+ * the tile's x in L1 and the thread's chunk of groups from L2 (on Zen 3, AVX2, 1 thread, CPU time, M = 512:
+ * SmolLM2's Q4_1 gate/up 3072x576 16.6 -> 13.1 ms, qkv 960x576 6.3 -> 4.7 ms; tiles of 16-24 rows were in
+ * between). Calls of up to RMT rows (decode batches) keep one tile: their weights are read once. */
 #ifndef RMT
 #define RMT 64
 #endif
 static void run_repacked(rkern_fn kern, size_t rb, const uint8_t *w, int64_t nb, const char *xq, size_t xrow_bytes,
                          int64_t M, int64_t n0, int64_t n1, float *y, int64_t ldy) {
-    for (int64_t mt = 0; mt < M; mt += RMT) {
-        const int64_t mend = mt + RMT < M ? mt + RMT : M;
+    const int64_t tile = M > RMT ? RT : RMT;
+    for (int64_t mt = 0; mt < M; mt += tile) {
+        const int64_t mend = mt + tile < M ? mt + tile : M;
         for (int64_t s = n0; s < n1; s += PN) {
             const uint8_t *g = w + (size_t)(s / PN) * (size_t)nb * rb;
             const int nvalid = n1 - s < PN ? (int)(n1 - s) : PN;
             for (int64_t m = mt; m < mend;) {
-                const int R = mend - m >= RT ? RT : mend - m >= 4 ? 4 : mend - m >= 2 ? 2 : 1;
-                kern(g, nb, xq + m * xrow_bytes, (int64_t)xrow_bytes, R, y + m * ldy + s, ldy, nvalid);
+                const int R = tile_run(m, mend);
+                kern(g, nb, xt + m * nb * XT_BLOCK(1), R, y + m * ldy + s, ldy, nvalid);
                 m += R;
             }
         }
