@@ -227,6 +227,15 @@ static rkern_fn repacked_fn(int qt) {
     return qt == QT_Q4_0 ? rk_q4_0 : qt == QT_Q4_1 ? rk_q4_1 : qt == QT_Q8_0 ? rk_q8_0 : NULL;
 }
 
+/* the tiles of rows [m0, m1) of x's M quantized rows into xt (m0 and m1 at run starts: multiples of RT, or M) */
+static void tile_range(const char *xq, size_t xrow_bytes, int64_t nb, int64_t m0, int64_t m1, int64_t M, char *xt) {
+    for (int64_t m = m0; m < m1;) {
+        const int R = tile_run(m, M);
+        tile_rows(xq, xrow_bytes, nb, m, R, xt + m * nb * XT_BLOCK(1));
+        m += R;
+    }
+}
+
 /* rows [n0, n1) of y (n0 a multiple of PN) for all M rows: tiles of RMT activation rows (they stay in L2:
  * at M = 512 the whole x streamed from L3 once per group of PN rows, a prefill GEMM at half the speed of
  * M = 8), each group of PN rows once per tile, then from L1 for every run of RT / 4 / 2 / 1 rows.
@@ -237,7 +246,7 @@ static rkern_fn repacked_fn(int qt) {
 #ifndef RMT
 #define RMT 64
 #endif
-static void run_repacked(rkern_fn kern, size_t rb, const uint8_t *w, int64_t nb, const char *xq, size_t xrow_bytes,
+static void run_repacked(rkern_fn kern, size_t rb, const uint8_t *w, int64_t nb, const char *xt,
                          int64_t M, int64_t n0, int64_t n1, float *y, int64_t ldy) {
     const int64_t tile = M > RMT ? RT : RMT;
     for (int64_t mt = 0; mt < M; mt += tile) {

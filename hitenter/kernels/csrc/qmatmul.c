@@ -98,7 +98,8 @@ typedef struct {   /* one call's work, shared by the threads */
     pack_fn pack;
     pkern_fn kern;
     size_t pbytes;
-    rkern_fn rkern;   /* a weight repacked at load (qm_repack.h): every M runs it */
+    rkern_fn rkern;   /* a weight repacked at load (qm_repack.h): every M runs it, on x's tiles xt */
+    const char *xt;
     size_t rbytes;
 #endif
 } job;
@@ -128,7 +129,7 @@ static void worker(job *j, int t) {
         const int64_t n0 = c * j->chunk, n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
 #if QM_ISA
         if (j->rkern) {
-            run_repacked(j->rkern, j->rbytes, j->w, j->nb, j->xq, j->xrow_bytes, j->M, n0, n1, j->y, j->ldy);
+            run_repacked(j->rkern, j->rbytes, j->w, j->nb, j->xt, j->M, n0, n1, j->y, j->ldy);
             continue;
         }
         if (j->packed) {
@@ -217,12 +218,15 @@ int qm_matmul_desc(const qm_desc *d, const float *x, int64_t M, int64_t ldx, flo
     char *xq = aligned_alloc(64, (M * j.xrow_bytes + 63) / 64 * 64);
     if (!xq) return -3;
     j.xq = xq;
+    char *xt = NULL;   /* the repacked kernel's tiles of x (qm_repack.h: tile_rows) */
 #if QM_ISA
     if (d->lanes) {
         j.rkern = repacked_fn(qt), j.rbytes = repack_block_bytes(qt);
         if (!j.rkern || d->lanes != PN) { free(xq); return -2; }
     }
     j.packed = !d->lanes && M >= (elems == 32 ? PACK_MIN_M32 : PACK_MIN_M256) && packed_fns(qt, &j.pack, &j.kern, &j.pbytes);
+    if (j.rkern && !(xt = aligned_alloc(64, (M * j.nb * XT_BLOCK(1) + 63) / 64 * 64))) { free(xq); return -3; }
+    j.xt = xt;
 #else
     (void)qt;
 #endif
@@ -240,15 +244,27 @@ int qm_matmul_desc(const qm_desc *d, const float *x, int64_t M, int64_t ldx, flo
     j.nranges = nt < MAXT ? nt : MAXT;
     for (int t = 0; t < j.nranges; t++)
         j.ranges[t].next = j.nchunks * t / j.nranges, j.ranges[t].end = j.nchunks * (t + 1) / j.nranges;
-    if (M < 4 * nt) quant_rows(qt, elems, x, ldx, j.nb, xq, j.xrow_bytes, 0, M);
+    if (M < 4 * nt) {
+        quant_rows(qt, elems, x, ldx, j.nb, xq, j.xrow_bytes, 0, M);
+#if QM_ISA
+        if (xt) tile_range(xq, j.xrow_bytes, j.nb, 0, M, M, xt);
+#endif
+    }
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         if (M >= 4 * nt) {
 #pragma omp for schedule(dynamic, 1)
             for (int64_t m = 0; m < M; m += 4) quant_rows(qt, elems, x, ldx, j.nb, xq, j.xrow_bytes, m, m + 4 < M ? m + 4 : M);
+#if QM_ISA
+            if (xt) {
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t m = 0; m < M; m += RT) tile_range(xq, j.xrow_bytes, j.nb, m, m + RT < M ? m + RT : M, M, xt);
+            }
+#endif
         }
         worker(&j, omp_get_thread_num() % j.nranges);
     }
+    free(xt);
     free(xq);
     return j.failed ? -3 : 0;
 }
