@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,19 @@ def test_without_a_compiler_the_engine_generates_with_one_warning_per_library(tm
         assert len(said) == (1 if status.startswith("failed") else 0), (name, status, said)
     assert len(warnings) == sum(s.startswith("failed") for _, s in libs.values()), warnings
     assert not list(home.rglob("*.so"))
+
+
+def test_a_compiler_timeout_stops_the_whole_compiler(tmp_path: Path) -> None:
+    """The driver's children (cc1) go too: a shell that starts a child, killed at the timeout, leaves none."""
+    from hitenter.kernels.build import run_compiler
+
+    pid_file = tmp_path / "child"
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_compiler(["sh", "-c", f"sleep 30 & echo $! > {pid_file}; wait"], timeout=0.5)
+    stat = Path(f"/proc/{int(pid_file.read_text())}/stat")
+    for _ in range(50):   # gone, or a zombie waiting for its reaper: not running either way
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.02)
+    else:
+        pytest.fail(f"the compiler's child outlived the timeout: {stat.read_text()}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -56,13 +57,26 @@ def build_library(name: str, main_source: Path, flags: Sequence[str], extra_sour
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        subprocess.run([cc, *all_flags, "-o", tmp, str(main_source), "-lm"], check=True, capture_output=True,
-                       timeout=300)
+        run_compiler([cc, *all_flags, "-o", tmp, str(main_source), "-lm"])
         os.replace(tmp, out)
     except (OSError, subprocess.SubprocessError) as e:
         detail = (getattr(e, "stderr", b"") or b"").decode(errors="replace")[-800:]
-        raise BuildError(f"building {name} with {cc} failed: {e}. {detail}") from e
+        raise BuildError(f"building {name} with {cc} failed: {str(e).rstrip('.')}. {detail}".rstrip()) from e
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out
+
+
+def run_compiler(cmd: list[str], timeout: float = 300) -> None:
+    """Run the compiler in its own process group, so a timeout stops the whole of it (cc1 too, not only
+    the driver). CalledProcessError / TimeoutExpired as subprocess.run(check=True) raises them."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            os.killpg(proc.pid, signal.SIGKILL)
+            e.stderr = proc.communicate()[1]
+            raise
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd, stdout, stderr)
