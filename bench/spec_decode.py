@@ -112,14 +112,14 @@ def build(target: str, opts: dict[str, Any], env: dict[str, str]) -> Any:
 
 def bench_case(name: str, target: str, prompts: list[str], configs: list[tuple[str, dict[str, Any], dict[str, str]]],
                max_tokens: int, rounds: int) -> list[list[Any]]:
-    """Target alone + each configuration, alternating rounds after a warm-up pass each."""
+    """Target alone + each configuration, alternating rounds after a short warm-up each."""
     llms = [("none", build(target, {}, {}))] + [(label, build(target, o, e)) for label, o, e in configs]
     results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in llms}
-    for r in range(rounds + 1):
+    for _, llm in llms:
+        run_prompts(llm, prompts[:1], 8)   # warm-up
+    for _ in range(rounds):
         for label, llm in llms:
-            res = run_prompts(llm, prompts, max_tokens)
-            if r:
-                results[label].append(res)
+            results[label].append(run_prompts(llm, prompts, max_tokens))
     base = results["none"]
     base_tokens = base[0]["tokens"]
     base_rate = statistics.median(x["n"] / x["wall"] for x in base)
@@ -146,6 +146,7 @@ def main() -> int:
                     choices=["qwen-draft", "qwen-ngram", "smol-ngram"])
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens (the adaptive length's maximum)")
+    ap.add_argument("--ngram-k", type=int, default=8, help="num_speculative_tokens for prompt lookup")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--num-threads", type=int, default=None)
     a = ap.parse_args()
@@ -156,7 +157,7 @@ def main() -> int:
     q05, q15, smol = (_cached(m) for m in ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct",
                                             "smollm2-135m-instruct"))
     fixed, adaptive = {"HITENTER_SPEC_ADAPTIVE": "0"}, {"HITENTER_SPEC_ADAPTIVE": "1"}
-    ngram = {"speculative_method": "ngram", "num_speculative_tokens": a.k}
+    ngram = {"speculative_method": "ngram", "num_speculative_tokens": a.ngram_k}
     rows: list[list[Any]] = []
     if "qwen-draft" in a.cases and q05 and q15:
         draft = {"speculative_model": q05, "num_speculative_tokens": a.k}
@@ -169,10 +170,10 @@ def main() -> int:
                            a.max_tokens, a.rounds)
     if "qwen-ngram" in a.cases and q15:
         for case, prompt in (("qwen1.5b repeat", REPEAT_PROMPT), ("qwen1.5b edit", EDIT_PROMPT)):
-            rows += bench_case(case, q15, [prompt], [(f"ngram K={a.k}", ngram, fixed),
+            rows += bench_case(case, q15, [prompt], [(f"ngram K={a.ngram_k}", ngram, fixed),
                                                      ("ngram adaptive", ngram, adaptive)], a.max_tokens, a.rounds)
     if "smol-ngram" in a.cases and smol:
-        rows += bench_case("smollm2 copy", smol, [COPY_PROMPT], [(f"ngram K={a.k}", ngram, fixed),
+        rows += bench_case("smollm2 copy", smol, [COPY_PROMPT], [(f"ngram K={a.ngram_k}", ngram, fixed),
                                                                  ("ngram adaptive", ngram, adaptive)],
                            a.max_tokens, a.rounds)
     if not rows:

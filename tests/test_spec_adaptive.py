@@ -77,14 +77,18 @@ def test_expensive_draft_chooses_shorter_runs():
     assert cheap.choose("r") > dear.choose("r") >= 1
 
 
-def test_measures_a_plain_pass_once():
-    ctl = AdaptiveK(4)
-    assert ctl.choose("r") == 4                        # nothing measured: the configured length
-    ctl.costs.observe_pass(5, 0.06)
-    ctl.costs.observe_draft(4, 0.04)
-    assert ctl.choose("r") == 0                        # one plain step to measure a 1-row pass
-    ctl.costs.observe_pass(1, 0.05)
-    assert ctl.choose("r") >= 1
+def test_measures_every_pass_length_once():
+    ctl = AdaptiveK(3)
+    assert ctl.choose("r") == 3                        # nothing measured: the configured length
+    ctl.costs.observe_pass(4, 0.06)
+    ctl.costs.observe_draft(3, 0.03)
+    seen = []
+    for _ in range(3):
+        k = ctl.choose("r")
+        seen.append(k)
+        ctl.costs.observe_pass(k + 1, 0.05 + 0.003 * k)
+    assert seen == [0, 1, 2]                           # each unmeasured length once, alone
+    assert ctl.choose("r", other_rows=3) >= 0 and sorted(ctl.costs.rows) == [1, 2, 3, 4]
 
 
 def test_longest_match_first():
@@ -130,7 +134,7 @@ def one_layer_draft(tmp_path_factory: pytest.TempPathFactory):
     return write_tiny_gguf(tmp_path_factory.mktemp("adraft") / "one.gguf", arch="qwen2", seed=1, layers=1)
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram"])
+@pytest.mark.parametrize("method", [pytest.param("draft", marks=pytest.mark.slow), "ngram"])
 def test_identity_under_varying_k(tiny_qwen2_path, one_layer_draft, method):
     """Greedy and seeded tokens (and logprobs) bitwise those of plain decoding whatever length is drafted
     from step to step; the adaptive controller itself gives the same tokens."""
@@ -158,6 +162,7 @@ def test_identity_under_varying_k(tiny_qwen2_path, one_layer_draft, method):
     assert eng.kv_manager.num_free_blocks == eng.parts.num_blocks
 
 
+@pytest.mark.slow
 def test_k_falls_in_the_engine_when_the_draft_never_agrees(tiny_qwen2_path, tmp_path):
     other = write_tiny_gguf(tmp_path / "other.gguf", arch="qwen2", seed=3)   # as large as the target
     llm = LLM(str(tiny_qwen2_path), speculative_model=str(other), num_speculative_tokens=6)
@@ -167,6 +172,7 @@ def test_k_falls_in_the_engine_when_the_draft_never_agrees(tiny_qwen2_path, tmp_
     assert st["num_draft_tokens"] < 6 * st["num_verify_steps"] / 2
 
 
+@pytest.mark.slow
 def test_trimmed_head_is_the_head_s_first_columns(tmp_path, monkeypatch):
     path = write_tiny_gguf(tmp_path / "q8.gguf", arch="qwen2", seed=2, quant="Q8_0")
     plain = LLM(str(path))

@@ -5,8 +5,9 @@ Model (Leviathan et al. 2023, section 3.3): each drafted token is accepted with 
 given that the ones before it were, so a step drafting ``k`` tokens emits
 ``E(k) = (1 - alpha^(k+1)) / (1 - alpha)`` tokens. It costs ``k`` draft steps (``t_draft`` each, measured
 around the proposer: ~0 for prompt lookup) plus the target's pass over its ``k + 1`` rows (``t_rows``,
-measured from the engine's pure-decode step times, per total row count; a request alone runs one plain
-step to measure ``t_rows(1)``). A plain step emits 1 token for ``t_rows(1)``. Where even ``k = 1`` costs more per token than a plain step, the request drafts nothing
+measured from the engine's pure-decode step times, per total row count; a request alone first runs each
+length 0..K once to measure them: on AVX2 a pass over 4 rows may cost about what 3 rows cost, since the
+matmul kernels take the rows in runs of 8/4/2/1). A plain step emits 1 token for ``t_rows(1)``. Where even ``k = 1`` costs more per token than a plain step, the request drafts nothing
 (``k = 0``) and probes with ``k = 1`` every ``probe_every`` steps so ``alpha`` stays current.
 
 ``alpha`` per request: accepted / (accepted + rejections) over its verification passes, each pass
@@ -131,8 +132,11 @@ class AdaptiveK:
     def choose(self, request_id: str, other_rows: int = 0) -> int:
         """The draft length for this request's next step (0: draft nothing this step)."""
         alpha, s = self.alpha(request_id), self._state(request_id)
-        if self.allow_off and not other_rows and self.costs.rows and 1 not in self.costs.rows:
-            return 0                               # one plain pass alone: measure its cost
+        if not other_rows and self.costs.rows:    # alone: measure every pass length once (the multi-row
+            todo = [n for n in range(0 if self.allow_off else 1, self.k_max + 1)   # kernels' costs are
+                    if n + 1 not in self.costs.rows]                                # not linear in rows)
+            if todo:
+                return todo[0]
         rates = [self.rate(alpha, k, other_rows) for k in range(self.k_max + 1)]
         if any(r is None for r in rates):
             return self.k_max                      # nothing measured yet: the configured length
