@@ -22,7 +22,7 @@ from typing import Any
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = (None, "gguf", "int8", "int4")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "q8_0")
 SPEC_METHODS = ("ngram", "draft_model")
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 
@@ -131,9 +131,9 @@ class ModelConfig:
         """False for the layers a family runs without RoPE (SmolLM3: every no_rope_interval-th)."""
         return not (self.no_rope_interval and (i + 1) % self.no_rope_interval == 0)
 
-    def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
-        """2 (K and V) x layers x KV heads x head dim x bytes per element."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+    def kv_bytes_per_token(self, dtype_bytes: float = 4) -> int:
+        """2 (K and V) x layers x KV heads x head dim x bytes per element (q8_0: 34 / 32, models/kv_dtype.py)."""
+        return int(2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes)
 
 
 @dataclass(frozen=True)
@@ -170,8 +170,9 @@ class CacheConfig:
                                        flag="--no-enable-prefix-caching")
     kv_cache_dtype: str = _opt("auto", "KV cache elements: auto = half precision (float16 on CPUs with F16C, "
                                        "else bfloat16; bf16 for bfloat16 weights, float32 for the float32 "
-                                       "reference load); float32 doubles the bytes per token "
-                                       "(hitenter/models/kv_dtype.py)",
+                                       "reference load); float32 doubles the bytes per token; q8_0 as "
+                                       "llama.cpp's --cache-type-k/v q8_0 (34 bytes per 32 values, head_dim a "
+                                       "multiple of 32) (hitenter/models/kv_dtype.py)",
                                choices=KV_CACHE_DTYPES)
 
     def __post_init__(self) -> None:

@@ -286,6 +286,7 @@ def launch_runner(spec: str, path: str, dtype: torch.dtype, cfg: ModelConfig, mo
         workers.close()
         raise
     timeout = float(os.environ.get("HITENTER_DISAGG_TIMEOUT_S", "300"))
-    client = PrefillClient(workers, (cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim),
+    row = kv_caches[0].shape[-1] if kv_caches else cfg.head_dim   # a head row's elements (q8_0: its bytes)
+    client = PrefillClient(workers, (cfg.num_layers, block_size, cfg.num_kv_heads, row),
                            kv_caches[0].dtype if kv_caches else dtype, timeout)
     return DisaggModelRunner(model, kv_caches, block_size, client)

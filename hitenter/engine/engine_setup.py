@@ -111,8 +111,11 @@ def kv_cache_torch_dtype(cfg: EngineConfig, dtype: torch.dtype) -> torch.dtype:
 
 def _num_blocks(cfg: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype, max_model_len: int) -> int:
     """Blocks in the budget; `dtype`: the KV cache's element type (its bytes per token)."""
+    from hitenter.models.kv_dtype import check_head_dim, value_bytes
+
+    check_head_dim(dtype, mcfg.head_dim)   # q8_0 refuses head dims that are not whole blocks, at load
     bs = cfg.cache.block_size
-    per_token = mcfg.kv_bytes_per_token(torch.empty(0, dtype=dtype).element_size())
+    per_token = mcfg.kv_bytes_per_token(value_bytes(dtype))
     per_block = per_token * bs
     budget = cfg.cache.kv_cache_memory or default_kv_cache_memory(per_token, max_model_len,
                                                                   cfg.scheduler.max_num_seqs)
@@ -207,9 +210,9 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     num_blocks, num_local, window = _window_groups(cfg, mcfg, num_blocks, sched_cfg)
     if mcfg.sliding_window:   # what the local layers' windows cost a full-length sequence, and what is done about it
         from hitenter.models.decoder import windowed_kv_bytes
+        from hitenter.models.kv_dtype import value_bytes
 
-        now, held = windowed_kv_bytes(mcfg, max_model_len, cfg.cache.block_size,
-                                      torch.empty(0, dtype=kv_dtype).element_size())
+        now, held = windowed_kv_bytes(mcfg, max_model_len, cfg.cache.block_size, value_bytes(kv_dtype))
         log.info("sliding window %d: a %d-token sequence would hold %.1f MB of KV with one table; %s %.1f MB "
                  "(%.0f%% less)%s", mcfg.sliding_window, max_model_len, now / 1e6,
                  "the local layers release their blocks outside the window:" if window else "releasing the "

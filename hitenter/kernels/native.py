@@ -213,7 +213,8 @@ DECODE_ATTENTION = NativeLibrary(
     "decode_attention", "decode_attention.c", env="HITENTER_DECODE_KERNEL", what="decode attention kernel",
     fallback="torch path only", instances={"portable": ["-mno-fma"]},   # the 16-lane code, not attn_avx2.h (tests)
     signatures={"decode_attention": (ctypes.c_int, [p, p, p, ctypes.c_int, i64, p, p, p, ctypes.c_int, ctypes.c_int,
-                                                    i64, ctypes.c_int, ctypes.c_int, f32, i64, ctypes.c_int])})
+                                                    i64, ctypes.c_int, ctypes.c_int, f32, i64, ctypes.c_int]),
+                "q8_0_quantize": (ctypes.c_int, [p, p, i64])})   # the q8_0 KV writers' quantizer (tests)
 
 # tiled paged attention for prompt rows (models/prompt_kernel.py)
 PROMPT_ATTENTION = NativeLibrary(

@@ -27,8 +27,9 @@ position only, so the contract holds for both paths. Without `kernel_from`, or w
 built, every row takes the GEMM path; where the queries are fp32 and the prompt kernel is built
 (prompt_kernel.py), it replaces the GEMM path for every caller (which then is reference and fallback).
 
-Cache element type (kv_dtype.py): fp32, bf16 or f16. write_kv rounds the new K/V to it; the GEMM path
-widens the gathered blocks to the query dtype (exactly) before its GEMMs; the kernels widen as they load.
+Cache element type (kv_dtype.py): fp32, bf16, f16 or q8_0. write_kv rounds the new K/V to it (q8_0:
+quantizes each head row, kv_q8_0.py); the GEMM path widens (q8_0: dequantizes) the gathered blocks to the
+query dtype before its GEMMs; the kernels widen as they load.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from dataclasses import dataclass, field
 import torch
 
 from hitenter.config import ModelConfig
-from hitenter.models import decode_kernel, prompt_kernel
+from hitenter.models import decode_kernel, kv_q8_0, prompt_kernel
+from hitenter.models.kv_dtype import Q8_0, row_width
 
 KEY_TILE = 128  # keys per softmax/PV tile; fixed so a row's reduction order never depends on context length
 ROW_MULTIPLE = 8  # query rows are padded to this multiple (batch-invariant GEMM shapes)
@@ -218,7 +220,8 @@ def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int,
                        dtype: torch.dtype = torch.float32, num_kv_heads: int | None = None,
                        num_local_blocks: int | None = None) -> list[torch.Tensor]:
     """One zeroed tensor `[2, num_kv_heads, num_blocks, block_size, head_dim]` per layer, of `dtype` (the
-    cache's element type: float32, bfloat16 or float16, hitenter/models/kv_dtype.py).
+    cache's element type: float32, bfloat16 or float16, hitenter/models/kv_dtype.py); for q8_0 (kv_dtype.Q8_0)
+    bytes `[2, num_kv_heads, num_blocks, block_size, head_dim / 32 * 34]` (ValueError unless head_dim % 32 == 0).
 
     num_kv_heads: the KV heads this process holds (a tensor-parallel rank's shard); default all.
     num_local_blocks: the sliding-window layers' block count where they have their own block tables
@@ -227,16 +230,25 @@ def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int,
     if num_blocks <= 0 or block_size <= 0 or nl <= 0:
         raise ValueError(f"num_blocks and block_size must be > 0, got {num_blocks}, {block_size}, {nl}")
     kvh = config.num_kv_heads if num_kv_heads is None else num_kv_heads
-    return [torch.zeros((2, kvh, num_blocks if config.layer_window(i) is None else nl, block_size, config.head_dim),
+    width = row_width(dtype, config.head_dim)
+    return [torch.zeros((2, kvh, num_blocks if config.layer_window(i) is None else nl, block_size, width),
                         dtype=dtype) for i in range(config.num_layers)]
 
 
 def write_kv(kv_cache_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store k, v (`[T, num_kv_heads, head_dim]`) at the given cache slots (in place)."""
-    _, kvh, nb, bs, hd = kv_cache_layer.shape
-    flat = kv_cache_layer.view(2, kvh, nb * bs, hd)
+    """Store k, v (`[T, num_kv_heads, head_dim]`) at the given cache slots (in place), rounded to the cache's
+    type (a q8_0 cache: each head row quantized, kv_q8_0.py)."""
+    _, kvh, nb, bs, w = kv_cache_layer.shape
+    flat = kv_cache_layer.view(2, kvh, nb * bs, w)
+    if kv_cache_layer.dtype == Q8_0:
+        k, v = kv_q8_0.quantize(k), kv_q8_0.quantize(v)
     flat[0].index_copy_(1, slot_mapping, k.to(kv_cache_layer.dtype).transpose(0, 1))
     flat[1].index_copy_(1, slot_mapping, v.to(kv_cache_layer.dtype).transpose(0, 1))
+
+
+def widen_rows(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cache rows (`[..., row]`: elements, or q8_0 bytes) as values of `dtype` (`[..., head_dim]`)."""
+    return kv_q8_0.dequantize(rows, dtype) if rows.dtype == Q8_0 else rows.to(dtype)
 
 
 def _scratch(workspace: dict[torch.dtype, torch.Tensor], dtype: torch.dtype, numel: int) -> torch.Tensor:
@@ -251,14 +263,17 @@ def _attend_group(qz: torch.Tensor, kv_cache_layer: torch.Tensor, grp: _Group,
                   workspace: dict[torch.dtype, torch.Tensor], softcap: float = 0.0) -> torch.Tensor:
     """Output rows `[KVH, B*M, D]` of one work group (queries already scaled; scores soft-capped
     cap * tanh(s / cap) when `softcap`, Gemma 2's)."""
-    _, kvh, num_blocks, bs, d = kv_cache_layer.shape
+    _, kvh, num_blocks, bs, w = kv_cache_layer.shape
+    d = qz.shape[-1]
     b, m, nt = grp.num_items, grp.num_rows, grp.num_tiles
     length = nt * KEY_TILE
     q = qz.index_select(1, grp.rows).view(kvh, b, m, d)
     idx = grp.flat_index(2 * kvh, num_blocks)
-    buf = _scratch(workspace, kv_cache_layer.dtype, idx.numel() * bs * d).view(-1, bs * d)
-    torch.index_select(kv_cache_layer.view(-1, bs * d), 0, idx, out=buf)
-    if buf.dtype != qz.dtype:          # a half-precision cache: widened (exactly) to the query dtype
+    buf = _scratch(workspace, kv_cache_layer.dtype, idx.numel() * bs * w).view(-1, bs * w)
+    torch.index_select(kv_cache_layer.view(-1, bs * w), 0, idx, out=buf)
+    if buf.dtype == Q8_0:              # a q8_0 cache: its rows dequantized (d * q, exact in fp32)
+        buf = widen_rows(buf.view(-1, w), qz.dtype)
+    elif buf.dtype != qz.dtype:        # a half-precision cache: widened (exactly) to the query dtype
         buf = _scratch(workspace, qz.dtype, buf.numel()).view_as(buf).copy_(buf)
     kv = buf.view(2, kvh, b, -1, d)
     if kv.shape[3] != length:          # block size not dividing KEY_TILE: cut the extra keys

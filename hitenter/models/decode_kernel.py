@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hitenter.kernels.native import DECODE_ATTENTION
-from hitenter.models.kv_dtype import KV_TYPE_CODES, type_codes
+from hitenter.models.kv_dtype import KV_TYPE_CODES, cache_head_dim, type_codes
 
 if TYPE_CHECKING:
     from hitenter.models.attention import AttentionMetadata
@@ -43,8 +43,8 @@ load = DECODE_ATTENTION
 
 def supports(kv_cache_layer: torch.Tensor, num_heads: int, q_dtype: torch.dtype) -> bool:
     """True if the kernel is loaded and handles this cache (dtype, head_dim, GQA group) and query dtype:
-    fp32 / bf16 / f16 caches with fp32 queries, or with queries of the cache's own dtype."""
-    _, kvh, _, _, d = kv_cache_layer.shape
+    fp32 / bf16 / f16 / q8_0 caches with fp32 queries, or with queries of the cache's own dtype."""
+    kvh, d = kv_cache_layer.shape[1], cache_head_dim(kv_cache_layer)
     return (kv_cache_layer.dtype in KV_TYPE_CODES and q_dtype in (torch.float32, kv_cache_layer.dtype)
             and kv_cache_layer.device.type == "cpu" and kv_cache_layer.is_contiguous()
             and d % 16 == 0 and d <= MAX_HEAD_DIM and num_heads % kvh == 0 and num_heads // kvh <= MAX_GROUP

@@ -282,14 +282,14 @@ class CausalLM(nn.Module):
         return weight_bytes(self)
 
 
-def windowed_kv_bytes(cfg: ModelConfig, num_tokens: int, block_size: int, dtype_bytes: int = 4) -> tuple[int, int]:
+def windowed_kv_bytes(cfg: ModelConfig, num_tokens: int, block_size: int, dtype_bytes: float = 4) -> tuple[int, int]:
     """(KV bytes one sequence of num_tokens holds with one block table for all layers, bytes it holds when
     each local layer keeps only the blocks its window can still reach), logged at start.
 
     The engine gives the local layers their own tables that release those blocks (hitenter/kv_cache/
     window_group.py, as vLLM's hybrid allocator does) unless it runs with one table (tensor parallelism,
     disaggregated prefill, HITENTER_WINDOW_RELEASE=0), where old keys are only masked."""
-    per_layer_token = 2 * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+    per_layer_token = int(2 * cfg.num_kv_heads * cfg.head_dim * dtype_bytes)   # q8_0: 34 / 32 (kv_dtype.py)
     blocks = -(-num_tokens // block_size)
     now = held = 0
     for i in range(cfg.num_layers):

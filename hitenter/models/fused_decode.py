@@ -6,7 +6,7 @@ the cache write, SiLU*up, residual adds, views) was ~130 eager ops per layer, se
 same quantized-matmul and paged-attention kernels through function pointers.
 
 When: a layer whose four projections are GGUF blocks on the native kernel (every part), fp32 norms, a
-KV cache of fp32, bf16 or f16 (K/V rounded to it as they are written), the decode attention kernel
+KV cache of fp32, bf16, f16 or q8_0 (K/V rounded or quantized to it as they are written), the decode attention kernel
 built; `HITENTER_FUSED_DECODE=0` turns it off. Under tensor parallelism the layer runs on a second
 instance of the library whose matmul pointer routes the row-parallel projections through the group's
 collectives (hitenter/distributed/fused.py), so TP ranks compute TP=1's fused bits. `fused_layer(layer)` decides once per layer (and again if the kernel library is reloaded).

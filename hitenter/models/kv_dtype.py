@@ -1,4 +1,4 @@
-"""The KV cache's element type (`kv_cache_dtype`, vLLM's option): float32, bfloat16 or float16.
+"""The KV cache's element type (`kv_cache_dtype`, vLLM's option): float32, bfloat16, float16 or q8_0.
 
 Every reader and writer handles all three: write_kv rounds K/V to the cache type (torch's
 round-to-nearest-even), the GEMM path (attention.py) widens the gathered keys to the query dtype, and
@@ -15,6 +15,14 @@ range (65504). It halves the bytes per token (Qwen2.5-1.5B: 57,344 -> 28,672), s
 the bytes per decode step and twice the tokens fit. bf16 for dense bf16 weights; fp32 for the float32
 reference load (`dtype float32`), which the exact tests compare against HF and llama.cpp. On AVX2 the
 kernels widen a half tile once into fp32 (csrc/attn_avx2.h): the f16 decode kernel runs as fast as fp32.
+
+q8_0 (llama.cpp's `--cache-type-k/v q8_0`): each head row of head_dim values is head_dim / 32 blocks of
+llama.cpp's block_q8_0 (an fp16 scale d, then 32 int8 q; 34 bytes), quantized as ggml-quants.c's
+quantize_row_q8_0_ref (kv_q8_0.py); the cache tensor is then bytes (`Q8_0`, torch.uint8) of shape
+`[2, KVH, NB, BS, head_dim / 32 * 34]`: the paged layout unchanged, a row 34/32 bytes per value (53% of f16).
+Readers dequantize d * q (exact in fp32) as they load a tile, so a kernel over a q8_0 cache computes what it
+computes over an fp32 cache holding the dequantized values; only the stored values change, never the order
+of a sum, and batch invariance holds as before. Head dims that are not a multiple of 32 refuse q8_0 at load.
 """
 
 from __future__ import annotations
@@ -24,9 +32,13 @@ import platform
 
 import torch
 
-TORCH_KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# the native kernels' element codes (csrc/decode_attention.c: `types`)
-KV_TYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+Q8_0 = torch.uint8   # a q8_0 cache's tensor elements: the bytes of its blocks (see the module doc)
+QK8_0 = 32           # values per q8_0 block
+Q8_0_BLOCK_BYTES = 34   # its fp16 scale and 32 int8
+
+TORCH_KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "q8_0": Q8_0}
+# the native kernels' element codes (csrc/vec16.h: KV_F32 .. KV_Q8_0; `types` in decode_attention.c)
+KV_TYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, Q8_0: 3}
 
 
 @functools.cache
@@ -57,6 +69,37 @@ def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype, load_dtype: 
     if model_dtype != torch.float32 or load_dtype == "float32":
         return model_dtype   # bf16 weights: bf16; the float32 reference: fp32 (see the module doc)
     return auto_half()
+
+
+def kv_dtype_name(kv_dtype: torch.dtype) -> str:
+    """The option's name of a cache type: "q8_0" for Q8_0, else the torch name ("float16")."""
+    return "q8_0" if kv_dtype == Q8_0 else str(kv_dtype).removeprefix("torch.")
+
+
+def check_head_dim(kv_dtype: torch.dtype, head_dim: int) -> None:
+    """ValueError (one line) where the cache type cannot hold rows of head_dim values: q8_0 needs whole blocks."""
+    if kv_dtype == Q8_0 and head_dim % QK8_0:
+        raise ValueError(f"kv_cache_dtype q8_0: head_dim {head_dim} is not a multiple of {QK8_0} (q8_0 stores "
+                         f"blocks of {QK8_0} values); use float16 or bfloat16")
+
+
+def row_width(kv_dtype: torch.dtype, head_dim: int) -> int:
+    """Elements of one head row of the cache tensor (its last dim): head_dim, or q8_0's bytes."""
+    if kv_dtype == Q8_0:
+        check_head_dim(kv_dtype, head_dim)
+        return head_dim // QK8_0 * Q8_0_BLOCK_BYTES
+    return head_dim
+
+
+def cache_head_dim(kv_cache_layer: torch.Tensor) -> int:
+    """The head dim of a layer's cache `[2, KVH, NB, BS, row]` (row: head_dim values, or q8_0's bytes)."""
+    w = kv_cache_layer.shape[-1]
+    return w // Q8_0_BLOCK_BYTES * QK8_0 if kv_cache_layer.dtype == Q8_0 else w
+
+
+def value_bytes(kv_dtype: torch.dtype) -> float:
+    """Bytes per cached value: 4, 2, or q8_0's 34 / 32."""
+    return Q8_0_BLOCK_BYTES / QK8_0 if kv_dtype == Q8_0 else torch.empty(0, dtype=kv_dtype).element_size()
 
 
 def type_codes(kv_dtype: torch.dtype, q_dtype: torch.dtype) -> int:

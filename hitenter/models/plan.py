@@ -19,6 +19,7 @@ import torch
 
 from hitenter.models import decode_kernel
 from hitenter.models.attention import KEY_TILE, ROW_MULTIPLE
+from hitenter.models.kv_dtype import TORCH_KV_DTYPES, cache_head_dim, kv_dtype_name
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class KernelPlan:
     fused_decode: str = "off"     # generation rows through the fused native layers (models/fused_decode.py)
     fused_prompt_max: int = 0     # prompts up to this many tokens run every row fused too (0: none)
     kv_cache_dtype: str = "float32"   # the KV cache's elements (models/kv_dtype.py); "none" without a local cache
-    kv_bytes_per_token: int = 0       # K and V of one token over all layers, in those elements
+    kv_bytes_per_token: int = 0       # K and V of one token over all layers, in those elements (q8_0: its blocks)
 
     def describe(self) -> str:
         return "\n".join([
@@ -60,7 +61,7 @@ def _attention_kernel(kv_cache_layer: torch.Tensor | None, num_heads: int, dtype
     if decode_kernel.load() is None:
         return False, "not built (no C compiler, or the build failed: see the log)"
     if not decode_kernel.supports(kv_cache_layer, num_heads, dtype):
-        _, kvh, _, _, d = kv_cache_layer.shape
+        kvh, d = kv_cache_layer.shape[1], cache_head_dim(kv_cache_layer)
         return False, f"unsupported shape or dtype (head_dim {d}, {num_heads} heads / {kvh} KV heads, {dtype})"
     return True, "generation rows read the paged cache in place"
 
@@ -96,7 +97,7 @@ def build_plan(model: torch.nn.Module, kv_caches: list[torch.Tensor], dtype: tor
         heads = layers[0].num_heads    # this rank's heads under tensor parallelism
     use, kwhy = _attention_kernel(kv_caches[0] if kv_caches else None, heads, dtype)
     rows = ROW_MULTIPLE if batch_invariant and getattr(model, "dense_gemms", False) else 1
-    kv_dtype = str(kv_caches[0].dtype).removeprefix("torch.") if kv_caches else "none"
+    kv_dtype = kv_dtype_name(kv_caches[0].dtype) if kv_caches else "none"
     per_token = sum(c[:, :, 0, 0].numel() * c.element_size() for c in kv_caches)
     return KernelPlan(str(dtype).removeprefix("torch."), dense, why, rows,
                       attention_row_multiple(dtype, cfg.head_dim, KEY_TILE), use, kwhy, batch_invariant,
@@ -166,4 +167,4 @@ def apply_plan(model: torch.nn.Module, plan: KernelPlan) -> None:
     trace's private cache takes so its logits stay the engine's bits."""
     model.fused_prompt_max = plan.fused_prompt_max
     if plan.kv_cache_dtype != "none":
-        model.kv_cache_dtype = getattr(torch, plan.kv_cache_dtype)
+        model.kv_cache_dtype = TORCH_KV_DTYPES[plan.kv_cache_dtype]

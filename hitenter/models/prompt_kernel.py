@@ -6,7 +6,7 @@ prompt that was ~2/3 of a SmolLM2 prefill. The kernel reads the cache in place, 
 time across a block of rows (keys reused by every row of the block), and keeps an online softmax.
 
 Which rows: every row the GEMM path would take (prompt rows, before the request's last prompt token;
-all rows for callers without generation rows) wherever the queries are fp32 (the cache fp32, bf16 or f16), so a row's path still
+all rows for callers without generation rows) wherever the queries are fp32 (the cache fp32, bf16, f16 or q8_0), so a row's path still
 depends on its position only (attention.py's batch-invariance contract): the kernel's row results do
 not depend on the rows that share its block or on the chunking (tested).
 `HITENTER_PROMPT_KERNEL=0`, or no compiler: the GEMM path.
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hitenter.kernels.native import PROMPT_ATTENTION
-from hitenter.models.kv_dtype import KV_TYPE_CODES, type_codes
+from hitenter.models.kv_dtype import KV_TYPE_CODES, cache_head_dim, type_codes
 
 if TYPE_CHECKING:
     from hitenter.models.attention import AttentionMetadata
@@ -34,7 +34,7 @@ load = PROMPT_ATTENTION
 
 
 def supports(kv_cache_layer: torch.Tensor, num_heads: int, q_dtype: torch.dtype) -> bool:
-    _, kvh, _, _, d = kv_cache_layer.shape
+    kvh, d = kv_cache_layer.shape[1], cache_head_dim(kv_cache_layer)
     return (kv_cache_layer.dtype in KV_TYPE_CODES and q_dtype == torch.float32 and kv_cache_layer.is_contiguous()
             and kv_cache_layer.device.type == "cpu" and d % 16 == 0 and d <= 256 and num_heads % kvh == 0
             and num_heads // kvh <= 16 and load() is not None)
@@ -66,7 +66,8 @@ def prompt_attention(q: torch.Tensor, out: torch.Tensor, kv_cache_layer: torch.T
         flat.extend(meta.table(i))
     if not row0:
         return
-    _, kvh, nb, bs, d = kv_cache_layer.shape
+    _, kvh, nb, bs, _ = kv_cache_layer.shape
+    d = q.shape[-1]
     if flat and (min(flat) < 0 or max(flat) >= nb):
         raise ValueError(f"prompt_attention: a block id outside the cache's {nb} blocks")
     t = [torch.tensor(x, dtype=torch.long) for x in (row0, nrows, pos0, starts, flat)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from hitenter.models.attention import AttentionMetadata
+from hitenter.models.attention import AttentionMetadata, widen_rows
 
 
 def _positions_slots(meta: AttentionMetadata, i: int) -> torch.Tensor:
@@ -28,16 +28,16 @@ def sink_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Attentio
     """q `[T, H, D]` (the step's rows, K/V already written) -> `[T, H, D]`; `sinks` `[H]`; `window` as
     paged_attention's (keys with position - key >= window masked)."""
     t, nh, d = q.shape
-    _, kvh, nb, bs, _ = kv_cache_layer.shape
-    flat = kv_cache_layer.view(2, kvh, nb * bs, d)
+    _, kvh, nb, bs, w = kv_cache_layer.shape
+    flat = kv_cache_layer.view(2, kvh, nb * bs, w)
     out = torch.empty(t, nh, d, dtype=q.dtype)
     for i in range(meta.num_seqs):
         a, b = meta.query_start_loc[i], meta.query_start_loc[i + 1]
         if a == b:
             continue
         slots = _positions_slots(meta, i)
-        k = flat[0].index_select(1, slots).float().repeat_interleave(nh // kvh, 0)   # [H, L, D]
-        v = flat[1].index_select(1, slots).float().repeat_interleave(nh // kvh, 0)
+        k = widen_rows(flat[0].index_select(1, slots), torch.float32).repeat_interleave(nh // kvh, 0)   # [H, L, D]
+        v = widen_rows(flat[1].index_select(1, slots), torch.float32).repeat_interleave(nh // kvh, 0)
         s = torch.matmul(q[a:b].float().transpose(0, 1) * scale, k.transpose(1, 2))   # [H, n, L]
         pos = torch.arange(meta.seq_lens[i] - (b - a), meta.seq_lens[i])[:, None]
         keys = torch.arange(slots.numel())[None, :]

@@ -55,6 +55,8 @@ def _metadata(path: str | None) -> dict[str, Any]:
 
 def model_info(llm: Any) -> ModelInfo:
     """The static facts of an LLMEngine."""
+    from hitenter.models.kv_dtype import value_bytes
+
     c, parts = llm.model_config, llm.parts
     caches = getattr(llm.runner, "kv_caches", None)
     path = parts.model_path if parts.model_path and os.path.isfile(parts.model_path) else None
@@ -63,7 +65,7 @@ def model_info(llm: Any) -> ModelInfo:
         num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, context_length=c.context_length,
         max_model_len=int(llm.max_model_len), block_size=int(llm.kv_manager.block_size),
         num_blocks=int(parts.num_blocks),
-        kv_bytes_per_token=c.kv_bytes_per_token(caches[0].element_size()) if caches else 0,
+        kv_bytes_per_token=c.kv_bytes_per_token(value_bytes(caches[0].dtype)) if caches else 0,
         max_num_batched_tokens=int(parts.scheduler_config.max_num_batched_tokens),
         parameter_count=_parameter_count(c), path=path, file_size=Path(path).stat().st_size if path else 0,
         toy=hasattr(parts.model, "lookup"), metadata=_metadata(path))

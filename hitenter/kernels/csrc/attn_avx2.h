@@ -11,8 +11,8 @@
    result depends only on its query, its position and its keys (values and a tiling fixed by position),
    never on the rows sharing its block, the thread, or how the queries are grouped into register blocks
    (a query's scores are one FMA chain over d per key, its P.V one FMA chain over the keys in order, in
-   every block shape). A half-precision tile is widened (exactly) to fp32 once, so the arithmetic is that
-   of an fp32 cache holding the same values. */
+   every block shape). A half-precision tile is widened (exactly) to fp32 once, a q8_0 tile dequantized
+   once (d * q, exact), so the arithmetic is that of an fp32 cache holding the same values. */
 #ifndef HITENTER_ATTN_AVX2_H
 #define HITENTER_ATTN_AVX2_H
 #include <immintrin.h>
@@ -68,8 +68,25 @@ A2_INLINE __m256 transpose_sum8(const __m256 p[8]) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* n rows of D elements of cache type kt (bf16 or f16) at src[j], widened exactly into dst [n][D] */
+/* a q8_0 row of D values into dst: d * q per block (exact; vec16.h's q8_0_dequant_row, 8 lanes) */
+A2_INLINE void q8_0_dequant_avx2(float *dst, const char *src, int D) {
+    for (int b = 0; b < D; b += Q8_0_QK, src += Q8_0_BYTES) {
+        uint16_t h;
+        memcpy(&h, src, 2);
+        const __m256 d = _mm256_set1_ps(h2f(h));
+        for (int i = 0; i < Q8_0_QK; i += 8) {
+            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(src + 2 + i)));
+            _mm256_storeu_ps(dst + b + i, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
+        }
+    }
+}
+
+/* n rows of D elements of cache type kt (bf16, f16 or q8_0) at src[j], widened exactly into dst [n][D] */
 A2_INLINE void widen_rows(float *dst, const char *const *src, int n, int D, int kt) {
+    if (kt == KV_Q8_0) {
+        for (int j = 0; j < n; j++) q8_0_dequant_avx2(dst + (size_t)j * D, src[j], D);
+        return;
+    }
     for (int j = 0; j < n; j++)
         for (int i = 0; i < D; i += 8) {
             const __m128i h = _mm_loadu_si128((const __m128i *)(src[j] + 2 * i));
@@ -114,7 +131,8 @@ A2_INLINE void decode_item_avx2(const void *q, void *out, const void *kv, const 
                                 int64_t first, int64_t ctx, const int64_t *table, int H, int KVH, int64_t NB,
                                 int BS, const int NV, float scale) {
     enum { MG = 16, MD = 256 };
-    const int G = H / KVH, D = 8 * NV, es = elem_bytes(kt), qes = elem_bytes(qt);
+    const int G = H / KVH, D = 8 * NV, qes = elem_bytes(qt);
+    const int64_t rb = kv_row_bytes(kt, D);   /* a cache row's bytes */
     float qf[MG * MD] __attribute__((aligned(32))), acc[MG * MD] __attribute__((aligned(32)));
     float kf[16 * MD] __attribute__((aligned(32))), vf[16 * MD] __attribute__((aligned(32)));
     float m[MG], l[MG], pr[MG][16], corr[MG];
@@ -127,21 +145,21 @@ A2_INLINE void decode_item_avx2(const void *q, void *out, const void *kv, const 
         memset(acc + g * D, 0, (size_t)D * sizeof(float));
         m[g] = -INFINITY, l[g] = 0.f;
     }
-    const char *kbase = (const char *)kv + (int64_t)h * NB * BS * D * es;
-    const char *vbase = (const char *)kv + (int64_t)(KVH + h) * NB * BS * D * es;
+    const char *kbase = (const char *)kv + (int64_t)h * NB * BS * rb;
+    const char *vbase = (const char *)kv + (int64_t)(KVH + h) * NB * BS * rb;
     const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), ninf = _mm256_set1_ps(-INFINITY);
     for (int64_t k0 = first; k0 < ctx; k0 += 16) {
         const int nk = ctx - k0 < 16 ? (int)(ctx - k0) : 16;
         const char *kp[16], *vp[16];
-        paged_rows(kp, kbase, table, k0, nk, BS, (int64_t)D * es);
-        paged_rows(vp, vbase, table, k0, nk, BS, (int64_t)D * es);
+        paged_rows(kp, kbase, table, k0, nk, BS, rb);
+        paged_rows(vp, vbase, table, k0, nk, BS, rb);
         const int nn = ctx - (k0 + 16) < 16 ? (int)(ctx - (k0 + 16)) : 16;   /* fetch the next tile's rows */
         if (nn > 0) {
             const char *nkp[16], *nvp[16];
-            paged_rows(nkp, kbase, table, k0 + 16, nn, BS, (int64_t)D * es);
-            paged_rows(nvp, vbase, table, k0 + 16, nn, BS, (int64_t)D * es);
+            paged_rows(nkp, kbase, table, k0 + 16, nn, BS, rb);
+            paged_rows(nvp, vbase, table, k0 + 16, nn, BS, rb);
             for (int j = 0; j < nn; j++)
-                for (int o = 0; o < D * es; o += 64) { __builtin_prefetch(nkp[j] + o); __builtin_prefetch(nvp[j] + o); }
+                for (int o = 0; o < rb; o += 64) { __builtin_prefetch(nkp[j] + o); __builtin_prefetch(nvp[j] + o); }
         }
         const float *kr[16], *vr[16];
         if (kt == KV_F32)
@@ -251,15 +269,15 @@ static void prompt_item_avx2(const float *q, float *out, const void *kv, int kvt
     const int64_t plast = p0 + n - 1;
     int64_t kfirst = window > 0 && p0 - window + 1 > 0 ? p0 - window + 1 : 0;
     kfirst -= kfirst % 16;
-    const int es = elem_bytes(kvt);
-    const char *kbase = (const char *)kv + (int64_t)h * NB * BS * D * es;
-    const char *vbase = (const char *)kv + (int64_t)(KVH + h) * NB * BS * D * es;
+    const int64_t rb = kv_row_bytes(kvt, D);   /* a cache row's bytes */
+    const char *kbase = (const char *)kv + (int64_t)h * NB * BS * rb;
+    const char *vbase = (const char *)kv + (int64_t)(KVH + h) * NB * BS * rb;
     const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), ninf = _mm256_set1_ps(-INFINITY);
     for (int64_t k0 = kfirst; k0 <= plast; k0 += 16) {
         const int nk = plast + 1 - k0 < 16 ? (int)(plast + 1 - k0) : 16;
         const char *kp[16], *vp[16];
-        paged_rows(kp, kbase, table, k0, nk, BS, (int64_t)D * es);
-        paged_rows(vp, vbase, table, k0, nk, BS, (int64_t)D * es);
+        paged_rows(kp, kbase, table, k0, nk, BS, rb);
+        paged_rows(vp, vbase, table, k0, nk, BS, rb);
         const float *kr[16], *vr[16];
         if (kvt == KV_F32)
             for (int t = 0; t < nk; t++) kr[t] = (const float *)kp[t], vr[t] = (const float *)vp[t];

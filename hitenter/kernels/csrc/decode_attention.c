@@ -9,7 +9,8 @@
    on the other rows, the thread count or the block layout (a key's address is looked up per key), so
    a row's output is the same alone or in any batch. Cache layout: [2, KVH, NB, BS, D], fp32, bf16 or
    f16 (each element widened exactly to fp32 as it is loaded: the bits of an fp32 cache holding the same
-   values); q / out: [R, H, D], fp32, bf16 or f16 (`types`). Requires D % 16 == 0, D <= 256, H / KVH <= 16.
+   values), or q8_0 rows of D / 32 blocks of 34 bytes (a tile of 16 keys dequantized once into fp32, the
+   same way); q / out: [R, H, D], fp32, bf16 or f16 (`types`). Requires D % 16 == 0, D <= 256, H / KVH <= 16.
    window > 0 (sliding-window layers): a row sees only its last `window` keys, ctx-window .. ctx-1; the
    key loop simply starts there (a function of the row's position only, so the bits stay batch invariant). 
    GCC / Clang vector extensions only (no intrinsics); -march=native picks the vector width. */
@@ -70,24 +71,33 @@ static inline void cache_rows(const char **out, const void *kv, int plane, const
 INLINE void key_block(const v16 qv[MAXG][MAXNV], v16 acc[MAXG][MAXNV], float *m, float *l, const void *kv,
                       const int kt, int h, int64_t k0, int64_t ctx, const int64_t *table, int G, int KVH, int64_t NB,
                       int BS, const int NV, const int n) {
-    const int D = 16 * NV, es = elem_bytes(kt);
+    const int D = 16 * NV, rb = (int)kv_row_bytes(kt, D);
+    const int lt = kt == KV_Q8_0 ? KV_F32 : kt, es = elem_bytes(lt);   /* the rows the loads below read */
     const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     v16 part[16], prob[MAXG];
     float corrs[MAXG];
     const char *kp[16], *vp[16], *nk[16], *nv[16];
-    cache_rows(kp, kv, h, table, k0, n, NB, BS, D * es);
-    cache_rows(vp, kv, KVH + h, table, k0, n, NB, BS, D * es);
+    cache_rows(kp, kv, h, table, k0, n, NB, BS, rb);
+    cache_rows(vp, kv, KVH + h, table, k0, n, NB, BS, rb);
     const int nn = ctx - (k0 + 16) < 16 ? (int)(ctx - (k0 + 16)) : 16;   /* start fetching the next keys */
     if (nn > 0) {
-        cache_rows(nk, kv, h, table, k0 + 16, nn, NB, BS, D * es);
-        cache_rows(nv, kv, KVH + h, table, k0 + 16, nn, NB, BS, D * es);
+        cache_rows(nk, kv, h, table, k0 + 16, nn, NB, BS, rb);
+        cache_rows(nv, kv, KVH + h, table, k0 + 16, nn, NB, BS, rb);
         for (int j = 0; j < nn; j++)
-            for (int o = 0; o < D * es; o += 64) { __builtin_prefetch(nk[j] + o); __builtin_prefetch(nv[j] + o); }
+            for (int o = 0; o < rb; o += 64) { __builtin_prefetch(nk[j] + o); __builtin_prefetch(nv[j] + o); }
     }
+    float kq[16 * 16 * MAXNV], vq[16 * 16 * MAXNV];
+    if (kt == KV_Q8_0)   /* a q8_0 tile: its K and V rows dequantized once, then read as fp32 rows */
+        for (int j = 0; j < n; j++) {
+            q8_0_dequant_row(kq + j * D, kp[j], D);
+            q8_0_dequant_row(vq + j * D, vp[j], D);
+            kp[j] = (const char *)(kq + j * D);
+            vp[j] = (const char *)(vq + j * D);
+        }
     for (int g = 0; g < G; g++) {
         for (int j = 0; j < n; j++) {   /* the key rows are read in place (L1 after the first head) */
-            v16 t = qv[g][0] * load16(kp[j], kt);
-            for (int i = 1; i < NV; i++) t += qv[g][i] * load16(kp[j] + i * 16 * es, kt);
+            v16 t = qv[g][0] * load16(kp[j], lt);
+            for (int i = 1; i < NV; i++) t += qv[g][i] * load16(kp[j] + i * 16 * es, lt);
             part[j] = t;
         }
         for (int j = n; j < 16; j++) part[j] = (v16){0};   /* masked to -inf below */
@@ -109,7 +119,7 @@ INLINE void key_block(const v16 qv[MAXG][MAXNV], v16 acc[MAXG][MAXNV], float *m,
         for (int j = 0; j < n; j++) pb[j] = (v16){0} + prob[g][j];
         for (int i = 0; i < NV; i++) {
             v16 a = acc[g][i] * corrs[g];
-            for (int j = 0; j < n; j++) a += pb[j] * load16(vp[j] + i * 16 * es, kt);
+            for (int j = 0; j < n; j++) a += pb[j] * load16(vp[j] + i * 16 * es, lt);
             acc[g][i] = a;
         }
     }
@@ -167,12 +177,13 @@ static void item_vec(const void *q, void *out, const void *kv, int kt, int qt, i
     }
 }
 
-/* types: the cache's element type + 4 x the type of q / out (0 fp32, 1 bf16, 2 f16; vec16.h) */
+/* types: the cache's element type (0 fp32, 1 bf16, 2 f16, 3 q8_0; vec16.h) + 4 x the type of q / out (0-2) */
 int decode_attention(const void *q, void *out, const void *kv, int types, int64_t R, const int64_t *ctx,
                      const int64_t *table_start, const int64_t *tables, int H, int KVH, int64_t NB, int BS,
                      int D, float scale, int64_t window, int nthreads) {
     const int kt = types % 4, qt = types / 4;
-    if (H % KVH || H / KVH > MAXG || D % 16 || D / 16 > MAXNV || BS <= 0 || kt > 2 || qt > 2) return -1;
+    if (H % KVH || H / KVH > MAXG || D % 16 || D / 16 > MAXNV || BS <= 0 || qt > 2 || (kt == KV_Q8_0 && D % Q8_0_QK))
+        return -1;
     for (int64_t r = 0; r < R; r++)
         if (ctx[r] < 1) return -2;      /* the Python wrapper checks too (decode_kernel.check_rows) */
     #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
@@ -180,6 +191,17 @@ int decode_attention(const void *q, void *out, const void *kv, int types, int64_
         int64_t r = i / KVH; int h = (int)(i % KVH);
         int64_t first = window > 0 && ctx[r] > window ? ctx[r] - window : 0;
         item_vec(q, out, kv, kt, qt, r, h, first, ctx[r], tables + table_start[r], H, KVH, NB, BS, D / 16, scale);
+    }
+    return 0;
+}
+
+/* n values x (n % 32 == 0) as q8_0 blocks into dst (n / 32 * 34 bytes): the writers' quantizer (vec16.h),
+   exported for the tests against the torch codec (hitenter/models/kv_q8_0.py) and llama.cpp's formula */
+int q8_0_quantize(const float *x, void *dst, int64_t n) {
+    if (n % Q8_0_QK) return -1;
+    for (int64_t i = 0; i < n; i += 256) {
+        const int m = n - i < 256 ? (int)(n - i) : 256;
+        q8_0_quant_row((char *)dst + i / Q8_0_QK * Q8_0_BYTES, x + i, m);
     }
     return 0;
 }

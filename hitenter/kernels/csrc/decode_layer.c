@@ -83,7 +83,7 @@ typedef struct {   /* one step's generation rows (shared by the layers) */
     int64_t R, NB;
     int32_t BS, nthreads;
     const float *cos2, *sin2;                         /* the second RoPE table (Gemma 3's local layers) */
-    int32_t kv_type, pad;                             /* the cache's elements: 0 fp32, 1 bf16, 2 f16 (vec16.h) */
+    int32_t kv_type, pad;                             /* the cache's elements: 0 fp32, 1 bf16, 2 f16, 3 q8_0 (vec16.h) */
     /* prompt rows (position < prompt length - 1) taking the tiled prompt kernel: NP runs of consecutive
        rows, run i = rows p_row0[i] .. + p_nrows[i] - 1 at positions p_pos0[i] .., block table at
        tables[p_tstart[i]:]; the other ND rows d_rows[] (key counts d_ctx[], tables at d_starts[]) the
@@ -277,10 +277,11 @@ static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf
     const int64_t R = S->R, q = (int64_t)L->NH * L->D, kvw = (int64_t)L->KVH * L->D, n = q + 2 * kvw;
     const int D = L->D;
     const int kt = S->kv_type, es = elem_bytes(kt);
+    const int64_t rb = kv_row_bytes(kt, D);   /* a cache row's bytes */
     const int loc = L->window > 0 && S->tables2;   /* a local layer with its own tables */
     const int64_t *slots = loc ? S->slots2 : S->slots, *tables = loc ? S->tables2 : S->tables;
     const int64_t NB = loc ? S->NB2 : S->NB;
-    char *K = (char *)kv, *V = K + (int64_t)L->KVH * NB * S->BS * D * es;
+    char *K = (char *)kv, *V = K + (int64_t)L->KVH * NB * S->BS * rb;
     for (int64_t r = 0; r < R; r++) {
         float *row = qkv + r * n;
         if (L->qkv_bias)
@@ -298,11 +299,14 @@ static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf
         }
         memcpy(qbuf + r * q, row, q * sizeof(float));
         for (int h = 0; h < L->KVH; h++) {   /* plane h of K and of V: [KVH][NB * BS][D] */
-            const int64_t at = ((int64_t)h * NB * S->BS + slots[r]) * D * es;
+            const int64_t at = ((int64_t)h * NB * S->BS + slots[r]) * rb;
             const float *kr = row + q + (int64_t)h * D, *vr = row + q + kvw + (int64_t)h * D;
             if (kt == KV_F32) {
                 memcpy(K + at, kr, D * sizeof(float));
                 memcpy(V + at, vr, D * sizeof(float));
+            } else if (kt == KV_Q8_0) {   /* quantized as write_kv does (kv_q8_0.py; ggml's reference) */
+                q8_0_quant_row(K + at, kr, D);
+                q8_0_quant_row(V + at, vr, D);
             } else   /* rounded to the cache type (nearest even, as write_kv's .to()) */
                 for (int i = 0; i < D; i += 16) {
                     store16t(K + at + i * es, ld(kr + i), kt);
@@ -326,8 +330,8 @@ static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf
     return rc;
 }
 
-/* one layer over S->R rows of x [R, H] (in place) and the layer's KV cache [2, KVH, NB, BS, D] (fp32, bf16 or
-   f16: S->kv_type).
+/* one layer over S->R rows of x [R, H] (in place) and the layer's KV cache [2, KVH, NB, BS, D] (fp32, bf16,
+   f16 or q8_0 rows: S->kv_type).
    scratch: dl_scratch floats. Returns 0, or the failing kernel's code. */
 int dl_layer(const layer *L, const step *S, float *x, void *kv, float *scratch) {
     const int64_t R = S->R, H = L->H, F = L->F, q = (int64_t)L->NH * L->D, n = q + 2 * (int64_t)L->KVH * L->D;

@@ -10,9 +10,9 @@
    fixed tiling), never on the rows sharing its block or the thread: a row's output is the same however
    the prompt is chunked or batched. Masked keys (after the row's position, or outside its window) add
    exact zeros; a tile fully masked for a row is skipped for it. Cache [2, KVH, NB, BS, D] of fp32, bf16
-   or f16 (`types`, vec16.h): a half-precision tile's 16 K and V rows are widened (exactly) to fp32 once
-   and serve every query of the block, so the arithmetic is that of an fp32 cache holding the same
-   values. q / out fp32. D % 16 == 0, D <= 256, H / KVH <= 16. */
+   or f16, or q8_0 rows of D / 32 blocks of 34 bytes (`types`, vec16.h): a half-precision tile's 16 K and V
+   rows are widened (exactly) to fp32 once, a q8_0 tile's dequantized once (d * q, exact), and serve every
+   query of the block, so the arithmetic is that of an fp32 cache holding the same values. q / out fp32. D % 16 == 0, D <= 256, H / KVH <= 16. */
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
@@ -108,8 +108,9 @@ __attribute__((unused)) static void item(const float *q, float *out, const void 
     int64_t kfirst = window > 0 && p0 - window + 1 > 0 ? p0 - window + 1 : 0;
     kfirst -= kfirst % 16;
     const int es = elem_bytes(kvt);
-    const char *kplane = (const char *)kv + (int64_t)h * NB * BS * D * es;
-    const char *vplane = (const char *)kv + (int64_t)(KVH + h) * NB * BS * D * es;
+    const int64_t rb = kv_row_bytes(kvt, D);   /* a cache row's bytes */
+    const char *kplane = (const char *)kv + (int64_t)h * NB * BS * rb;
+    const char *vplane = (const char *)kv + (int64_t)(KVH + h) * NB * BS * rb;
     const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     for (int64_t k0 = kfirst; k0 <= plast; k0 += 16) {
         const int nk = plast + 1 - k0 < 16 ? (int)(plast + 1 - k0) : 16;
@@ -118,13 +119,17 @@ __attribute__((unused)) static void item(const float *q, float *out, const void 
             const int64_t k = k0 + (t < nk ? t : 0);
             const int64_t slot = table[k / BS] * BS + k % BS;
             if (kvt == KV_F32) {
-                krow[t] = (const float *)(kplane + slot * D * es);
-                vrow[t] = (const float *)(vplane + slot * D * es);
+                krow[t] = (const float *)(kplane + slot * rb);
+                vrow[t] = (const float *)(vplane + slot * rb);
             } else {
-                for (int i = 0; i < D; i += 16) {
-                    store16t(kf + (size_t)t * D + i, load16t(kplane + (slot * D + i) * es, kvt), KV_F32);
-                    store16t(vf + (size_t)t * D + i, load16t(vplane + (slot * D + i) * es, kvt), KV_F32);
-                }
+                if (kvt == KV_Q8_0) {
+                    q8_0_dequant_row(kf + (size_t)t * D, kplane + slot * rb, D);
+                    q8_0_dequant_row(vf + (size_t)t * D, vplane + slot * rb, D);
+                } else
+                    for (int i = 0; i < D; i += 16) {
+                        store16t(kf + (size_t)t * D + i, load16t(kplane + slot * rb + i * es, kvt), KV_F32);
+                        store16t(vf + (size_t)t * D + i, load16t(vplane + slot * rb + i * es, kvt), KV_F32);
+                    }
                 krow[t] = kf + (size_t)t * D;
                 vrow[t] = vf + (size_t)t * D;
             }
@@ -176,7 +181,8 @@ int prompt_attention(const float *q, float *out, const void *kv, int types, int6
                      const int64_t *nrows, const int64_t *pos0, const int64_t *table_start, const int64_t *tables,
                      int H, int KVH, int64_t NB, int BS, int D, float scale, int64_t window, int nthreads) {
     const int kvt = types % 4;
-    if (H % KVH || H / KVH > MAXG || D % 16 || D / 16 > MAXNV || BS <= 0 || kvt > 2 || types / 4) return -1;
+    if (H % KVH || H / KVH > MAXG || D % 16 || D / 16 > MAXNV || BS <= 0 || types / 4 || (kvt == KV_Q8_0 && D % Q8_0_QK))
+        return -1;
     int64_t nitems = 0;
     for (int64_t s = 0; s < S; s++) nitems += (nrows[s] + RB - 1) / RB * KVH;
     int64_t *seq = malloc(sizeof(int64_t) * (size_t)(nitems > 0 ? nitems : 1) * 2);

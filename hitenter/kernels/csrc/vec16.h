@@ -2,6 +2,7 @@
    vector extensions only, so -march=native picks the width (AVX-512, 2 x AVX2, or scalar code). */
 #ifndef HITENTER_VEC16_H
 #define HITENTER_VEC16_H
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -39,12 +40,17 @@ static inline float hsum(v16 v) {   /* a fixed tree: lanes i and i+8, then i+4, 
 
 /* Elements of the KV cache and the queries: type 0 fp32, 1 bf16, 2 f16 (hitenter/models/kv_dtype.py).
    Loads widen exactly to fp32; stores round to nearest even (torch's .to()). f16 uses the compiler's
-   _Float16 (vcvtph2ps / vcvtps2ph with F16C), else a bit-exact scalar conversion. */
+   _Float16 (vcvtph2ps / vcvtps2ph with F16C), else a bit-exact scalar conversion.
+   Type 3, q8_0 (the cache only): a row of D values is D / 32 blocks of llama.cpp's block_q8_0 (fp16 d, 32
+   int8 q: 34 bytes), written by q8_0_quant_row and read by q8_0_dequant_row (below). */
 typedef uint16_t v16h __attribute__((vector_size(32)));
 typedef uint32_t v16u __attribute__((vector_size(64)));
 #define KV_F32 0
 #define KV_BF16 1
 #define KV_F16 2
+#define KV_Q8_0 3
+#define Q8_0_QK 32      /* values per q8_0 block */
+#define Q8_0_BYTES 34   /* bytes per q8_0 block */
 
 #if !defined(__FLT16_MAX__)
 static inline float h2f_scalar(uint16_t h) {
@@ -113,6 +119,52 @@ static inline void store16t(void *p, v16 x, const int t) {
 }
 
 static inline int elem_bytes(int t) { return t == KV_F32 ? 4 : 2; }
+
+/* bytes of one cache row of D values of type t */
+static inline int64_t kv_row_bytes(int t, int D) {
+    return t == KV_Q8_0 ? (int64_t)(D / Q8_0_QK) * Q8_0_BYTES : (int64_t)D * elem_bytes(t);
+}
+
+static inline float h2f(uint16_t h) {
+#if defined(__FLT16_MAX__)
+    _Float16 x; memcpy(&x, &h, 2); return (float)x;
+#else
+    return h2f_scalar(h);
+#endif
+}
+
+static inline uint16_t f2h(float f) {   /* round to nearest even */
+#if defined(__FLT16_MAX__)
+    const _Float16 x = (_Float16)f; uint16_t h; memcpy(&h, &x, 2); return h;
+#else
+    return f2h_scalar(f);
+#endif
+}
+
+/* the q8_0 row of D values x (D % 32 == 0) into dst, as ggml-quants.c's quantize_row_q8_0_ref: per block
+   amax = max |x|, d = amax / 127, id = d ? 1 / d : 0, q = roundf(x * id) (halves away from zero), d stored
+   as fp16 (nearest even); hitenter/models/kv_q8_0.py is its torch twin (tested bit-equal) */
+static inline void q8_0_quant_row(char *dst, const float *x, int D) {
+    for (int b = 0; b < D / Q8_0_QK; b++, dst += Q8_0_BYTES, x += Q8_0_QK) {
+        float amax = 0.0f;
+        for (int j = 0; j < Q8_0_QK; j++) { const float a = fabsf(x[j]); amax = amax > a ? amax : a; }
+        const float d = amax / 127, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const uint16_t h = f2h(d);
+        memcpy(dst, &h, 2);
+        for (int j = 0; j < Q8_0_QK; j++) dst[2 + j] = (char)(int8_t)roundf(x[j] * id);
+    }
+}
+
+/* the D values of a q8_0 row: fp32(d) * q, exact in fp32 (11 x 8 significant bits) */
+static inline void q8_0_dequant_row(float *dst, const char *src, int D) {
+    for (int b = 0; b < D / Q8_0_QK; b++, src += Q8_0_BYTES, dst += Q8_0_QK) {
+        uint16_t h;
+        memcpy(&h, src, 2);
+        const float d = h2f(h);
+        const int8_t *q = (const int8_t *)(src + 2);
+        for (int j = 0; j < Q8_0_QK; j++) dst[j] = d * (float)q[j];
+    }
+}
 
 /* the addresses of keys k0 .. k0+n-1 in a cache plane starting at `base` (rows of row_bytes, blocks of BS
    rows): key k lives in block table[k / BS] at k % BS (one division per call, the block walked after that:
