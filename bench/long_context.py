@@ -8,7 +8,9 @@ Per model and context, each engine in a fresh process, in alternating order: hit
 its default chunked prefill, prefix caching off so every round computes the prompt), then llama.cpp
 (llama-cpp-python, n_batch 512) with flash attention off and on. Prefill tokens/s = prompt tokens / time to
 the first token; decode tokens/s = the next `--decode` tokens' rate at that context. Ratios are against
-llama.cpp's faster setting per figure. Prints the CPU model and ISA; a JSON line at the end.
+llama.cpp's faster setting per figure. With `--kv-cache-dtype q8_0` llama.cpp runs its q8_0 cache too
+(type_k = type_v = q8_0, which it allows with flash attention only: fa off is skipped). Prints the CPU model
+and ISA; a JSON line at the end.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ LLAMACPP_SCRIPT = r"""
 import json, sys, time
 from llama_cpp import Llama
 path, threads, n, decode, fa = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+q8 = dict(type_k=8, type_v=8) if sys.argv[6] == "q8_0" else {}   # GGML_TYPE_Q8_0
 llm = Llama(model_path=path, n_ctx=n + decode + 16, n_threads=threads, n_threads_batch=threads, n_batch=512,
-            flash_attn=fa, verbose=False)
+            flash_attn=fa, verbose=False, **q8)
 toks = [100 + (i * 7919) % 40000 for i in range(n)]
 t0 = time.perf_counter(); llm.eval(toks); t1 = time.perf_counter()
 for i in range(decode): llm.eval([200 + i])
@@ -69,7 +72,7 @@ def run_hitenter(path: str, n: int, a: argparse.Namespace) -> dict[str, float]:
 
 def run_llamacpp(path: str, n: int, fa: bool, a: argparse.Namespace) -> dict[str, float]:
     res = subprocess.run([a.llamacpp_python, "-c", LLAMACPP_SCRIPT, path, str(a.threads), str(n), str(a.decode),
-                          "1" if fa else "0"], capture_output=True, text=True, check=True)
+                          "1" if fa else "0", a.kv_cache_dtype], capture_output=True, text=True, check=True)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -99,8 +102,9 @@ def main() -> None:
             runs: dict[str, list[dict[str, float]]] = {"hitenter": [], "fa_off": [], "fa_on": []}
             for _ in range(a.rounds):
                 runs["hitenter"].append(run_hitenter(path, n, a))
-                if have_llama:
+                if have_llama and a.kv_cache_dtype != "q8_0":   # llama.cpp quantizes V only with fa on
                     runs["fa_off"].append(run_llamacpp(path, n, False, a))
+                if have_llama:
                     runs["fa_on"].append(run_llamacpp(path, n, True, a))
             med = {k: {m: statistics.median(r[m] for r in v) for m in ("prefill", "decode")}
                    for k, v in runs.items() if v}
