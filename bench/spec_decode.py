@@ -1,7 +1,7 @@
 """Speculative decoding: batch-1 greedy decode with and without it, side by side in one run.
 
     .venv/bin/python bench/spec_decode.py [--cases qwen-draft qwen-ngram smol-ngram] [--max-tokens 96]
-        [--k 4] [--rounds 3] [--num-threads 2]
+        [--k 4] [--ngram-k 8] [--rounds 3] [--num-threads 2] [--passes]
 
 Cases (each: the target alone, then every speculative configuration, the same prompts):
 - qwen-draft: Qwen2.5-Coder-1.5B with the 0.5B as draft model, 4 greedy code prompts (write / edit /
@@ -10,6 +10,8 @@ Cases (each: the target alone, then every speculative configuration, the same pr
   trimmed head (the first 32768 ids), adaptive K, adaptive K with prompt lookup first (the default).
 - qwen-ngram: Qwen2.5-Coder-1.5B with prompt lookup on a repeat-this-text prompt and a code edit.
 - smol-ngram: SmolLM2-135M with prompt lookup on a code-copying prompt.
+`--passes`: the cost model's inputs instead: the target's generation pass over R = 1..9 rows of one
+request (verifying R - 1 drafts), the draft's step with its trimmed head and with the full head.
 Rounds alternate the configurations (all models loaded once); figures are medians over rounds. Every
 speculative run must produce the target's tokens ("same"). Decode rate = output tokens after the first /
 (last output time - first output time), summed over the prompts; "cpu ms/tok" is the process CPU time
@@ -140,6 +142,59 @@ def bench_case(name: str, target: str, prompts: list[str], configs: list[tuple[s
     return rows
 
 
+def pass_costs(name: str, runner: Any, kv: Any, rows: list[int], rounds: int, context: int = 300) -> list[list[Any]]:
+    """Seconds of one generation pass over R rows of one request (its verification of R - 1 drafts), by R:
+    a `context`-token prompt computed once, then passes writing the same positions again, rounds alternating."""
+    from hitenter import SamplingParams
+    from hitenter.engine.request import Request, RequestStatus
+    from hitenter.engine.scheduler import ScheduledRequest, SchedulerOutput
+
+    req = Request("passes", [1000 + i % 5000 for i in range(context)], SamplingParams(temperature=0.0), 64,
+                  frozenset(), status=RequestStatus.RUNNING)
+    kv.allocate_slots(req, context)
+    runner.execute(SchedulerOutput(0, [ScheduledRequest(req, context, 0, kv.block_table(req.request_id))], [], context))
+    req.num_computed_tokens = context
+    req.output_token_ids.extend([2000 + i for i in range(max(rows))])
+    kv.allocate_slots(req, max(rows))
+    table_ = kv.block_table(req.request_id)
+    wall: dict[int, list[float]] = {r: [] for r in rows}
+    cpu: dict[int, list[float]] = {r: [] for r in rows}
+    for _ in range(rounds + 1):
+        for r in rows:
+            req.output_token_ids[r:] = []
+            req.output_token_ids.extend([2000 + i for i in range(r, max(rows))])
+            out = SchedulerOutput(0, [ScheduledRequest(req, r, context, table_)], [], r)
+            c0, w0 = time.process_time(), time.perf_counter()
+            runner.execute(out)
+            wall[r].append(time.perf_counter() - w0)
+            cpu[r].append(time.process_time() - c0)
+    kv.free(req)
+    w1, c1 = statistics.median(wall[rows[0]][1:]), statistics.median(cpu[rows[0]][1:])
+    return [[name, r, 1e3 * statistics.median(wall[r][1:]), statistics.median(wall[r][1:]) / w1,
+             1e3 * statistics.median(cpu[r][1:]), statistics.median(cpu[r][1:]) / c1] for r in rows]
+
+
+def passes(target: str, draft: str | None, rounds: int) -> int:
+    """The cost model's inputs: the target's pass by rows, the draft's one-row step (its trimmed head)."""
+    llm = build(target, {"speculative_model": draft, "num_speculative_tokens": 4} if draft else {}, {})
+    eng = llm.engine
+    rows = pass_costs(Path(target).stem, eng.runner, eng.kv_manager, list(range(1, 10)), rounds)
+    if draft:
+        p = eng.spec.proposer
+        rows += pass_costs(Path(draft).stem + " (draft head)", p.runner, p.kv, [1, 2], rounds)
+        full = build(draft, {}, {})
+        rows += pass_costs(Path(draft).stem + " (full head)", full.engine.runner, full.engine.kv_manager, [1], rounds)
+    t1 = rows[0][2]
+    for r in rows:
+        r.append(r[2] / t1)
+    print(cpu_line())
+    print(f"load average at the end: {os.getloadavg()[0]:.2f} (1 min)")
+    header = ["model", "rows", "wall ms", "vs 1 row", "cpu ms", "cpu vs 1 row", "wall vs target 1 row"]
+    print(table(rows, header))
+    emit_json("spec_decode_passes", {"cpu": cpu_line(), "rows": [dict(zip(header, r, strict=True)) for r in rows]})
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", nargs="+", default=["qwen-draft", "qwen-ngram", "smol-ngram"],
@@ -149,11 +204,18 @@ def main() -> int:
     ap.add_argument("--ngram-k", type=int, default=8, help="num_speculative_tokens for prompt lookup")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--num-threads", type=int, default=None)
+    ap.add_argument("--passes", action="store_true", help="only the cost model's pass times (target by rows, draft)")
     a = ap.parse_args()
     if a.num_threads:
         import torch
 
         torch.set_num_threads(a.num_threads)
+    if a.passes:
+        q05, q15 = _cached("qwen2.5-coder-0.5b-instruct"), _cached("qwen2.5-coder-1.5b-instruct")
+        if not q15:
+            print("(Qwen2.5-Coder-1.5B not cached)")
+            return 1
+        return passes(q15, q05, a.rounds)
     q05, q15, smol = (_cached(m) for m in ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct",
                                             "smollm2-135m-instruct"))
     fixed, adaptive = {"HITENTER_SPEC_ADAPTIVE": "0"}, {"HITENTER_SPEC_ADAPTIVE": "1"}
