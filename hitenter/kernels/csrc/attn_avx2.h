@@ -206,15 +206,19 @@ A2_INLINE void decode_item_avx2(const void *q, void *out, const void *kv, const 
 /* s[u] (2 vectors: keys 0-7, 8-15) = q_u . k for the tile kt [D][16], u < A2_QB: per query and key an FMA
    chain over d in order */
 A2_INLINE void scores_block(const float *const *qv, const float *kt, int D, __m256 s[A2_QB][2]) {
-    for (int u = 0; u < A2_QB; u++) s[u][0] = s[u][1] = _mm256_setzero_ps();
+    /* local accumulators, stored once at the end: __m256 may alias the float loads, so accumulating in s
+       itself made GCC store all 12 of them on every d (a third of a prompt's attention time) */
+    __m256 a[A2_QB][2];
+    for (int u = 0; u < A2_QB; u++) a[u][0] = a[u][1] = _mm256_setzero_ps();
     for (int d = 0; d < D; d++) {
         const __m256 lo = _mm256_load_ps(kt + d * 16), hi = _mm256_load_ps(kt + d * 16 + 8);
         for (int u = 0; u < A2_QB; u++) {
             const __m256 b = _mm256_broadcast_ss(qv[u] + d);
-            s[u][0] = _mm256_fmadd_ps(b, lo, s[u][0]);
-            s[u][1] = _mm256_fmadd_ps(b, hi, s[u][1]);
+            a[u][0] = _mm256_fmadd_ps(b, lo, a[u][0]);
+            a[u][1] = _mm256_fmadd_ps(b, hi, a[u][1]);
         }
     }
+    for (int u = 0; u < A2_QB; u++) s[u][0] = a[u][0], s[u][1] = a[u][1];
 }
 
 /* for nu (1 or 2) queries: acc_u = acc_u * corr_u + sum over t < nk of pr_u[t] * vr[t] for the nb (4 or 2)
