@@ -91,21 +91,24 @@ class BlockWeight:
         order = [b for ph in range(4) for b in range(ph, nb, 4)]        # blocks as stored: b % 4, then b / 4
         groups = self.data.numpy().reshape(-1, nb, REPACK_ROW_BYTES[qt] * ln)
         pick = None if rows is None else rows.numpy().astype(np.int64)
-        r = (groups if pick is None else groups[pick // ln])[:, np.argsort(order)]
-
-        def lanes_of(a: np.ndarray, width: int) -> np.ndarray:   # [groups, nb, lanes * width] -> [rows, nb, width]
-            a = a.reshape(a.shape[0], nb, ln, width)
-            if pick is None:
-                return a.transpose(0, 2, 1, 3).reshape(-1, nb, width)
-            return a[np.arange(len(pick)), :, pick % ln]
-
+        inv = np.argsort(order)
         nq = 8 if qt == int(Q.Q8_0) else 4                 # quant vectors per block: [nq, lanes, 4] bytes
-        q = lanes_of(r[..., :nq * ln * 4].reshape(-1, nb, nq, ln, 4).transpose(0, 1, 3, 2, 4), nq * 4)
-        d = lanes_of(r[..., nq * ln * 4:nq * ln * 4 + 2 * ln], 2)
+
+        def lanes_of(a: np.ndarray, width: int) -> np.ndarray:
+            """[groups, nb, lanes, ...width] (views of the groups' bytes) -> [rows, nb, width] in block order; for
+            `pick` only those rows' bytes are copied"""
+            if pick is None:
+                return a[:, inv].transpose(0, 2, 1, *range(3, a.ndim)).reshape(-1, nb, width)
+            return a[pick // ln, :, pick % ln][:, inv]
+
+        q = lanes_of(groups[..., :nq * ln * 4].reshape(-1, nb, nq, ln, 4).transpose(0, 1, 3, 2, 4), nq * 4)
+        q = q.reshape(q.shape[0], nb, nq * 4)
+        d = lanes_of(groups[..., nq * ln * 4:nq * ln * 4 + 2 * ln].reshape(-1, nb, ln, 2), 2)
         if qt == int(Q.Q8_0):
             blocks = np.concatenate([d, q ^ 0x80], axis=-1)
         elif qt == int(Q.Q4_1):
-            blocks = np.concatenate([d, lanes_of(r[..., nq * ln * 4 + 2 * ln:], 2), q], axis=-1)
+            m = lanes_of(groups[..., nq * ln * 4 + 2 * ln:].reshape(-1, nb, ln, 2), 2)
+            blocks = np.concatenate([d, m, q], axis=-1)
         else:
             blocks = np.concatenate([d, q], axis=-1)
         count = n if pick is None else len(pick)
