@@ -238,7 +238,9 @@ int qm_matmul_desc(const qm_desc *d, const float *x, int64_t M, int64_t ldx, flo
      * leaves its work to the others instead of stalling the call at the barrier.
      * Which thread computes a row changes nothing in its result. */
     const int grouped = j.packed || d->lanes;   /* chunks of whole packed groups (PG * PN = 32 rows) */
-    const int64_t unit = grouped ? 32 : 4, want = N / (nt * (grouped ? 8 : 16));
+    /* about 16 chunks per thread: with 8 (N / (nt * 8)), SmolLM2's o/down projections (N = 576) came in 9
+     * chunks of 64 rows, 5 + 4 on 2 threads, and its qkv (960) in 15 */
+    const int64_t unit = grouped ? 32 : 4, want = N / (nt * 16);
     j.chunk = want > unit ? (want + unit - 1) / unit * unit : (grouped ? 32 : 16);
     j.nchunks = (N + j.chunk - 1) / j.chunk;
     j.nranges = nt < MAXT ? nt : MAXT;
