@@ -179,9 +179,14 @@ QM_INLINE void p_kern(const int qt, const pblock *p, int64_t nb, const xq256 *x,
             }
         }
     }
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < R; r++) {   /* whole groups stored directly (a memcpy of nvalid floats was a libc call) */
+        const pvf v = acc[r];
+        if (nvalid == PN) {
+            pf_storeu(y + r * ldy, v);
+            continue;
+        }
         float tmp[PN];
-        pf_storeu(tmp, acc[r]);
+        pf_storeu(tmp, v);
         memcpy(y + r * ldy, tmp, (size_t)nvalid * sizeof(float));
     }
 }
@@ -245,9 +250,14 @@ QM_INLINE void p_kern32(const int qt, const pblock32 *p, int64_t nb, const char 
         }
         for (int r = 0; r < R; r++) part[ph][r] = acc[r];
     }
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < R; r++) {   /* whole groups stored directly (a memcpy of nvalid floats was a libc call) */
+        const pvf v = pf_add(pf_add(part[0][r], part[1][r]), pf_add(part[2][r], part[3][r]));
+        if (nvalid == PN) {
+            pf_storeu(y + r * ldy, v);
+            continue;
+        }
         float tmp[PN];
-        pf_storeu(tmp, pf_add(pf_add(part[0][r], part[1][r]), pf_add(part[2][r], part[3][r])));
+        pf_storeu(tmp, v);
         memcpy(y + r * ldy, tmp, (size_t)nvalid * sizeof(float));
     }
 }

@@ -123,9 +123,14 @@ QM_INLINE void p_kern_a2(const int qt, const pblock *p, int64_t nb, const xq256 
             }
         }
     }
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < R; r++) {   /* whole groups stored directly (a memcpy of nvalid floats was a libc call) */
+        const __m256 v = acc[r];
+        if (nvalid == PN) {
+            _mm256_storeu_ps(y + r * ldy, v);
+            continue;
+        }
         float tmp[PN];
-        _mm256_storeu_ps(tmp, acc[r]);
+        _mm256_storeu_ps(tmp, v);
         memcpy(y + r * ldy, tmp, (size_t)nvalid * sizeof(float));
     }
 }
@@ -176,9 +181,14 @@ QM_INLINE void p_kern32_a2(const int qt, const pblock32 *p, int64_t nb, const ch
         }
         for (int r = 0; r < R; r++) part[ph][r] = acc[r];
     }
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < R; r++) {   /* whole groups stored directly (a memcpy of nvalid floats was a libc call) */
+        const __m256 v = _mm256_add_ps(_mm256_add_ps(part[0][r], part[1][r]), _mm256_add_ps(part[2][r], part[3][r]));
+        if (nvalid == PN) {
+            _mm256_storeu_ps(y + r * ldy, v);
+            continue;
+        }
         float tmp[PN];
-        _mm256_storeu_ps(tmp, _mm256_add_ps(_mm256_add_ps(part[0][r], part[1][r]), _mm256_add_ps(part[2][r], part[3][r])));
+        _mm256_storeu_ps(tmp, v);
         memcpy(y + r * ldy, tmp, (size_t)nvalid * sizeof(float));
     }
 }
