@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hitenter.errors import ContextOverflowError, HitenterError, ModelLoadError, UnknownModelError
+from hitenter import omp_wait
+
+omp_wait.configure()   # before torch or a native kernel loads libgomp
+
+from hitenter.errors import ContextOverflowError, HitenterError, ModelLoadError, UnknownModelError  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "ContextOverflowError",
