@@ -31,7 +31,7 @@ SDIST="$OUT/llama_cpp_python-$VERSION.tar.gz"
 if [[ ! -f "$SDIST" ]]; then
     # pip's cache (~/.cache/pip) is used when it holds the file.
     read -r -a PIP_CMD <<< "${PIP:-python3 -m pip}"
-    "${PIP_CMD[@]}" download --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$OUT" >&2
+    "${PIP_CMD[@]}" download --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" -d "$OUT" >&2
 fi
 if [[ ! -f "$LLAMA/CMakeLists.txt" ]]; then
     tar -xzf "$SDIST" -C "$OUT"
