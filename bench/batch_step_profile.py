@@ -65,11 +65,13 @@ def engine_steps(llm: Any, n: int, args: argparse.Namespace, clock: Clock, wall:
     from hitenter.sampling_params import SamplingParams
 
     eng = llm.engine
-    sp = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    # long enough that all n decode together for a while (prompts are paced beside decoding streams), then
+    # stopped after --steps such steps
+    sp = SamplingParams(temperature=0.0, max_tokens=args.output_len + args.steps, ignore_eos=True)
     ids = [eng.add_request(None, p, sp) for p in prompts(n, args.input_len, args.seed + n)]
     rows: list[dict[str, float]] = []
     try:
-        while eng.has_unfinished_requests():
+        while eng.has_unfinished_requests() and len(rows) < args.steps + 2:
             clock.parts.clear()
             t, w = clock.fn(), time.perf_counter()
             eng.step()
@@ -138,7 +140,8 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("-n", "--concurrency", default="16,32")
     ap.add_argument("--input-len", type=int, default=128, help="prompt length in words")
-    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128, help="tokens per request (plus --steps)")
+    ap.add_argument("--steps", type=int, default=40, help="decode steps with all N rows to measure")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
@@ -154,7 +157,6 @@ def main() -> None:
     levels = [int(v) for v in args.concurrency.split(",") if v.strip()]
     llm = LLM(args.model, num_threads=args.threads, enable_prefix_caching=False, max_num_seqs=max(levels))
     eng = llm.engine
-    model = eng.parts.model
     sched_fn = eng.scheduler.schedule
 
     def schedule() -> Any:
@@ -165,7 +167,10 @@ def main() -> None:
     clock.wrap(eng.scheduler, "schedule", "schedule")
     clock.wrap(eng.runner, "execute", "model")
     clock.wrap(fused_decode, "run_all_layers", "model: fused layers")
-    clock.wrap(eng.runner.model, "compute_logits", "model: lm head")
+    if hasattr(eng.runner, "logits"):   # the runner's logits function (the model's compute_logits by default)
+        clock.wrap(eng.runner, "logits", "model: lm head")
+    else:
+        clock.wrap(eng.runner.model, "compute_logits", "model: lm head")
     clock.wrap(eng, "_sample", "sample")
     clock.wrap(eng.scheduler, "update", "scheduler update")
     clock.wrap(eng.output_processor, "process", "output processing")
