@@ -65,11 +65,18 @@ CODE_PROMPTS = [
 ]
 
 
+KV_BYTES = 256 << 20   # each engine's KV cache (and its draft's): several LLMs stay loaded side by side
+
+
 def _cached(name: str) -> str | None:
     from hitenter.models.registry import model_path
 
     p = model_path(name)
     return str(p) if p.exists() else None
+
+
+HEADER = ["case", "config", "decode tok/s", "speedup", "cpu ms/tok", "cpu speedup", "accept rate",
+          "drafted/step", "tokens/step", "tokens", "same"]
 
 
 def run_prompts(llm: Any, prompts: list[str], max_tokens: int) -> dict[str, Any]:
@@ -103,7 +110,7 @@ def build(target: str, opts: dict[str, Any], env: dict[str, str]) -> Any:
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        return LLM(target, max_model_len=2048, **opts)
+        return LLM(target, max_model_len=2048, kv_cache_memory=KV_BYTES, **opts)
     finally:
         for k, v in old.items():
             if v is None:
@@ -139,6 +146,7 @@ def bench_case(name: str, target: str, prompts: list[str], configs: list[tuple[s
                      acc, last["drafted"] / last["steps"] if last["steps"] else 0.0, per_step,
                      sum(len(t) for t in last["tokens"]), "-" if label == "none" else ("yes" if same else "NO")])
     del llms
+    print(table(rows, HEADER), flush=True)
     return rows
 
 
@@ -241,8 +249,7 @@ def main() -> int:
     if not rows:
         print("(no case ran: the models are not cached; `hitenter pull qwen2.5-coder-1.5b-instruct`)")
         return 1
-    header = ["case", "config", "decode tok/s", "speedup", "cpu ms/tok", "cpu speedup", "accept rate",
-              "drafted/step", "tokens/step", "tokens", "same"]
+    header = HEADER
     print(cpu_line())
     print(f"load average at the end: {os.getloadavg()[0]:.2f} (1 min)")
     print(table(rows, header))
