@@ -6,8 +6,8 @@
 Cases (each: the target alone, then every speculative configuration, the same prompts):
 - qwen-draft: Qwen2.5-Coder-1.5B with the 0.5B as draft model, 4 greedy code prompts (write / edit /
   document / test); configurations: fixed K with the draft's full head (HITENTER_SPEC_ADAPTIVE=0,
-  HITENTER_DRAFT_VOCAB=0, HITENTER_DRAFT_LOOKUP=0: the engine before adaptive lengths), fixed K with the
-  trimmed head (the first 32768 ids), adaptive K, adaptive K with prompt lookup first (the default).
+  HITENTER_DRAFT_VOCAB=0, HITENTER_DRAFT_LOOKUP=0: the engine before adaptive lengths), adaptive K with
+  the trimmed head (the first 32768 ids), the same with prompt lookup first (the default).
 - qwen-ngram: Qwen2.5-Coder-1.5B with prompt lookup on a repeat-this-text prompt and a code edit.
 - smol-ngram: SmolLM2-135M with prompt lookup on a code-copying prompt.
 `--passes`: the cost model's inputs instead: the target's generation pass over R = 1..9 rows of one
@@ -234,7 +234,6 @@ def main() -> int:
         old = {"HITENTER_SPEC_ADAPTIVE": "0", "HITENTER_DRAFT_VOCAB": "0", "HITENTER_DRAFT_LOOKUP": "0"}
         rows += bench_case("qwen1.5b+0.5b code", q15, CODE_PROMPTS,
                            [(f"draft K={a.k} full head", draft, old),
-                            (f"draft K={a.k}", draft, {**fixed, "HITENTER_DRAFT_LOOKUP": "0"}),
                             ("draft adaptive", draft, {**adaptive, "HITENTER_DRAFT_LOOKUP": "0"}),
                             ("draft adaptive+lookup", draft, adaptive)],
                            a.max_tokens, a.rounds)
