@@ -134,7 +134,8 @@ QM_INLINE void r_kern(const int qt, const uint8_t *p, int64_t nb, const char *x,
             pvi t[PR];
             for (int r = 0; r < R; r++)
                 t[r] = qt == QT_Q4_1 || (qt == QT_Q8_0 && !QM_VNNI) ? pv_zero() : pv_set1(XT_C(xb, r));
-            if (qt == QT_Q8_0 && !QM_VNNI) {
+#if !QM_VNNI
+            if (qt == QT_Q8_0) {
                 /* AVX2: the stored w + 128 back to signed w, then |w| . sign(x, w) (maddubs pairs <= 2 * 128 * 127:
                  * exact), each dword's pairs to int32 at once (two would overflow int16) */
 #pragma GCC unroll 8
@@ -145,7 +146,9 @@ QM_INLINE void r_kern(const int qt, const uint8_t *p, int64_t nb, const char *x,
                         t[r] = _mm256_add_epi32(t[r], _mm256_madd_epi16(a2_dot_sgn(wa, wv, XT_Q(xb, e4, r)),
                                                                        _mm256_set1_epi16(1)));
                 }
-            } else if (qt == QT_Q8_0) {
+            } else
+#endif
+            if (qt == QT_Q8_0) {
 #pragma GCC unroll 8
                 for (int e4 = 0; e4 < 8; e4++) {
                     const pvi wv = pv_loadu(((const rblock8 *)pb)->q[e4]);
