@@ -202,14 +202,17 @@ def passes(target: str, draft: str | None, rounds: int) -> int:
     if draft:   # the cost model: a step drafting k emits E(k) tokens for k draft steps + a (k + 1)-row pass
         from hitenter.engine.spec.adaptive import expected_tokens
 
-        v = {r[1]: r[2] / t1 for r in rows if r[0] == Path(target).stem}
-        c = next(r[2] for r in rows if r[0].endswith("(draft head)") and r[1] == 1) / t1
-        for alpha in (0.6, 0.7, 0.8, 0.9):
-            for name, cost in (("draft model", c), ("prompt lookup", 0.0)):
-                best = max(range(1, 9), key=lambda k, cost=cost, alpha=alpha: expected_tokens(alpha, k) / (k * cost + v[k + 1]))
-                sp = expected_tokens(alpha, best) / (best * cost + v[best + 1])
-                print(f"alpha {alpha:.1f} {name:13s}: best k {best}, predicted speedup {sp:.2f}x "
-                      f"(t_draft/t_target {cost:.2f}, t_verify({best + 1} rows)/t_target {v[best + 1]:.2f})")
+        for col, what in ((2, "wall"), (4, "cpu")):
+            t1 = rows[0][col]
+            v = {r[1]: r[col] / t1 for r in rows if r[0] == Path(target).stem}
+            c = next(r[col] for r in rows if r[0].endswith("(draft head)") and r[1] == 1) / t1
+            for alpha in (0.6, 0.7, 0.8, 0.9):
+                for name, cost in (("draft model", c), ("prompt lookup", 0.0)):
+                    best = max(range(1, 9), key=lambda k, cost=cost, alpha=alpha, v=v:
+                               expected_tokens(alpha, k) / (k * cost + v[k + 1]))
+                    sp = expected_tokens(alpha, best) / (best * cost + v[best + 1])
+                    print(f"{what} alpha {alpha:.1f} {name:13s}: best k {best}, predicted speedup {sp:.2f}x "
+                          f"(t_draft/t_target {cost:.2f}, t_verify({best + 1} rows)/t_target {v[best + 1]:.2f})")
     emit_json("spec_decode_passes", {"cpu": cpu_line(), "rows": [dict(zip(header, r, strict=True)) for r in rows]})
     return 0
 
