@@ -8,6 +8,8 @@ import platform
 import time
 from typing import Any
 
+import hitenter  # noqa: F401  (first: sets the OpenMP wait policy, hitenter/omp_wait.py, before torch loads libgomp)
+
 
 def machine() -> dict[str, Any]:
     import torch

@@ -47,8 +47,8 @@ class TrimmedHead:
         if not isinstance(head, BlockLinear) or len(head.parts) != 1 or head.bias is not None:
             raise ValueError("TrimmedHead: needs a one-part GGUF block head without bias")
         w = head.parts[0]
-        rows = first_rows(w, num_ids)
-        if rows is None or not 0 < num_ids < w.shape[0]:
+        rows = first_rows(w, num_ids) if 0 < num_ids < w.shape[0] else None   # a small vocabulary: all of it
+        if rows is None:
             raise ValueError(f"TrimmedHead: cannot keep {num_ids} of the head's {w.shape[0]} rows")
         self.linear = BlockLinear([rows])
         self.num_ids, self.vocab_size = num_ids, w.shape[0]
