@@ -22,7 +22,8 @@ quantize_row_q8_0_ref (kv_q8_0.py); the cache tensor is then bytes (`Q8_0`, torc
 `[2, KVH, NB, BS, head_dim / 32 * 34]`: the paged layout unchanged, a row 34/32 bytes per value (53% of f16).
 Readers dequantize d * q (exact in fp32) as they load a tile, so a kernel over a q8_0 cache computes what it
 computes over an fp32 cache holding the dequantized values; only the stored values change, never the order
-of a sum, and batch invariance holds as before. Head dims that are not a multiple of 32 refuse q8_0 at load.
+of a sum, and batch invariance holds as before. K rows are stored rotated (H k, a Walsh-Hadamard transform;
+the queries meet them as H q: kv_q8_0.py). Head dims that are not a power of two >= 32 refuse q8_0 at load.
 """
 
 from __future__ import annotations
@@ -77,10 +78,14 @@ def kv_dtype_name(kv_dtype: torch.dtype) -> str:
 
 
 def check_head_dim(kv_dtype: torch.dtype, head_dim: int) -> None:
-    """ValueError (one line) where the cache type cannot hold rows of head_dim values: q8_0 needs whole blocks."""
+    """ValueError (one line) where the cache type cannot hold rows of head_dim values: q8_0 needs whole blocks
+    and a power of two (its keys' rotation)."""
     if kv_dtype == Q8_0 and head_dim % QK8_0:
         raise ValueError(f"kv_cache_dtype q8_0: head_dim {head_dim} is not a multiple of {QK8_0} (q8_0 stores "
                          f"blocks of {QK8_0} values); use float16 or bfloat16")
+    if kv_dtype == Q8_0 and head_dim & (head_dim - 1):
+        raise ValueError(f"kv_cache_dtype q8_0: head_dim {head_dim} is not a power of two (q8_0 keys are rotated by "
+                         f"a Walsh-Hadamard transform, kv_q8_0.py); use float16 or bfloat16")
 
 
 def row_width(kv_dtype: torch.dtype, head_dim: int) -> int:

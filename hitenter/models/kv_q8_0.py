@@ -9,9 +9,20 @@ fp16 (little-endian), then 32 int8 q. Quantized as ggml-quants.c's quantize_row_
 and d rounded to fp16 (nearest even) only when stored (the q use the fp32 d, as there). Dequantized as
 dequantize_row_q8_0: x_j = fp32(d) * q_j, exact in fp32 (11 x 8 significant bits), so every reader gets the
 same values whatever its order of operations. The bytes are those of a GGUF Q8_0 row of the same values.
+
+K rows are rotated before they are quantized (llama.cpp's `attn_rot_k`, PR #21038): `rotate` is the normalized
+Walsh-Hadamard transform H over head_dim (a power of two), orthonormal and symmetric, so q . k = (H q) . (H k):
+the cache holds quantize(H k) and the attention reads it with H q (write_kv / paged_attention / sink_attention
+here, decode_layer.c's attention_part in the fused layer); V is stored as is and the output needs no undoing.
+H spreads an outlier channel of k over every value of the row, so one block's scale no longer serves it alone
+(Qwen2.5-Coder-0.5B perplexity vs the fp32 cache: +1.55% -> see tests/test_kv_dtype_quality.py). The butterfly
+below is vec16.h's q8_0_rotate_row float op for float (fp32 sums a + b, a - b over log2(D) stages, then one
+multiply by fp32(1 / sqrt(D))), so both writers store the same bytes.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -35,6 +46,20 @@ def quantize(x: torch.Tensor) -> torch.Tensor:
     q = _roundf(blocks * inv).to(torch.int8)
     scale = d.to(torch.float16).view(torch.uint8)                # [..., nb, 2]: the fp16's bytes (little-endian)
     return torch.cat([scale, q.view(torch.uint8)], dim=-1).reshape(*x.shape[:-1], -1)
+
+
+def rotate(x: torch.Tensor) -> torch.Tensor:
+    """H x over the last dim (D a power of two): the normalized fast Walsh-Hadamard transform in fp32, returned
+    in x's dtype. H is its own inverse (H H = I)."""
+    d = x.shape[-1]
+    if d & (d - 1):
+        raise ValueError(f"q8_0 rotation: rows of {d} values are not a power of two")
+    y, h = x.float(), 1
+    while h < d:   # stage h: pairs (j, j + h) in each run of 2h values -> (a + b, a - b)
+        y = y.reshape(*x.shape[:-1], d // (2 * h), 2, h)
+        y = torch.stack((y[..., 0, :] + y[..., 1, :], y[..., 0, :] - y[..., 1, :]), dim=-2)
+        h *= 2
+    return (y.reshape(x.shape) * torch.tensor(1 / math.sqrt(d), dtype=torch.float32)).to(x.dtype)
 
 
 def dequantize(b: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

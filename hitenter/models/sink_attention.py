@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from hitenter.models import kv_q8_0
 from hitenter.models.attention import AttentionMetadata, widen_rows
+from hitenter.models.kv_dtype import Q8_0
 
 
 def _positions_slots(meta: AttentionMetadata, i: int) -> torch.Tensor:
@@ -31,6 +33,8 @@ def sink_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Attentio
     _, kvh, nb, bs, w = kv_cache_layer.shape
     flat = kv_cache_layer.view(2, kvh, nb * bs, w)
     out = torch.empty(t, nh, d, dtype=q.dtype)
+    if kv_cache_layer.dtype == Q8_0:   # rotated keys H k (write_kv): met by H q
+        q = kv_q8_0.rotate(q)
     for i in range(meta.num_seqs):
         a, b = meta.query_start_loc[i], meta.query_start_loc[i + 1]
         if a == b:

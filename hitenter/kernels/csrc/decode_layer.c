@@ -352,13 +352,16 @@ static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf
             rope(row, L->NH + L->KVH, D, rd, cs + r * rd, sn + r * rd);
         }
         memcpy(qbuf + r * q, row, q * sizeof(float));
+        if (kt == KV_Q8_0)   /* its keys are stored rotated, H k: the queries meet them as H q (kv_q8_0.py) */
+            for (int h = 0; h < L->NH; h++) q8_0_rotate_row(qbuf + r * q + (int64_t)h * D, D);
         for (int h = 0; h < L->KVH; h++) {   /* plane h of K and of V: [KVH][NB * BS][D] */
             const int64_t at = ((int64_t)h * NB * S->BS + slots[r]) * rb;
             const float *kr = row + q + (int64_t)h * D, *vr = row + q + kvw + (int64_t)h * D;
             if (kt == KV_F32) {
                 memcpy(K + at, kr, D * sizeof(float));
                 memcpy(V + at, vr, D * sizeof(float));
-            } else if (kt == KV_Q8_0) {   /* quantized as write_kv does (kv_q8_0.py; ggml's reference) */
+            } else if (kt == KV_Q8_0) {   /* quantized as write_kv does (kv_q8_0.py; ggml's reference), K rotated */
+                q8_0_rotate_row((float *)kr, D);
                 q8_0_quant_row(K + at, kr, D);
                 q8_0_quant_row(V + at, vr, D);
             } else   /* rounded to the cache type (nearest even, as write_kv's .to()) */

@@ -155,6 +155,16 @@ static inline void q8_0_quant_row(char *dst, const float *x, int D) {
     }
 }
 
+/* x = H x in place, H the normalized Walsh-Hadamard transform over D (a power of two): a q8_0 cache's K rows and
+   the queries that meet them (kv_q8_0.py's rotate, float op for float: a + b, a - b per stage, then * 1/sqrt(D)) */
+static inline void q8_0_rotate_row(float *x, int D) {
+    for (int h = 1; h < D; h *= 2)
+        for (int i = 0; i < D; i += 2 * h)
+            for (int j = i; j < i + h; j++) { const float a = x[j], b = x[j + h]; x[j] = a + b; x[j + h] = a - b; }
+    const float s = (float)(1.0 / sqrt((double)D));
+    for (int j = 0; j < D; j++) x[j] *= s;
+}
+
 /* the D values of a q8_0 row: fp32(d) * q, exact in fp32 (11 x 8 significant bits) */
 static inline void q8_0_dequant_row(float *dst, const char *src, int D) {
     for (int b = 0; b < D / Q8_0_QK; b++, src += Q8_0_BYTES, dst += Q8_0_QK) {
