@@ -2,8 +2,7 @@
 default with F16C) within 0.5% of the fp32 cache's, bf16 (7 mantissa bits; the default without F16C)
 within 1%, q8_0 (llama.cpp's --cache-type-k/v q8_0) within 1%, the same weights (the file's blocks),
 teacher-forced. Measured on SmolLM2: 1,024 tokens f16 -0.02%, bf16 -0.59%, q8_0 -0.21% (rotated keys; -0.03% plain);
-2,048 tokens f16 -0.19%,
-bf16 -0.28%."""
+2,048 tokens f16 -0.19%, bf16 -0.28%."""
 
 from __future__ import annotations
 
