@@ -113,7 +113,7 @@ def _num_blocks(cfg: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype, max_mo
     """Blocks in the budget; `dtype`: the KV cache's element type (its bytes per token)."""
     from hitenter.models.kv_dtype import check_head_dim, value_bytes
 
-    check_head_dim(dtype, mcfg.head_dim)   # q8_0 refuses head dims that are not whole blocks, at load
+    check_head_dim(dtype, mcfg.head_dim)   # q8_0 refuses head dims not a power-of-two number of blocks, at load
     bs = cfg.cache.block_size
     per_token = mcfg.kv_bytes_per_token(value_bytes(dtype))
     per_block = per_token * bs
