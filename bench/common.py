@@ -8,7 +8,10 @@ import platform
 import time
 from typing import Any
 
-import hitenter  # noqa: F401  (first: sets the OpenMP wait policy, hitenter/omp_wait.py, before torch loads libgomp)
+try:   # first: hitenter sets the OpenMP wait policy (hitenter/omp_wait.py) before torch loads libgomp
+    import hitenter  # noqa: F401
+except ImportError:   # a llama.cpp worker, under the llama-cpp-python venv's interpreter
+    pass
 
 
 def machine() -> dict[str, Any]:

@@ -96,7 +96,8 @@ def test_options(client: ollama.Client) -> None:
     s = client.generate(model="tiny", prompt="x", raw=True, options={"num_ctx": 12, "temperature": 0})
     assert s.prompt_eval_count + s.eval_count == 12 and s.done_reason == "length"     # num_ctx: the window
     for opts in ({"min_p": 0.1, "repeat_penalty": 1.2, "presence_penalty": 0.5, "frequency_penalty": 0.1,
-                  "repeat_last_n": -1, "top_p": 0.5, "num_predict": 3},):
+                  "repeat_last_n": -1, "top_p": 0.5, "num_predict": 3, "seed": 11},):   # seeded: an unseeded draw
+        # of the tiny random model may sample its end token first (eval_count 1; seen once in a full run)
         assert client.generate(model="tiny", prompt="x", raw=True, options=opts).eval_count == 3
 
 

@@ -30,9 +30,10 @@ from dataclasses import dataclass
 
 from hitenter.engine.request import Request
 
-MIN_PROMPT_CHUNK = 8      # the cap never goes below this. It was 32: on SmolLM2 with 16 streams a decode
-                          # step is ~70 ms and 32 prompt tokens at position ~4k ~200 ms, so the streams
-                          # kept 0.30x of their rate (bench/long_prompt_streams.py)
+MIN_PROMPT_CHUNK = 32     # the cap never goes below this (per-step overheads would dominate). Measured with
+                          # bench/long_prompt_streams.py (SmolLM2, 16 streams, a 4,000-token prompt, AVX2, 2
+                          # threads): 32 -> streams keep 0.30x, the prompt's TTFT 1.31x alone; 8 -> 0.40x and
+                          # 2.59x: small chunks pay a pass over the weights each, so the sum of both shares fell
 NO_CAP = 1 << 40
 
 
