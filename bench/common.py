@@ -8,10 +8,20 @@ import platform
 import time
 from typing import Any
 
+_USER_SPIN = "GOMP_SPINCOUNT" in os.environ or "OMP_WAIT_POLICY" in os.environ
 try:   # first: hitenter sets the OpenMP wait policy (hitenter/omp_wait.py) before torch loads libgomp
     import hitenter  # noqa: F401
 except ImportError:   # a llama.cpp worker, under the llama-cpp-python venv's interpreter
     pass
+
+
+def baseline_env() -> dict[str, str]:
+    """The environment for a baseline engine's process (llama.cpp, llama-server): without the OpenMP spin
+    count hitenter set for itself, so the baseline runs with its own defaults (a user's setting stays)."""
+    env = dict(os.environ)
+    if not _USER_SPIN:
+        env.pop("GOMP_SPINCOUNT", None)
+    return env
 
 
 def machine() -> dict[str, Any]:

@@ -53,8 +53,13 @@ class ServerProcess:
         self._log = tempfile.NamedTemporaryFile(prefix=f"{self.name}-", suffix=".log", delete=False)
         cmd = self.command()
         print("starting: " + " ".join(cmd), file=sys.stderr, flush=True)
+        try:   # llama-server with its own OpenMP defaults, not the spin count hitenter set (bench/common.py)
+            from common import baseline_env
+            env: dict[str, str] | None = baseline_env()
+        except ImportError:
+            env = None
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=_die_with_parent, env=env)
         try:
             self._wait_healthy()
         except BaseException:

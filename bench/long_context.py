@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cpu_line, emit_json, table  # noqa: E402
+from common import baseline_env, cpu_line, emit_json, table  # noqa: E402
 
 LLAMACPP_SCRIPT = r"""
 import json, sys, time
@@ -72,7 +72,7 @@ def run_hitenter(path: str, n: int, a: argparse.Namespace) -> dict[str, float]:
 
 def run_llamacpp(path: str, n: int, fa: bool, a: argparse.Namespace) -> dict[str, float]:
     res = subprocess.run([a.llamacpp_python, "-c", LLAMACPP_SCRIPT, path, str(a.threads), str(n), str(a.decode),
-                          "1" if fa else "0", a.kv_cache_dtype], capture_output=True, text=True, check=True)
+                          "1" if fa else "0", a.kv_cache_dtype], capture_output=True, text=True, check=True, env=baseline_env())
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 

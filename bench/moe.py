@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cpu_line  # noqa: E402
+from common import baseline_env, cpu_line  # noqa: E402
 
 SHAPE = {"layers": 16, "hidden": 1024, "experts": 64, "expert_ffn": 768, "top_k": 8, "heads": 16,
          "kv_heads": 4, "head_dim": 64, "context": 4096}
@@ -267,7 +267,8 @@ class Worker:
 
     def __init__(self, python: str, engine: str, path: Path, threads: int) -> None:
         self.proc = subprocess.Popen([python, __file__, "--worker", engine, str(path), "--threads", str(threads)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=None if engine == "hitenter" else baseline_env())
         self.hello = self._read()
 
     def _read(self) -> dict[str, Any]:

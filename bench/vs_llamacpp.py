@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import FORMATS, cpu_line, decode_read_bytes, emit_json, rss_bytes, table  # noqa: E402
+from common import FORMATS, baseline_env, cpu_line, decode_read_bytes, emit_json, rss_bytes, table  # noqa: E402
 
 N_CTX = 4096   # llama.cpp's context below, and hitenter's KV cache
 DEFAULT_MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct"]   # gemma-3-270m also runs (--models)
@@ -106,7 +106,7 @@ def llamacpp_rates(path: str, a: argparse.Namespace) -> dict[str, float]:
         print(f"llama-cpp-python not found at {a.llamacpp_python}; see this script's docstring", file=sys.stderr)
         return {}
     res = subprocess.run([a.llamacpp_python, "-c", LLAMACPP_SCRIPT, path, str(a.threads), str(a.decode),
-                          json.dumps(a.prefill)], capture_output=True, text=True, check=True)
+                          json.dumps(a.prefill)], capture_output=True, text=True, check=True, env=baseline_env())
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
