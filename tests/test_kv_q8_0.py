@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_kv_dtype import _run_model  # one model run over a fresh paged cache (same block size)
 
 from hitenter.llm import LLM
 from hitenter.models import attention as A
@@ -285,16 +286,6 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """head_dim 32 (hidden 128, 4 heads, 2 KV heads), Q8_0 weights: the fused C layers run."""
     return write_tiny_gguf(tmp_path_factory.mktemp("kvq8") / "t.gguf", arch="llama", quant="Q8_0", seed=7,
                            hidden=128, heads=4, kv_heads=2, ffn=256)
-
-
-@torch.inference_mode()
-def _run_model(model, ids: list[int], kernel_from: int, dtype: torch.dtype):
-    n = len(ids)
-    blocks = -(-n // BS)
-    caches = A.allocate_kv_caches(model.config, blocks, BS, dtype)
-    meta = A.AttentionMetadata([0, n], [n], [list(range(blocks))], torch.arange(n, dtype=torch.long), BS,
-                               kernel_from=[kernel_from])
-    return model.compute_logits(model(torch.tensor(ids), torch.arange(n), meta, caches)), caches
 
 
 def test_fused_layer_writes_and_reads_a_q8_0_cache(tiny: Path) -> None:
