@@ -9,31 +9,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_fused_decode import _logits as fused_logits
 
 from hitenter.kernels import native_available
-from hitenter.models.attention import AttentionMetadata, allocate_kv_caches
 from hitenter.models.loader import load_model
 from hitenter.testing.tiny_gemma import write_tiny_gemma3
 from hitenter.testing.tiny_model import write_tiny_gguf
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="no native kernels (no C compiler)")
 
-BLOCK = 16
 N = 96
 
 
-@torch.inference_mode()
 def _logits(model: torch.nn.Module, ids: list[int], chunks: tuple[int, ...]) -> torch.Tensor:
     """Logits of every row, the prompt cut into steps at `chunks`; every row fused, the last a generation row."""
-    n = len(ids)
-    blocks = -(-n // BLOCK)
-    caches = allocate_kv_caches(model.config, blocks, BLOCK, model.dtype)
-    out = []
-    for a, b in zip((0, *chunks), (*chunks, n), strict=True):
-        meta = AttentionMetadata([0, b - a], [b], [list(range(blocks))], torch.arange(a, b, dtype=torch.long), BLOCK,
-                                 kernel_from=[0], decode_from=[n - 1])
-        out.append(model.compute_logits(model(torch.tensor(ids[a:b]), torch.arange(a, b), meta, caches)))
-    return torch.cat(out)
+    return fused_logits(model, ids, 0, len(ids) - 1, chunks)
 
 
 @pytest.mark.parametrize("kind", ["q4_1_llama", "q8_gemma3"])
