@@ -134,23 +134,7 @@ typedef v16i vgi;
 static inline vg ldg(const float *p) { vg v; memcpy(&v, p, sizeof v); return v; }
 static inline void stg(float *p, vg v) { memcpy(p, &v, sizeof v); }
 static inline vg vselg(vgi m, vg a, vg b) { return (vg)(((vgi)a & m) | ((vgi)b & ~m)); }
-static inline vg vexpg(vg x) {
-    const vg lo = (vg){0} - 87.0f, hi = (vg){0} + 88.0f;
-    x = vselg(x < lo, lo, x);
-    x = vselg(x > hi, hi, x);
-    const vg magic = (vg){0} + 12582912.0f;
-    vg n = (x * 1.44269504088896341f + magic) - magic;
-    vg r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    vg p = r * 1.9875691500E-4f + 1.3981999507E-3f;
-    p = p * r + 8.3334519073E-3f;
-    p = p * r + 4.1665795894E-2f;
-    p = p * r + 1.6666665459E-1f;
-    p = p * r + 5.0000001201E-1f;
-    p = p * r * r + r + 1.0f;
-    vgi e = (__builtin_convertvector(n, vgi) + 127) << 23;
-    return p * (vg)e;
-}
+DEF_VEXP(vexpg, vg, vgi, vselg)   /* vec16.h's e^x at this file's width */
 
 /* a[i] = gelu_tanh(g[i]) * u[i] = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) u, tanh z = 1 - 2 / (e^2z + 1) */
 static void gelu_mul(const float *g, const float *u, float *a, int64_t F) {

@@ -11,24 +11,29 @@ typedef int32_t v16i __attribute__((vector_size(64)));
 
 static inline v16 vsel(v16i m, v16 a, v16 b) { return (v16)(((v16i)a & m) | ((v16i)b & ~m)); }
 
-/* e^x: 2^n * p(r) with the Cephes expf polynomial; 0 below -87, clamped at 88 above (no inf) */
-static inline v16 vexp(v16 x) {
-    const v16 lo = (v16){0} - 87.0f, hi = (v16){0} + 88.0f;
-    x = vsel(x < lo, lo, x);
-    x = vsel(x > hi, hi, x);
-    const v16 magic = (v16){0} + 12582912.0f;   /* 1.5 * 2^23: adding it rounds to an integer (ties even) */
-    v16 n = (x * 1.44269504088896341f + magic) - magic;
-    v16 r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    v16 p = r * 1.9875691500E-4f + 1.3981999507E-3f;
-    p = p * r + 8.3334519073E-3f;
-    p = p * r + 4.1665795894E-2f;
-    p = p * r + 1.6666665459E-1f;
-    p = p * r + 5.0000001201E-1f;
-    p = p * r * r + r + 1.0f;
-    v16i e = (__builtin_convertvector(n, v16i) + 127) << 23;
-    return p * (v16)e;
-}
+/* e^x: 2^n * p(r) with the Cephes expf polynomial; 0 below -87, clamped at 88 above (no inf). One body for
+   every vector width (vt floats, vti int32 lanes, sel their select): the same operations lane for lane, so
+   the same bits at any width (decode_layer.c instantiates an 8-lane one for AVX2). 12582912 = 1.5 * 2^23:
+   adding it rounds to an integer (ties even). */
+#define DEF_VEXP(name, vt, vti, sel)                                                                 \
+    static inline vt name(vt x) {                                                                    \
+        const vt lo = (vt){0} - 87.0f, hi = (vt){0} + 88.0f;                                         \
+        x = sel(x < lo, lo, x);                                                                      \
+        x = sel(x > hi, hi, x);                                                                      \
+        const vt magic = (vt){0} + 12582912.0f;                                                      \
+        vt n = (x * 1.44269504088896341f + magic) - magic;                                           \
+        vt r = x - n * 0.693359375f;                                                                 \
+        r = r - n * -2.12194440e-4f;                                                                 \
+        vt p = r * 1.9875691500E-4f + 1.3981999507E-3f;                                              \
+        p = p * r + 8.3334519073E-3f;                                                                \
+        p = p * r + 4.1665795894E-2f;                                                                \
+        p = p * r + 1.6666665459E-1f;                                                                \
+        p = p * r + 5.0000001201E-1f;                                                                \
+        p = p * r * r + r + 1.0f;                                                                    \
+        vti e = (__builtin_convertvector(n, vti) + 127) << 23;                                       \
+        return p * (vt)e;                                                                            \
+    }
+DEF_VEXP(vexp, v16, v16i, vsel)
 
 static inline float hsum(v16 v) {   /* a fixed tree: lanes i and i+8, then i+4, i+2, i+1 */
     v = v + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
