@@ -1,27 +1,63 @@
-"""Prefill pacing (hitenter/engine/fresh_lane.py): a long prompt beside decoding streams advances in chunks
-sized so a step costs about two decode steps, learnt from the steps' times; the same outputs whatever the
-chunks, against the mock runner of test_scheduler."""
+"""Prefill pacing (hitenter/engine/prefill_pacing.py): a long prompt beside decoding streams advances in
+chunks learnt from the steps' times, and the streams are repaid the time each chunk took beyond one
+decode step with decode-only steps, so both keep about half; the same outputs whatever the chunks,
+against the mock runner of test_scheduler."""
 
 from __future__ import annotations
 
 from test_fresh_lane import make, timed_step
-from test_scheduler import req
+from test_scheduler import MockRunner, req, step
 
-from hitenter.engine.fresh_lane import MIN_PROMPT_CHUNK, NO_CAP, FreshLane
+from hitenter.engine.prefill_pacing import CHUNK_STEPS, MAX_HOLD, MIN_PROMPT_CHUNK, NO_CAP, PrefillPacer
+from hitenter.engine.request import RequestStatus
+from hitenter.engine.scheduler import Scheduler, SchedulerOutput, _prefilling
 
 
-def test_cap_learnt_from_decode_and_mixed_steps() -> None:
-    lane = FreshLane(4)
-    assert lane.prompt_cap == NO_CAP                        # nothing measured: no cap
-    lane.record(False, 0.010, prompt_tokens=0, decoding=True)
-    lane.record(False, 0.200, prompt_tokens=400, decoding=False)   # a prompt token: 0.5 ms
-    assert lane.prompt_cap == MIN_PROMPT_CHUNK              # 10 ms / 0.5 ms = 20, raised to the floor
-    lane.record(False, 0.110, prompt_tokens=1000, decoding=True)   # the prompt part cost 100 ms
-    assert lane.prompt_cap == 100                           # 1000 tokens x 10 ms / 100 ms
-    lane.record(False, 0.015, prompt_tokens=100, decoding=True)    # cheaper than aimed: grows, at most 2x
-    assert lane.prompt_cap == 200
-    lane.record(False, 10.0, prompt_tokens=200, decoding=True)     # far too slow: shrinks to the floor
-    assert lane.prompt_cap == MIN_PROMPT_CHUNK
+def test_chunk_learnt_from_decode_and_mixed_steps() -> None:
+    p = PrefillPacer()
+    assert p.prompt_cap == NO_CAP                            # nothing measured: no cap
+    p.record(False, 0.010, prompt_tokens=0, decoding=True)
+    p.record(False, 0.200, prompt_tokens=200, decoding=False)   # a prompt token: 1 ms
+    assert p.prompt_cap == max(MIN_PROMPT_CHUNK, int(CHUNK_STEPS * 10))
+    p.record(False, 0.060, prompt_tokens=1000, decoding=True)   # the prompt part cost 50 ms
+    assert p.prompt_cap == round(1000 * CHUNK_STEPS * 0.010 / 0.050)
+    p.adapted = 100
+    p.record(False, 0.011, prompt_tokens=100, decoding=True)    # far cheaper than aimed: grows, at most 2x
+    assert p.prompt_cap == 200
+    p.record(False, 10.0, prompt_tokens=200, decoding=True)     # far too slow: shrinks to the floor
+    assert p.prompt_cap == MIN_PROMPT_CHUNK
+
+
+def test_decode_only_steps_repay_a_chunks_time() -> None:
+    p = PrefillPacer()
+    p.record(False, 0.010, prompt_tokens=0, decoding=True)      # D = 10 ms
+    assert not p.holding and p.budget(False) == NO_CAP
+    p.record(False, 0.040, prompt_tokens=64, decoding=True)     # P = 30 ms: the streams are owed 20 ms
+    assert p.holding and p.budget(False) == 0
+    assert p.budget(True) == p.prompt_cap > 0                   # a lane step is never held
+    p.record(False, 0.010, prompt_tokens=0, decoding=True)
+    assert p.holding                                            # 10 ms still owed
+    p.record(False, 0.010, prompt_tokens=0, decoding=True)
+    assert not p.holding and p.budget(False) == p.prompt_cap    # repaid: the next chunk may run
+    p.record(False, 0.015, prompt_tokens=64, decoding=True)     # a chunk under one decode step owes nothing
+    assert not p.holding
+    p.record(False, 0.040, prompt_tokens=64, decoding=True)
+    p.record(True, 0.5, prompt_tokens=0, decoding=True)         # lane steps neither learn nor repay
+    assert p.holding and p.decode_s < 0.011
+    p.record(False, 0.5, prompt_tokens=10, decoding=False)      # no streams decoding: nothing owed
+    assert not p.holding
+
+
+def test_a_held_prompt_runs_after_max_hold_decode_steps() -> None:
+    p = PrefillPacer()
+    p.record(False, 0.010, prompt_tokens=0, decoding=True)
+    p.record(False, 100.0, prompt_tokens=64, decoding=True)     # owes ~100 s
+    for _ in range(MAX_HOLD):
+        assert p.holding
+        p.record(False, 0.010, prompt_tokens=0, decoding=True)  # each repays 10 ms of the 100 s
+    assert not p.holding and p.budget(False) == p.prompt_cap
+    p.record(False, 0.012, prompt_tokens=64, decoding=True)     # the forced chunk: the old debt is forgiven
+    assert not p.holding
 
 
 def test_long_prompt_beside_streams_is_chunked_and_not_fresh() -> None:
@@ -29,8 +65,8 @@ def test_long_prompt_beside_streams_is_chunked_and_not_fresh() -> None:
     s.add_request(req("stream", [1, 2, 3], max_tokens=200))
     for _ in range(3):
         timed_step(s, run, 0.010)                           # decode steps of the stream alone: 10 ms
-    s.lane.record(False, 0.100, prompt_tokens=200, decoding=False)   # a prompt token: 0.5 ms
-    cap = s.lane.prompt_cap
+    s.pacer.record(False, 0.100, prompt_tokens=100, decoding=False)   # a prompt token: 1 ms
+    cap = s.pacer.prompt_cap
     assert cap == MIN_PROMPT_CHUNK
     s.add_request(req("long", list(range(10, 410)), max_tokens=3))
     out = timed_step(s, run, 0.020)
@@ -39,9 +75,61 @@ def test_long_prompt_beside_streams_is_chunked_and_not_fresh() -> None:
     assert long.num_computed_tokens == cap                   # one chunk of the cap
     without = 0
     while long.num_output_tokens == 0:
-        before, cap = long.num_computed_tokens, s.lane.prompt_cap
+        before, cap = long.num_computed_tokens, s.pacer.prompt_cap
         ran = timed_step(s, run, 0.020)
         assert long.num_computed_tokens - before <= cap       # never more than the cap in one step
         without = 0 if "stream" in ran else without + 1
         assert without <= 1   # the stream sits out at most one lane step (the prompt's last chunk, fresh now)
     assert s.get_request("stream").num_output_tokens > 3
+
+
+FIXED_S, ROW_S, ATTN_S = 0.005, 0.001, 2e-6   # the cost model: per step, per row, per (prompt row x key)
+
+
+def step_cost(out: SchedulerOutput) -> float:
+    """A compute-bound step: fixed work, every row, and each prompt row's attention over its keys."""
+    attn = sum(sum(range(sr.num_computed_tokens, sr.num_computed_tokens + sr.num_new_tokens))
+               for sr in out.scheduled if _prefilling(sr.request, sr.num_computed_tokens))
+    return FIXED_S + ROW_S * out.num_batched_tokens + ATTN_S * attn
+
+
+def run_timed(s: Scheduler, run: MockRunner, until) -> tuple[float, int]:
+    """Step until ``until()``, timing steps by the cost model: (seconds, stream tokens made)."""
+    clock, made = 0.0, 0
+    while not until():
+        out, sampled = step(s, run)
+        seconds = step_cost(out)
+        s.record_step(out, seconds)
+        clock += seconds
+        made += sum(1 for rid in sampled if rid.startswith("s"))
+    return clock, made
+
+
+def test_streams_and_a_long_prompt_each_keep_about_half() -> None:
+    """8 streams decode while a 1,200-token prompt arrives, with 32 prompt rows costing ~3 decode steps:
+    the streams keep about half their rate and the prompt's first token comes in about twice its time alone
+    (a cap that only sized each step at ~2 decode steps left the streams ~0.3x here); nothing is lost."""
+    a, run_a = make(fresh=4, num_blocks=2048, max_batched=512, max_seqs=16)
+    alone_req = req("long", list(range(1000, 2200)), max_tokens=2)
+    a.add_request(alone_req)
+    alone, _ = run_timed(a, run_a, lambda: alone_req.num_output_tokens > 0)
+
+    s, run = make(fresh=4, num_blocks=2048, max_batched=512, max_seqs=16)
+    reqs = [req("warm", list(range(500, 600)), max_tokens=1)]      # a prompt alone: a prompt token's time
+    s.add_request(reqs[0])
+    run_timed(s, run, lambda: not s.has_unfinished_requests())
+    reqs += [req(f"s{i}", [7, i, 9], max_tokens=400) for i in range(8)]
+    for r in reqs[1:]:
+        s.add_request(r)
+    run_timed(s, run, lambda: all(r.num_output_tokens >= 10 for r in reqs[1:]))
+    decode_s = s.pacer.decode_s
+    assert decode_s > 0.0 and ROW_S * 32 > 2 * decode_s              # 32 prompt rows alone exceed 2 decode steps
+    reqs.append(req("long", list(range(1000, 2200)), max_tokens=2))
+    s.add_request(reqs[-1])
+    clock, made = run_timed(s, run, lambda: reqs[-1].num_output_tokens > 0)
+    streams = made / 8 * decode_s / clock                  # their rate beside the prompt / their rate alone
+    assert 0.45 <= streams <= 0.65, streams
+    assert clock <= 2.2 * alone, (clock, alone)
+    run_timed(s, run, lambda: not s.has_unfinished_requests())
+    assert all(r.status is RequestStatus.FINISHED_LENGTH and r.num_output_tokens == r.max_tokens for r in reqs)
+    assert s.kv.num_free_blocks == 2048

@@ -13,12 +13,8 @@ so however requests arrive, the running streams get at least every other unit of
 tokens (speculative decoding verifies drafts in the step they were proposed for). Which step computes
 a row never changes its result (batch invariance), so outputs are the same with the lane on or off.
 
-Long prompts beside running streams (prefill pacing): a step that decodes running streams takes at most
-``prompt_cap`` prompt tokens, adapted after every such step so the step costs about twice a decode-only
-step (the streams keep about half their rate; the prompt gets about half the machine, so its time to the
-first token stays near twice its time alone). A prompt whose remainder exceeds the cap is not fresh: it
-advances in full steps beside the streams, never in lane steps they wait out. Chunking never changes a
-row's bits, so outputs are the same whatever the cap.
+Long prompts beside running streams (prefill_pacing.py): a prompt whose remainder exceeds the pacer's
+chunk is not fresh: it advances in paced full steps beside the streams, never in lane steps they wait out.
 
 Contract: :meth:`lane_only` before a step is scheduled; :meth:`record` after it ran, with its time.
 """
@@ -26,15 +22,10 @@ Contract: :meth:`lane_only` before a step is scheduled; :meth:`record` after it 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from hitenter.engine.prefill_pacing import PrefillPacer
 from hitenter.engine.request import Request
-
-MIN_PROMPT_CHUNK = 32     # the cap never goes below this (per-step overheads would dominate). Measured with
-                          # bench/long_prompt_streams.py (SmolLM2, 16 streams, a 4,000-token prompt, AVX2, 2
-                          # threads): 32 -> streams keep 0.30x, the prompt's TTFT 1.31x alone; 8 -> 0.40x and
-                          # 2.59x: small chunks pay a pass over the weights each, so the sum of both shares fell
-NO_CAP = 1 << 40
 
 
 @dataclass
@@ -42,23 +33,11 @@ class FreshLane:
     fresh_tokens: int
     full_step_s: float = 0.0   # the last full step's time (0 until one has been recorded: no lane)
     lane_s: float = 0.0        # lane steps' time since that step
-    decode_s: float = 0.0      # recent decode-only steps' time (moving average; 0: none seen yet)
-    token_s: float = 0.0       # a prompt token's time in prompt-only steps (moving average)
-    adapted: int = 0           # the cap learnt from steps with prompt and decode rows (0: none yet)
-
-    @property
-    def prompt_cap(self) -> int:
-        """Prompt tokens a step may take beside decoding streams: learnt from mixed steps, else estimated
-        from the decode and prompt-token times seen, else no cap."""
-        if self.adapted:
-            return self.adapted
-        if self.decode_s and self.token_s:
-            return max(MIN_PROMPT_CHUNK, int(self.decode_s / self.token_s))
-        return NO_CAP
+    pacer: PrefillPacer = field(default_factory=PrefillPacer)   # its chunk bounds a fresh prompt
 
     def is_fresh(self, req: Request) -> bool:
         return (len(req.output_token_ids) < self.fresh_tokens
-                and req.num_tokens - req.num_computed_tokens <= self.prompt_cap)
+                and req.num_tokens - req.num_computed_tokens <= self.pacer.prompt_cap)
 
     def lane_only(self, running: Sequence[Request], waiting: Sequence[Request]) -> bool:
         """Whether the next step runs fresh requests only: there is a fresh request (running, or at the
@@ -70,21 +49,9 @@ class FreshLane:
         fresh = any(self.is_fresh(r) for r in running) or (bool(waiting) and self.is_fresh(waiting[0]))
         return fresh and not all(self.is_fresh(r) for r in running)
 
-    def record(self, lane_only: bool, seconds: float, prompt_tokens: int = 0, decoding: bool = False) -> None:
-        """A step ran for ``seconds`` (a lane step, or a full one) with ``prompt_tokens`` prompt tokens,
-        ``decoding``: beside generation rows of running streams."""
+    def record(self, lane_only: bool, seconds: float) -> None:
+        """A step ran for ``seconds``: a lane step, or a full one."""
         if lane_only:
             self.lane_s += seconds
         else:
             self.full_step_s, self.lane_s = seconds, 0.0
-        if not decoding:
-            if prompt_tokens:
-                per = seconds / prompt_tokens
-                self.token_s = per if not self.token_s else 0.7 * self.token_s + 0.3 * per
-            return
-        if not prompt_tokens:
-            self.decode_s = seconds if not self.decode_s else 0.7 * self.decode_s + 0.3 * seconds
-        elif self.decode_s:   # aim the prompt part at one decode step's time: the step costs ~2 decode steps
-            scale = self.decode_s / max(seconds - self.decode_s, 1e-6)
-            self.adapted = max(MIN_PROMPT_CHUNK, min(2 * max(prompt_tokens, MIN_PROMPT_CHUNK),
-                                                     round(prompt_tokens * scale)))

@@ -32,6 +32,8 @@ Contracts:
 - Fresh lane (hitenter/engine/fresh_lane.py): a step may run only the requests with fewer than
   ``fresh_tokens`` outputs (``SchedulerOutput.lane_only``), skipping the older running ones; the
   engine reports each step's time through ``record_step``, which bounds those steps.
+- Prefill pacing (hitenter/engine/prefill_pacing.py): beside decoding streams a step takes at most the
+  pacer's chunk of prompt tokens, and none while the streams are owed time (``PrefillPacer.budget``).
 - ``SchedulerOutput.kv_events`` holds every KV event since the previous ``schedule()`` returned
   (the previous step's cache/free events, then this call's), so each event appears exactly once.
 """
@@ -45,6 +47,7 @@ from dataclasses import dataclass, field
 
 from hitenter.config import SchedulerConfig
 from hitenter.engine.fresh_lane import FreshLane
+from hitenter.engine.prefill_pacing import PrefillPacer
 from hitenter.engine.request import Request, RequestStatus
 from hitenter.engine.stopping import append_until_stop
 from hitenter.errors import ContextOverflowError, QueueFullError
@@ -104,7 +107,8 @@ class Scheduler:
         self._num_preemptions = 0
         self._events: list[KVEvent] = []
         kv_manager.subscribe(self._events.append)
-        self.lane = FreshLane(scheduler_config.fresh_tokens)
+        self.pacer = PrefillPacer()
+        self.lane = FreshLane(scheduler_config.fresh_tokens, pacer=self.pacer)
 
     # ---- queue ------------------------------------------------------------------------------------------
     def add_request(self, request: Request, remote: bool = False) -> None:
@@ -168,16 +172,17 @@ class Scheduler:
         """The step of ``out`` ran for ``seconds`` (bounds the fresh lane's steps and paces long prompts)."""
         prompt = sum(sr.num_new_tokens for sr in out.scheduled if _prefilling(sr.request, sr.num_computed_tokens))
         decoding = any(not _prefilling(sr.request, sr.num_computed_tokens) for sr in out.scheduled)
-        self.lane.record(out.lane_only, seconds, prompt, decoding)
+        self.lane.record(out.lane_only, seconds)
+        self.pacer.record(out.lane_only, seconds, prompt, decoding)
 
     def _pick(self, lane: bool) -> tuple[list[ScheduledRequest], list[Request], int]:
         """(scheduled, preempted, budget left); with ``lane`` the older running requests sit it out."""
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
-        # prompt tokens beside decoding streams: paced (fresh_lane.py)
+        # prompt tokens beside decoding streams: paced (prefill_pacing.py)
         paced = any(not _prefilling(r, r.num_computed_tokens) for r in self.running)
-        prompt_budget = self.lane.prompt_cap if paced else budget
+        prompt_budget = self.pacer.budget(lane) if paced else budget
 
         i = 0
         while i < len(self.running) and budget > 0:
