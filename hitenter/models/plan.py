@@ -2,7 +2,7 @@
 
 Five inputs used to decide it in four places (the packed-vs-plain GEMM probe in linear.py, the attention
 row padding probe in row_invariance.py, the fused attention kernel check re-run per layer per step, the
-``batch_invariant`` flag, the HITENTER_DECODE_KERNEL variable). They are now read here, at load, from
+``batch_invariant`` flag, the decode attention library's status). They are now read here, at load, from
 the CPU (probes), the weights (which linear layers are dense) and the options, into one frozen
 ``KernelPlan`` the engine holds (``LLMEngine.plan``) and the runner consults each step (the attention
 kernel decision travels to every layer in ``AttentionMetadata.use_kernel``: no per-layer re-check).
@@ -12,7 +12,6 @@ kernel decision travels to every layer in ``AttentionMetadata.use_kernel``: no p
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -54,12 +53,11 @@ class KernelPlan:
 
 
 def _attention_kernel(kv_cache_layer: torch.Tensor | None, num_heads: int, dtype: torch.dtype) -> tuple[bool, str]:
-    if os.environ.get("HITENTER_DECODE_KERNEL", "1") == "0":
-        return False, "HITENTER_DECODE_KERNEL=0"
     if kv_cache_layer is None:
         return False, "no local KV cache (the workers hold it)"
-    if decode_kernel.load() is None:
-        return False, "not built (no C compiler, or the build failed: see the log)"
+    lib = decode_kernel.load
+    if lib() is None:   # off by its variable, or not built (no C compiler, a failed build: logged once)
+        return False, f"{lib.env}=0" if lib.status.startswith("off") else f"not built ({lib.status})"
     if not decode_kernel.supports(kv_cache_layer, num_heads, dtype):
         kvh, d = kv_cache_layer.shape[1], cache_head_dim(kv_cache_layer)
         return False, f"unsupported shape or dtype (head_dim {d}, {num_heads} heads / {kvh} KV heads, {dtype})"
