@@ -32,6 +32,7 @@ from hitenter.models.block_linear import BlockLinear
 from hitenter.models.gguf import SUPPORTED_TENSOR_TYPES
 from hitenter.models.loader import load_model
 from hitenter.quant.evaluate import _Seq
+from hitenter.testing.isa import forced_isa_params
 from hitenter.testing.tiny_model import random_kquant, write_tiny_gguf
 
 qm = importlib.import_module("hitenter.kernels.qmatmul")
@@ -108,7 +109,7 @@ def test_native_matches_reference(qtype: Q, one_thread: None) -> None:
     check_type(qtype)
 
 
-@pytest.mark.parametrize("isa", ["avx2", "generic"])
+@pytest.mark.parametrize("isa", forced_isa_params(["avx2", "generic"]))   # avx2: slow where it is the default build
 def test_forced_isa_variants_match_reference(isa: str, reload_kernels: pytest.MonkeyPatch, one_thread: None) -> None:
     reload_kernels.setenv("HITENTER_QMATMUL_ISA", isa)
     if isa == "avx2" and not torch.backends.cpu.get_cpu_capability().startswith("AVX"):

@@ -25,6 +25,7 @@ import torch
 
 from hitenter.kernels import BlockWeight, block_weight_from_gguf, qmatmul, reference_qmatmul
 from hitenter.models.gguf import open_gguf
+from hitenter.testing.isa import forced_isa_params
 
 # the module (the package attribute `qmatmul` is the function)
 qm_mod = importlib.import_module("hitenter.kernels.qmatmul")
@@ -104,7 +105,7 @@ def test_native_matches_reference(qtype: Q) -> None:
     run_against_reference(qtype, MS)
 
 
-@pytest.mark.parametrize("isa", ["avx2", "generic"])
+@pytest.mark.parametrize("isa", forced_isa_params(["avx2", "generic"]))   # avx2: slow where it is the default build
 def test_forced_isa_variants_match_reference(isa: str, reload_kernels: pytest.MonkeyPatch) -> None:
     reload_kernels.setenv("HITENTER_QMATMUL_ISA", isa)
     assert qm_mod.native_isa() == isa
