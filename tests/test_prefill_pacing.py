@@ -141,7 +141,7 @@ def test_streams_and_a_long_prompt_each_keep_about_half() -> None:
     s.add_request(reqs[-1])
     clock, made = run_timed(s, run, lambda: reqs[-1].num_output_tokens > 0)
     streams = made / 8 * decode_s / clock                  # their rate beside the prompt / their rate alone
-    assert 0.5 <= streams <= 0.65, streams
+    assert 0.47 <= streams <= 0.65, streams   # STREAM_SHARE, less the last chunk's unpaid debt and lane step
     assert clock <= 2.2 * alone, (clock, alone)
     run_timed(s, run, lambda: not s.has_unfinished_requests())
     assert all(r.status is RequestStatus.FINISHED_LENGTH and r.num_output_tokens == r.max_tokens for r in reqs)

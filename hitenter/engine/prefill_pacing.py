@@ -14,7 +14,9 @@ Rule: time is shared by a fixed split, and the chunk is sized for efficiency sep
   step's time less ``D``. The streams got ``D`` of it; they are owed ``w P - D`` more, with
   ``w = STREAM_SHARE / (1 - STREAM_SHARE)``. Decode-only steps repay the debt with their time. A full step
   takes prompt tokens beside decoding streams only when nothing is owed, so the streams keep about
-  ``STREAM_SHARE`` of the time and their rate, and the prompt the rest, whatever the chunk size.
+  ``STREAM_SHARE`` of the time and their rate, and the prompt the rest, whatever the chunk size. The last
+  repaying step's surplus, and a chunk cheaper than its share, are kept as credit of at most one decode
+  step, so whole steps do not round the split in the streams' favour.
   ``STREAM_SHARE`` is a little over half: the prompt's half comes back as more than half its alone speed
   (each chunk's step also carries the streams' rows, which saves a decode step's fixed work: ~0.2-0.4 of a
   decode step per chunk here), and the streams' half has no such gain.
@@ -47,7 +49,7 @@ class PrefillPacer:
     decode_s: float = 0.0      # recent decode-only full steps' time (moving average; 0: none seen yet)
     token_s: float = 0.0       # a prompt token's time in prompt-only steps (moving average)
     adapted: int = 0           # the chunk learnt from steps with prompt and decode rows (0: none yet)
-    owed_s: float = 0.0        # prompt time not yet repaid to the streams by decode-only steps
+    owed_s: float = 0.0        # time owed to the streams, repaid by decode-only steps (< 0: the prompt's credit)
     held: int = 0              # decode-only full steps since the last paced chunk, while owing
 
     @property
@@ -83,8 +85,8 @@ class PrefillPacer:
             return
         if not prompt_tokens:
             self.decode_s = seconds if not self.decode_s else 0.7 * self.decode_s + 0.3 * seconds
-            if self.owed_s > 0.0:
-                self.owed_s = max(0.0, self.owed_s - seconds)
+            if self.owed_s > 0.0:   # a repaid step's surplus is credit, at most one decode step
+                self.owed_s = max(-self.decode_s, self.owed_s - seconds)
                 self.held += 1
             return
         if not self.decode_s:
@@ -92,7 +94,7 @@ class PrefillPacer:
         part = max(seconds - self.decode_s, 1e-6)
         owed = self.owed_s if self.held < MAX_HOLD else 0.0
         weight = STREAM_SHARE / (1.0 - STREAM_SHARE)
-        self.owed_s, self.held = max(0.0, owed + weight * part - self.decode_s), 0
+        self.owed_s, self.held = max(-self.decode_s, owed + weight * part - self.decode_s), 0
         target = CHUNK_STEPS * self.decode_s
         self.adapted = max(MIN_PROMPT_CHUNK, min(2 * max(prompt_tokens, MIN_PROMPT_CHUNK),
                                                  round(prompt_tokens * target / part)))
