@@ -3,8 +3,9 @@ Llama / Qwen2 GGUF models that the tests write themselves."""
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,17 @@ def tiny_qwen2_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from hitenter.testing.tiny_model import write_tiny_gguf
 
     return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny-qwen2.gguf", arch="qwen2", seed=1)
+
+
+@pytest.fixture(scope="session")
+def gguf_tokenizer() -> Callable[[Path], object]:
+    """``gguf_tokenizer(path)``: the Tokenizer of a GGUF, read once per session (a real vocabulary takes
+    0.5-1.5 s of CPU to read; the modules that compare with one only encode and decode)."""
+    from functools import cache
+
+    from hitenter.tokenizer import Tokenizer
+
+    return cache(lambda path: Tokenizer.from_gguf(Path(path)))
 
 
 class Fp32Models:
@@ -128,6 +140,18 @@ CHROMIUM = SharedChromium()
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     CHROMIUM.modules = {item.nodeid.split("::")[0] for item in items if "browser" in getattr(item, "fixturenames", ())}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A lane or the whole suite (100 tests or more) compiles the native libraries it will load before its first
+    test, on every core (hitenter/testing/prebuild.py); a few tests build what they use on first use.
+    HITENTER_TEST_PREBUILD=1 / 0 forces it on / off."""
+    want = os.environ.get("HITENTER_TEST_PREBUILD", "")
+    if session.config.option.collectonly or want == "0" or (want != "1" and len(session.items) < 100):
+        return
+    from hitenter.testing.prebuild import build_all
+
+    build_all(item.nodeid for item in session.items)
 
 
 @pytest.hookimpl(trylast=True)   # after the test's own fixtures (its pages) are torn down

@@ -16,11 +16,11 @@ MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]
 
 
 @pytest.fixture(scope="module", params=MODELS)
-def tok(request: pytest.FixtureRequest) -> Tokenizer:
+def tok(request: pytest.FixtureRequest, gguf_tokenizer) -> Tokenizer:  # type: ignore[no-untyped-def]
     path: Path = model_path(request.param)
     if not path.is_file():
         pytest.skip(f"{request.param} is not in the model cache")
-    return Tokenizer.from_gguf(path)
+    return gguf_tokenizer(path)
 
 
 def _control(tok: Tokenizer, text: str) -> int:

@@ -187,9 +187,8 @@ MODEL = Path.home() / ".cache" / "hitenter" / "models" / "smollm2-135m-instruct.
 
 
 @pytest.mark.skipif(not MODEL.exists(), reason="SmolLM2 GGUF not in the cache")
-def test_real_tokenizer_token_bytes_round_trip() -> None:
-    bpe = pytest.importorskip("hitenter.tokenizer.bpe")
-    tok = bpe.Tokenizer.from_gguf(MODEL)
+def test_real_tokenizer_token_bytes_round_trip(gguf_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    tok = gguf_tokenizer(MODEL)
     text = "Emoji 👋🏽🎉, CJK 世界你好, Hindi नमस्ते दुनिया, math ∑∫, done."
     ids = tok.encode(text)
     d = IncrementalDetokenizer(tok.token_bytes, tok.is_special, SP(stop=["दुनिया"]))

@@ -114,3 +114,31 @@ def test_a_compiler_timeout_stops_the_whole_compiler(tmp_path: Path) -> None:
         time.sleep(0.02)
     else:
         pytest.fail(f"the compiler's child outlived the timeout: {stat.read_text()}")
+
+
+def test_build_gives_the_file_that_a_load_opens() -> None:
+    from hitenter.kernels.native import RACE
+
+    if RACE() is None:
+        pytest.skip("no race kernel here")
+    assert str(RACE.build()) == RACE._lib._name
+    with pytest.raises(ValueError, match="no instance"):
+        RACE.build(tag="portable")
+
+
+def test_the_session_prebuild_covers_every_library_instance_and_forced_variant(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from hitenter.kernels.native import QMATMUL, RACE
+    from hitenter.testing.prebuild import jobs
+
+    monkeypatch.delenv("HITENTER_QMATMUL_ISA", raising=False)
+    got = {(lib.name, variant, tag) for lib, variant, tag in jobs(["tests/a.py::t[avx2]", "tests/b.py::u"])}
+    want = {(lib.name, "auto" if lib.variants else "", "") for lib in LIBRARIES}
+    want |= {(lib.name, "", tag) for lib in LIBRARIES for tag in lib.instances}
+    want |= {("qmatmul", "generic", ""), ("qmatmul", "avx2", "")}
+    assert got == want
+    assert jobs([])[0][0].name == "decode_attention" and jobs([])[0][2] == "portable"   # the slowest first
+    monkeypatch.setenv(RACE.env, "0")
+    monkeypatch.setenv(QMATMUL.variant_env, "generic")
+    got = {(lib.name, variant, tag) for lib, variant, tag in jobs([])}
+    assert ("race", "", "") not in got and ("qmatmul", "generic", "") in got and ("qmatmul", "auto", "") not in got

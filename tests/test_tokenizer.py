@@ -20,7 +20,7 @@ MODELS = {"smollm2": "smollm2-135m-instruct", "qwen2.5-coder-0.5b": "qwen2.5-cod
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
-def golden_tok(request: pytest.FixtureRequest) -> tuple[Tokenizer, dict[str, Any]]:
+def golden_tok(request: pytest.FixtureRequest, gguf_tokenizer) -> tuple[Tokenizer, dict[str, Any]]:  # type: ignore[no-untyped-def]
     short = request.param
     golden = json.loads((GOLDENS / f"tokenizer_{short}.json").read_text())
     if short == "smollm2":
@@ -29,7 +29,7 @@ def golden_tok(request: pytest.FixtureRequest) -> tuple[Tokenizer, dict[str, Any
         path = hitenter_home() / "models" / f"{MODELS[short]}.gguf"
         if not path.is_file():
             pytest.skip(f"{path} not present (hitenter pull {MODELS[short]})")
-    return Tokenizer.from_gguf(path), golden
+    return gguf_tokenizer(path), golden
 
 
 def test_corpus_is_diverse() -> None:

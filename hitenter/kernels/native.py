@@ -102,7 +102,7 @@ class NativeLibrary:
                 return self._decide(None, None, f"needs {', '.join(missing)}")
             variant = self._variant()
             try:
-                lib = self._open(f"{self.name}-{variant}" if variant else self.name, variant)
+                lib = self._open(variant)
                 handle = lib if self.make is None else self.make(lib, variant)
             except BuildError as e:
                 log.warning("%s unavailable: %s. %s", self.what, self.fallback, e)
@@ -124,10 +124,20 @@ class NativeLibrary:
         self._tried = True
         return handle
 
-    def _open(self, file_name: str, variant: str, extra: Sequence[str] = ()) -> ctypes.CDLL:
-        """Build (or find in the cache) and dlopen under `file_name`, with the declared signatures."""
-        flags = [*self.flags, *self.variants.get(variant, ()), *extra]
-        path = build_library(file_name, self.source, flags, self.headers)
+    def build(self, variant: str | None = None, tag: str = "") -> Path:
+        """The compiled file of `variant` (None: the environment's choice) or of the instance `tag`, built
+        where the cache lacks it, not loaded: what a load opens (the test session builds the files it
+        will load at its start, several at once). BuildError as a load meets it."""
+        variant = self._variant() if variant is None else variant
+        if tag and tag not in self.instances:
+            raise ValueError(f"{self.name}: no instance {tag!r} declared (declared: {sorted(self.instances)})")
+        file_name = f"{self.name}_{tag}" if tag else f"{self.name}-{variant}" if variant else self.name
+        flags = [*self.flags, *self.variants.get(variant, ()), *(self.instances[tag] if tag else ())]
+        return build_library(file_name, self.source, flags, self.headers)
+
+    def _open(self, variant: str, tag: str = "") -> ctypes.CDLL:
+        """Build (or find in the cache) and dlopen, with the declared signatures."""
+        path = self.build(variant, tag)
         try:
             lib = ctypes.CDLL(str(path))
             for fn, (restype, argtypes) in self.signatures.items():
@@ -154,7 +164,7 @@ class NativeLibrary:
         with self._lock:
             if tag not in self._copies:
                 try:
-                    self._copies[tag] = self._open(f"{self.name}_{tag}", self.variant, self.instances[tag])
+                    self._copies[tag] = self._open(self.variant, tag)
                 except BuildError as e:
                     log.warning("%s (%s instance) unavailable: %s. %s", self.what, tag, self.fallback, e)
                     self._copies[tag] = None
