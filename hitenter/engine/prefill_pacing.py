@@ -22,8 +22,8 @@ Rule: time is shared by a fixed split, and the chunk is sized for efficiency sep
   decode step per chunk here), and the streams' half has no such gain.
 - The chunk aims ``P`` at ``CHUNK_STEPS`` decode steps' time, learnt from the mixed steps' times (at most
   2x growth per step), never under ``MIN_PROMPT_CHUNK`` tokens: a prompt token costs about the same CPU
-  in chunks of 32 to 2,048 (SmolLM2, 4,000 tokens alone: 7.8 vs 7.7 ms), 18% more in chunks of 16 and
-  60% more in chunks of 8. One decode step's worth is the smallest chunk that, without holds, gives the
+  in chunks of 32 to 2,048 (SmolLM2, 4,000 tokens alone: 7.8 ms vs 7.0-7.7 ms), 18-20% more in chunks of
+  16 and 60% more in chunks of 8. One decode step's worth is the smallest chunk that, without holds, gives the
   prompt its half, and the most chunks (each saving a decode step's fixed work) that do.
 - No starvation: after ``MAX_HOLD`` decode-only steps in a row the prompt runs anyway (the debt is
   forgiven), whatever the measured times. Lane steps (fresh_lane.py) neither learn nor repay here; they
@@ -40,7 +40,8 @@ from dataclasses import dataclass
 MIN_PROMPT_CHUNK = 32     # the chunk never goes below this (smaller chunks cost more per token; see above)
 CHUNK_STEPS = 1.0         # a chunk's prompt part aims at this many decode-only steps' time
 STREAM_SHARE = 0.53       # the decoding streams' share of the time while a prompt is paced beside them
-MAX_HOLD = 8              # at most this many decode-only steps in a row hold a paced prompt back
+MAX_HOLD = 64             # at most this many decode-only steps in a row hold a paced prompt back (a bound for
+                          # odd timings; a 32-token chunk at 8k beside one SmolLM2 stream needs ~35)
 NO_CAP = 1 << 40
 
 
