@@ -84,6 +84,8 @@ def decode_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, ctx_lens: to
                               int(window or 0), torch.get_num_threads())
     if rc == -2:
         raise ValueError("decode_attention: a row with ctx < 1")
+    if rc == -3:
+        raise MemoryError("decode_attention: no memory for the long rows' chunk states")
     if rc != 0:
         raise ValueError(f"decode_attention: unsupported shape (heads {h}, kv heads {kvh}, head_dim {d})")
     return out

@@ -96,7 +96,180 @@ A2_INLINE void widen_rows(float *dst, const char *const *src, int n, int D, int 
         }
 }
 
-/* ---- decode: one (row, KV head), its G query heads over keys first .. ctx-1 ---------------------- */
+/* ---- decode: one (row, KV head), its G query heads over keys first .. end-1 (a chunk) ----------- */
+
+/* A bf16 / f16 cache (the default) is read in place, each 8 elements widened (exactly) in a register as they
+   are loaded, no fp32 copy of the tile (its stores, and the L1 it took: 32 KB a tile at head_dim 256), and a
+   key or value vector loaded once serves a block of up to 6 query heads: 17-27% less CPU than widening the
+   tile first (batch-1 decode attention at 4,000 keys, Gemma 3 270M and Qwen2.5-1.5B shapes, AMD EPYC Zen 3,
+   AVX2). The arithmetic per query is that of the fp32 / q8_0 code below, so the bits are those of an fp32
+   cache holding the same values: a score is one FMA chain over d from 0 then the fixed transpose tree, P.V
+   one FMA chain over the keys in order. (The same blocking over an fp32 cache read in place measured 35%
+   slower than that code, so fp32 and q8_0 keep it.) */
+
+/* 8 elements from element i of a cache row of type kt (fp32, bf16 or f16), widened exactly to fp32 */
+A2_INLINE __m256 load8_kv(const char *row, int i, const int kt) {
+    if (kt == KV_F32) return _mm256_loadu_ps((const float *)row + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)(row + 2 * i));
+    return kt == KV_F16 ? _mm256_cvtph_ps(h) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* s[u][0 / 1] (lanes: keys 0-7 / 8-15 of the tile kr, nk keys) = q_u . k_j for the GB queries qf + u * D: per
+   query and key an FMA chain over d in order from 0, KP keys at a time, then transpose_sum8 over 8 keys.
+   Lanes of keys >= nk are 0 (the caller masks them). */
+A2_INLINE void tile_scores(const float *qf, const char *const *kr, int nk, const int kt, const int NV, const int GB,
+                           __m256 s[][2]) {
+    const int KP = 8 / (GB < 4 ? GB : 4);   /* keys per pass: GB x KP accumulators, 8 chains or more */
+    const int D = 8 * NV;
+    __m256 p[6][16];
+    for (int j0 = 0; j0 < 16; j0 += KP) {
+        __m256 a[6][8];
+        for (int u = 0; u < GB; u++)
+            for (int j = 0; j < KP; j++) a[u][j] = _mm256_setzero_ps();
+        if (j0 < nk) {
+            const char *k[8];
+            for (int j = 0; j < KP; j++) k[j] = kr[j0 + j < nk ? j0 + j : j0];
+            for (int i = 0; i < NV; i++) {
+                __m256 x[8];
+                for (int j = 0; j < KP; j++) x[j] = load8_kv(k[j], 8 * i, kt);
+                for (int u = 0; u < GB; u++) {
+                    const __m256 qi = _mm256_load_ps(qf + u * D + 8 * i);
+                    for (int j = 0; j < KP; j++) a[u][j] = _mm256_fmadd_ps(qi, x[j], a[u][j]);
+                }
+            }
+        }
+        for (int u = 0; u < GB; u++)
+            for (int j = 0; j < KP; j++) p[u][j0 + j] = a[u][j];
+    }
+    for (int u = 0; u < GB; u++) s[u][0] = transpose_sum8(p[u]), s[u][1] = transpose_sum8(p[u] + 8);
+}
+
+/* acc_u[0 .. D) = acc_u * corr[u] + sum over keys t < nk (in order) of pr[u][t] * v_t, for the GB queries
+   acc + u * D; 16 dims of every query at a time in registers */
+A2_INLINE void tile_pv(float *acc, const float *corr, const float (*pr)[16], const char *const *vr, int nk,
+                       const int kt, const int NV, const int GB) {
+    const int D = 8 * NV;
+    for (int i = 0; i < NV; i += 2) {
+        __m256 a[6][2];
+        for (int u = 0; u < GB; u++) {
+            const __m256 c = _mm256_set1_ps(corr[u]);
+            a[u][0] = _mm256_mul_ps(_mm256_load_ps(acc + u * D + 8 * i), c);
+            a[u][1] = _mm256_mul_ps(_mm256_load_ps(acc + u * D + 8 * i + 8), c);
+        }
+        for (int t = 0; t < nk; t++) {
+            const __m256 x0 = load8_kv(vr[t], 8 * i, kt), x1 = load8_kv(vr[t], 8 * i + 8, kt);
+            for (int u = 0; u < GB; u++) {
+                const __m256 pt = _mm256_broadcast_ss(&pr[u][t]);
+                a[u][0] = _mm256_fmadd_ps(pt, x0, a[u][0]);
+                a[u][1] = _mm256_fmadd_ps(pt, x1, a[u][1]);
+            }
+        }
+        for (int u = 0; u < GB; u++) {
+            _mm256_store_ps(acc + u * D + 8 * i, a[u][0]);
+            _mm256_store_ps(acc + u * D + 8 * i + 8, a[u][1]);
+        }
+    }
+}
+
+/* the tile (nk keys kr / vr, type lt) for the GB query heads g0 .. g0+GB-1: scores, the online softmax update
+   (m, l), acc = acc * corr + P.V */
+A2_INLINE void tile_heads(const float *qf, float *acc, float *m, float *l, const char *const *kr,
+                          const char *const *vr, int nk, const int lt, const int NV, const int GB) {
+    const int D = 8 * NV;
+    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), ninf = _mm256_set1_ps(-INFINITY);
+    const __m256 n8 = _mm256_set1_ps((float)nk);
+    const __m256 v0 = _mm256_cmp_ps(lane, n8, _CMP_LT_OQ);
+    const __m256 v1 = _mm256_cmp_ps(_mm256_add_ps(lane, _mm256_set1_ps(8.f)), n8, _CMP_LT_OQ);
+    __m256 s[6][2];
+    float pr[6][16] __attribute__((aligned(32))), corr[6];
+    tile_scores(qf, kr, nk, lt, NV, GB, s);
+    for (int u = 0; u < GB; u++) {
+        const __m256 s0 = _mm256_blendv_ps(ninf, s[u][0], v0), s1 = _mm256_blendv_ps(ninf, s[u][1], v1);
+        const float bm = hmax8(_mm256_max_ps(s0, s1)), nm = bm > m[u] ? bm : m[u];
+        const __m256 nm8 = _mm256_set1_ps(nm);
+        const __m256 e0 = _mm256_and_ps(exp8(_mm256_sub_ps(s0, nm8)), v0);
+        const __m256 e1 = _mm256_and_ps(exp8(_mm256_sub_ps(s1, nm8)), v1);
+        corr[u] = m[u] == -INFINITY ? 0.f : _mm256_cvtss_f32(exp8(_mm256_set1_ps(m[u] - nm)));
+        l[u] = l[u] * corr[u] + hsum8(_mm256_add_ps(e0, e1));
+        m[u] = nm;
+        _mm256_store_ps(pr[u], e0);
+        _mm256_store_ps(pr[u] + 8, e1);
+    }
+    tile_pv(acc, corr, (const float (*)[16])pr, vr, nk, lt, NV, GB);
+}
+
+/* the G heads in blocks of at most 6, as even as they split (GB a constant in each copy) */
+A2_INLINE void tile_all(const float *qf, float *acc, float *m, float *l, const char *const *kr,
+                        const char *const *vr, int nk, int G, const int lt, const int NV) {
+    const int D = 8 * NV, nblk = (G + 5) / 6;
+    for (int b = 0, g0 = 0; b < nblk; b++) {
+        const int gb = G / nblk + (b < G % nblk);
+        const float *qb = qf + g0 * D;
+        float *ab = acc + g0 * D, *mb = m + g0, *lb = l + g0;
+        switch (gb) {
+        case 1: tile_heads(qb, ab, mb, lb, kr, vr, nk, lt, NV, 1); break;
+        case 2: tile_heads(qb, ab, mb, lb, kr, vr, nk, lt, NV, 2); break;
+        case 3: tile_heads(qb, ab, mb, lb, kr, vr, nk, lt, NV, 3); break;
+        case 4: tile_heads(qb, ab, mb, lb, kr, vr, nk, lt, NV, 4); break;
+        case 5: tile_heads(qb, ab, mb, lb, kr, vr, nk, lt, NV, 5); break;
+        default: tile_heads(qb, ab, mb, lb, kr, vr, nk, lt, NV, 6); break;
+        }
+        g0 += gb;
+    }
+}
+
+/* decode_item_avx2 (below) for a bf16 or f16 cache (kt), read in place */
+A2_INLINE void decode_half_avx2(const void *q, void *out, float *part, const void *kv, const int kt, int qt,
+                                int64_t r, int h, int64_t first, int64_t end, const int64_t *table, int H, int KVH,
+                                int64_t NB, int BS, const int NV, float scale) {
+    enum { MG = 16, MD = 256 };
+    const int G = H / KVH, D = 8 * NV, qes = elem_bytes(qt);
+    const int64_t rb = kv_row_bytes(kt, D);   /* a cache row's bytes */
+    float qf[MG * MD] __attribute__((aligned(32))), acc[MG * MD] __attribute__((aligned(32)));
+    float m[MG], l[MG];
+    for (int g = 0; g < G; g++) {
+        const char *qp = (const char *)q + ((r * H + h * G + g) * (int64_t)D) * qes;
+        for (int i = 0; i < D; i += 16) {
+            const v16 x = load16t(qp + (int64_t)i * qes, qt) * scale;
+            memcpy(qf + g * D + i, &x, 64);
+        }
+        memset(acc + g * D, 0, (size_t)D * sizeof(float));
+        m[g] = -INFINITY, l[g] = 0.f;
+    }
+    const char *kbase = (const char *)kv + (int64_t)h * NB * BS * rb;
+    const char *vbase = (const char *)kv + (int64_t)(KVH + h) * NB * BS * rb;
+    for (int64_t k0 = first; k0 < end; k0 += 16) {
+        const int nk = end - k0 < 16 ? (int)(end - k0) : 16;
+        const char *kp[16], *vp[16];
+        paged_rows(kp, kbase, table, k0, nk, BS, rb);
+        paged_rows(vp, vbase, table, k0, nk, BS, rb);
+        const int nn = end - (k0 + 16) < 16 ? (int)(end - (k0 + 16)) : 16;   /* fetch the next tile's rows */
+        if (nn > 0) {
+            const char *nkp[16], *nvp[16];
+            paged_rows(nkp, kbase, table, k0 + 16, nn, BS, rb);
+            paged_rows(nvp, vbase, table, k0 + 16, nn, BS, rb);
+            for (int j = 0; j < nn; j++)
+                for (int o = 0; o < rb; o += 64) { __builtin_prefetch(nkp[j] + o); __builtin_prefetch(nvp[j] + o); }
+        }
+        if (kt == KV_F16) tile_all(qf, acc, m, l, kp, vp, nk, G, KV_F16, NV);   /* the type a constant in each */
+        else tile_all(qf, acc, m, l, kp, vp, nk, G, KV_BF16, NV);
+    }
+    if (part) {
+        memcpy(part, acc, (size_t)G * D * sizeof(float));
+        memcpy(part + G * D, m, G * sizeof(float));
+        memcpy(part + G * D + G, l, G * sizeof(float));
+        return;
+    }
+    for (int g = 0; g < G; g++) {
+        char *op = (char *)out + ((r * H + h * G + g) * (int64_t)D) * qes;
+        const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;   /* ctx == 0: a zero row (never NaN) */
+        for (int i = 0; i < D; i += 16) {
+            v16 x;
+            memcpy(&x, acc + g * D + i, 64);
+            store16t(op + (int64_t)i * qes, x * inv, qt);
+        }
+    }
+}
 
 /* scores of query qv (D = 8 * NV, fp32) against the 8 key rows kr[0..7]: lane j = q . k_j, each an FMA
    chain over d in order, then the fixed transpose tree */
@@ -126,10 +299,12 @@ A2_INLINE void pv_row(float *acc, float corr, const float *pr, const float *cons
     }
 }
 
-/* q (type qt) row r, heads h*G .. h*G+G-1 -> out; keys first .. ctx-1 of KV head h; D = 8 * NV */
-A2_INLINE void decode_item_avx2(const void *q, void *out, const void *kv, const int kt, int qt, int64_t r, int h,
-                                int64_t first, int64_t ctx, const int64_t *table, int H, int KVH, int64_t NB,
-                                int BS, const int NV, float scale) {
+/* q (type qt) row r, heads h*G .. h*G+G-1, over keys first .. end-1 of KV head h; D = 8 * NV. part NULL: the
+   normalized result into out; else this chunk's state into part (decode_attention.c's merge): acc [G][D]
+   unnormalized, then m [G], l [G] */
+A2_INLINE void decode_item_avx2(const void *q, void *out, float *part, const void *kv, const int kt, int qt,
+                                int64_t r, int h, int64_t first, int64_t end, const int64_t *table, int H, int KVH,
+                                int64_t NB, int BS, const int NV, float scale) {
     enum { MG = 16, MD = 256 };
     const int G = H / KVH, D = 8 * NV, qes = elem_bytes(qt);
     const int64_t rb = kv_row_bytes(kt, D);   /* a cache row's bytes */
@@ -148,12 +323,12 @@ A2_INLINE void decode_item_avx2(const void *q, void *out, const void *kv, const 
     const char *kbase = (const char *)kv + (int64_t)h * NB * BS * rb;
     const char *vbase = (const char *)kv + (int64_t)(KVH + h) * NB * BS * rb;
     const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), ninf = _mm256_set1_ps(-INFINITY);
-    for (int64_t k0 = first; k0 < ctx; k0 += 16) {
-        const int nk = ctx - k0 < 16 ? (int)(ctx - k0) : 16;
+    for (int64_t k0 = first; k0 < end; k0 += 16) {
+        const int nk = end - k0 < 16 ? (int)(end - k0) : 16;
         const char *kp[16], *vp[16];
         paged_rows(kp, kbase, table, k0, nk, BS, rb);
         paged_rows(vp, vbase, table, k0, nk, BS, rb);
-        const int nn = ctx - (k0 + 16) < 16 ? (int)(ctx - (k0 + 16)) : 16;   /* fetch the next tile's rows */
+        const int nn = end - (k0 + 16) < 16 ? (int)(end - (k0 + 16)) : 16;   /* fetch the next tile's rows */
         if (nn > 0) {
             const char *nkp[16], *nvp[16];
             paged_rows(nkp, kbase, table, k0 + 16, nn, BS, rb);
@@ -187,6 +362,12 @@ A2_INLINE void decode_item_avx2(const void *q, void *out, const void *kv, const 
             _mm256_storeu_ps(pr[g] + 8, e1);
         }
         for (int g = 0; g < G; g++) pv_row(acc + g * D, corr[g], pr[g], vr, nk, NV);
+    }
+    if (part) {
+        memcpy(part, acc, (size_t)G * D * sizeof(float));
+        memcpy(part + G * D, m, G * sizeof(float));
+        memcpy(part + G * D + G, l, G * sizeof(float));
+        return;
     }
     for (int g = 0; g < G; g++) {
         char *op = (char *)out + ((r * H + h * G + g) * (int64_t)D) * qes;

@@ -15,6 +15,7 @@
    key loop simply starts there (a function of the row's position only, so the bits stay batch invariant). 
    GCC / Clang vector extensions only (no intrinsics); -march=native picks the vector width. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <math.h>
 
@@ -125,9 +126,11 @@ INLINE void key_block(const v16 qv[MAXG][MAXNV], v16 acc[MAXG][MAXNV], float *m,
     }
 }
 
-/* one (row, kv head): G query heads over keys first .. ctx-1, 16 keys at a time; D = 16 * NV */
-INLINE void item_nv(const void *q, void *out, const void *kv, const int kt, int qt, int64_t r, int h, int64_t first,
-                    int64_t ctx, const int64_t *table, int H, int KVH, int64_t NB, int BS, const int NV, float scale) {
+/* one (row, kv head): G query heads over keys first .. end-1, 16 keys at a time; D = 16 * NV. part NULL: the
+   normalized result into out; else the chunk's state into part (acc [G][D] unnormalized, m [G], l [G]) */
+INLINE void item_nv(const void *q, void *out, float *part, const void *kv, const int kt, int qt, int64_t r, int h,
+                    int64_t first, int64_t end, const int64_t *table, int H, int KVH, int64_t NB, int BS,
+                    const int NV, float scale) {
     int G = H / KVH, D = 16 * NV, es = elem_bytes(qt);
     v16 qv[MAXG][MAXNV], acc[MAXG][MAXNV];
     float m[MAXG], l[MAXG];
@@ -137,10 +140,17 @@ INLINE void item_nv(const void *q, void *out, const void *kv, const int kt, int 
         m[g] = -INFINITY; l[g] = 0.f;
     }
     int64_t k0 = first;
-    for (; k0 + 16 <= ctx; k0 += 16)
-        key_block(qv, acc, m, l, kv, kt, h, k0, ctx, table, G, KVH, NB, BS, NV, 16);
-    if (k0 < ctx)
-        key_block(qv, acc, m, l, kv, kt, h, k0, ctx, table, G, KVH, NB, BS, NV, (int)(ctx - k0));
+    for (; k0 + 16 <= end; k0 += 16)
+        key_block(qv, acc, m, l, kv, kt, h, k0, end, table, G, KVH, NB, BS, NV, 16);
+    if (k0 < end)
+        key_block(qv, acc, m, l, kv, kt, h, k0, end, table, G, KVH, NB, BS, NV, (int)(end - k0));
+    if (part) {
+        for (int g = 0; g < G; g++) {
+            for (int i = 0; i < NV; i++) memcpy(part + g * D + i * 16, &acc[g][i], sizeof(v16));
+            part[G * D + g] = m[g], part[G * D + G + g] = l[g];
+        }
+        return;
+    }
     for (int g = 0; g < G; g++) {
         char *op = (char *)out + ((r * H + h * G + g) * D) * es;
         float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;   /* ctx == 0: no keys, a zero row (never NaN) */
@@ -152,32 +162,70 @@ INLINE void item_nv(const void *q, void *out, const void *kv, const int kt, int 
    runtime value; for 64 and 128 a half-precision cache gets copies with its type a constant too (a type
    test per load halved their speed). The fp32 copies are left exactly as they were: with the type a
    constant GCC contracts other multiply-adds into FMAs, which would change the fp32 kernel's bits. */
-static void item_vec(const void *q, void *out, const void *kv, int kt, int qt, int64_t r, int h, int64_t first,
-                     int64_t ctx, const int64_t *table, int H, int KVH, int64_t NB, int BS, int NV, float scale) {
+static void item_vec(const void *q, void *out, float *part, const void *kv, int kt, int qt, int64_t r, int h,
+                     int64_t first, int64_t end, const int64_t *table, int H, int KVH, int64_t NB, int BS, int NV,
+                     float scale) {
 #ifdef HITENTER_ATTN_AVX2
-    /* NV counts 16-lane vectors here, 8-lane ones there; head sizes 64, 128 and 256 get constant copies */
-    if (NV == 4) decode_item_avx2(q, out, kv, kt, qt, r, h, first, ctx, table, H, KVH, NB, BS, 8, scale);
-    else if (NV == 8) decode_item_avx2(q, out, kv, kt, qt, r, h, first, ctx, table, H, KVH, NB, BS, 16, scale);
-    else if (NV == 16) decode_item_avx2(q, out, kv, kt, qt, r, h, first, ctx, table, H, KVH, NB, BS, 32, scale);
-    else decode_item_avx2(q, out, kv, kt, qt, r, h, first, ctx, table, H, KVH, NB, BS, 2 * NV, scale);
+    /* NV counts 16-lane vectors here, 8-lane ones there. A bf16 / f16 cache: one copy, NV a runtime value (its
+       inner blocks unroll over heads and keys instead); fp32 / q8_0: head sizes 64, 128 and 256 get constant
+       copies */
+    if (kt == KV_F16 || kt == KV_BF16) {
+        decode_half_avx2(q, out, part, kv, kt, qt, r, h, first, end, table, H, KVH, NB, BS, 2 * NV, scale);
+        return;
+    }
+    if (NV == 4) decode_item_avx2(q, out, part, kv, kt, qt, r, h, first, end, table, H, KVH, NB, BS, 8, scale);
+    else if (NV == 8) decode_item_avx2(q, out, part, kv, kt, qt, r, h, first, end, table, H, KVH, NB, BS, 16, scale);
+    else if (NV == 16) decode_item_avx2(q, out, part, kv, kt, qt, r, h, first, end, table, H, KVH, NB, BS, 32, scale);
+    else decode_item_avx2(q, out, part, kv, kt, qt, r, h, first, end, table, H, KVH, NB, BS, 2 * NV, scale);
     return;
 #endif
-    if (NV == 4 && kt == KV_F16) item_nv(q, out, kv, KV_F16, qt, r, h, first, ctx, table, H, KVH, NB, BS, 4, scale);
+    if (NV == 4 && kt == KV_F16)
+        item_nv(q, out, part, kv, KV_F16, qt, r, h, first, end, table, H, KVH, NB, BS, 4, scale);
     else if (NV == 8 && kt == KV_F16)
-        item_nv(q, out, kv, KV_F16, qt, r, h, first, ctx, table, H, KVH, NB, BS, 8, scale);
+        item_nv(q, out, part, kv, KV_F16, qt, r, h, first, end, table, H, KVH, NB, BS, 8, scale);
     else if (NV == 4 && kt == KV_BF16)
-        item_nv(q, out, kv, KV_BF16, qt, r, h, first, ctx, table, H, KVH, NB, BS, 4, scale);
+        item_nv(q, out, part, kv, KV_BF16, qt, r, h, first, end, table, H, KVH, NB, BS, 4, scale);
     else if (NV == 8 && kt == KV_BF16)
-        item_nv(q, out, kv, KV_BF16, qt, r, h, first, ctx, table, H, KVH, NB, BS, 8, scale);
+        item_nv(q, out, part, kv, KV_BF16, qt, r, h, first, end, table, H, KVH, NB, BS, 8, scale);
     else {
         __asm__("" : "+r"(kt));   /* the type stays a runtime value here */
-        if (NV == 4) item_nv(q, out, kv, kt, qt, r, h, first, ctx, table, H, KVH, NB, BS, 4, scale);
-        else if (NV == 8) item_nv(q, out, kv, kt, qt, r, h, first, ctx, table, H, KVH, NB, BS, 8, scale);
-        else item_nv(q, out, kv, kt, qt, r, h, first, ctx, table, H, KVH, NB, BS, NV, scale);
+        if (NV == 4) item_nv(q, out, part, kv, kt, qt, r, h, first, end, table, H, KVH, NB, BS, 4, scale);
+        else if (NV == 8) item_nv(q, out, part, kv, kt, qt, r, h, first, end, table, H, KVH, NB, BS, 8, scale);
+        else item_nv(q, out, part, kv, kt, qt, r, h, first, end, table, H, KVH, NB, BS, NV, scale);
     }
 }
 
-/* types: the cache's element type (0 fp32, 1 bf16, 2 f16, 3 q8_0; vec16.h) + 4 x the type of q / out (0-2) */
+/* Long rows: the keys first .. ctx-1 of a row are cut into chunks of CHUNK keys counted from its first key
+   (a function of the row's position and window only, never of the thread count or the batch), each chunk a
+   work item of its own (all threads share a long row even where the model has one or two KV heads), and
+   the chunks' states merged in chunk order (merge_chunks). A row of <= CHUNK keys is one chunk: its
+   arithmetic is that of the unsplit kernel. */
+#define CHUNK 256
+
+static inline int64_t row_first(int64_t ctx, int64_t window) { return window > 0 && ctx > window ? ctx - window : 0; }
+
+/* one (row, KV head)'s n > 1 chunk states at part + c * step (acc [G][D] unnormalized, m [G], l [G]) merged in
+   order into its G heads' rows of out (type qt): sum_c w_c acc_c / sum_c w_c l_c, w_c = e^(m_c - max m) */
+static void merge_chunks(const float *part, int64_t n, int64_t step, int G, int D, char *out, int qt) {
+    const int es = elem_bytes(qt), NV = D / 16;
+    for (int g = 0; g < G; g++) {
+        float mx = -INFINITY, lsum = 0.f;
+        for (int64_t c = 0; c < n; c++) mx = part[c * step + G * D + g] > mx ? part[c * step + G * D + g] : mx;
+        v16 acc[MAXNV];
+        for (int i = 0; i < NV; i++) acc[i] = (v16){0};
+        for (int64_t c = 0; c < n; c++) {
+            const float *pc = part + c * step, mc = pc[G * D + g];
+            const float w = mc == -INFINITY ? 0.f : vexp((v16){0} + (mc - mx))[0];
+            lsum += w * pc[G * D + G + g];
+            for (int i = 0; i < NV; i++) acc[i] += w * load16t(pc + g * D + i * 16, KV_F32);
+        }
+        const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+        for (int i = 0; i < NV; i++) store16t(out + (int64_t)(g * D + i * 16) * es, acc[i] * inv, qt);
+    }
+}
+
+/* types: the cache's element type (0 fp32, 1 bf16, 2 f16, 3 q8_0; vec16.h) + 4 x the type of q / out (0-2).
+   0, or -1 an unsupported shape, -2 a row with ctx < 1, -3 out of memory. */
 int decode_attention(const void *q, void *out, const void *kv, int types, int64_t R, const int64_t *ctx,
                      const int64_t *table_start, const int64_t *tables, int H, int KVH, int64_t NB, int BS,
                      int D, float scale, int64_t window, int nthreads) {
@@ -186,12 +234,43 @@ int decode_attention(const void *q, void *out, const void *kv, int types, int64_
         return -1;
     for (int64_t r = 0; r < R; r++)
         if (ctx[r] < 1) return -2;      /* the Python wrapper checks too (decode_kernel.check_rows) */
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
-    for (int64_t i = 0; i < R * KVH; i++) {
-        int64_t r = i / KVH; int h = (int)(i % KVH);
-        int64_t first = window > 0 && ctx[r] > window ? ctx[r] - window : 0;
-        item_vec(q, out, kv, kt, qt, r, h, first, ctx[r], tables + table_start[r], H, KVH, NB, BS, D / 16, scale);
+    const int G = H / KVH, es = elem_bytes(qt);
+    const int64_t step = (int64_t)G * D + 2 * G;   /* floats of one chunk's state */
+    int64_t *cs = malloc((size_t)(R + 1) * sizeof *cs);   /* row r's chunks: cs[r] .. cs[r + 1] - 1 */
+    if (!cs) return -3;
+    cs[0] = 0;
+    for (int64_t r = 0; r < R; r++) cs[r + 1] = cs[r] + (ctx[r] - row_first(ctx[r], window) + CHUNK - 1) / CHUNK;
+    const int64_t T = cs[R];
+    int64_t *crow = malloc((size_t)T * sizeof *crow);   /* the row of chunk c */
+    float *part = T > R ? malloc((size_t)(T * KVH * step) * sizeof *part) : NULL;
+    if (!crow || (T > R && !part)) { free(cs); free(crow); free(part); return -3; }
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c = cs[r]; c < cs[r + 1]; c++) crow[c] = r;
+    #pragma omp parallel num_threads(nthreads) if (T * KVH > 1)
+    {
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < T * KVH; i++) {
+            const int64_t c = i / KVH, r = crow[c];
+            const int h = (int)(i % KVH);
+            const int64_t b = row_first(ctx[r], window) + (c - cs[r]) * CHUNK;
+            const int64_t e = ctx[r] - b < CHUNK ? ctx[r] : b + CHUNK;
+            float *pt = cs[r + 1] - cs[r] > 1 ? part + (c * KVH + h) * step : NULL;
+            item_vec(q, out, pt, kv, kt, qt, r, h, b, e, tables + table_start[r], H, KVH, NB, BS, D / 16, scale);
+        }
+        if (T > R) {
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t i = 0; i < R * KVH; i++) {
+                const int64_t r = i / KVH, n = cs[r + 1] - cs[r];
+                const int h = (int)(i % KVH);
+                if (n > 1)
+                    merge_chunks(part + (cs[r] * KVH + h) * step, n, KVH * step, G, D,
+                                 (char *)out + ((r * H + h * G) * (int64_t)D) * es, qt);
+            }
+        }
     }
+    free(cs);
+    free(crow);
+    free(part);
     return 0;
 }
 
