@@ -6,8 +6,9 @@ Readers dequantize d * q exactly, so the kernels over a q8_0 cache compute what 
 cache holding the dequantized values (the prompt kernel and the GEMM path bitwise, the decode kernel within
 its half copies' few ulp), and match the float64 torch reference on those values to the fp32 kernels' 1e-5.
 Both the AVX2 build and the portable 16-lane build (compiled here with -mno-fma) are checked.
-K rows are stored rotated (H k, the normalized Walsh-Hadamard transform) and the queries rotated to H q: over a
-q8_0 cache paged_attention(q) computes the fp32 attention of H q on the dequantized (rotated) keys."""
+K rows are stored rotated (H k, the normalized Walsh-Hadamard transform) and the queries rotated to H q, V rows as
+H_64 v (H_64 on each run of 64 values) and the output rotated back: over a q8_0 cache paged_attention(q) computes
+H_64 of the fp32 attention of H q on the dequantized (rotated) keys and values."""
 
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ def test_write_kv_stores_the_quantized_rows() -> None:
     A.write_kv(cache, k, v, slots)
     flat = cache.view(2, 2, -1, 68)
     assert torch.equal(flat[0][:, slots].transpose(0, 1), kv_q8_0.quantize(kv_q8_0.rotate(k)))
-    assert torch.equal(flat[1][:, slots].transpose(0, 1), kv_q8_0.quantize(v))
+    assert torch.equal(flat[1][:, slots].transpose(0, 1), kv_q8_0.quantize(kv_q8_0.rotate_v(v)))
 
 
 def _hadamard(d: int) -> torch.Tensor:
@@ -141,6 +142,12 @@ def test_rotation_is_the_orthonormal_hadamard_and_keeps_attention(d: int) -> Non
     plain = A.reference_attention(q, k, v, 0)
     torch.testing.assert_close(A.reference_attention(kv_q8_0.rotate(q), kv_q8_0.rotate(k), v, 0), plain,
                                rtol=1e-5, atol=1e-5)
+    n = min(d, 64)   # V's rotation: H_n on each run of n values, its own inverse too
+    hv = torch.block_diag(*[_hadamard(n)] * (d // n))
+    torch.testing.assert_close(kv_q8_0.rotate_v(x).double(), x.double() @ hv, rtol=0, atol=1e-5)
+    torch.testing.assert_close(kv_q8_0.rotate_v(kv_q8_0.rotate_v(x)), x, rtol=0, atol=1e-5)
+    torch.testing.assert_close(kv_q8_0.rotate_v(A.reference_attention(q, k, kv_q8_0.rotate_v(v), 0)), plain,
+                               rtol=1e-5, atol=1e-5)   # attention is linear in V: H_n undoes it on the output
     with pytest.raises(ValueError, match="not a power of two"):
         kv_q8_0.rotate(torch.zeros(2, 96))
 
@@ -148,12 +155,14 @@ def test_rotation_is_the_orthonormal_hadamard_and_keeps_attention(d: int) -> Non
 @pytest.mark.skipif(DK.load() is None, reason="no C compiler")
 def test_q8_0_cache_attention_is_the_unrotated_ones() -> None:
     """Through write_kv and paged_attention (the prompt kernel, the decode kernel, the GEMM path): the attention
-    of the plain q on the keys the cache stands for, H dequantize(quantize(H k)) (H its own inverse)."""
+    of the plain q on the keys and values the cache stands for, H dequantize(quantize(H k)) and
+    H_64 dequantize(quantize(H_64 v)) (each its own inverse)."""
     n, h, kvh, d = 40, 4, 2, 64
     g = torch.Generator().manual_seed(2)
     k, v, q = torch.randn(n, kvh, d, generator=g) * 3, torch.randn(n, kvh, d, generator=g), torch.randn(n, h, d)
     keys = kv_q8_0.rotate(kv_q8_0.dequantize(kv_q8_0.quantize(kv_q8_0.rotate(k))))
-    ref = A.reference_attention(q, keys, kv_q8_0.dequantize(kv_q8_0.quantize(v)), 0)
+    values = kv_q8_0.rotate_v(kv_q8_0.dequantize(kv_q8_0.quantize(kv_q8_0.rotate_v(v))))
+    ref = A.reference_attention(q, keys, values, 0)
     table = list(range(-(-n // BS)))
     for kernel_from in (n, n - 1, None):
         cache = A.allocate_kv_caches(_cfg(), len(table), BS, Q8_0)[0]
@@ -198,14 +207,15 @@ def test_decode_kernel_q8_0_cache(h: int, kvh: int, d: int, window: int | None) 
     meta = A.AttentionMetadata([0, 1, 2], [length, 150], [table, table], torch.zeros(2, dtype=torch.long), BS,
                                kernel_from=[length - 1, 149], use_kernel=True)
     out = A.paged_attention(q, kv, meta, 1 / math.sqrt(d), window=window)
-    qr = kv_q8_0.rotate(q)   # what the q8_0 cache's keys (H k) meet
+    qr = kv_q8_0.rotate(q)   # what the q8_0 cache's keys (H k) meet; its values' output comes back through H_64
     meta32 = A.AttentionMetadata([0, 1, 2], [length, 150], [table, table], torch.zeros(2, dtype=torch.long), BS,
                                  kernel_from=[length - 1, 149], use_kernel=True)
-    torch.testing.assert_close(out, A.paged_attention(qr, kv32, meta32, 1 / math.sqrt(d), window=window),
+    unrot = kv_q8_0.rotate_v
+    torch.testing.assert_close(out, unrot(A.paged_attention(qr, kv32, meta32, 1 / math.sqrt(d), window=window)),
                                rtol=1e-6, atol=1e-6)
     k, v = _keys(kv32, table, length)
     for r, n in enumerate((length, 150)):
-        ref = A.reference_attention(qr[r:r + 1], k[:n], v[:n], n - 1, 1 / math.sqrt(d), window=window)
+        ref = unrot(A.reference_attention(qr[r:r + 1], k[:n], v[:n], n - 1, 1 / math.sqrt(d), window=window))
         torch.testing.assert_close(out[r:r + 1], ref, rtol=1e-5, atol=1e-5)
     alone = A.paged_attention(q[1:], kv, _meta(1, 150, table, 149), 1 / math.sqrt(d), window=window)
     assert torch.equal(alone, out[1:])        # a row's bits depend on its own keys only
@@ -219,10 +229,10 @@ def test_prompt_kernel_q8_0_cache(h: int, kvh: int, d: int, window: int | None) 
     q = torch.randn(n, h, d, generator=torch.Generator().manual_seed(3))
     assert PK.supports(kv, h, torch.float32)
     out = A.paged_attention(q, kv, _meta(n, n, table, n), 1 / math.sqrt(d), window=window)
-    q = kv_q8_0.rotate(q)
-    assert torch.equal(out, A.paged_attention(q, kv32, _meta(n, n, table, n), 1 / math.sqrt(d), window=window))
+    q, unrot = kv_q8_0.rotate(q), kv_q8_0.rotate_v
+    assert torch.equal(out, unrot(A.paged_attention(q, kv32, _meta(n, n, table, n), 1 / math.sqrt(d), window=window)))
     k, v = _keys(kv32, table, n)   # the fp32 kernel's own error vs float64: up to ~1.1e-5 at head_dim 256
-    torch.testing.assert_close(out, A.reference_attention(q, k, v, 0, 1 / math.sqrt(d), window=window),
+    torch.testing.assert_close(out, unrot(A.reference_attention(q, k, v, 0, 1 / math.sqrt(d), window=window)),
                                rtol=1e-5, atol=2e-5)
 
 
@@ -233,10 +243,10 @@ def test_gemm_path_q8_0_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     kv, table, kv32 = _q8_cache(kvh, d, n, seed=9)
     q = torch.randn(n, h, d, generator=torch.Generator().manual_seed(5))
     out = A.paged_attention(q, kv, _meta(n, n, table, None), 1 / math.sqrt(d))
-    q = kv_q8_0.rotate(q)
-    assert torch.equal(out, A.paged_attention(q, kv32, _meta(n, n, table, None), 1 / math.sqrt(d)))
+    q, unrot = kv_q8_0.rotate(q), kv_q8_0.rotate_v
+    assert torch.equal(out, unrot(A.paged_attention(q, kv32, _meta(n, n, table, None), 1 / math.sqrt(d))))
     k, v = _keys(kv32, table, n)
-    torch.testing.assert_close(out, A.reference_attention(q, k, v, 0, 1 / math.sqrt(d)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, unrot(A.reference_attention(q, k, v, 0, 1 / math.sqrt(d))), rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -300,7 +310,7 @@ def test_fused_layer_writes_and_reads_a_q8_0_cache(tiny: Path) -> None:
         assert all(isinstance(layer._fused, fused_decode.FusedLayer) for layer in model.layers)
     full, fc = _run_model(model, ids, 0, torch.float32)
     for i, (a, b) in enumerate(zip(qc, fc, strict=True)):
-        b = torch.stack([kv_q8_0.rotate(b[0]), b[1]])   # the q8_0 cache holds H k
+        b = torch.stack([kv_q8_0.rotate(b[0]), kv_q8_0.rotate_v(b[1])])   # the q8_0 cache holds H k, H_64 v
         assert a.dtype == Q8_0
         got = kv_q8_0.dequantize(a)
         if i == 0:   # K/V from the embeddings alone: the writer's bytes are the torch quantizer's of the same values

@@ -237,11 +237,11 @@ def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int,
 
 def write_kv(kv_cache_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store k, v (`[T, num_kv_heads, head_dim]`) at the given cache slots (in place), rounded to the cache's
-    type (a q8_0 cache: each head row quantized, K's after its rotation H k, kv_q8_0.py)."""
+    type (a q8_0 cache: each head row quantized after its rotation, H k and H_64 v, kv_q8_0.py)."""
     _, kvh, nb, bs, w = kv_cache_layer.shape
     flat = kv_cache_layer.view(2, kvh, nb * bs, w)
-    if kv_cache_layer.dtype == Q8_0:   # K rotated first (H k; kv_q8_0.py): paged_attention meets it with H q
-        k, v = kv_q8_0.quantize(kv_q8_0.rotate(k)), kv_q8_0.quantize(v)
+    if kv_cache_layer.dtype == Q8_0:   # rotated first (kv_q8_0.py): paged_attention meets H k with H q, undoes H_64 v
+        k, v = kv_q8_0.quantize(kv_q8_0.rotate(k)), kv_q8_0.quantize(kv_q8_0.rotate_v(v))
     flat[0].index_copy_(1, slot_mapping, k.to(kv_cache_layer.dtype).transpose(0, 1))
     flat[1].index_copy_(1, slot_mapping, v.to(kv_cache_layer.dtype).transpose(0, 1))
 
@@ -301,16 +301,24 @@ def paged_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Attenti
     The new tokens' K/V must already be written (write_kv). Query row j of sequence i sits at position
     seq_lens[i] - n_i + j and sees keys 0..that position; with `window` (a sliding-window layer) only
     keys position - window + 1 .. position (HF / llama.cpp: masked when q - k >= window). Returns
-    `[T, H, D]` (contiguous). A q8_0 cache holds rotated keys H k: the queries are rotated to H q first.
+    `[T, H, D]` (contiguous). A q8_0 cache holds rotated rows H k and H_64 v (kv_q8_0.py): the queries are
+    rotated to H q first, and the output, H_64 o, back to o.
     Batch invariant, see the module docstring; `row_multiple` 1 only where GEMMs in this dtype are
     row-count invariant (hitenter/models/row_invariance.py). `softcap` (Gemma 2's attention logit
     soft-cap): every row takes the GEMM path, which the native kernels do not cover yet.
     """
+    if kv_cache_layer.dtype == Q8_0:   # (H q) . (H k) = q . k; sum p H_64 v = H_64 o (kv_q8_0.py)
+        o = _attention(kv_q8_0.rotate(q), kv_cache_layer, meta, scale, row_multiple, window, softcap)
+        return kv_q8_0.rotate_v(o)
+    return _attention(q, kv_cache_layer, meta, scale, row_multiple, window, softcap)
+
+
+def _attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: AttentionMetadata, scale: float,
+               row_multiple: int, window: int | None, softcap: float) -> torch.Tensor:
+    """paged_attention on the values the cache holds (a q8_0 cache's rows as they are stored)."""
     t, nh, d = q.shape
     kvh = kv_cache_layer.shape[1]
     g = nh // kvh
-    if kv_cache_layer.dtype == Q8_0:   # its keys are H k (write_kv): (H q) . (H k) = q . k
-        q = kv_q8_0.rotate(q)
     use_kernel = not softcap and meta.kernel_from is not None and (
         meta.use_kernel if meta.use_kernel is not None else decode_kernel.supports(kv_cache_layer, nh, q.dtype))
     kr = meta.kernel_rows(kv_cache_layer.shape[2]) if use_kernel else None

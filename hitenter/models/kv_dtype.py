@@ -23,7 +23,11 @@ quantize_row_q8_0_ref (kv_q8_0.py); the cache tensor is then bytes (`Q8_0`, torc
 Readers dequantize d * q (exact in fp32) as they load a tile, so a kernel over a q8_0 cache computes what it
 computes over an fp32 cache holding the dequantized values; only the stored values change, never the order
 of a sum, and batch invariance holds as before. K rows are stored rotated (H k, a Walsh-Hadamard transform;
-the queries meet them as H q: kv_q8_0.py). Head dims that are not a power of two >= 32 refuse q8_0 at load.
+the queries meet them as H q) and V rows as H_64 v (the output rotated back per head: kv_q8_0.py), as llama.cpp's
+q8_0 cache does. Head dims that are not a power of two >= 32 refuse q8_0 at load.
+
+Bytes per token (K and V, every layer): SmolLM2-135M 46,080 fp32 / 23,040 f16 / 12,240 q8_0; Qwen2.5-0.5B
+24,576 / 12,288 / 6,528; Qwen2.5-1.5B 57,344 / 28,672 / 15,232; Gemma 3 270M 36,864 / 18,432 / 9,792.
 """
 
 from __future__ import annotations

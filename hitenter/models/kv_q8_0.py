@@ -13,11 +13,14 @@ same values whatever its order of operations. The bytes are those of a GGUF Q8_0
 K rows are rotated before they are quantized (llama.cpp's `attn_rot_k`, PR #21038): `rotate` is the normalized
 Walsh-Hadamard transform H over head_dim (a power of two), orthonormal and symmetric, so q . k = (H q) . (H k):
 the cache holds quantize(H k) and the attention reads it with H q (write_kv / paged_attention / sink_attention
-here, decode_layer.c's attention_part in the fused layer); V is stored as is and the output needs no undoing.
-H spreads an outlier channel of k over every value of the row, so one block's scale no longer serves it alone
-(Qwen2.5-Coder-0.5B perplexity vs the fp32 cache: +1.55% -> see tests/test_kv_dtype_quality.py). The butterfly
-below is vec16.h's q8_0_rotate_row float op for float (fp32 sums a + b, a - b over log2(D) stages, then one
-multiply by fp32(1 / sqrt(D))), so both writers store the same bytes.
+here, decode_layer.c's attention_part in the fused layer). V rows are rotated too (llama.cpp's `attn_rot_v`), by
+H_64 on each run of 64 values (`rotate_v`; llama.cpp's choice, the smaller transform measured better there): the
+cache holds quantize(H_64 v), so the attention computes H_64 o, and the readers hand back H_64 (H_64 o) = o per
+head before o_proj (paged_attention / sink_attention, attention_part). H spreads an outlier channel over every
+value it mixes, so one block's scale no longer serves it alone (Qwen2.5-Coder-0.5B perplexity vs the fp32 cache:
++1.55% plain -> see tests/test_kv_dtype_quality.py). The butterfly below is vec16.h's q8_0_rotate_row float op
+for float (fp32 sums a + b, a - b over log2(n) stages, then one multiply by fp32(1 / sqrt(n))), so both writers
+store the same bytes and both readers un-rotate the output to the same bits.
 """
 
 from __future__ import annotations
@@ -60,6 +63,17 @@ def rotate(x: torch.Tensor) -> torch.Tensor:
         y = torch.stack((y[..., 0, :] + y[..., 1, :], y[..., 0, :] - y[..., 1, :]), dim=-2)
         h *= 2
     return (y.reshape(x.shape) * torch.tensor(1 / math.sqrt(d), dtype=torch.float32)).to(x.dtype)
+
+
+V_ROT = 64   # values per run that rotate_v transforms (llama.cpp's V rotation size)
+
+
+def rotate_v(x: torch.Tensor) -> torch.Tensor:
+    """H_n on each run of n = min(64, D) values of the last dim (V rows and the attention output over them;
+    its own inverse, as `rotate`)."""
+    d = x.shape[-1]
+    n = min(V_ROT, d)
+    return rotate(x.reshape(*x.shape[:-1], d // n, n)).reshape(x.shape)
 
 
 def dequantize(b: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

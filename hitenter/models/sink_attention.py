@@ -33,7 +33,8 @@ def sink_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Attentio
     _, kvh, nb, bs, w = kv_cache_layer.shape
     flat = kv_cache_layer.view(2, kvh, nb * bs, w)
     out = torch.empty(t, nh, d, dtype=q.dtype)
-    if kv_cache_layer.dtype == Q8_0:   # rotated keys H k (write_kv): met by H q
+    q8 = kv_cache_layer.dtype == Q8_0
+    if q8:   # rotated rows H k and H_64 v (write_kv): keys met by H q, the output H_64 o undone below
         q = kv_q8_0.rotate(q)
     for i in range(meta.num_seqs):
         a, b = meta.query_start_loc[i], meta.query_start_loc[i + 1]
@@ -52,4 +53,4 @@ def sink_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Attentio
         sink = sinks.float().view(nh, 1, 1).expand(nh, b - a, 1)
         p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
         out[a:b] = torch.matmul(p, v).transpose(0, 1).to(q.dtype)
-    return out
+    return kv_q8_0.rotate_v(out) if q8 else out

@@ -307,10 +307,18 @@ static int moe(const layer *L, const step *S, const float *h, float *y, float *s
     return 0;
 }
 
+/* H_n on each run of n = min(64, D) of the D values at x: a q8_0 cache's V rows, and the attention output over
+   them (H_64 o back to o; kv_q8_0.py's rotate_v, the same float ops) */
+static void q8_0_rotate_v_row(float *x, int D) {
+    const int n = D < 64 ? D : 64;
+    for (int i = 0; i < D; i += n) q8_0_rotate_row(x + i, n);
+}
+
 /* bias, RoPE, the cache write, then the attention of the rows' queries into obuf [R, NH * D]: prompt rows by
-   the tiled prompt kernel, generation rows by the decode kernel (step's NP / ND) */
-static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf, float *obuf, void *kv,
-                          float *dscratch) {
+   the tiled prompt kernel, generation rows by the decode kernel (step's NP / ND); a q8_0 cache's values are
+   H_64 v, so what the kernels compute there is H_64 o (attention_part undoes it) */
+static int attention_heads(const layer *L, const step *S, float *qkv, float *qbuf, float *obuf, void *kv,
+                           float *dscratch) {
     const int64_t R = S->R, q = (int64_t)L->NH * L->D, kvw = (int64_t)L->KVH * L->D, n = q + 2 * kvw;
     const int D = L->D;
     const int kt = S->kv_type, es = elem_bytes(kt);
@@ -344,8 +352,9 @@ static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf
             if (kt == KV_F32) {
                 memcpy(K + at, kr, D * sizeof(float));
                 memcpy(V + at, vr, D * sizeof(float));
-            } else if (kt == KV_Q8_0) {   /* quantized as write_kv does (kv_q8_0.py; ggml's reference), K rotated */
+            } else if (kt == KV_Q8_0) {   /* quantized as write_kv does (kv_q8_0.py; ggml's reference), rotated */
                 q8_0_rotate_row((float *)kr, D);
+                q8_0_rotate_v_row((float *)vr, D);
                 q8_0_quant_row(K + at, kr, D);
                 q8_0_quant_row(V + at, vr, D);
             } else   /* rounded to the cache type (nearest even, as write_kv's .to()) */
@@ -369,6 +378,17 @@ static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf
                 L->window, S->nthreads);
     for (int64_t i = 0; i < S->ND && !rc; i++) memcpy(obuf + S->d_rows[i] * q, od + i * q, q * sizeof(float));
     return rc;
+}
+
+/* attention_heads, and on a q8_0 cache each output head back from H_64 o to o */
+static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf, float *obuf, void *kv,
+                          float *dscratch) {
+    const int rc = attention_heads(L, S, qkv, qbuf, obuf, kv, dscratch);
+    if (rc || S->kv_type != KV_Q8_0) return rc;
+    const int64_t heads = S->R * L->NH;
+#pragma omp parallel for schedule(static) num_threads(S->nthreads) if (S->R >= PAR_ROWS && S->nthreads > 1)
+    for (int64_t h = 0; h < heads; h++) q8_0_rotate_v_row(obuf + h * L->D, L->D);
+    return 0;
 }
 
 /* one layer over S->R rows of x [R, H] (in place) and the layer's KV cache [2, KVH, NB, BS, D] (fp32, bf16,
