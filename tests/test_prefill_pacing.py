@@ -61,6 +61,18 @@ def test_decode_only_steps_repay_a_chunks_time() -> None:
     assert not p.holding
 
 
+def test_a_stalled_decode_step_neither_moves_d_nor_repays_its_stall() -> None:
+    """Wall times under load have a long tail: D is a median, and a step repays at most 2D."""
+    p = PrefillPacer()
+    for t in (0.010, 0.011, 0.009, 1.0, 0.010):
+        p.record(False, t, prompt_tokens=0, decoding=True)
+    assert p.decode_s == pytest.approx(0.010)
+    p.record(False, 0.110, prompt_tokens=64, decoding=True)     # P = 100 ms: owes ~103 ms
+    owed = p.owed_s
+    p.record(False, 2.0, prompt_tokens=0, decoding=True)        # a 2 s stall gave the streams one token
+    assert p.owed_s == pytest.approx(owed - 2 * p.decode_s) and p.decode_s < 0.011 and p.holding
+
+
 def test_a_held_prompt_runs_after_max_hold_decode_steps() -> None:
     p = PrefillPacer()
     p.record(False, 0.010, prompt_tokens=0, decoding=True)

@@ -35,11 +35,14 @@ Contract: :attr:`prompt_cap` and :meth:`budget` before a step is scheduled; :met
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
 
 MIN_PROMPT_CHUNK = 32     # the chunk never goes below this (smaller chunks cost more per token; see above)
 CHUNK_STEPS = 1.0         # a chunk's prompt part aims at this many decode-only steps' time
 STREAM_SHARE = 0.53       # the decoding streams' share of the time while a prompt is paced beside them
+DECODE_WINDOW = 9         # decode-only steps whose median is D (wall times under load have a long tail)
 MAX_HOLD = 64             # at most this many decode-only steps in a row hold a paced prompt back (a bound for
                           # odd timings; a 32-token chunk at 8k beside one SmolLM2 stream needs ~35)
 NO_CAP = 1 << 40
@@ -47,11 +50,16 @@ NO_CAP = 1 << 40
 
 @dataclass
 class PrefillPacer:
-    decode_s: float = 0.0      # recent decode-only full steps' time (moving average; 0: none seen yet)
+    decode_times: deque[float] = field(default_factory=lambda: deque(maxlen=DECODE_WINDOW))  # decode-only steps
     token_s: float = 0.0       # a prompt token's time in prompt-only steps (moving average)
     adapted: int = 0           # the chunk learnt from steps with prompt and decode rows (0: none yet)
     owed_s: float = 0.0        # time owed to the streams, repaid by decode-only steps (< 0: the prompt's credit)
     held: int = 0              # decode-only full steps since the last paced chunk, while owing
+
+    @property
+    def decode_s(self) -> float:
+        """D: the median of the recent decode-only full steps' times (0: none seen yet)."""
+        return statistics.median(self.decode_times) if self.decode_times else 0.0
 
     @property
     def prompt_cap(self) -> int:
@@ -85,17 +93,19 @@ class PrefillPacer:
         if lane_only:
             return
         if not prompt_tokens:
-            self.decode_s = seconds if not self.decode_s else 0.7 * self.decode_s + 0.3 * seconds
-            if self.owed_s > 0.0:   # a repaid step's surplus is credit, at most one decode step
-                self.owed_s = max(-self.decode_s, self.owed_s - seconds)
+            self.decode_times.append(seconds)
+            if self.owed_s > 0.0:   # repays its time, at most 2D (a stall is lost to both); surplus: credit <= D
+                d = self.decode_s
+                self.owed_s = max(-d, self.owed_s - min(seconds, 2.0 * d))
                 self.held += 1
             return
-        if not self.decode_s:
+        if not self.decode_times:
             return
-        part = max(seconds - self.decode_s, 1e-6)
+        d = self.decode_s
+        part = max(seconds - d, 1e-6)
         owed = self.owed_s if self.held < MAX_HOLD else 0.0
         weight = STREAM_SHARE / (1.0 - STREAM_SHARE)
-        self.owed_s, self.held = max(-self.decode_s, owed + weight * part - self.decode_s), 0
-        target = CHUNK_STEPS * self.decode_s
+        self.owed_s, self.held = max(-d, owed + weight * part - d), 0
+        target = CHUNK_STEPS * d
         self.adapted = max(MIN_PROMPT_CHUNK, min(2 * max(prompt_tokens, MIN_PROMPT_CHUNK),
                                                  round(prompt_tokens * target / part)))
