@@ -241,32 +241,26 @@ int decode_attention(const void *q, void *out, const void *kv, int types, int64_
     cs[0] = 0;
     for (int64_t r = 0; r < R; r++) cs[r + 1] = cs[r] + (ctx[r] - row_first(ctx[r], window) + CHUNK - 1) / CHUNK;
     const int64_t T = cs[R];
-    int64_t *crow = malloc((size_t)T * sizeof *crow);   /* the row of chunk c */
+    /* crow: the row of each chunk; left: the chunks of each (row, KV head) not yet done (long rows only) */
+    int64_t *crow = malloc((size_t)(T + R * KVH) * sizeof *crow), *left = crow + T;
     float *part = T > R ? malloc((size_t)(T * KVH * step) * sizeof *part) : NULL;
     if (!crow || (T > R && !part)) { free(cs); free(crow); free(part); return -3; }
-    for (int64_t r = 0; r < R; r++)
+    for (int64_t r = 0; r < R; r++) {
         for (int64_t c = cs[r]; c < cs[r + 1]; c++) crow[c] = r;
-    #pragma omp parallel num_threads(nthreads) if (T * KVH > 1)
-    {
-        #pragma omp for schedule(dynamic, 1)
-        for (int64_t i = 0; i < T * KVH; i++) {
-            const int64_t c = i / KVH, r = crow[c];
-            const int h = (int)(i % KVH);
-            const int64_t b = row_first(ctx[r], window) + (c - cs[r]) * CHUNK;
-            const int64_t e = ctx[r] - b < CHUNK ? ctx[r] : b + CHUNK;
-            float *pt = cs[r + 1] - cs[r] > 1 ? part + (c * KVH + h) * step : NULL;
-            item_vec(q, out, pt, kv, kt, qt, r, h, b, e, tables + table_start[r], H, KVH, NB, BS, D / 16, scale);
-        }
-        if (T > R) {
-            #pragma omp for schedule(dynamic, 1)
-            for (int64_t i = 0; i < R * KVH; i++) {
-                const int64_t r = i / KVH, n = cs[r + 1] - cs[r];
-                const int h = (int)(i % KVH);
-                if (n > 1)
-                    merge_chunks(part + (cs[r] * KVH + h) * step, n, KVH * step, G, D,
-                                 (char *)out + ((r * H + h * G) * (int64_t)D) * es, qt);
-            }
-        }
+        for (int h = 0; h < KVH; h++) left[r * KVH + h] = cs[r + 1] - cs[r];
+    }
+    /* the thread that finishes a long row's last chunk (of a KV head) merges its chunks */
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (T * KVH > 1)
+    for (int64_t i = 0; i < T * KVH; i++) {
+        const int64_t c = i / KVH, r = crow[c], n = cs[r + 1] - cs[r];
+        const int h = (int)(i % KVH);
+        const int64_t b = row_first(ctx[r], window) + (c - cs[r]) * CHUNK;
+        const int64_t e = ctx[r] - b < CHUNK ? ctx[r] : b + CHUNK;
+        float *pt = n > 1 ? part + (c * KVH + h) * step : NULL;
+        item_vec(q, out, pt, kv, kt, qt, r, h, b, e, tables + table_start[r], H, KVH, NB, BS, D / 16, scale);
+        if (pt && __atomic_sub_fetch(&left[r * KVH + h], 1, __ATOMIC_ACQ_REL) == 0)
+            merge_chunks(part + (cs[r] * KVH + h) * step, n, KVH * step, G, D,
+                         (char *)out + ((r * H + h * G) * (int64_t)D) * es, qt);
     }
     free(cs);
     free(crow);
