@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hitenter.kernels.native import DECODE_ATTENTION
 from hitenter.models import decode_kernel
 from hitenter.models.attention import KEY_TILE, ROW_MULTIPLE
 from hitenter.models.kv_dtype import TORCH_KV_DTYPES, cache_head_dim, kv_dtype_name
@@ -55,9 +56,10 @@ class KernelPlan:
 def _attention_kernel(kv_cache_layer: torch.Tensor | None, num_heads: int, dtype: torch.dtype) -> tuple[bool, str]:
     if kv_cache_layer is None:
         return False, "no local KV cache (the workers hold it)"
-    lib = decode_kernel.load
-    if lib() is None:   # off by its variable, or not built (no C compiler, a failed build: logged once)
-        return False, f"{lib.env}=0" if lib.status.startswith("off") else f"not built ({lib.status})"
+    if decode_kernel.load() is None:   # off by its variable, or not built (no compiler, a failed build)
+        status = DECODE_ATTENTION.status
+        return False, (f"{DECODE_ATTENTION.env}=0" if status.startswith("off") else
+                       f"not built ({status})" if status.startswith(("failed", "needs")) else "not loaded")
     if not decode_kernel.supports(kv_cache_layer, num_heads, dtype):
         kvh, d = kv_cache_layer.shape[1], cache_head_dim(kv_cache_layer)
         return False, f"unsupported shape or dtype (head_dim {d}, {num_heads} heads / {kvh} KV heads, {dtype})"
