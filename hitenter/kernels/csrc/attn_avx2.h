@@ -218,15 +218,10 @@ A2_INLINE void tile_all(const float *qf, float *acc, float *m, float *l, const c
     }
 }
 
-/* decode_item_avx2 (below) for a bf16 or f16 cache (kt), read in place */
-A2_INLINE void decode_half_avx2(const void *q, void *out, float *part, const void *kv, const int kt, int qt,
-                                int64_t r, int h, int64_t first, int64_t end, const int64_t *table, int H, int KVH,
-                                int64_t NB, int BS, const int NV, float scale) {
-    enum { MG = 16, MD = 256 };
-    const int G = H / KVH, D = 8 * NV, qes = elem_bytes(qt);
-    const int64_t rb = kv_row_bytes(kt, D);   /* a cache row's bytes */
-    float qf[MG * MD] __attribute__((aligned(32))), acc[MG * MD] __attribute__((aligned(32)));
-    float m[MG], l[MG];
+/* a decode item's start: the G query rows of row r, KV head h, scaled into qf [G][D]; acc, m, l cleared */
+A2_INLINE void item_start(const void *q, float *qf, float *acc, float *m, float *l, int64_t r, int h, int G, int H,
+                          int D, int qt, float scale) {
+    const int qes = elem_bytes(qt);
     for (int g = 0; g < G; g++) {
         const char *qp = (const char *)q + ((r * H + h * G + g) * (int64_t)D) * qes;
         for (int i = 0; i < D; i += 16) {
@@ -236,24 +231,30 @@ A2_INLINE void decode_half_avx2(const void *q, void *out, float *part, const voi
         memset(acc + g * D, 0, (size_t)D * sizeof(float));
         m[g] = -INFINITY, l[g] = 0.f;
     }
-    const char *kbase = (const char *)kv + (int64_t)h * NB * BS * rb;
-    const char *vbase = (const char *)kv + (int64_t)(KVH + h) * NB * BS * rb;
-    for (int64_t k0 = first; k0 < end; k0 += 16) {
-        const int nk = end - k0 < 16 ? (int)(end - k0) : 16;
-        const char *kp[16], *vp[16];
-        paged_rows(kp, kbase, table, k0, nk, BS, rb);
-        paged_rows(vp, vbase, table, k0, nk, BS, rb);
-        const int nn = end - (k0 + 16) < 16 ? (int)(end - (k0 + 16)) : 16;   /* fetch the next tile's rows */
-        if (nn > 0) {
-            const char *nkp[16], *nvp[16];
-            paged_rows(nkp, kbase, table, k0 + 16, nn, BS, rb);
-            paged_rows(nvp, vbase, table, k0 + 16, nn, BS, rb);
-            for (int j = 0; j < nn; j++)
-                for (int o = 0; o < rb; o += 64) { __builtin_prefetch(nkp[j] + o); __builtin_prefetch(nvp[j] + o); }
-        }
-        if (kt == KV_F16) tile_all(qf, acc, m, l, kp, vp, nk, G, KV_F16, NV);   /* the type a constant in each */
-        else tile_all(qf, acc, m, l, kp, vp, nk, G, KV_BF16, NV);
+}
+
+/* the cache rows of keys k0 .. k0+nk-1 (nk <= 16, returned) into kp / vp, and a prefetch of the next tile's */
+A2_INLINE int tile_rows(const char **kp, const char **vp, const char *kbase, const char *vbase,
+                        const int64_t *table, int64_t k0, int64_t end, int BS, int64_t rb) {
+    const int nk = end - k0 < 16 ? (int)(end - k0) : 16;
+    paged_rows(kp, kbase, table, k0, nk, BS, rb);
+    paged_rows(vp, vbase, table, k0, nk, BS, rb);
+    const int nn = end - (k0 + 16) < 16 ? (int)(end - (k0 + 16)) : 16;   /* fetch the next tile's rows */
+    if (nn > 0) {
+        const char *nkp[16], *nvp[16];
+        paged_rows(nkp, kbase, table, k0 + 16, nn, BS, rb);
+        paged_rows(nvp, vbase, table, k0 + 16, nn, BS, rb);
+        for (int j = 0; j < nn; j++)
+            for (int o = 0; o < rb; o += 64) { __builtin_prefetch(nkp[j] + o); __builtin_prefetch(nvp[j] + o); }
     }
+    return nk;
+}
+
+/* a decode item's end: part NULL: the normalized result into out; else the chunk's state into part
+   (decode_attention.c's merge): acc [G][D] unnormalized, then m [G], l [G] */
+A2_INLINE void item_finish(void *out, float *part, const float *acc, const float *m, const float *l, int64_t r,
+                           int h, int G, int H, int D, int qt) {
+    const int qes = elem_bytes(qt);
     if (part) {
         memcpy(part, acc, (size_t)G * D * sizeof(float));
         memcpy(part + G * D, m, G * sizeof(float));
@@ -269,6 +270,27 @@ A2_INLINE void decode_half_avx2(const void *q, void *out, float *part, const voi
             store16t(op + (int64_t)i * qes, x * inv, qt);
         }
     }
+}
+
+/* decode_item_avx2 (below) for a bf16 or f16 cache (kt), read in place */
+A2_INLINE void decode_half_avx2(const void *q, void *out, float *part, const void *kv, const int kt, int qt,
+                                int64_t r, int h, int64_t first, int64_t end, const int64_t *table, int H, int KVH,
+                                int64_t NB, int BS, const int NV, float scale) {
+    enum { MG = 16, MD = 256 };
+    const int G = H / KVH, D = 8 * NV;
+    const int64_t rb = kv_row_bytes(kt, D);   /* a cache row's bytes */
+    float qf[MG * MD] __attribute__((aligned(32))), acc[MG * MD] __attribute__((aligned(32)));
+    float m[MG], l[MG];
+    item_start(q, qf, acc, m, l, r, h, G, H, D, qt, scale);
+    const char *kbase = (const char *)kv + (int64_t)h * NB * BS * rb;
+    const char *vbase = (const char *)kv + (int64_t)(KVH + h) * NB * BS * rb;
+    for (int64_t k0 = first; k0 < end; k0 += 16) {
+        const char *kp[16], *vp[16];
+        const int nk = tile_rows(kp, vp, kbase, vbase, table, k0, end, BS, rb);
+        if (kt == KV_F16) tile_all(qf, acc, m, l, kp, vp, nk, G, KV_F16, NV);   /* the type a constant in each */
+        else tile_all(qf, acc, m, l, kp, vp, nk, G, KV_BF16, NV);
+    }
+    item_finish(out, part, acc, m, l, r, h, G, H, D, qt);
 }
 
 /* scores of query qv (D = 8 * NV, fp32) against the 8 key rows kr[0..7]: lane j = q . k_j, each an FMA
@@ -306,36 +328,18 @@ A2_INLINE void decode_item_avx2(const void *q, void *out, float *part, const voi
                                 int64_t r, int h, int64_t first, int64_t end, const int64_t *table, int H, int KVH,
                                 int64_t NB, int BS, const int NV, float scale) {
     enum { MG = 16, MD = 256 };
-    const int G = H / KVH, D = 8 * NV, qes = elem_bytes(qt);
+    const int G = H / KVH, D = 8 * NV;
     const int64_t rb = kv_row_bytes(kt, D);   /* a cache row's bytes */
     float qf[MG * MD] __attribute__((aligned(32))), acc[MG * MD] __attribute__((aligned(32)));
     float kf[16 * MD] __attribute__((aligned(32))), vf[16 * MD] __attribute__((aligned(32)));
     float m[MG], l[MG], pr[MG][16], corr[MG];
-    for (int g = 0; g < G; g++) {
-        const char *qp = (const char *)q + ((r * H + h * G + g) * (int64_t)D) * qes;
-        for (int i = 0; i < D; i += 16) {
-            const v16 x = load16t(qp + (int64_t)i * qes, qt) * scale;
-            memcpy(qf + g * D + i, &x, 64);
-        }
-        memset(acc + g * D, 0, (size_t)D * sizeof(float));
-        m[g] = -INFINITY, l[g] = 0.f;
-    }
+    item_start(q, qf, acc, m, l, r, h, G, H, D, qt, scale);
     const char *kbase = (const char *)kv + (int64_t)h * NB * BS * rb;
     const char *vbase = (const char *)kv + (int64_t)(KVH + h) * NB * BS * rb;
     const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), ninf = _mm256_set1_ps(-INFINITY);
     for (int64_t k0 = first; k0 < end; k0 += 16) {
-        const int nk = end - k0 < 16 ? (int)(end - k0) : 16;
         const char *kp[16], *vp[16];
-        paged_rows(kp, kbase, table, k0, nk, BS, rb);
-        paged_rows(vp, vbase, table, k0, nk, BS, rb);
-        const int nn = end - (k0 + 16) < 16 ? (int)(end - (k0 + 16)) : 16;   /* fetch the next tile's rows */
-        if (nn > 0) {
-            const char *nkp[16], *nvp[16];
-            paged_rows(nkp, kbase, table, k0 + 16, nn, BS, rb);
-            paged_rows(nvp, vbase, table, k0 + 16, nn, BS, rb);
-            for (int j = 0; j < nn; j++)
-                for (int o = 0; o < rb; o += 64) { __builtin_prefetch(nkp[j] + o); __builtin_prefetch(nvp[j] + o); }
-        }
+        const int nk = tile_rows(kp, vp, kbase, vbase, table, k0, end, BS, rb);
         const float *kr[16], *vr[16];
         if (kt == KV_F32)
             for (int j = 0; j < 16; j++) kr[j] = (const float *)kp[j < nk ? j : 0], vr[j] = (const float *)vp[j < nk ? j : 0];
@@ -363,21 +367,7 @@ A2_INLINE void decode_item_avx2(const void *q, void *out, float *part, const voi
         }
         for (int g = 0; g < G; g++) pv_row(acc + g * D, corr[g], pr[g], vr, nk, NV);
     }
-    if (part) {
-        memcpy(part, acc, (size_t)G * D * sizeof(float));
-        memcpy(part + G * D, m, G * sizeof(float));
-        memcpy(part + G * D + G, l, G * sizeof(float));
-        return;
-    }
-    for (int g = 0; g < G; g++) {
-        char *op = (char *)out + ((r * H + h * G + g) * (int64_t)D) * qes;
-        const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;   /* ctx == 0: a zero row (never NaN) */
-        for (int i = 0; i < D; i += 16) {
-            v16 x;
-            memcpy(&x, acc + g * D + i, 64);
-            store16t(op + (int64_t)i * qes, x * inv, qt);
-        }
-    }
+    item_finish(out, part, acc, m, l, r, h, G, H, D, qt);
 }
 
 /* ---- prompt: a block of n consecutive rows of one sequence, one KV head ---------------------------- */
