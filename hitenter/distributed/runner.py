@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import pickle
 import select
+import signal
 import socket
 import struct
 import subprocess
@@ -100,16 +101,25 @@ class _Workers:
         if self.closed:
             return
         self.closed = True
+        stopped = False
         if self.healthy and dist.is_initialized() and not self.dead():
             try:
                 self.send_stop()
+                stopped = True
             except Exception:
                 pass
-        deadline = time.monotonic() + 5
+        # told to stop, a worker gets 5 s to leave on its own; one never told (unhealthy: hung or stopped) would
+        # only use them up, so it is terminated at once (SIGCONT lets a SIGSTOPped one take the SIGTERM)
+        deadline = time.monotonic() + (5 if stopped else 0)
         for p in self.procs:
             for stop in (None, p.terminate, p.kill):
                 if stop is not None:
                     stop()
+                    if p.poll() is None:
+                        try:
+                            os.kill(p.pid, signal.SIGCONT)
+                        except ProcessLookupError:
+                            pass
                 try:
                     p.wait(timeout=max(0.1, deadline - time.monotonic()) if stop is None else 2)
                     break
