@@ -19,7 +19,35 @@ typedef void (*row_fn)(const uint8_t *w, int64_t nb, const void *x, int64_t xrow
         else if (R == 2) kern(qt, bb, w, nb, x, xrow, 2, y, ldy);                                          \
         else kern(qt, bb, w, nb, x, xrow, 1, y, ldy);                                                      \
     }
+/* the K types most files use: an instance for every R in 1..8, so a run of 3, 5, 6 or 7 rows (a speculative
+ * verification: the drafts + 1) unpacks each weight block once instead of once per 4/2/1 run */
+#define DEF_ROW_ANY(name, kern, xt, qt, bb)                                                               \
+    static void name(const uint8_t *w, int64_t nb, const void *xv, int64_t xrow, int R, float *y,          \
+                     int64_t ldy) {                                                                        \
+        const xt *x = (const xt *)xv;                                                                      \
+        xrow /= (int64_t)sizeof(xt);                                                                       \
+        switch (R) {                                                                                       \
+        case 8: kern(qt, bb, w, nb, x, xrow, 8, y, ldy); break;                                            \
+        case 7: kern(qt, bb, w, nb, x, xrow, 7, y, ldy); break;                                            \
+        case 6: kern(qt, bb, w, nb, x, xrow, 6, y, ldy); break;                                            \
+        case 5: kern(qt, bb, w, nb, x, xrow, 5, y, ldy); break;                                            \
+        case 4: kern(qt, bb, w, nb, x, xrow, 4, y, ldy); break;                                            \
+        case 3: kern(qt, bb, w, nb, x, xrow, 3, y, ldy); break;                                            \
+        case 2: kern(qt, bb, w, nb, x, xrow, 2, y, ldy); break;                                            \
+        default: kern(qt, bb, w, nb, x, xrow, 1, y, ldy);                                                  \
+        }                                                                                                  \
+    }
+/* the longest run of activation rows qt's row function takes when it has an instance for every R (DEF_ROW_ANY),
+ * 0 for the others (runs of 8, 4, 2, 1) */
+#ifndef QM_RUN_Q6K
+#define QM_RUN_Q6K 8
+#endif
+static inline int row_max_run(int qt) {
+    return qt == QT_Q4_K || qt == QT_Q5_K ? 8 : qt == QT_Q6_K ? QM_RUN_Q6K : 0;
+}
 #else
+#define DEF_ROW_ANY DEF_ROW
+static inline int row_max_run(int qt) { (void)qt; return 0; }   /* the generic build keeps its 8/4/2/1 runs */
 #define DEF_ROW(name, kern, xt, qt, bb)                                                                   \
     static void name(const uint8_t *w, int64_t nb, const void *xv, int64_t xrow, int R, float *y,          \
                      int64_t ldy) {                                                                        \
@@ -40,9 +68,9 @@ DEF_ROW(row_q4_1, s_row32, XT32, QT_Q4_1, B_Q4_1)
 DEF_ROW(row_q5_0, s_row32, XT32, QT_Q5_0, B_Q5_0)
 DEF_ROW(row_q5_1, s_row32, XT32, QT_Q5_1, B_Q5_1)
 DEF_ROW(row_q8_0, s_row32, XT32, QT_Q8_0, B_Q8_0)
-DEF_ROW(row_q4_k, s_row256, xq256, QT_Q4_K, B_Q4_K)
-DEF_ROW(row_q5_k, s_row256, xq256, QT_Q5_K, B_Q5_K)
-DEF_ROW(row_q6_k, s_row256, xq256, QT_Q6_K, B_Q6_K)
+DEF_ROW_ANY(row_q4_k, s_row256, xq256, QT_Q4_K, B_Q4_K)
+DEF_ROW_ANY(row_q5_k, s_row256, xq256, QT_Q5_K, B_Q5_K)
+DEF_ROW_ANY(row_q6_k, s_row256, xq256, QT_Q6_K, B_Q6_K)
 DEF_ROW(row_q2_k, s_row256, xq256, QT_Q2_K, B_Q2_K)
 DEF_ROW(row_q3_k, s_row256, xq256, QT_Q3_K, B_Q3_K)
 DEF_ROW(row_iq4_xs, s_row256, xq256, QT_IQ4_XS, B_IQ4_XS)
@@ -50,6 +78,9 @@ DEF_ROW(row_iq4_nl, s_row32, XT32, QT_IQ4_NL, B_IQ4_NL)
 DEF_ROW(row_mxfp4, s_row32, XT32, QT_MXFP4, B_MXFP4)
 
 #if QM_ISA
+/* whether qt's packed kernel has an instance for every R in 1..8 (DEF_PACKED_ANY) */
+static inline int packed_any_r(int qt) { return qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K; }
+
 static int packed_fns(int qt, pack_fn *pack, pkern_fn *kern, size_t *pbytes) {
     *pbytes = sizeof(pblock32);
     switch (qt) {

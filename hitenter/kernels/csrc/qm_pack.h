@@ -30,15 +30,30 @@
    SmolLM2 / Qwen2.5-1.5B shapes streamed from DRAM: Q4_1 and Q8_0 rows win at M = 4-5 by 10-35%, the
    packed GEMM from M = 6-7 (Q4_1 gate/up 1.6x at M = 8), Q4_K/Q6_K at M = 9; both paths give the same
    bits, so this is only a speed choice): 32-wide types unpack cheaply per row, K types less so. */
+#ifndef A2_NIB4
+#define A2_NIB4 1   /* AVX2: Q4_K packed as the file's nibbles (pack8_q4k) */
+#endif
 #ifndef PACK_MIN_M32
 #define PACK_MIN_M32 6
 #endif
 #ifndef PACK_MIN_M256
 #define PACK_MIN_M256 9
 #endif
+/* AVX2 Q4_K packs as cheaply as four dword transposes of the file's bytes (pack8_q4k), and its packed kernel
+   adds a row for about half a row-path row: packed from 2 rows (Zen 3, 1 thread, 1536 x 1536, CPU time
+   against one row: M = 5 1.98-2.43 packed, 2.60-3.20 on the row path with a 5-row instance, 3.6-3.9 as 4 + 1
+   rows before). Q6_K's packing unpacks every block and stays behind the row path up to 7 rows. */
+#ifndef PACK_MIN_Q4K_A2
+#define PACK_MIN_Q4K_A2 2
+#endif
+/* from how many activation rows type qt (256-element blocks) takes the packed GEMM */
+static inline int pack_min_m256(int qt) {
+    return !QM_VNNI && A2_NIB4 && qt == QT_Q4_K ? PACK_MIN_Q4K_A2 : PACK_MIN_M256;
+}
 
 typedef struct {
-    uint8_t q[64][4 * PN];  /* [dword e4 of the block][lane n * 4 + byte]: weights unsigned */
+    uint8_t q[64][4 * PN];  /* [dword e4 of the block][lane n * 4 + byte]: weights unsigned (AVX2 Q4_K: the
+                             * file's nibbles in q[0..31], pack8_q4k) */
     int32_t sc[16][PN];   /* scale of group g per lane (32-element groups for Q4_K/Q5_K/IQ4_XS, else 16) */
     int32_t mn[8][PN];    /* int16 pairs (m_2i, m_2i+1) of the mins per lane: Q4_K/Q5_K per-32 (i < 4), Q2_K
                            * per-16 (i < 8); the other types have none */
@@ -66,8 +81,48 @@ QM_INLINE void tr8x8_store(const __m256i r[8], uint8_t *dst, size_t stride) {
     }
 }
 
+#if !QM_VNNI && A2_NIB4
+/* AVX2 Q4_K, nibbles as the file pairs them: q[8c + k] holds dword k of each lane's qs chunk c (qs[32c + 4k ..]),
+ * whose low nibbles are dword k of sub-block 2c and high nibbles dword k of 2c + 1 (qm_pack_avx2.h takes them
+ * apart): half the bytes of the unpacked layout, and the packing is four dword transposes of the file's bytes.
+ * Scales (both int16 halves) and min pairs: one transpose each of the rows' k4_scales_vec; q[32..63] unused. */
+static void pack8_q4k(const uint8_t *w, int64_t ldw, int nrows, int64_t nb, pblock *p) {
+    for (int64_t b = 0; b < nb; b++) {
+        pblock *pb = p + b;
+        __m256i raw[4][8], sc[8], mn[8];
+        for (int n = 0; n < PN; n++) {
+            pb->d[n] = pb->dmin[n] = 0.0f;
+            if (n >= nrows) {
+                for (int c = 0; c < 4; c++) raw[c][n] = _mm256_setzero_si256();
+                sc[n] = mn[n] = _mm256_setzero_si256();
+                continue;
+            }
+            const uint8_t *blk = w + n * ldw + b * B_Q4_K;
+            for (int c = 0; c < 4; c++) raw[c][n] = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * c));
+            const __m128i v = k4_scales_vec(blk + 4);   /* sc0..sc7, m0..m7 */
+            sc[n] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v, v));   /* lane g: sc_g in both int16 halves */
+            mn[n] = _mm256_cvtepu8_epi16(_mm_srli_si128(v, 8));     /* lane i < 4: (m_2i, m_2i+1) */
+            uint32_t dd;
+            memcpy(&dd, blk, 4);
+            const __m128 df = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd));
+            pb->d[n] = _mm_cvtss_f32(df);
+            pb->dmin[n] = _mm_cvtss_f32(_mm_movehdup_ps(df));
+        }
+        for (int c = 0; c < 4; c++) tr8x8_store(raw[c], pb->q[8 * c], 4 * PN);
+        tr8x8_store(sc, (uint8_t *)pb->sc[0], 4 * PN);
+        tr8x8_store(mn, (uint8_t *)pb->mn[0], 4 * PN);
+    }
+}
+#endif
+
 /* rows [0, nrows) of w (nrows <= PN; missing lanes are zero) -> nb packed blocks */
 static void pack8(const int qt, const int bb, const uint8_t *w, int64_t ldw, int nrows, int64_t nb, pblock *p) {
+#if !QM_VNNI && A2_NIB4
+    if (qt == QT_Q4_K) {
+        pack8_q4k(w, ldw, nrows, nb, p);
+        return;
+    }
+#endif
     for (int64_t b = 0; b < nb; b++) {
         pblock *pb = p + b;
         __m256i st[PN][8];   /* the rows' unpacked bytes, 32 per vector */
@@ -291,9 +346,31 @@ typedef void (*pkern_fn)(const void *p, int64_t nb, const char *x, int64_t xrow,
         else P_KERN(qt, p, nb, x, xrow, 1, y, ldy, nvalid);                                               \
     }
 
-DEF_PACKED(pk_q4_k, QT_Q4_K, B_Q4_K)
-DEF_PACKED(pk_q5_k, QT_Q5_K, B_Q5_K)
-DEF_PACKED(pk_q6_k, QT_Q6_K, B_Q6_K)
+/* the same with an instance for every R in 1..8 (the types of row_max_run: run_packed then takes balanced runs) */
+#define DEF_PACKED_ANY(name, qt, bb)                                                                      \
+    static void name##_pack(const uint8_t *w, int64_t ldw, int nrows, int64_t nb, void *p) {             \
+        pack8(qt, bb, w, ldw, nrows, nb, (pblock *)p);                                                    \
+    }                                                                                                      \
+    static void name##_kern(const void *pv, int64_t nb, const char *xc, int64_t xrow_bytes, int R,        \
+                            float *y, int64_t ldy, int nvalid) {                                          \
+        const pblock *p = (const pblock *)pv;                                                             \
+        const xq256 *x = (const xq256 *)xc;                                                               \
+        const int64_t xrow = xrow_bytes / (int64_t)sizeof(xq256);                                         \
+        switch (R) {                                                                                       \
+        case 8: P_KERN(qt, p, nb, x, xrow, 8, y, ldy, nvalid); break;                                     \
+        case 7: P_KERN(qt, p, nb, x, xrow, 7, y, ldy, nvalid); break;                                     \
+        case 6: P_KERN(qt, p, nb, x, xrow, 6, y, ldy, nvalid); break;                                     \
+        case 5: P_KERN(qt, p, nb, x, xrow, 5, y, ldy, nvalid); break;                                     \
+        case 4: P_KERN(qt, p, nb, x, xrow, 4, y, ldy, nvalid); break;                                     \
+        case 3: P_KERN(qt, p, nb, x, xrow, 3, y, ldy, nvalid); break;                                     \
+        case 2: P_KERN(qt, p, nb, x, xrow, 2, y, ldy, nvalid); break;                                     \
+        default: P_KERN(qt, p, nb, x, xrow, 1, y, ldy, nvalid);                                           \
+        }                                                                                                  \
+    }
+
+DEF_PACKED_ANY(pk_q4_k, QT_Q4_K, B_Q4_K)
+DEF_PACKED_ANY(pk_q5_k, QT_Q5_K, B_Q5_K)
+DEF_PACKED_ANY(pk_q6_k, QT_Q6_K, B_Q6_K)
 DEF_PACKED(pk_q2_k, QT_Q2_K, B_Q2_K)
 DEF_PACKED(pk_q3_k, QT_Q3_K, B_Q3_K)
 DEF_PACKED(pk_iq4_xs, QT_IQ4_XS, B_IQ4_XS)
@@ -321,25 +398,34 @@ DEF_PACKED32(pk_iq4_nl, QT_IQ4_NL, B_IQ4_NL)
 DEF_PACKED32(pk_mxfp4, QT_MXFP4, B_MXFP4)
 
 /* rows [n0, n1) of y for all M rows through the packed path; buf holds PG * nb packed blocks of pbytes */
-static void run_packed(pack_fn pack, pkern_fn kern, size_t pbytes, const uint8_t *w, int64_t ldw, int64_t nb,
+static void run_packed(pack_fn pack, pkern_fn kern, int anyr, size_t pbytes, const uint8_t *w, int64_t ldw, int64_t nb,
                        const char *xq, size_t xrow_bytes, int64_t M, int64_t n0, int64_t n1, float *y, int64_t ldy,
                        char *buf) {
     const size_t gbytes = (size_t)nb * pbytes;
     const int64_t tiles = (M + PT - 1) / PT;   /* kernel calls per group (runs of PT / 4 / 2 / 1 rows) */
-    for (int64_t s = n0; s < n1; s += PG * PN) {
+    /* groups per pass: PG (32 weight rows share each x tile's trip from L2; fewer groups for a long K measured
+       slower: Qwen2.5-1.5B's down projection), one when all M rows are one run (a few rows: each group is
+       packed and used while it is in L1). The order of the kernel calls changes no result. */
+    const int pg = M <= PT ? 1 : PG;
+    for (int64_t s = n0; s < n1; s += pg * PN) {
         int ng = 0, rows[PG];
-        for (; ng < PG && s + ng * PN < n1; ng++) {
+        for (; ng < pg && s + ng * PN < n1; ng++) {
             rows[ng] = n1 - (s + ng * PN) < PN ? (int)(n1 - (s + ng * PN)) : PN;
             pack(w + (s + ng * PN) * ldw, ldw, rows[ng], nb, buf + ng * gbytes);
         }
         /* the next pass's weight rows (contiguous) are fetched into L2 while this pass computes, a
            slice per kernel call: packing reads 16 rows a block at a time, a pattern the hardware
            prefetcher does not follow, so without this every pass waited on DRAM */
-        const int64_t ns = s + PG * PN, ne = ns + PG * PN < n1 ? ns + PG * PN : n1;
+        const int64_t ns = s + pg * PN, ne = ns + pg * PN < n1 ? ns + pg * PN : n1;
         const char *pf = (const char *)(w + ns * ldw), *pfend = ns < ne ? (const char *)(w + ne * ldw) : pf;
         const int64_t per = ((pfend - pf) / 64 + tiles * ng - 1) / (tiles * ng) * 64 + 64;
         for (int64_t m = 0; m < M;) {
-            const int R = M - m >= PT ? PT : M - m >= 4 ? 4 : M - m >= 2 ? 2 : 1;
+            /* runs of PT / 4 / 2 / 1 rows, or (anyr: kern has every R) the fewest of at most PT, balanced */
+            int R = M - m >= PT ? PT : M - m >= 4 ? 4 : M - m >= 2 ? 2 : 1;
+            if (anyr) {
+                const int64_t runs = (M - m + PT - 1) / PT;
+                R = (int)((M - m + runs - 1) / runs);
+            }
             for (int g = 0; g < ng; g++) {
                 for (const char *e = pf + per < pfend ? pf + per : pfend; pf < e; pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
                 kern(buf + g * gbytes, nb, xq + m * xrow_bytes, (int64_t)xrow_bytes, R, y + m * ldy + s + g * PN, ldy, rows[g]);

@@ -14,7 +14,10 @@
  * Offsets: Q3_K's 4 comes off I through the per-16 mins (offset * scale, int16 pairs in pblock.mn, as
  * Q2_K's) times the activations' 16-element sums, as in the row path (I - Mn); Q6_K's 32 is in its
  * signed weights.
- * Legacy types (pblock32): one block is 8 dwords; SEG32 Q4_0/Q4_1 8, Q5_0/Q5_1/MXFP4 4, Q8_0/IQ4_NL 1. */
+ * Legacy types (pblock32): one block is 8 dwords; SEG32 Q4_0/Q4_1 8, Q5_0/Q5_1/MXFP4 4, Q8_0/IQ4_NL 1.
+ * Q4_K (A2_NIB4, qm_pack.h pack8_q4k): the weights stay the file's nibbles, one vector holding dword k of two
+ * scale groups (low / high nibbles), taken apart by an and (a shift) per vector and R rows: half the bytes
+ * through L1/L2, and the packing only transposes the file's bytes. */
 #ifndef QM_PACK_AVX2_H
 #define QM_PACK_AVX2_H
 
@@ -80,7 +83,24 @@ QM_INLINE void p_kern_a2(const int qt, const pblock *p, int64_t nb, const xq256 
         __m256i I[PR];
         for (int r = 0; r < R; r++) I[r] = _mm256_setzero_si256();
 #pragma GCC unroll 1
-        for (int g = 0; g < 64 / GS; g++) {
+        for (int c = 0; c < 4 && qt == QT_Q4_K && A2_NIB4; c++) {   /* nibbles (pack8_q4k): groups 2c, 2c + 1 */
+#pragma GCC unroll 2
+            for (int hf = 0; hf < 2; hf++) {
+                const int g = 2 * c + hf;
+                const __m256i s = _mm256_load_si256((const __m256i *)pb->sc[g]);
+                __m256i t[PR];
+                for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    const __m256i v = _mm256_load_si256((const __m256i *)pb->q[8 * c + k]);
+                    const __m256i wv = _mm256_and_si256(hf ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15));
+                    for (int r = 0; r < R; r++) t[r] = a2_step(t[r], wv, x[r * xrow + b].q + 4 * (8 * g + k));
+                }
+                for (int r = 0; r < R; r++) I[r] = _mm256_add_epi32(I[r], _mm256_madd_epi16(t[r], s));
+            }
+        }
+#pragma GCC unroll 1
+        for (int g = 0; g < 64 / GS && !(qt == QT_Q4_K && A2_NIB4); g++) {
             const __m256i s = _mm256_load_si256((const __m256i *)pb->sc[g]);
 #pragma GCC unroll 8
             for (int h = 0; h < GS / SEG; h++) {

@@ -277,7 +277,7 @@ QM_INLINE __m128 k_step_v(const int qt, __m128 acc, __m128 t, float d, float dmi
 QM_INLINE void s_row256(const int qt, const int bb, const uint8_t *w, int64_t nb, const xq256 *x, int64_t xrow,
                         const int R, float *y, int64_t ldy) {
     enum { NCMAX = 4 };
-    const int NC = R >= 4 ? 1 : R == 2 ? 2 : 4;
+    const int NC = R >= 4 ? 1 : R >= 2 ? 2 : 4;
     __m128 acc[MR];
     for (int r = 0; r < R; r++) acc[r] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {

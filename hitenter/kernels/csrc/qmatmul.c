@@ -5,8 +5,8 @@
  * 16-element sums for the 256-wide ones), then integer dot products run per weight block.
  * Threads take chunks of weight rows (dynamically); within a chunk the row path walks the weight
  * rows once per tile of MT activation rows (M <= MT: every weight byte is streamed from memory
- * once), unpacking each in registers once per MR activation rows; from M >= 6 (32-wide types) or 9 (K types)
- * every type takes the packed
+ * once), unpacking each in registers once per MR activation rows (Q4_K/Q5_K/Q6_K: a run of any length up to
+ * 8); from M >= 6 (32-wide types) or 9 (K types; AVX2 Q4_K: 2) every type takes the packed
  * GEMM instead (qm_pack.h; Q8_0 only with VNNI). Every (m, n) output is the same function of
  * (row m of x, row n of W) whatever M, the tiling or the thread count: batch invariant.
  *
@@ -66,8 +66,16 @@ static void quant_rows(int qt, int elems, const float *x, int64_t ldx, int64_t n
     }
 }
 
-/* the rows [n0, n1) of y for all M rows: tiles of MT activation rows, runs of 8/4/2/1 */
-static void run_range(row_fn fn, const uint8_t *w, int64_t ldw, int64_t nb, const char *xq, size_t xrow_bytes,
+/* the next run of activation rows, `left` of them still to do: 8/4/2/1, or (maxr > 0: a row function with an
+ * instance for every R up to maxr) the fewest runs of at most maxr rows, of equal length as near as may be */
+static inline int run_rows(int64_t left, int maxr) {
+    if (!maxr) return left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    const int64_t runs = (left + maxr - 1) / maxr;
+    return (int)((left + runs - 1) / runs);
+}
+
+/* the rows [n0, n1) of y for all M rows: tiles of MT activation rows, runs of run_rows */
+static void run_range(row_fn fn, int maxr, const uint8_t *w, int64_t ldw, int64_t nb, const char *xq, size_t xrow_bytes,
                       int64_t M, int64_t n0, int64_t n1, float *y, int64_t ldy) {
     for (int64_t mt = 0; mt < M; mt += MT) {
         const int64_t mend = mt + MT < M ? mt + MT : M;
@@ -81,7 +89,7 @@ static void run_range(row_fn fn, const uint8_t *w, int64_t ldw, int64_t nb, cons
                 for (int64_t o = 0; o < ldw; o += 64) __builtin_prefetch(w + (n + QM_PF) * ldw + o);
             for (int64_t m = mt; m < mend;) {
                 const int64_t left = mend - m;
-                const int R = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+                const int R = run_rows(left, maxr);
                 fn(w + n * ldw, nb, xq + m * xrow_bytes, (int64_t)xrow_bytes, R, y + m * ldy + n, ldy);
                 m += R;
             }
@@ -99,6 +107,7 @@ typedef struct {   /* a thread's range of chunks [next, end): its own cache line
 
 typedef struct {   /* one call's work, shared by the threads */
     row_fn fn;
+    int maxr;   /* runs of up to maxr rows of any length (row_max_run), 0: runs of 8/4/2/1 */
     const uint8_t *w;
     int64_t ldw, nb, M, N, ldy, chunk, nchunks;
     int nranges;
@@ -110,6 +119,7 @@ typedef struct {   /* one call's work, shared by the threads */
 #if QM_ISA
     pack_fn pack;
     pkern_fn kern;
+    int qt;
     size_t pbytes;
     rkern_fn rkern;   /* a weight repacked at load (qm_repack.h): every M runs it, on x's tiles xt */
     const char *xt;
@@ -146,11 +156,11 @@ static void worker(job *j, int t) {
             continue;
         }
         if (j->packed) {
-            if (buf) run_packed(j->pack, j->kern, j->pbytes, j->w, j->ldw, j->nb, j->xq, j->xrow_bytes, j->M, n0, n1, j->y, j->ldy, buf);
+            if (buf) run_packed(j->pack, j->kern, packed_any_r(j->qt), j->pbytes, j->w, j->ldw, j->nb, j->xq, j->xrow_bytes, j->M, n0, n1, j->y, j->ldy, buf);
             continue;
         }
 #endif
-        run_range(j->fn, j->w, j->ldw, j->nb, j->xq, j->xrow_bytes, j->M, n0, n1, j->y, j->ldy);
+        run_range(j->fn, j->maxr, j->w, j->ldw, j->nb, j->xq, j->xrow_bytes, j->M, n0, n1, j->y, j->ldy);
     }
     free(buf);
 }
@@ -226,7 +236,7 @@ int qm_matmul_desc(const qm_desc *d, const float *x, int64_t M, int64_t ldx, flo
     job j = {0};
     if (M < 0 || ldx < K || ldy < N) return -2;
     if (M == 0 || N == 0) return 0;
-    j.fn = d->fn, j.w = d->w, j.ldw = d->ldw, j.nb = d->nb, j.M = M, j.N = N, j.y = y, j.ldy = ldy;
+    j.fn = d->fn, j.maxr = row_max_run(qt), j.w = d->w, j.ldw = d->ldw, j.nb = d->nb, j.M = M, j.N = N, j.y = y, j.ldy = ldy;
     j.xrow_bytes = xrow_size(elems, j.nb);
     char *xq = aligned_alloc(64, (M * j.xrow_bytes + 63) / 64 * 64);
     if (!xq) return -3;
@@ -237,7 +247,8 @@ int qm_matmul_desc(const qm_desc *d, const float *x, int64_t M, int64_t ldx, flo
         j.rkern = repacked_fn(qt), j.rbytes = repack_block_bytes(qt);
         if (!j.rkern || d->lanes != PN) { free(xq); return -2; }
     }
-    j.packed = !d->lanes && M >= (elems == 32 ? PACK_MIN_M32 : PACK_MIN_M256) && packed_fns(qt, &j.pack, &j.kern, &j.pbytes);
+    j.qt = qt;
+    j.packed = !d->lanes && M >= (elems == 32 ? PACK_MIN_M32 : pack_min_m256(qt)) && packed_fns(qt, &j.pack, &j.kern, &j.pbytes);
     if (j.rkern && !(xt = aligned_alloc(64, (M * j.nb * XT_BLOCK(1) + 63) / 64 * 64))) { free(xq); return -3; }
     j.xt = xt;
 #else
