@@ -421,6 +421,54 @@ A2_INLINE void pv_pair(float *const *acc, const float *corr, const float *const 
     if (i0 < D) pv_block(acc, corr, pr, vr, nk, i0, nu, 2);
 }
 
+/* c[i] = lane i of each of r[0..7] (an 8 x 8 transpose, exact) */
+A2_INLINE void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int j = 0; j < 8; j += 2) t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]), t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+    for (int j = 0; j < 8; j += 4) {
+        u[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44), u[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
+        u[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44), u[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20), r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+}
+
+/* the 16 rows (type lt: fp32, bf16 or f16) as kt [D][16] by 8 x 8 register transposes */
+A2_INLINE void key_tile_full(float *kt, const char *const *rows, int D, const int lt) {
+    for (int d0 = 0; d0 < D; d0 += 8)
+        for (int t0 = 0; t0 < 16; t0 += 8) {
+            __m256 r[8];
+            for (int j = 0; j < 8; j++) r[j] = load8_kv(rows[t0 + j], d0, lt);
+            transpose8(r);
+            for (int i = 0; i < 8; i++) _mm256_store_ps(kt + (d0 + i) * 16 + t0, r[i]);
+        }
+}
+
+/* the key tile as kt [D][16] (element d of key t at kt[d * 16 + t], keys >= nk zero), each element widened
+   exactly from the cache rows kp (type kvt; q8_0 dequantized into kf [16][D] first); a full tile by 8 x 8
+   register transposes, a partial one element by element */
+A2_INLINE void key_tile_t(float *kt, const char *const *kp, int nk, int D, int kvt, float *kf) {
+    const char *rows[16];
+    int lt = kvt;
+    if (kvt == KV_Q8_0) {
+        widen_rows(kf, kp, nk, D, kvt);
+        for (int t = 0; t < nk; t++) rows[t] = (const char *)(kf + (size_t)t * D);
+        lt = KV_F32;
+    } else
+        for (int t = 0; t < nk; t++) rows[t] = kp[t];
+    if (nk == 16) {   /* the type a constant in each copy */
+        if (lt == KV_F16) key_tile_full(kt, rows, D, KV_F16);
+        else if (lt == KV_BF16) key_tile_full(kt, rows, D, KV_BF16);
+        else key_tile_full(kt, rows, D, KV_F32);
+        return;
+    }
+    if (lt != KV_F32) {
+        widen_rows(kf, kp, nk, D, lt);
+        for (int t = 0; t < nk; t++) rows[t] = (const char *)(kf + (size_t)t * D);
+    }
+    for (int d = 0; d < D; d++)
+        for (int t = 0; t < 16; t++) kt[d * 16 + t] = t < nk ? ((const float *)rows[t])[d] : 0.f;
+}
+
 typedef struct { float m, l; } a2_state;
 
 /* rows r0 .. r0+n-1 of q / out at positions p0 .., KV head h (prompt_attention.c's item, same arguments;
@@ -453,16 +501,14 @@ static void prompt_item_avx2(const float *q, float *out, const void *kv, int kvt
         const char *kp[16], *vp[16];
         paged_rows(kp, kbase, table, k0, nk, BS, rb);
         paged_rows(vp, vbase, table, k0, nk, BS, rb);
-        const float *kr[16], *vr[16];
+        const float *vr[16];
         if (kvt == KV_F32)
-            for (int t = 0; t < nk; t++) kr[t] = (const float *)kp[t], vr[t] = (const float *)vp[t];
+            for (int t = 0; t < nk; t++) vr[t] = (const float *)vp[t];
         else {
-            widen_rows(kf, kp, nk, D, kvt);
             widen_rows(vf, vp, nk, D, kvt);
-            for (int t = 0; t < nk; t++) kr[t] = kf + (size_t)t * D, vr[t] = vf + (size_t)t * D;
+            for (int t = 0; t < nk; t++) vr[t] = vf + (size_t)t * D;
         }
-        for (int d = 0; d < D; d++)
-            for (int t = 0; t < 16; t++) kt[d * 16 + t] = t < nk ? kr[t][d] : 0.f;
+        key_tile_t(kt, kp, nk, D, kvt, kf);
         const __m256 kidx0 = _mm256_add_ps(lane, _mm256_set1_ps((float)k0));
         const __m256 kidx1 = _mm256_add_ps(kidx0, _mm256_set1_ps(8.f));
         const int qstart = (int)(k0 > p0 ? k0 - p0 : 0) * G;   /* earlier rows cannot see this tile */
