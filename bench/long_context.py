@@ -2,7 +2,7 @@
 context, same GGUF, same threads, one invocation (issue 29).
 
     .venv/bin/python bench/long_context.py [--models qwen2.5-coder-1.5b-instruct] [--contexts 4000 8000 16000]
-        [--decode 32] [--threads 2] [--rounds 1] [--kv-cache-dtype auto] [--llamacpp-python PATH]
+        [--decode 32] [--threads 2] [--rounds 1] [--kv-cache-dtype auto] [--llamacpp-python PATH] [--fa both|off|on|none]
 
 Per model and context, each engine in a fresh process, in alternating order: hitenter (the engine as served:
 its default chunked prefill, prefix caching off so every round computes the prompt), then llama.cpp
@@ -85,6 +85,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--kv-cache-dtype", default="auto")
     ap.add_argument("--llamacpp-python", default="/work/venvs/llamacpp/bin/python")
+    ap.add_argument("--fa", choices=["both", "off", "on", "none"], default="both",
+                    help="llama.cpp's flash attention settings to run (none: hitenter alone, no ratio)")
     ap.add_argument("--one", nargs=2, metavar=("PATH", "N"), help=argparse.SUPPRESS)   # a worker run
     a = ap.parse_args()
     if a.one:
@@ -102,9 +104,10 @@ def main() -> None:
             runs: dict[str, list[dict[str, float]]] = {"hitenter": [], "fa_off": [], "fa_on": []}
             for _ in range(a.rounds):
                 runs["hitenter"].append(run_hitenter(path, n, a))
-                if have_llama and a.kv_cache_dtype != "q8_0":   # llama.cpp quantizes V only with fa on
+                # llama.cpp quantizes V only with fa on
+                if have_llama and a.kv_cache_dtype != "q8_0" and a.fa in ("both", "off"):
                     runs["fa_off"].append(run_llamacpp(path, n, False, a))
-                if have_llama:
+                if have_llama and a.fa in ("both", "on"):
                     runs["fa_on"].append(run_llamacpp(path, n, True, a))
             med = {k: {m: statistics.median(r[m] for r in v) for m in ("prefill", "decode")}
                    for k, v in runs.items() if v}
