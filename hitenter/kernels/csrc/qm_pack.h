@@ -39,10 +39,11 @@
 #ifndef PACK_MIN_M256
 #define PACK_MIN_M256 9
 #endif
-/* AVX2 Q4_K packs as cheaply as four dword transposes of the file's bytes (pack8_q4k), and its packed kernel
-   adds a row for about half a row-path row: packed from 2 rows (Zen 3, 1 thread, 1536 x 1536, CPU time
-   against one row: M = 5 1.98-2.43 packed, 2.60-3.20 on the row path with a 5-row instance, 3.6-3.9 as 4 + 1
-   rows before). Q6_K's packing unpacks every block and stays behind the row path up to 7 rows. */
+/* AVX2 Q4_K below PACK_MIN_M256 rows packs as cheaply as four dword transposes of the file's bytes (pack8_q4k,
+   pk_q4_k_nib_*), and its packed kernel adds a row for about half a row-path row: packed from 2 rows (Zen 3,
+   1 thread, 1536 x 1536, CPU time against one row, builds alternated in one process: M = 5 1.6-2.4 packed,
+   2.6-3.2 on the row path with a 5-row instance, 2.9-3.9 as 4 + 1 rows before; M = 8 2.2-2.6 against 3.9).
+   Q6_K's packing unpacks every block and stays behind the row path up to 7 rows. */
 #ifndef PACK_MIN_Q4K_A2
 #define PACK_MIN_Q4K_A2 2
 #endif
@@ -117,12 +118,6 @@ static void pack8_q4k(const uint8_t *w, int64_t ldw, int nrows, int64_t nb, pblo
 
 /* rows [0, nrows) of w (nrows <= PN; missing lanes are zero) -> nb packed blocks */
 static void pack8(const int qt, const int bb, const uint8_t *w, int64_t ldw, int nrows, int64_t nb, pblock *p) {
-#if !QM_VNNI && A2_NIB4
-    if (qt == QT_Q4_K) {
-        pack8_q4k(w, ldw, nrows, nb, p);
-        return;
-    }
-#endif
     for (int64_t b = 0; b < nb; b++) {
         pblock *pb = p + b;
         __m256i st[PN][8];   /* the rows' unpacked bytes, 32 per vector */
@@ -319,7 +314,7 @@ QM_INLINE void p_kern32(const int qt, const pblock32 *p, int64_t nb, const char 
 
 #if !QM_VNNI
 #include "qm_pack_avx2.h"
-#define P_KERN p_kern_a2
+#define P_KERN(...) p_kern_a2(__VA_ARGS__, 0)
 #define P_KERN32 p_kern32_a2
 #else
 #define P_KERN p_kern
@@ -371,6 +366,28 @@ typedef void (*pkern_fn)(const void *p, int64_t nb, const char *x, int64_t xrow,
 DEF_PACKED_ANY(pk_q4_k, QT_Q4_K, B_Q4_K)
 DEF_PACKED_ANY(pk_q5_k, QT_Q5_K, B_Q5_K)
 DEF_PACKED_ANY(pk_q6_k, QT_Q6_K, B_Q6_K)
+#if !QM_VNNI && A2_NIB4
+/* AVX2 Q4_K at a few rows: the file's nibbles (pack8_q4k), every R */
+static void pk_q4_k_nib_pack(const uint8_t *w, int64_t ldw, int nrows, int64_t nb, void *p) {
+    pack8_q4k(w, ldw, nrows, nb, (pblock *)p);
+}
+static void pk_q4_k_nib_kern(const void *pv, int64_t nb, const char *xc, int64_t xrow_bytes, int R, float *y,
+                             int64_t ldy, int nvalid) {
+    const pblock *p = (const pblock *)pv;
+    const xq256 *x = (const xq256 *)xc;
+    const int64_t xrow = xrow_bytes / (int64_t)sizeof(xq256);
+    switch (R) {
+    case 8: p_kern_a2(QT_Q4_K, p, nb, x, xrow, 8, y, ldy, nvalid, 1); break;
+    case 7: p_kern_a2(QT_Q4_K, p, nb, x, xrow, 7, y, ldy, nvalid, 1); break;
+    case 6: p_kern_a2(QT_Q4_K, p, nb, x, xrow, 6, y, ldy, nvalid, 1); break;
+    case 5: p_kern_a2(QT_Q4_K, p, nb, x, xrow, 5, y, ldy, nvalid, 1); break;
+    case 4: p_kern_a2(QT_Q4_K, p, nb, x, xrow, 4, y, ldy, nvalid, 1); break;
+    case 3: p_kern_a2(QT_Q4_K, p, nb, x, xrow, 3, y, ldy, nvalid, 1); break;
+    case 2: p_kern_a2(QT_Q4_K, p, nb, x, xrow, 2, y, ldy, nvalid, 1); break;
+    default: p_kern_a2(QT_Q4_K, p, nb, x, xrow, 1, y, ldy, nvalid, 1);
+    }
+}
+#endif
 DEF_PACKED(pk_q2_k, QT_Q2_K, B_Q2_K)
 DEF_PACKED(pk_q3_k, QT_Q3_K, B_Q3_K)
 DEF_PACKED(pk_iq4_xs, QT_IQ4_XS, B_IQ4_XS)
