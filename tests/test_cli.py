@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -14,12 +12,6 @@ import pytest
 def _cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "hitenter.cli", *args], capture_output=True, text=True,
                           timeout=300, input=input)
-
-
-def _clis(*runs: tuple[str, ...]) -> list[subprocess.CompletedProcess[str]]:
-    """_cli of each argument tuple, one per core at a time (each start is ~3 s of imports on one core)."""
-    with ThreadPoolExecutor(min(len(runs), os.cpu_count() or 1)) as pool:
-        return list(pool.map(lambda args: _cli(*args), runs))
 
 
 def test_tokenize_json_equals_the_tokenizer(tiny_llama_path):
@@ -57,14 +49,14 @@ def test_engine_flags_reach_the_engine(tiny_llama_path):
 
 @pytest.mark.slow
 def test_bad_inputs_are_clear_errors(tiny_llama_path, tmp_path):
-    pull, missing, temperature, window = _clis(
-        ("pull", "no-such-model"), ("run", "hi", "--model", str(tmp_path / "missing.gguf")),
-        ("run", "hi", "--model", str(tiny_llama_path), "--temperature", "5"),
-        ("run", "hi", "--model", str(tiny_llama_path), "--max-tokens", "100000"))
-    assert pull.returncode == 2 and "smollm2-135m-instruct" in pull.stderr and "Traceback" not in pull.stderr
-    assert missing.returncode == 2 and "not found" in missing.stderr and "Traceback" not in missing.stderr
-    assert temperature.returncode == 2 and "temperature" in temperature.stderr
-    assert window.returncode == 2 and "context window" in window.stderr
+    r = _cli("pull", "no-such-model")
+    assert r.returncode == 2 and "smollm2-135m-instruct" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("run", "hi", "--model", str(tmp_path / "missing.gguf"))
+    assert r.returncode == 2 and "not found" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("run", "hi", "--model", str(tiny_llama_path), "--temperature", "5")
+    assert r.returncode == 2 and "temperature" in r.stderr
+    r = _cli("run", "hi", "--model", str(tiny_llama_path), "--max-tokens", "100000")
+    assert r.returncode == 2 and "context window" in r.stderr
 
 
 def test_models_lists_known_names():
