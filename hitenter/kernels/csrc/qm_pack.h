@@ -325,43 +325,44 @@ typedef void (*pack_fn)(const uint8_t *w, int64_t ldw, int nrows, int64_t nb, vo
 typedef void (*pkern_fn)(const void *p, int64_t nb, const char *x, int64_t xrow, int R, float *y, int64_t ldy,
                          int nvalid);
 
-/* K types: x rows of nb xq256 (xrow bytes apart) */
-#define DEF_PACKED(name, qt, bb)                                                                          \
-    static void name##_pack(const uint8_t *w, int64_t ldw, int nrows, int64_t nb, void *p) {             \
-        pack8(qt, bb, w, ldw, nrows, nb, (pblock *)p);                                                    \
-    }                                                                                                      \
-    static void name##_kern(const void *pv, int64_t nb, const char *xc, int64_t xrow_bytes, int R,        \
-                            float *y, int64_t ldy, int nvalid) {                                          \
-        const pblock *p = (const pblock *)pv;                                                             \
-        const xq256 *x = (const xq256 *)xc;                                                               \
-        const int64_t xrow = xrow_bytes / (int64_t)sizeof(xq256);                                         \
-        if (R == 8) P_KERN(qt, p, nb, x, xrow, 8, y, ldy, nvalid);                                        \
-        else if (R == 4) P_KERN(qt, p, nb, x, xrow, 4, y, ldy, nvalid);                                   \
-        else if (R == 2) P_KERN(qt, p, nb, x, xrow, 2, y, ldy, nvalid);                                   \
-        else P_KERN(qt, p, nb, x, xrow, 1, y, ldy, nvalid);                                               \
+/* a packed kernel's locals from its arguments (pv, xc, xrow_bytes): the blocks p, the x rows, their stride */
+#define PK_LOCALS                                                                                           \
+    const pblock *p = (const pblock *)pv;                                                                 \
+    const xq256 *x = (const xq256 *)xc;                                                                   \
+    const int64_t xrow = xrow_bytes / (int64_t)sizeof(xq256);
+
+/* KERN(qt, p, nb, x, xrow, R, y, ldy, nvalid[, extra]) with R a constant: 8, 4, 2 or 1 (PK_R_1248), or every
+   R in 1..8 (PK_EVERY_R) */
+#define PK_R_1248(KERN, qt, ...)                                                                           \
+    if (R == 8) KERN(qt, p, nb, x, xrow, 8, y, ldy, nvalid, ##__VA_ARGS__);                               \
+    else if (R == 4) KERN(qt, p, nb, x, xrow, 4, y, ldy, nvalid, ##__VA_ARGS__);                          \
+    else if (R == 2) KERN(qt, p, nb, x, xrow, 2, y, ldy, nvalid, ##__VA_ARGS__);                          \
+    else KERN(qt, p, nb, x, xrow, 1, y, ldy, nvalid, ##__VA_ARGS__);
+#define PK_EVERY_R(KERN, qt, ...)                                                                          \
+    switch (R) {                                                                                           \
+    case 8: KERN(qt, p, nb, x, xrow, 8, y, ldy, nvalid, ##__VA_ARGS__); break;                            \
+    case 7: KERN(qt, p, nb, x, xrow, 7, y, ldy, nvalid, ##__VA_ARGS__); break;                            \
+    case 6: KERN(qt, p, nb, x, xrow, 6, y, ldy, nvalid, ##__VA_ARGS__); break;                            \
+    case 5: KERN(qt, p, nb, x, xrow, 5, y, ldy, nvalid, ##__VA_ARGS__); break;                            \
+    case 4: KERN(qt, p, nb, x, xrow, 4, y, ldy, nvalid, ##__VA_ARGS__); break;                            \
+    case 3: KERN(qt, p, nb, x, xrow, 3, y, ldy, nvalid, ##__VA_ARGS__); break;                            \
+    case 2: KERN(qt, p, nb, x, xrow, 2, y, ldy, nvalid, ##__VA_ARGS__); break;                            \
+    default: KERN(qt, p, nb, x, xrow, 1, y, ldy, nvalid, ##__VA_ARGS__);                                  \
     }
 
-/* the same with an instance for every R in 1..8 (the types of row_max_run: run_packed then takes balanced runs) */
-#define DEF_PACKED_ANY(name, qt, bb)                                                                      \
+/* K types: x rows of nb xq256 (xrow bytes apart); DISPATCH: which R get an instance (PK_R_1248 / PK_EVERY_R) */
+#define DEF_PACKED_R(name, qt, bb, DISPATCH)                                                              \
     static void name##_pack(const uint8_t *w, int64_t ldw, int nrows, int64_t nb, void *p) {             \
         pack8(qt, bb, w, ldw, nrows, nb, (pblock *)p);                                                    \
     }                                                                                                      \
     static void name##_kern(const void *pv, int64_t nb, const char *xc, int64_t xrow_bytes, int R,        \
                             float *y, int64_t ldy, int nvalid) {                                          \
-        const pblock *p = (const pblock *)pv;                                                             \
-        const xq256 *x = (const xq256 *)xc;                                                               \
-        const int64_t xrow = xrow_bytes / (int64_t)sizeof(xq256);                                         \
-        switch (R) {                                                                                       \
-        case 8: P_KERN(qt, p, nb, x, xrow, 8, y, ldy, nvalid); break;                                     \
-        case 7: P_KERN(qt, p, nb, x, xrow, 7, y, ldy, nvalid); break;                                     \
-        case 6: P_KERN(qt, p, nb, x, xrow, 6, y, ldy, nvalid); break;                                     \
-        case 5: P_KERN(qt, p, nb, x, xrow, 5, y, ldy, nvalid); break;                                     \
-        case 4: P_KERN(qt, p, nb, x, xrow, 4, y, ldy, nvalid); break;                                     \
-        case 3: P_KERN(qt, p, nb, x, xrow, 3, y, ldy, nvalid); break;                                     \
-        case 2: P_KERN(qt, p, nb, x, xrow, 2, y, ldy, nvalid); break;                                     \
-        default: P_KERN(qt, p, nb, x, xrow, 1, y, ldy, nvalid);                                           \
-        }                                                                                                  \
+        PK_LOCALS                                                                                          \
+        DISPATCH(P_KERN, qt)                                                                               \
     }
+#define DEF_PACKED(name, qt, bb) DEF_PACKED_R(name, qt, bb, PK_R_1248)
+/* every R in 1..8 (the types of row_max_run: run_packed then takes balanced runs) */
+#define DEF_PACKED_ANY(name, qt, bb) DEF_PACKED_R(name, qt, bb, PK_EVERY_R)
 
 DEF_PACKED_ANY(pk_q4_k, QT_Q4_K, B_Q4_K)
 DEF_PACKED_ANY(pk_q5_k, QT_Q5_K, B_Q5_K)
@@ -373,19 +374,8 @@ static void pk_q4_k_nib_pack(const uint8_t *w, int64_t ldw, int nrows, int64_t n
 }
 static void pk_q4_k_nib_kern(const void *pv, int64_t nb, const char *xc, int64_t xrow_bytes, int R, float *y,
                              int64_t ldy, int nvalid) {
-    const pblock *p = (const pblock *)pv;
-    const xq256 *x = (const xq256 *)xc;
-    const int64_t xrow = xrow_bytes / (int64_t)sizeof(xq256);
-    switch (R) {
-    case 8: p_kern_a2(QT_Q4_K, p, nb, x, xrow, 8, y, ldy, nvalid, 1); break;
-    case 7: p_kern_a2(QT_Q4_K, p, nb, x, xrow, 7, y, ldy, nvalid, 1); break;
-    case 6: p_kern_a2(QT_Q4_K, p, nb, x, xrow, 6, y, ldy, nvalid, 1); break;
-    case 5: p_kern_a2(QT_Q4_K, p, nb, x, xrow, 5, y, ldy, nvalid, 1); break;
-    case 4: p_kern_a2(QT_Q4_K, p, nb, x, xrow, 4, y, ldy, nvalid, 1); break;
-    case 3: p_kern_a2(QT_Q4_K, p, nb, x, xrow, 3, y, ldy, nvalid, 1); break;
-    case 2: p_kern_a2(QT_Q4_K, p, nb, x, xrow, 2, y, ldy, nvalid, 1); break;
-    default: p_kern_a2(QT_Q4_K, p, nb, x, xrow, 1, y, ldy, nvalid, 1);
-    }
+    PK_LOCALS
+    PK_EVERY_R(p_kern_a2, QT_Q4_K, 1)
 }
 #endif
 DEF_PACKED(pk_q2_k, QT_Q2_K, B_Q2_K)
