@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from hitenter.errors import ModelLoadError
-from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
+from hitenter.models import gguf as gguf_module
+from hitenter.models.gguf import (
+    SUPPORTED_TENSOR_TYPES,
+    load_tensors,
+    model_config_from_metadata,
+    open_gguf,
+    read_gguf_metadata,
+)
 from hitenter.models.loader import load_model
 from hitenter.testing.tiny_model import write_tiny_gguf
 
@@ -175,3 +182,16 @@ def test_smollm2_config_and_load_time(smollm2_path: Path) -> None:
     assert (cfg.head_dim, cfg.intermediate_size, cfg.vocab_size, cfg.rope_theta) == (64, 1536, 49152, 100000.0)
     assert cfg.tie_word_embeddings and not cfg.attention_bias and cfg.context_length == 8192
     assert elapsed < 90, f"loading SmolLM2 took {elapsed:.1f}s"
+
+
+@pytest.mark.parametrize("qtype", sorted(SUPPORTED_TENSOR_TYPES - {Q.F32, Q.F16, Q.BF16}, key=lambda q: q.name))
+def test_grouped_dequantize_is_gguf_py_bit_for_bit(monkeypatch: pytest.MonkeyPatch, qtype: Q) -> None:
+    """Our row grouping of gguf-py's dequantizer returns its exact bits (NaN patterns included, from random
+    bytes), over several groups and a short last one."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    data = np.random.default_rng(int(qtype)).integers(0, 256, (7, 2, 3 * size), dtype=np.uint8)
+    monkeypatch.setattr(gguf_module, "DEQUANT_GROUP_BYTES", 2 * data.shape[-1])   # 14 rows: 7 groups of 2
+    with np.errstate(all="ignore"):   # random scales: inf and NaN on purpose
+        got, want = gguf_module.dequantize(data, qtype), np.asarray(gguf.quants.dequantize(data, qtype))
+    assert got.shape == want.shape == (7, 2, 3 * block) and got.dtype == np.float32
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
