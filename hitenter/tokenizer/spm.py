@@ -38,16 +38,18 @@ def spm_merges(tokens: Sequence[str], scores: Sequence[float], types: Sequence[i
     vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):
         vocab.setdefault(t, i)   # llama.cpp's text -> id keeps the first id for duplicate texts
-    ranked: list[tuple[float, int, str, str]] = []
+    get = vocab.get
+    ranked: list[tuple[float, int, int, int]] = []   # (-score, id of a + b, id of a, id of b): unique, no ties
     for i, t in enumerate(tokens):
-        if types[i] != NORMAL or len(t) < 2 or vocab[t] != i:
+        if len(t) < 2 or types[i] != NORMAL or vocab[t] != i:
             continue
+        score = -float(scores[i])
         for k in range(1, len(t)):
-            a, b = t[:k], t[k:]
-            if a in vocab and b in vocab:
-                ranked.append((-float(scores[i]), i, a, b))
-    ranked.sort(key=lambda r: (r[0], r[1], vocab[r[2]], vocab[r[3]]))
-    return [(a, b) for _s, _i, a, b in ranked]
+            ia = get(t[:k])
+            if ia is not None and (ib := get(t[k:])) is not None:
+                ranked.append((score, i, ia, ib))
+    ranked.sort()
+    return [(tokens[ia], tokens[ib]) for _s, _i, ia, ib in ranked]
 
 
 def build_spm(md: Mapping[str, Any]) -> HFTokenizer:
