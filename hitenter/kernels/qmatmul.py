@@ -13,7 +13,7 @@ Threads: the kernel's OpenMP team uses torch.get_num_threads() threads, read on 
 is shared with torch's, so no second thread pool). Zero-copy: x, w.data and `out` are read/written in
 place through their data pointers; no alignment is required, only unit stride along K (x, w) and N
 (out); `out` may be a column slice of a wider buffer (e.g. fused Q/K/V outputs). Paths: small M
-streams each weight row once per 8 activation rows; from M = 6 (32-wide types) / 9 (K types; Q4_K on AVX2: 2) it packs 16
+streams each weight row once per 8 activation rows; from M = 6 (32-wide types) / 9 (K types; Q4_K on AVX2: 6) it packs 16
 (AVX2: 8) weight rows at a time per call (a GEMM; all types with AVX512-VNNI, all but Q8_0 with AVX2,
 whose microkernels add maddubs pairs in int16 before one madd by the scale: csrc/qm_pack_avx2.h);
 a weight repacked at load (`repack`, csrc/qm_repack.h: Q4_0, Q4_1, Q8_0) runs one kernel for

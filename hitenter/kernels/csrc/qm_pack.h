@@ -40,12 +40,17 @@
 #define PACK_MIN_M256 9
 #endif
 /* AVX2 Q4_K below PACK_MIN_M256 rows packs as cheaply as four dword transposes of the file's bytes (pack8_q4k,
-   pk_q4_k_nib_*), and its packed kernel adds a row for about half a row-path row: packed from 2 rows (Zen 3,
-   1 thread, 1536 x 1536, CPU time against one row, builds alternated in one process: M = 5 1.6-2.4 packed,
-   2.6-3.2 on the row path with a 5-row instance, 2.9-3.9 as 4 + 1 rows before; M = 8 2.2-2.6 against 3.9).
-   Q6_K's packing unpacks every block and stays behind the row path up to 7 rows. */
+   pk_q4_k_nib_*), and its packed kernel adds a row for about half a row-path row; but the packing itself costs
+   about a one-row pass, so on weights streamed from DRAM (the engine's case: a model far above L3) it pays only
+   from 6 rows. Zen 3, 1 thread, CPU time per call, min of 10 rounds, builds alternated in one process, every
+   layer's weight in turn (Qwen2.5-Coder-1.5B's Q4_K gate_up 17920 x 1536 / o_proj 1536 x 1536), row path vs
+   packed from 2: M = 1 1.52 / 0.128 ms; M = 2 2.00 vs 3.32 / 0.176 vs 0.242; M = 3 3.32 vs 4.24 / 0.230 vs
+   0.267; M = 4 4.52 vs 6.15 / 0.277 vs 0.297; M = 5 3.92 vs 4.10 / 0.332 vs 0.329 (a tie, three runs); M = 6
+   5.36 vs 4.89 / 0.397 vs 0.378; M = 8 7.74 vs 5.91 / 0.523 vs 0.414. (The 1536 x 1536 weight alone, hot in
+   cache, measured the packed path ahead from 2 rows.) Q6_K's packing unpacks every block and stays behind the
+   row path up to 7 rows. */
 #ifndef PACK_MIN_Q4K_A2
-#define PACK_MIN_Q4K_A2 2
+#define PACK_MIN_Q4K_A2 6
 #endif
 /* from how many activation rows type qt (256-element blocks) takes the packed GEMM */
 static inline int pack_min_m256(int qt) {

@@ -6,7 +6,7 @@
  * Threads take chunks of weight rows (dynamically); within a chunk the row path walks the weight
  * rows once per tile of MT activation rows (M <= MT: every weight byte is streamed from memory
  * once), unpacking each in registers once per MR activation rows (Q4_K/Q5_K/Q6_K: a run of any length up to
- * 8); from M >= 6 (32-wide types) or 9 (K types; AVX2 Q4_K: 2) every type takes the packed
+ * 8); from M >= 6 (32-wide types) or 9 (K types; AVX2 Q4_K: 6) every type takes the packed
  * GEMM instead (qm_pack.h; Q8_0 only with VNNI). Every (m, n) output is the same function of
  * (row m of x, row n of W) whatever M, the tiling or the thread count: batch invariant.
  *
