@@ -1,7 +1,7 @@
 """A long prompt arriving while streams decode: what it costs them, and what they cost it.
 
     .venv/bin/python bench/long_prompt_streams.py [--model smollm2-135m-instruct] [--streams 16]
-        [--prompt-tokens 4000] [--rounds 2] [--fresh-tokens N]
+        [--prompt-tokens 4000] [--rounds 2] [--fresh-tokens N] [--side-prefill-tokens N]
 
 Starts ``hitenter serve`` (a subprocess; prefix caching stays on, so every long prompt starts with its own
 token and never hits the cache) and measures in one run:
@@ -74,10 +74,15 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=4000)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--fresh-tokens", type=int, default=None)
+    ap.add_argument("--side-prefill-tokens", type=int, default=None,
+                    help="the server's option (0: the prompt is only paced beside the streams, no side prefill)")
     a = ap.parse_args()
     extra = [] if a.fresh_tokens is None else ["--fresh-tokens", str(a.fresh_tokens)]
+    if a.side_prefill_tokens is not None:
+        extra += ["--side-prefill-tokens", str(a.side_prefill_tokens)]
     args = ["--model", a.model, "--max-model-len", str(max(8192, a.prompt_tokens + 64)), *extra]
-    print(cpu_line(), f"| model {a.model} | {a.streams} streams | prompt {a.prompt_tokens} tokens")
+    print(cpu_line(), f"| model {a.model} | {a.streams} streams | prompt {a.prompt_tokens} tokens | "
+          f"server options {' '.join(extra) or '(defaults)'}")
     with serve_subprocess(args, startup_s=300) as (url, _):
         ttft(url, 64, 0)                                                      # warm-up
         alone = statistics.median(ttft(url, a.prompt_tokens, r + 1) for r in range(a.rounds))
@@ -106,7 +111,7 @@ def main() -> None:
     during = statistics.median(x[1] for x in rows)
     loaded = statistics.median(x[2] for x in rows)
     own = statistics.median((x[0] + x[3]) / 2 for x in rows)   # their rate without the prompt, bracketing it
-    res = {"model": a.model, "streams": a.streams, "prompt_tokens": a.prompt_tokens, "ttft_alone_s": alone,
+    res = {"model": a.model, "streams": a.streams, "server_options": extra, "prompt_tokens": a.prompt_tokens, "ttft_alone_s": alone,
            "ttft_loaded_s": loaded, "ttft_ratio": loaded / alone, "streams_tok_s": own,
            "streams_tok_s_before": before, "streams_tok_s_after": after,
            "streams_tok_s_during_prefill": during, "streams_ratio": during / own if own else 0.0,

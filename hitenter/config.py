@@ -192,9 +192,13 @@ class SchedulerConfig:
     max_queued_requests: int | None = _opt(None, "most requests waiting (default: unbounded)", cli=False)
     fresh_tokens: int = _opt(4, "a new request's first N tokens run in steps of their own, ahead of the "
                                 "running batch (hitenter/engine/fresh_lane.py); 0: off")
+    side_prefill_tokens: int = _opt(1024, "a prompt of at least N uncached tokens arriving while streams "
+                                          "decode is prefilled on half of the cores beside them "
+                                          "(hitenter/engine/side_prefill.py); 0: off")
 
     def __post_init__(self) -> None:
         _check_int(self, "fresh_tokens", 0)
+        _check_int(self, "side_prefill_tokens", 0)
         _check_int(self, "max_num_seqs", 1)
         _check_int(self, "max_num_batched_tokens", 1)
         _check_int(self, "max_model_len", 2, optional=True)

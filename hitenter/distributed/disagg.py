@@ -41,7 +41,7 @@ from torch import distributed as dist
 from hitenter.config import ModelConfig
 from hitenter.distributed.disagg_worker import HEADER_TAG, IDS_TAG, kv_tag, timing_tag
 from hitenter.distributed.runner import _free_port, _wait_ready, _Workers
-from hitenter.engine.model_runner import ModelRunner, ModelRunnerOutput
+from hitenter.engine.model_runner import ModelRunner
 from hitenter.engine.request import Request, RequestStatus
 from hitenter.engine.scheduler import Scheduler, SchedulerOutput
 
@@ -155,6 +155,10 @@ class PrefillClient:
         self.jobs.append(job)
         self._queue.put(job)
 
+    def takes(self, request: Request, scheduler: Scheduler) -> bool:
+        """Every prompt of more than one token is prefilled by the worker."""
+        return request.num_prompt_tokens > 1
+
     def poll(self, scheduler: Scheduler) -> None:
         """Make requests whose KV arrived schedulable; wait briefly when nothing else can run."""
         self._arrived.clear()
@@ -231,19 +235,13 @@ def _close(workers: _PrefillWorkers, jobs: queue.Queue[_Job | None], thread: thr
 
 
 class DisaggModelRunner(ModelRunner):
-    """The decode side's runner: loads arrived prompt KV into newly admitted requests' blocks first."""
+    """The decode side's runner: loads arrived prompt KV into newly admitted requests' blocks first
+    (ModelRunner's ``staged`` hook)."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], block_size: int,
                  client: PrefillClient) -> None:
-        super().__init__(model, kv_caches, block_size)
+        super().__init__(model, kv_caches, block_size, staged=client)
         self.disagg = client
-
-    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        self.disagg.load(out, self.kv_caches)
-        return super().execute(out)
-
-    def close(self) -> None:
-        self.disagg.close()
 
 
 def check_options(spec: str, model: str | None, options: dict[str, Any]) -> None:

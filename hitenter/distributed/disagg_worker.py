@@ -39,27 +39,14 @@ def timing_tag(job: int) -> int:
     return 3 + 2 * job
 
 
-@torch.inference_mode()
 def prefill_kv(model: Any, ids: torch.Tensor, kv_caches: list[torch.Tensor], block_size: int,
                chunk: int) -> torch.Tensor:
-    """KV of `ids` (positions 0..n-1, a prompt of n + 1 tokens but its last) computed into scratch blocks
-    0..nb-1; returns them stacked `[L, 2, kv_heads, nb, block_size, head_dim]` (a copy). Chunking does not
-    change a row's bits. Rows take the path the engine's runner would give them (a short prompt's rows the
-    fused layers: models/plan.prompt_paths)."""
-    from hitenter.models.attention import AttentionMetadata
-    from hitenter.models.plan import prompt_paths
+    """KV of `ids` (a prompt of n + 1 tokens but its last) computed into scratch blocks 0..nb-1
+    (hitenter/models/prompt_kv.py); returns them stacked `[L, 2, kv_heads, nb, block_size, head_dim]` (a copy)."""
+    from hitenter.models.prompt_kv import prefill_kv as compute
 
-    n = ids.numel()
-    kernel_from, decode_from = prompt_paths(model, n + 1)
-    nb = -(-n // block_size)
-    table = list(range(nb))
-    for start in range(0, n, chunk):
-        m = min(chunk, n - start)
-        pos = torch.arange(start, start + m, dtype=torch.long)
-        fused = kernel_from == 0
-        meta = AttentionMetadata([0, m], [start + m], [table], pos.clone(), block_size,
-                                 kernel_from=[0] if fused else None, decode_from=[decode_from] if fused else None)
-        model(ids[start:start + m], pos, meta, kv_caches)
+    compute(model, ids, kv_caches, block_size, chunk)
+    nb = -(-ids.numel() // block_size)
     return torch.stack([kv[:, :, :nb] for kv in kv_caches])
 
 

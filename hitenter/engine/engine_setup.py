@@ -41,7 +41,8 @@ class EngineParts:
     max_model_len: int
     num_blocks: int
     spec: SpecDecoder | None = None      # speculative decoding, when asked for
-    disagg: Any = None                   # disaggregated prefill's PrefillClient, when asked for
+    prefiller: Any = None                # prompts prefilled beside the engine's steps: the disaggregated
+                                         # worker's PrefillClient, or the side prefill (engine/side_prefill.py)
     plan: KernelPlan | None = None       # which numeric path each row takes (decided at load)
     config: EngineConfig | None = None
 
@@ -156,7 +157,7 @@ def _runner(cfg: EngineConfig, path: str, net: torch.nn.Module, mcfg: ModelConfi
     bs, tp = cfg.cache.block_size, cfg.parallel.tensor_parallel_size
     kv_dtype = kv_dtype or dtype
     kv_caches = allocate_kv_caches(mcfg, num_blocks, bs, kv_dtype, num_local_blocks=num_local_blocks) if tp == 1 else []
-    runner = ModelRunner(net, kv_caches, bs)
+    runner = ModelRunner(net, kv_caches, bs, staged=_side_prefill(cfg, net, kv_caches, sched, num_local_blocks))
     if tp > 1:   # this process becomes rank 0 of a tensor-parallel group and spawns the others
         from hitenter.distributed.runner import DistributedModelRunner
         from hitenter.models.decoder import CausalLM
@@ -173,6 +174,22 @@ def _runner(cfg: EngineConfig, path: str, net: torch.nn.Module, mcfg: ModelConfi
         runner = launch_runner(cfg.parallel.disaggregate, path, dtype, mcfg, runner.model, runner.kv_caches, bs,
                                sched.max_model_len, sched.max_num_batched_tokens, cfg.load.num_threads)
     return runner
+
+
+def _side_prefill(cfg: EngineConfig, net: torch.nn.Module, kv_caches: list[torch.Tensor], sched: SchedulerConfig,
+                  num_local_blocks: int | None) -> Any:
+    """Long prompts beside decoding streams on half of the cores (hitenter/engine/side_prefill.py), where
+    it applies: one process, one block table for every layer, no draft model, more than one thread."""
+    from hitenter.engine.side_prefill import SidePrefill
+    from hitenter.models.decoder import CausalLM
+
+    threads = torch.get_num_threads()
+    if (sched.side_prefill_tokens == 0 or threads < 2 or not kv_caches or num_local_blocks is not None
+            or not isinstance(net, CausalLM) or cfg.parallel.tensor_parallel_size > 1
+            or cfg.parallel.disaggregate is not None or cfg.speculative.speculative_method is not None):
+        return None
+    return SidePrefill(net, kv_caches, cfg.cache.block_size, sched.max_num_batched_tokens,
+                       sched.side_prefill_tokens, threads)
 
 
 _GC_FROZEN: list[bool] = []
@@ -232,4 +249,4 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     _freeze_gc_once()
     return EngineParts(path, mcfg, tokenizer, runner.model, runner, kv_manager, Scheduler(sched_cfg, kv_manager),
                        Sampler(), cfg.cache, sched_cfg, max_model_len, num_blocks, spec,
-                       getattr(runner, "disagg", None), plan, cfg)
+                       getattr(runner, "staged", None), plan, cfg)

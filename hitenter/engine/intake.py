@@ -23,7 +23,6 @@ from hitenter.sampling_params import SamplingParams
 @dataclass
 class PendingRequest:
     group: GroupState
-    remote: bool = False          # prefilled by the disaggregated prefill worker
 
     @property
     def request_id(self) -> str:

@@ -57,7 +57,10 @@ class LLMEngine:
         self.max_model_len = parts.max_model_len
         self.spec = parts.spec
         self.spec_decode: SpecDecodeStats | None = parts.spec.stats if parts.spec is not None else None
-        self.disagg = parts.disagg          # disaggregated prefill's client (hitenter/distributed/disagg.py)
+        # prompts prefilled beside the steps: the disaggregated worker's client (hitenter/distributed/disagg.py)
+        # or the side prefill (hitenter/engine/side_prefill.py); ``disagg``: the former only
+        self.prefiller = parts.prefiller
+        self.disagg = parts.prefiller if config.parallel.disaggregate is not None else None
         self.events = EventBus()
         self._stopped: list[Request] = []         # finished by a stop string this step
         # callbacks that do not hold the engine: a dropped engine is freed at once (its KV cache with it)
@@ -106,7 +109,7 @@ class LLMEngine:
                 r.extra["grammar"] = backend.constraint(params.guided)
         group = self.output_processor.new_group(request_id, prompt if isinstance(prompt, str) else None,
                                                 prompt_ids, params, reqs)
-        return PendingRequest(group, remote=self.disagg is not None and len(prompt_ids) > 1)
+        return PendingRequest(group)
 
     def submit(self, pending: PendingRequest) -> None:
         """Queue a prepared request for the engine thread (admitted at the top of the next step)."""
@@ -141,21 +144,22 @@ class LLMEngine:
         group, rid = pending.group, pending.request_id
         if rid in self.output_processor.groups:
             raise ValueError(f"request_id: {rid!r} is already in use")
-        if pending.remote:
-            self.disagg.check()
+        remote = self.prefiller is not None and self.prefiller.takes(group.seqs[0].request, self.scheduler)
+        if remote:
+            self.prefiller.check()
         added: list[Request] = []
         try:
             for seq in group.seqs:    # all or nothing: QueueFullError leaves no trace
-                self.scheduler.add_request(seq.request, remote=pending.remote)
+                self.scheduler.add_request(seq.request, remote=remote)
                 added.append(seq.request)
         except BaseException:
             for r in added:
                 self.scheduler.finish_request(r.request_id, RequestStatus.FINISHED_ABORTED)
             raise
         self.output_processor.add(group)
-        if pending.remote:
+        if remote:
             try:
-                self.disagg.submit([s.request for s in group.seqs])
+                self.prefiller.submit([s.request for s in group.seqs])
             except BaseException:
                 self.abort(rid)
                 raise
@@ -170,8 +174,8 @@ class LLMEngine:
             if not seq.request.is_finished:
                 self.scheduler.finish_request(rid, RequestStatus.FINISHED_ABORTED)
             self.trace_requests.discard(rid)
-            if self.disagg is not None:
-                self.disagg.discard(rid)
+            if self.prefiller is not None:
+                self.prefiller.discard(rid)
             if self.spec is not None:
                 self.spec.release(rid)
 
@@ -206,8 +210,8 @@ class LLMEngine:
         return outputs
 
     def _before_schedule(self) -> None:
-        if self.disagg is not None:   # prompts whose KV arrived become schedulable; raises if the worker failed
-            self.disagg.poll(self.scheduler)
+        if self.prefiller is not None:   # prompts whose KV is ready become schedulable; raises if the worker failed
+            self.prefiller.poll(self.scheduler)
         if self.spec is not None:
             self.spec.propose(self.scheduler.running, self.sampler)
 

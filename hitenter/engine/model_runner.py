@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,10 +37,13 @@ class ModelRunner:
     """Owns the model and its KV cache tensors; stateless between steps otherwise."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], block_size: int,
-                 logits: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 logits: Callable[[torch.Tensor], torch.Tensor] | None = None, staged: Any = None) -> None:
         """`logits`: hidden rows -> logits rows (default the model's compute_logits; a speculative draft's
-        head may score fewer ids: hitenter/engine/spec/draft_head.py)."""
+        head may score fewer ids: hitenter/engine/spec/draft_head.py). `staged`: prompt KV computed
+        elsewhere (hitenter/engine/side_prefill.py), whose ``load(out, kv_caches)`` copies it into the
+        blocks of the requests admitted in a step, before that step's forward."""
         self.model = model
+        self.staged = staged
         self.logits = logits or model.compute_logits
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -51,6 +54,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         if not out.scheduled:
             return ModelRunnerOutput(None, [], 0.0)
+        if self.staged is not None:
+            self.staged.load(out, self.kv_caches)
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -113,3 +118,8 @@ class ModelRunner:
         if sample_rows:
             logits = self.logits(hidden[torch.tensor(sample_rows, dtype=torch.long)])
         return ModelRunnerOutput(logits, sample_ids, time.perf_counter() - t0, num_rows)
+
+    def close(self) -> None:
+        """Stop what the runner started beside the engine (the side prefill's thread); idempotent."""
+        if self.staged is not None:
+            self.staged.close()

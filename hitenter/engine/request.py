@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
-    WAITING_FOR_REMOTE_KV = "waiting_for_remote_kv"   # disaggregated prefill: not schedulable until KV arrives
+    WAITING_FOR_REMOTE_KV = "waiting_for_remote_kv"   # disaggregated or side prefill: not schedulable until its KV is ready
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_STOPPED = "finished_stopped"
