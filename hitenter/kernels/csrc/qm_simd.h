@@ -274,8 +274,120 @@ QM_INLINE __m128 k_step_v(const int qt, __m128 acc, __m128 t, float d, float dmi
 /* Integer part: sub-block j goes to chain j % NC of its row (NC chains per row keep the multipliers
  * busy when R is small; integer sums are exact, so NC changes no bits). Sub-blocks outer, rows inner:
  * the R rows are independent instruction streams. */
+/* an empty asm that says it rewrites v: the add chain into v stays a chain in one register (GCC otherwise
+ * reassociates the integer sums into a tree over all 8 products of each row, with every product spilled to the
+ * stack and reloaded: at R = 5 ~29% of the row kernel's samples sat on stack accesses) */
+#define QM_KEEP(v) __asm__("" : "+x"(v))
+
+/* Q4_K / Q5_K / Q6_K rows: each block unpacked a part at a time (Q4_K/Q5_K: one 32-byte chunk of qs, two
+ * sub-blocks; Q6_K: half a block, four), each part dotted with all R rows before the next is unpacked, so
+ * the weights and scales in flight are a few registers beside the R accumulators (QM_KEEP). Same integer sums
+ * (exact, any order) and float steps as s_row256's other types: the same bits as before. */
+QM_INLINE void s_row256_k(const int qt, const uint8_t *w, int64_t bb, int64_t nb, const xq256 *x, int64_t xrow,
+                          const int R, float *y, int64_t ldy) {
+    enum { NCMAX = 4 };
+    const int NC = R >= 4 ? 1 : R >= 2 ? 2 : 4;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    __m128 acc[MR];
+    for (int r = 0; r < R; r++) acc[r] = _mm_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * bb;
+        __m256i is[MR][NCMAX], mins;
+        float d, dmin;
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < NC; c++) is[r][c] = _mm256_setzero_si256();
+        if (qt == QT_Q6_K) {
+            d = dmin = s_h2f(blk + 208);
+            const __m128i s8 = _mm_loadu_si128((const __m128i *)(blk + 192));
+            mins = _mm256_slli_epi16(_mm256_cvtepi8_epi16(s8), 5);
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m256i q0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+                const __m256i q1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+                const __m256i hh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {   /* unpack256's wq[4h + k] */
+                    const __m256i lo = _mm256_and_si256(k & 2 ? _mm256_srli_epi16(k & 1 ? q1 : q0, 4) : (k & 1 ? q1 : q0), m4);
+                    const __m256i hb = k == 0 ? _mm256_slli_epi16(_mm256_and_si256(hh, _mm256_set1_epi8(3)), 4)
+                                     : k == 1 ? _mm256_slli_epi16(_mm256_and_si256(hh, _mm256_set1_epi8(12)), 2)
+                                     : k == 2 ? _mm256_and_si256(hh, _mm256_set1_epi8(48))
+                                              : _mm256_and_si256(_mm256_srli_epi16(hh, 2), _mm256_set1_epi8(48));
+                    const __m256i wq = _mm256_or_si256(lo, hb);
+                    const int j = 4 * h + k;
+                    const long long g = 8 * h + 2 * k;
+                    const __m128i shuf = _mm_set_epi64x(0x0101010101010101LL * (g + 1), 0x0101010101010101LL * g);
+                    const __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s8, shuf));
+                    for (int r = 0; r < R; r++) {
+                        const __m256i xv = _mm256_loadu_si256((const __m256i *)(x[r * xrow + b].q + 32 * j));
+                        is[r][j % NC] = dot_scaled(is[r][j % NC], wq, xv, sc);
+                        QM_KEEP(is[r][j % NC]);
+                    }
+                }
+            }
+        } else {
+            uint32_t dd;
+            memcpy(&dd, blk, 4);
+            const __m128 df = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd));
+            d = _mm_cvtss_f32(df);
+            dmin = _mm_cvtss_f32(_mm_movehdup_ps(df));
+            const __m256i sm = _mm256_broadcastsi128_si256(k4_scales_vec(blk + 4));
+            mins = _mm256_shuffle_epi8(sm, _mm256_setr_epi8(8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1, 12,
+                                                            -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1));
+            const int five = qt == QT_Q5_K;
+            __m256i hh = five ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {   /* unpack256's wq[2c], wq[2c + 1], sc[2c], sc[2c + 1] */
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + (five ? 48 : 16) + 32 * c));
+                __m256i w0 = _mm256_and_si256(q, m4), w1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                if (five) {
+                    const __m256i x10 = _mm256_set1_epi8(0x10);
+                    w0 = _mm256_or_si256(w0, _mm256_and_si256(_mm256_slli_epi16(hh, 4), x10));
+                    w1 = _mm256_or_si256(w1, _mm256_and_si256(_mm256_slli_epi16(hh, 3), x10));
+                    hh = _mm256_srli_epi16(hh, 2);
+                }
+                const __m256i s0 = _mm256_shuffle_epi8(sm, _mm256_set1_epi16((short)(0x8000 | (2 * c))));
+                const __m256i s1 = _mm256_shuffle_epi8(sm, _mm256_set1_epi16((short)(0x8000 | (2 * c + 1))));
+                for (int r = 0; r < R; r++) {
+                    const int8_t *xq = x[r * xrow + b].q + 64 * c;
+                    is[r][(2 * c) % NC] = dot_scaled(is[r][(2 * c) % NC], w0, _mm256_loadu_si256((const __m256i *)xq), s0);
+                    QM_KEEP(is[r][(2 * c) % NC]);
+                    is[r][(2 * c + 1) % NC] = dot_scaled(is[r][(2 * c + 1) % NC], w1,
+                                                         _mm256_loadu_si256((const __m256i *)(xq + 32)), s1);
+                    QM_KEEP(is[r][(2 * c + 1) % NC]);
+                }
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const xq256 *xb = x + r * xrow + b;
+            for (int c = 1; c < NC; c++) is[r][0] = _mm256_add_epi32(is[r][0], is[r][c]);
+            const __m256i ms = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)xb->bsum));
+            __m128i t;
+            if (!QM_KMIN(qt)) {   /* I - Mn is exact: one reduction, to lane 0 */
+                const __m256i v = _mm256_sub_epi32(is[r][0], ms);
+                t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+                t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
+            } else {               /* both sums in one reduction: lanes [I I Mn Mn] */
+                const __m256i h = _mm256_hadd_epi32(is[r][0], ms);
+                t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+            }
+            acc[r] = k_step_v(qt, acc[r], _mm_cvtepi32_ps(t), d, dmin, xb->d);
+        }
+    }
+    for (int r = 0; r < R; r++) y[r * ldy] = _mm_cvtss_f32(acc[r]);
+}
+
+#ifndef QM_ROW_K_PARTS
+#define QM_ROW_K_PARTS 1   /* 0: Q4_K/Q5_K/Q6_K rows through unpack256 (the other K types' path; to compare) */
+#endif
+
 QM_INLINE void s_row256(const int qt, const int bb, const uint8_t *w, int64_t nb, const xq256 *x, int64_t xrow,
                         const int R, float *y, int64_t ldy) {
+    if (QM_ROW_K_PARTS && (qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K)) {
+        s_row256_k(qt, w, bb, nb, x, xrow, R, y, ldy);
+        return;
+    }
     enum { NCMAX = 4 };
     const int NC = R >= 4 ? 1 : R >= 2 ? 2 : 4;
     __m128 acc[MR];
