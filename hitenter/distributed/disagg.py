@@ -44,6 +44,7 @@ from hitenter.distributed.runner import _free_port, _wait_ready, _Workers
 from hitenter.engine.model_runner import ModelRunner
 from hitenter.engine.request import Request, RequestStatus
 from hitenter.engine.scheduler import Scheduler, SchedulerOutput
+from hitenter.models.prompt_kv import load_staged
 
 
 class DisaggregationError(RuntimeError):
@@ -195,14 +196,7 @@ class PrefillClient:
 
     def load(self, out: SchedulerOutput, kv_caches: list[torch.Tensor]) -> None:
         """Copy the staged KV of the requests admitted in this step into their first blocks."""
-        for sr in out.scheduled:
-            staged = self.staged.pop(sr.request.request_id, None)
-            if staged is None:
-                continue
-            kv, _n = staged
-            idx = torch.tensor(sr.block_ids[:kv.shape[3]], dtype=torch.long)
-            for layer, cache in enumerate(kv_caches):
-                cache.index_copy_(2, idx, kv[layer])
+        load_staged(self.staged, out.scheduled, kv_caches)
 
     def _abort_waiting(self, scheduler: Scheduler) -> None:
         for job in self.jobs:

@@ -47,7 +47,7 @@ import torch
 
 from hitenter.engine.request import Request, RequestStatus
 from hitenter.engine.scheduler import Scheduler, SchedulerOutput
-from hitenter.models.prompt_kv import prefill_kv
+from hitenter.models.prompt_kv import load_staged, prefill_kv
 
 log = logging.getLogger("hitenter.engine")
 
@@ -162,14 +162,7 @@ class SidePrefill:
 
     def load(self, out: SchedulerOutput, kv_caches: list[torch.Tensor]) -> None:
         """Copy the staged KV of the requests admitted in this step into their first blocks (runner)."""
-        for sr in out.scheduled:
-            staged = self.staged.pop(sr.request.request_id, None)
-            if staged is None:
-                continue
-            kv, _n = staged
-            idx = torch.tensor(sr.block_ids[:kv[0].shape[2]], dtype=torch.long)
-            for cache, part in zip(kv_caches, kv, strict=True):
-                cache.index_copy_(2, idx, part)
+        load_staged(self.staged, out.scheduled, kv_caches)
 
     def close(self) -> None:
         """End the worker thread (idempotent); restores the engine's thread count."""

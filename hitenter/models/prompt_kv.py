@@ -35,3 +35,17 @@ def prefill_kv(model: Any, ids: torch.Tensor, kv_caches: list[torch.Tensor], blo
                                  kernel_from=[0] if fused else None, decode_from=[decode_from] if fused else None)
         model(ids[start:start + m], pos, meta, kv_caches)
     return True
+
+
+def load_staged(staged: dict[str, tuple[Any, int]], scheduled: Any, kv_caches: list[torch.Tensor]) -> None:
+    """Copy the KV computed aside (``staged``: request id -> (per-layer KV ``[2, kv_heads, nb, block_size, w]``,
+    indexable by layer; tokens)) of the requests in ``scheduled`` (a step's ScheduledRequests, just admitted)
+    into their first blocks, and forget it."""
+    for sr in scheduled:
+        entry = staged.pop(sr.request.request_id, None)
+        if entry is None:
+            continue
+        kv = entry[0]
+        idx = torch.tensor(sr.block_ids[:kv[0].shape[2]], dtype=torch.long)
+        for layer, cache in enumerate(kv_caches):
+            cache.index_copy_(2, idx, kv[layer])
