@@ -111,18 +111,23 @@ class Rope(nn.Module):
         self._build(max_pos)
 
     def _build(self, n: int) -> None:
+        """The tables for positions 0..n-1, set by one assignment: the engine thread and the side prefill's
+        thread (hitenter/engine/side_prefill.py) may read them while the other grows them."""
         freqs = torch.outer(torch.arange(n, dtype=torch.int64).float(), self.inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos, self.sin = emb.cos(), emb.sin()
+        cos, sin = emb.cos(), emb.sin()
         if self.attn_factor != 1.0:
-            self.cos, self.sin = self.cos * self.attn_factor, self.sin * self.attn_factor
+            cos, sin = cos * self.attn_factor, sin * self.attn_factor
+        self.cos_sin = (cos, sin)
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin `[T, 1, rope_dim]` for these positions (computed once per step, shared by all layers)."""
         need = int(positions.max()) + 1 if positions.numel() else 0
-        if need > self.cos.shape[0]:
-            self._build(max(need, 2 * self.cos.shape[0]))
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+        cos, sin = self.cos_sin
+        if need > cos.shape[0]:
+            self._build(max(need, 2 * cos.shape[0]))
+            cos, sin = self.cos_sin
+        return cos[positions].unsqueeze(1).to(dtype), sin[positions].unsqueeze(1).to(dtype)
 
     def rotate(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """x `[T, heads, D]` rotated by the table of its positions (the first rope_dim dims of each head)."""
