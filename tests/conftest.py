@@ -55,7 +55,8 @@ def gguf_tokenizer() -> Callable[[Path], object]:
 
     from hitenter.tokenizer import Tokenizer
 
-    return cache(lambda path: Tokenizer.from_gguf(Path(path)))
+    read = cache(Tokenizer.from_gguf)
+    return lambda path: read(Path(path).resolve())   # one key per file, however the path is spelled
 
 
 class Fp32Models:

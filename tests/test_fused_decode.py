@@ -29,7 +29,6 @@ from hitenter.sampling_params import SamplingParams
 from hitenter.testing.tiny_families import write_tiny_family
 from hitenter.testing.tiny_gemma import write_tiny_gemma3
 from hitenter.testing.tiny_model import write_tiny_gguf
-from hitenter.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="no native kernels (no C compiler)")
 
@@ -188,7 +187,7 @@ def test_disabled_by_environment(paths: dict[str, Path], monkeypatch: pytest.Mon
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma-3-270m"])
-def test_real_model_fused_as_close_to_fp32_as_the_torch_layer(name: str, fp32_model) -> None:  # type: ignore[no-untyped-def]
+def test_real_model_fused_as_close_to_fp32_as_the_torch_layer(name: str, fp32_model, gguf_tokenizer) -> None:  # type: ignore[no-untyped-def]
     """On real text, teacher-forced: the fused rows are no further from the dense fp32 model (HF-exact) than
     the torch layer's rows, and their perplexity is within 1% of fp32's."""
     p = model_path(name)
@@ -196,7 +195,7 @@ def test_real_model_fused_as_close_to_fp32_as_the_torch_layer(name: str, fp32_mo
         pytest.skip(f"{name} not cached")
     model, _ = load_model(p)
     ref = fp32_model(p)
-    ids = Tokenizer.from_gguf(p).encode(english_text())[:384]
+    ids = gguf_tokenizer(p).encode(english_text())[:384]
     exact = _logits(ref, ids, kernel_from=0)
     _set_fused(model, True)
     fused = _logits(model, ids, kernel_from=0)

@@ -24,12 +24,12 @@ GEMMA = hitenter_home() / "models" / "gemma-3-270m.gguf"
 
 
 @pytest.fixture(scope="module")
-def gemma_tok() -> tuple[Tokenizer, dict[str, Any]]:
+def gemma_tok(gguf_tokenizer) -> tuple[Tokenizer, dict[str, Any]]:  # type: ignore[no-untyped-def]
     if not GEMMA.is_file():
         pytest.skip(f"{GEMMA} not present (hitenter pull gemma-3-270m)")
     if not GOLDEN.is_file():
         pytest.skip(f"{GOLDEN} missing (scripts/make_gemma_tokenizer_goldens.py)")
-    return Tokenizer.from_gguf(GEMMA), json.loads(GOLDEN.read_text())
+    return gguf_tokenizer(GEMMA), json.loads(GOLDEN.read_text())
 
 
 def test_spm_merges_rank_by_the_merged_tokens_score() -> None:

@@ -22,16 +22,15 @@ from hitenter.models.kv_dtype import Q8_0
 from hitenter.models.loader import load_model
 from hitenter.models.registry import model_path
 from hitenter.quant.evaluate import _Seq, english_text, perplexity
-from hitenter.tokenizer import Tokenizer
 
 
 @pytest.mark.slow
-def test_kv_cache_dtype_perplexity_near_fp32() -> None:
+def test_kv_cache_dtype_perplexity_near_fp32(gguf_tokenizer) -> None:  # type: ignore[no-untyped-def]
     p = model_path("smollm2-135m-instruct")
     if not p.exists():
         pytest.skip("smollm2-135m-instruct not cached")
     model, _ = load_model(p)
-    ids = Tokenizer.from_gguf(p).encode(english_text())
+    ids = gguf_tokenizer(p).encode(english_text())
     ppl = {dt: perplexity(model, ids, chunk=512, max_tokens=1024, kv_dtype=dt)
            for dt in (torch.float32, torch.float16, torch.bfloat16, Q8_0)}
     assert 2 < ppl[torch.float32] < 100, ppl   # real text on a real model, not a degenerate run
@@ -42,14 +41,14 @@ def test_kv_cache_dtype_perplexity_near_fp32() -> None:
 
 
 @pytest.mark.slow
-def test_q8_0_kv_cache_perplexity_near_fp32_on_qwen() -> None:
+def test_q8_0_kv_cache_perplexity_near_fp32_on_qwen(gguf_tokenizer) -> None:  # type: ignore[no-untyped-def]
     """Qwen2.5-Coder-0.5B, whose keys have outlier channels: q8_0 with the rotated keys and values (kv_q8_0.py)
     within 1% of fp32 (1,024 tokens: +0.55%; keys alone rotated +0.45%, neither +1.55%; the whole text +0.92%, llama.cpp's q8_0 cache on the same file +0.90%)."""
     p = model_path("qwen2.5-coder-0.5b-instruct")
     if not p.exists():
         pytest.skip("qwen2.5-coder-0.5b-instruct not cached")
     model, _ = load_model(p)
-    ids = Tokenizer.from_gguf(p).encode(english_text())
+    ids = gguf_tokenizer(p).encode(english_text())
     base, q8 = (perplexity(model, ids, chunk=512, max_tokens=1024, kv_dtype=dt) for dt in (torch.float32, Q8_0))
     assert 2 < base < 100, base
     assert abs(q8 / base - 1) <= 0.01 and q8 != base, (base, q8)
@@ -75,7 +74,7 @@ def _bos_windows_nll(model: torch.nn.Module, body: list[int], bos: int, kv_dtype
 
 
 @pytest.mark.slow
-def test_kv_cache_dtype_perplexity_near_fp32_on_gemma3() -> None:
+def test_kv_cache_dtype_perplexity_near_fp32_on_gemma3(gguf_tokenizer) -> None:  # type: ignore[no-untyped-def]
     """Gemma 3 270M (head_dim 256, QK-norm, sliding-window layers) in BOS windows: f16 within 0.5% and q8_0
     within 1% of the fp32 cache (the whole text measured f16 -0.16%, q8_0 +0.18%; llama.cpp on the same file
     and windows: f16 +0.09% against its f32 cache without flash attention, q8_0 +0.30% against its f32 cache
@@ -84,7 +83,7 @@ def test_kv_cache_dtype_perplexity_near_fp32_on_gemma3() -> None:
     if not p.exists():
         pytest.skip("gemma-3-270m not cached")
     model, _ = load_model(p)
-    tok = Tokenizer.from_gguf(p)
+    tok = gguf_tokenizer(p)
     body = tok.encode(english_text(), add_bos=False)
     nll = {dt: _bos_windows_nll(model, body, tok.bos_token_id, dt) for dt in (torch.float32, torch.float16, Q8_0)}
     base = nll[torch.float32]

@@ -221,11 +221,9 @@ def test_real_model_resident_bytes_within_5_percent_of_the_file(blocks: None, na
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", REAL)
-def test_real_model_logits_and_perplexity_match_dense_fp32(blocks: None, name: str, fp32_model) -> None:  # type: ignore[no-untyped-def]
-    from hitenter.tokenizer.bpe import Tokenizer
-
+def test_real_model_logits_and_perplexity_match_dense_fp32(blocks: None, name: str, fp32_model, gguf_tokenizer) -> None:  # type: ignore[no-untyped-def]
     path = _real(name)
-    ids = Tokenizer.from_gguf(path).encode(english_text())
+    ids = gguf_tokenizer(path).encode(english_text())
     ref = fp32_model(path)
     ref_logits, ref_ppl = _logits(ref, ids[:128]), perplexity(ref, ids, 512, PPL_TOKENS)
     model, _ = load_model(path)
