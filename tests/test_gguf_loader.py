@@ -184,7 +184,8 @@ def test_smollm2_config_and_load_time(smollm2_path: Path) -> None:
     assert elapsed < 90, f"loading SmolLM2 took {elapsed:.1f}s"
 
 
-@pytest.mark.parametrize("qtype", sorted(SUPPORTED_TENSOR_TYPES - {Q.F32, Q.F16, Q.BF16}, key=lambda q: q.name))
+@pytest.mark.parametrize("qtype", sorted(SUPPORTED_TENSOR_TYPES - {Q.F32, Q.F16, Q.BF16}, key=lambda q: q.name),
+                         ids=lambda q: q.name)
 def test_grouped_dequantize_is_gguf_py_bit_for_bit(monkeypatch: pytest.MonkeyPatch, qtype: Q) -> None:
     """Our row grouping of gguf-py's dequantizer returns its exact bits (NaN patterns included, from random
     bytes), over several groups and a short last one."""
