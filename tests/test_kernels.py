@@ -274,8 +274,9 @@ def test_largest_codes_do_not_overflow(qtype: Q) -> None:
 @pytest.mark.parametrize("qtype", KTYPES, ids=lambda t: t.name)
 def test_long_rows_and_every_run_length(qtype: Q) -> None:
     """K = 4608 (18 K blocks, longer than the other tests' rows) at every M from 2 to 15: the row path's instance
-    for each run length (Q5_K/Q6_K to 8 rows), the packed GEMM's balanced runs (7 + 6 at M = 13; AVX2 Q4_K from
-    M = 2 on the file's nibbles). Every row bitwise the row alone, and close to the reference."""
+    for each run length (Q4_K/Q5_K/Q6_K to 8 rows; from 3 rows their float steps lane-wise across the rows), the
+    packed GEMM's balanced runs (7 + 6 at M = 13; AVX2 Q4_K from M = 6 on the file's nibbles). Every row bitwise
+    the row alone, and close to the reference."""
     w = random_weight(qtype, 70, 4608, seed=9)
     x = torch.randn(15, 4608, generator=torch.Generator().manual_seed(10))
     alone = torch.cat([qmatmul(x[i:i + 1], w) for i in range(15)])

@@ -279,16 +279,30 @@ QM_INLINE __m128 k_step_v(const int qt, __m128 acc, __m128 t, float d, float dmi
  * stack and reloaded: at R = 5 ~29% of the row kernel's samples sat on stack accesses) */
 #define QM_KEEP(v) __asm__("" : "+x"(v))
 
+/* lane r (r < R): the sum of v[r]'s 8 int32 lanes, lanes from R on 0 (integer adds: exact) */
+QM_INLINE __m256i hsum_rows8(const __m256i *v, const int R) {
+    __m256i u[8];
+    for (int r = 0; r < 8; r++) u[r] = r < R ? v[r] : _mm256_setzero_si256();
+    const __m256i h01 = _mm256_hadd_epi32(u[0], u[1]), h23 = _mm256_hadd_epi32(u[2], u[3]);
+    const __m256i h45 = _mm256_hadd_epi32(u[4], u[5]), h67 = _mm256_hadd_epi32(u[6], u[7]);
+    /* a: rows 0-3's sums of lanes 0-3 | of lanes 4-7; b: rows 4-7's */
+    const __m256i a = _mm256_hadd_epi32(h01, h23), b = _mm256_hadd_epi32(h45, h67);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
 /* Q4_K / Q5_K / Q6_K rows: each block unpacked a part at a time (Q4_K/Q5_K: one 32-byte chunk of qs, two
  * sub-blocks; Q6_K: half a block, four), each part dotted with all R rows before the next is unpacked, so
- * the weights and scales in flight are a few registers beside the R accumulators (QM_KEEP). Same integer sums
- * (exact, any order) and float steps as s_row256's other types: the same bits as before. */
+ * the weights and scales in flight are a few registers beside the R accumulators (QM_KEEP). From 3 rows the
+ * block's R integer sums are reduced together (hsum_rows8) and the float steps run in lane r of one vector
+ * (one reduction per block instead of one per row, one accumulator register instead of R). Same integer sums
+ * (exact, any order) and the same float operations per row (k_step_v's, lane-wise): the same bits. */
 QM_INLINE void s_row256_k(const int qt, const uint8_t *w, int64_t bb, int64_t nb, const xq256 *x, int64_t xrow,
                           const int R, float *y, int64_t ldy) {
     enum { NCMAX = 4 };
     const int NC = R >= 4 ? 1 : R >= 2 ? 2 : 4;
     const __m256i m4 = _mm256_set1_epi8(15);
-    __m128 acc[MR];
+    __m128 acc[MR];   /* R <= 2: row r's sum in lane 0 of acc[r]; R >= 3: in lane r of accv */
+    __m256 accv = _mm256_setzero_ps();
     for (int r = 0; r < R; r++) acc[r] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * bb;
@@ -357,6 +371,22 @@ QM_INLINE void s_row256_k(const int qt, const uint8_t *w, int64_t bb, int64_t nb
                 }
             }
         }
+        if (R >= 3) {   /* the R rows' sums reduced together, their float steps in the lanes of one vector */
+            __m256i iv[MR], mv[MR];
+            for (int r = 0; r < R; r++) {
+                for (int c = 1; c < NC; c++) is[r][0] = _mm256_add_epi32(is[r][0], is[r][c]);
+                mv[r] = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)x[r * xrow + b].bsum));
+                iv[r] = QM_KMIN(qt) ? is[r][0] : _mm256_sub_epi32(is[r][0], mv[r]);
+            }
+#define QM_DX(r) ((r) < R ? x[(r) * xrow + b].d : 0.0f)
+            const __m256 dxv = _mm256_setr_ps(QM_DX(0), QM_DX(1), QM_DX(2), QM_DX(3), QM_DX(4), QM_DX(5), QM_DX(6), QM_DX(7));
+#undef QM_DX
+            /* k_step_v lane-wise: fma(I, d * dx, acc), then fnma(Mn, dmin * dx, acc) (I - Mn for Q6_K) */
+            accv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum_rows8(iv, R)), _mm256_mul_ps(_mm256_set1_ps(d), dxv), accv);
+            if (QM_KMIN(qt))
+                accv = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(hsum_rows8(mv, R)), _mm256_mul_ps(_mm256_set1_ps(dmin), dxv), accv);
+            continue;
+        }
         for (int r = 0; r < R; r++) {
             const xq256 *xb = x + r * xrow + b;
             for (int c = 1; c < NC; c++) is[r][0] = _mm256_add_epi32(is[r][0], is[r][c]);
@@ -374,6 +404,12 @@ QM_INLINE void s_row256_k(const int qt, const uint8_t *w, int64_t bb, int64_t nb
             }
             acc[r] = k_step_v(qt, acc[r], _mm_cvtepi32_ps(t), d, dmin, xb->d);
         }
+    }
+    if (R >= 3) {
+        float out[8];
+        _mm256_storeu_ps(out, accv);
+        for (int r = 0; r < R; r++) y[r * ldy] = out[r];
+        return;
     }
     for (int r = 0; r < R; r++) y[r * ldy] = _mm_cvtss_f32(acc[r]);
 }
