@@ -10,7 +10,10 @@ split by part, and the speculative step's own overhead. CPU time (process_time),
 - matmul: every weight the pass multiplies (each layer's projections, the output head), qmatmul at M = 1 and
   M = R on random activations, grouped by role and block type (e.g. "ffn_down Q6_K", "head Q6_K"): ms per
   pass at 1 and R rows, and each group's extra cost in one-row passes; "rest" = pass - matmuls (attention,
-  norms / RoPE / cache writes, the embedding, Python).
+  norms / RoPE / cache writes, the embedding, Python). The groups take repeats / 4 rounds, so on a loaded machine
+  their minima stay above the pass's share and "rest" comes out negative: read the ratios, and `--loop` under
+  perf for the rest (a 5-row pass measured so: the matmul kernels ~92% of samples, decode attention ~3.5%,
+  the fused layer's glue ~1%, Python / torch dispatch well under 1%).
 - step: a real greedy speculative generation (the qwen-draft case of bench/spec_decode.py: 1.5B target, 0.5B
   draft, K = `--k`, adaptive off), each engine step's CPU time split into the draft's proposal, the target's
   pass, verification (spec.sample) and the rest of the step (scheduling, outputs, bookkeeping), in one-row
