@@ -77,6 +77,27 @@ def test_expensive_draft_chooses_shorter_runs():
     assert cheap.choose("r") > dear.choose("r") >= 1
 
 
+def test_a_proposal_s_fixed_part_is_not_charged_to_every_step():
+    """A draft model's proposal = a fixed catch-up pass + its steps: measured per length, the long runs
+    that pay are chosen; spread over the steps of a 1-step proposal, they looked too dear."""
+    per_length, per_step = AdaptiveK(4), AdaptiveK(4)
+    for ctl in (per_length, per_step):
+        for rows in range(1, 6):
+            ctl.costs.observe_pass(rows, 0.05 + 0.005 * (rows - 1))
+        for _ in range(10):
+            ctl.record("r", 4, 4 if _ % 2 else 3)       # alpha ~ 0.87
+    for k in range(1, 5):
+        per_length.costs.observe_draft(k, 0.025 + 0.005 * k)   # fixed 25 ms + 5 ms a step
+    per_step.costs.observe_draft(1, 0.03)                       # the same 1-step proposal, seen alone
+    assert per_length.costs.draft(3) == pytest.approx(0.04) and per_step.costs.draft(3) == pytest.approx(0.09)
+    assert per_length.choose("r", other_rows=1) == 4
+    assert per_step.choose("r", other_rows=1) < 4
+    c = StepCosts()
+    c.observe_draft(1, 0.03)
+    c.observe_draft(3, 0.04)
+    assert c.draft(2) == pytest.approx(0.035) and c.draft(5) == pytest.approx(0.05)   # linear, both ways
+
+
 def test_measures_every_pass_length_once():
     ctl = AdaptiveK(3)
     assert ctl.choose("r") == 3                        # nothing measured: the configured length

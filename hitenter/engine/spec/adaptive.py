@@ -3,8 +3,10 @@ from the acceptance seen so far and the measured costs of drafting and of the ta
 
 Model (Leviathan et al. 2023, section 3.3): each drafted token is accepted with probability ``alpha``
 given that the ones before it were, so a step drafting ``k`` tokens emits
-``E(k) = (1 - alpha^(k+1)) / (1 - alpha)`` tokens. It costs ``k`` draft steps (``t_draft`` each, measured
-around the proposer: ~0 for prompt lookup) plus the target's pass over its ``k + 1`` rows (``t_rows``,
+``E(k) = (1 - alpha^(k+1)) / (1 - alpha)`` tokens. It costs a proposal of ``k`` draft steps (``t_draft(k)``,
+measured around the proposer per length: a draft model's proposal has a fixed part, its catch-up pass
+over the tokens the last verification accepted, so a per-step average measured at k = 1 made every
+longer proposal look dearer than it is; ~0 for prompt lookup) plus the target's pass over its ``k + 1`` rows (``t_rows``,
 measured from the engine's pure-decode step times, per total row count; a request alone first runs each
 length 0..K once to measure them: on AVX2 a pass over 4 rows may cost about what 3 rows cost, since the
 matmul kernels take the rows in runs of 8/4/2/1). A plain step emits 1 token for ``t_rows(1)``. Where even ``k = 1`` costs more per token than a plain step, the request drafts nothing
@@ -29,11 +31,11 @@ ROW_SLOPE = 0.05   # the prior extra cost of one more row in a decode pass, rela
 
 @dataclass
 class StepCosts:
-    """Measured seconds: the target's pass by its total row count, and one draft step."""
+    """Measured seconds: the target's pass by its total row count, and a proposal by its draft steps."""
 
     decay: float = 0.8
     rows: dict[int, float] = field(default_factory=dict)
-    draft_step: float | None = None
+    drafts: dict[int, float] = field(default_factory=dict)   # a whole proposal, by its number of steps
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else self.decay * old + (1 - self.decay) * new
@@ -46,28 +48,49 @@ class StepCosts:
     def observe_draft(self, num_steps: int, seconds: float) -> None:
         """The proposer took `seconds` for `num_steps` sequential draft steps."""
         if num_steps > 0 and seconds >= 0:
-            self.draft_step = self._ema(self.draft_step, seconds / num_steps)
+            self.drafts[num_steps] = self._ema(self.drafts.get(num_steps), seconds)
 
     def target(self, num_rows: int) -> float | None:
         """Estimated seconds of a pass over `num_rows` rows: measured, else interpolated linearly between
         measured row counts, else extrapolated (the slope of the two nearest measured counts below, or
         ROW_SLOPE of a 1-row pass); None before anything is measured."""
-        if num_rows in self.rows:
-            return self.rows[num_rows]
-        if not self.rows:
-            return None
-        below = sorted(n for n in self.rows if n < num_rows)
-        above = [n for n in self.rows if n > num_rows]
-        if below and above:
-            lo, hi = below[-1], min(above)
-            return self.rows[lo] + (self.rows[hi] - self.rows[lo]) * (num_rows - lo) / (hi - lo)
-        if not below:
-            return self.rows[min(above)]   # fewer rows cost at most as much: the nearest count above
-        lo = below[-1]
-        slope = ROW_SLOPE * self.rows[lo]
-        if len(below) > 1:
-            slope = max(0.0, (self.rows[lo] - self.rows[below[-2]]) / (lo - below[-2]))
-        return self.rows[lo] + slope * (num_rows - lo)
+        return _estimate(self.rows, num_rows, ROW_SLOPE, floor_from_above=True)
+
+    def draft(self, num_steps: int) -> float | None:
+        """Estimated seconds of a proposal of `num_steps` steps. Measured per length, because a proposal
+        has a fixed part besides its steps (the draft model first catches up on the tokens the last
+        verification accepted: a pass over 1 + accepted rows); between and beyond measured lengths
+        linear, from one measured length proportional (no fixed part assumed); None before any."""
+        if len(self.drafts) == 1:
+            (k0, s0), = self.drafts.items()
+            return s0 * num_steps / k0
+        return _estimate(self.drafts, num_steps, 0.0, floor_from_above=False)
+
+
+def _estimate(table: dict[int, float], n: int, prior_rel_slope: float, floor_from_above: bool) -> float | None:
+    """table[n], else linear between the nearest measured counts around n, else extrapolated from below
+    with the slope of the two nearest below (at least 0; with one, ``prior_rel_slope`` x its value), else
+    (nothing below) the nearest count above (``floor_from_above``) or the line through the two nearest
+    above (at least 0); None for an empty table."""
+    if n in table:
+        return table[n]
+    if not table:
+        return None
+    below = sorted(m for m in table if m < n)
+    above = sorted(m for m in table if m > n)
+    if below and above:
+        lo, hi = below[-1], above[0]
+        return table[lo] + (table[hi] - table[lo]) * (n - lo) / (hi - lo)
+    if not below:
+        if floor_from_above or len(above) < 2:
+            return table[above[0]]
+        a, b = above[0], above[1]
+        return max(0.0, table[a] - max(0.0, (table[b] - table[a]) / (b - a)) * (a - n))
+    lo = below[-1]
+    slope = prior_rel_slope * table[lo]
+    if len(below) > 1:
+        slope = max(0.0, (table[lo] - table[below[-2]]) / (lo - below[-2]))
+    return table[lo] + slope * (n - lo)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -124,9 +147,10 @@ class AdaptiveK:
     def rate(self, alpha: float, k: int, other_rows: int) -> float | None:
         """Expected tokens per second of a step drafting k beside `other_rows` rows of other requests."""
         t_pass = self.costs.target(other_rows + k + 1)
-        if t_pass is None or (k and self.costs.draft_step is None):
+        t_draft = self.costs.draft(k) if k else 0.0
+        if t_pass is None or t_draft is None:
             return None
-        cost = t_pass + k * (self.costs.draft_step or 0.0)
+        cost = t_pass + t_draft
         return expected_tokens(alpha, k) / cost if cost > 0 else None
 
     def choose(self, request_id: str, other_rows: int = 0) -> int:
@@ -134,8 +158,8 @@ class AdaptiveK:
         alpha, s = self.alpha(request_id), self._state(request_id)
         if not other_rows and self.costs.rows:    # alone: measure every pass length once (the multi-row
             todo = [n for n in range(0 if self.allow_off else 1, self.k_max + 1)   # kernels' costs are
-                    if n + 1 not in self.costs.rows]                                # not linear in rows)
-            if todo:
+                    if n + 1 not in self.costs.rows]                                # not linear in rows;
+            if todo:                                               # these steps measure each proposal too)
                 return todo[0]
         rates = [self.rate(alpha, k, other_rows) for k in range(self.k_max + 1)]
         if any(r is None for r in rates):
