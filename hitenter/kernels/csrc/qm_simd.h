@@ -296,6 +296,21 @@ QM_INLINE __m256i hsum_rows8(const __m256i *v, const int R) {
  * block's R integer sums are reduced together (hsum_rows8) and the float steps run in lane r of one vector
  * (one reduction per block instead of one per row, one accumulator register instead of R). Same integer sums
  * (exact, any order) and the same float operations per row (k_step_v's, lane-wise): the same bits. */
+/* One row's block sums for k_step_v: I - Mn in lane 0 (exact in integers), or lanes [I I Mn Mn] where
+ * the type keeps the mins' sum apart (QM_KMIN). */
+QM_INLINE __m128i k_block_sums(const int qt, const __m256i is, const __m256i ms) {
+    __m128i t;
+    if (!QM_KMIN(qt)) {
+        const __m256i v = _mm256_sub_epi32(is, ms);
+        t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+        return _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
+    }
+    const __m256i h = _mm256_hadd_epi32(is, ms);
+    t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    return _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+}
+
 QM_INLINE void s_row256_k(const int qt, const uint8_t *w, int64_t bb, int64_t nb, const xq256 *x, int64_t xrow,
                           const int R, float *y, int64_t ldy) {
     enum { NCMAX = 4 };
@@ -391,18 +406,7 @@ QM_INLINE void s_row256_k(const int qt, const uint8_t *w, int64_t bb, int64_t nb
             const xq256 *xb = x + r * xrow + b;
             for (int c = 1; c < NC; c++) is[r][0] = _mm256_add_epi32(is[r][0], is[r][c]);
             const __m256i ms = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)xb->bsum));
-            __m128i t;
-            if (!QM_KMIN(qt)) {   /* I - Mn is exact: one reduction, to lane 0 */
-                const __m256i v = _mm256_sub_epi32(is[r][0], ms);
-                t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-                t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
-                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
-            } else {               /* both sums in one reduction: lanes [I I Mn Mn] */
-                const __m256i h = _mm256_hadd_epi32(is[r][0], ms);
-                t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
-            }
-            acc[r] = k_step_v(qt, acc[r], _mm_cvtepi32_ps(t), d, dmin, xb->d);
+            acc[r] = k_step_v(qt, acc[r], _mm_cvtepi32_ps(k_block_sums(qt, is[r][0], ms)), d, dmin, xb->d);
         }
     }
     if (R >= 3) {
@@ -448,18 +452,7 @@ QM_INLINE void s_row256(const int qt, const int bb, const uint8_t *w, int64_t nb
             for (int c = 1; c < NC; c++) is[r][0] = _mm256_add_epi32(is[r][0], is[r][c]);
             const __m256i ms = qt == QT_IQ4_XS ? _mm256_setzero_si256()
                                                : _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)xb->bsum));
-            __m128i t;
-            if (!QM_KMIN(qt)) {   /* I - Mn is exact: one reduction, to lane 0 */
-                const __m256i v = _mm256_sub_epi32(is[r][0], ms);
-                t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-                t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
-                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
-            } else {               /* both sums in one reduction: lanes [I I Mn Mn] */
-                const __m256i h = _mm256_hadd_epi32(is[r][0], ms);
-                t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
-            }
-            acc[r] = k_step_v(qt, acc[r], _mm_cvtepi32_ps(t), d, dmin, xb->d);
+            acc[r] = k_step_v(qt, acc[r], _mm_cvtepi32_ps(k_block_sums(qt, is[r][0], ms)), d, dmin, xb->d);
         }
     }
     for (int r = 0; r < R; r++) y[r * ldy] = _mm_cvtss_f32(acc[r]);
