@@ -147,6 +147,11 @@ class Scheduler:
         return len(self.running)
 
     @property
+    def decoding(self) -> bool:
+        """Whether a running request is past its prompt (its next rows are generation rows)."""
+        return any(not _prefilling(r, r.num_computed_tokens) for r in self.running)
+
+    @property
     def num_waiting(self) -> int:
         return len(self.waiting) + len(self.remote)
 
@@ -181,7 +186,7 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
         # prompt tokens beside decoding streams: paced (prefill_pacing.py)
-        paced = any(not _prefilling(r, r.num_computed_tokens) for r in self.running)
+        paced = self.decoding
         prompt_budget = self.pacer.budget(lane) if paced else budget
 
         i = 0

@@ -121,7 +121,7 @@ class SidePrefill:
     def takes(self, request: Request, scheduler: Scheduler) -> bool:
         """Whether ``request`` (just arrived) is prefilled here rather than by the engine's steps."""
         n = request.num_prompt_tokens
-        if n - 1 < self.min_tokens or not any(r.num_computed_tokens >= r.num_prompt_tokens for r in scheduler.running):
+        if n - 1 < self.min_tokens or not scheduler.decoding:
             return False
         _, cached = scheduler.kv.get_computed_blocks(request)
         return n - cached >= self.min_tokens and cached <= (n - cached) // 4
