@@ -4,6 +4,7 @@ Llama / Qwen2 GGUF models that the tests write themselves."""
 from __future__ import annotations
 
 import os
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -139,6 +140,30 @@ class SharedChromium:
 CHROMIUM = SharedChromium()
 
 
+# an xdist worker's share of the cores (0: not under xdist)
+WORKER_THREADS = (max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+                  if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 else 0)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n auto``) each worker takes its share of the cores for torch and the native
+    kernels (and passes it to the servers and CLIs it starts), so the workers do not oversubscribe them."""
+    if WORKER_THREADS:
+        os.environ["OMP_NUM_THREADS"] = str(WORKER_THREADS)
+        import torch
+
+        torch.set_num_threads(WORKER_THREADS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker per core, at most 4, and at most one per 6 GiB of memory (a worker holds up to
+    two fp32 models and an engine)."""
+    import psutil
+
+    return max(1, min(os.cpu_count() or 1, 4, psutil.virtual_memory().total // (6 << 30)))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     CHROMIUM.modules = {item.nodeid.split("::")[0] for item in items if "browser" in getattr(item, "fixturenames", ())}
 
@@ -148,6 +173,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     test, on every core (hitenter/testing/prebuild.py); a few tests build what they use on first use.
     HITENTER_TEST_PREBUILD=1 / 0 forces it on / off."""
     want = os.environ.get("HITENTER_TEST_PREBUILD", "")
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":   # one worker builds; the others load what it wrote
+        return
     if session.config.option.collectonly or want == "0" or (want != "1" and len(session.items) < 100):
         return
     from hitenter.testing.prebuild import build_all
@@ -157,6 +184,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(trylast=True)   # after the test's own fixtures (its pages) are torn down
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    torch = sys.modules.get("torch")
+    if WORKER_THREADS and torch is not None and torch.get_num_threads() != WORKER_THREADS:
+        torch.set_num_threads(WORKER_THREADS)   # a test's engine set its own count (num_threads=...)
     if nextitem is None or nextitem.nodeid.split("::")[0] not in CHROMIUM.modules:
         CHROMIUM.close()
 

@@ -101,8 +101,8 @@ def test_only_long_uncached_prompts_beside_decoding_streams_go_aside(tiny_llama_
 
 
 def test_an_abort_stops_the_job_and_frees_everything(tiny_llama_path: Path) -> None:
-    threads = torch.get_num_threads()
     with LLM(str(tiny_llama_path), **OPTS) as llm:
+        threads = torch.get_num_threads()                       # the engine's (num_threads=2)
         done, status = _scenario(llm, LONG, abort_long=True)
         assert status is RequestStatus.WAITING_FOR_REMOTE_KV
         assert set(done) == {"s0", "s1"} and "long" not in done
