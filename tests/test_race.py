@@ -90,3 +90,19 @@ def test_edge_rows() -> None:
         R.race(x, [1])
     wide = torch.randn(4, 2 * v)[:, ::2]      # not contiguous: the reference
     assert R.race(wide, [1, 2, 3, 4]).tolist() == R.race_reference(wide, [1, 2, 3, 4]).tolist()
+
+
+def test_greedy_argmax_is_torchs() -> None:
+    """numpy's argmax in torch's place: the first maximum, NaN the maximum, -inf rows, ties, views, 1-D rows."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 3001, generator=g)
+    x[0, 17] = x[0, 2999] = float("nan")
+    x[1] = float("-inf")
+    x[2, 40] = x[2, 41] = x[2].max() + 1           # a tie: the first
+    x[3, :] = 0.5
+    x[4, 3000] = float("inf")
+    for t in (x, x[1:4], x[:, ::2], x[:, 5:], x.t().contiguous().t(), x[2], x[0]):
+        assert torch.equal(R.greedy_argmax(t), t.argmax(dim=-1))
+    half = x.to(torch.bfloat16)                     # other dtypes keep torch's own
+    assert torch.equal(R.greedy_argmax(half), half.argmax(dim=-1))
+    assert R.greedy_argmax(x).dtype == torch.long

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from hitenter.engine.logits_processors import BatchState, LogitsProcessor, default_chain
 from hitenter.engine.logprobs import TokenLogprobs, batch_logprobs, token_logprobs
-from hitenter.kernels.race import race, race_q
+from hitenter.kernels.race import greedy_argmax, race, race_q
 from hitenter.sampling_params import SamplingParams
 
 __all__ = ["Sampler", "SamplingMetadata", "SamplerOutput", "StepSample", "TokenLogprobs", "token_logprobs",
@@ -209,7 +209,7 @@ class Sampler:
         fast = [use_fast and c is None and _plain_greedy(p) for p, c in zip(meta.params, cons, strict=True)]
         if all(fast):
             # no processor touches a plain greedy row: its argmax is the raw logits' (no chain, no copy)
-            tokens = logits.argmax(dim=-1)
+            tokens = greedy_argmax(logits)
             return SamplerOutput(tokens.tolist(), self._logprobs(logits, tokens, meta.params), None)
         if not any(fast):
             tokens, seeds, sample, stages = self._process(logits, meta, trace)
@@ -218,7 +218,7 @@ class Sampler:
             # (a grammar, penalties, sampling...) are copied and go through the chain: a constrained or
             # sampling neighbour costs them nothing (the processors are row-independent)
             rest = [i for i, f in enumerate(fast) if not f]
-            tokens = logits.argmax(dim=-1)
+            tokens = greedy_argmax(logits)
             sub, seeds, sample, stages = self._process(logits[rest], meta.subset(rest), False)
             tokens[rest] = sub
             sample = [rest[j] for j in sample]
@@ -239,7 +239,7 @@ class Sampler:
         greedy = [i for i, p in enumerate(meta.params) if p.is_greedy]
         sample = [i for i, p in enumerate(meta.params) if not p.is_greedy]
         if greedy:
-            tokens[greedy] = x[greedy].argmax(dim=-1) if len(greedy) < n else x.argmax(dim=-1)
+            tokens[greedy] = greedy_argmax(x[greedy] if len(greedy) < n else x)
         seeds = [row_seed(meta.generators[i]) for i in sample]
         if sample:
             tokens[sample] = race(x[sample] if len(sample) < n else x, seeds)

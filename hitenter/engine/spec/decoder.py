@@ -49,6 +49,7 @@ from hitenter.engine.spec.adaptive import AdaptiveK
 from hitenter.engine.spec.proposers import Proposer, stop_ids
 from hitenter.engine.spec.rejection import greedy_accept, race_accept
 from hitenter.engine.structured import constraints_of
+from hitenter.kernels.race import greedy_argmax
 
 
 @dataclass
@@ -197,7 +198,7 @@ class SpecDecoder:
             xi = x[local:local + n]
             local += n
             if r.sampling_params.is_greedy:
-                tokens[i] = greedy_accept(xi.argmax(dim=-1).tolist(), draft)
+                tokens[i] = greedy_accept(greedy_argmax(xi).tolist(), draft)
             else:   # each row drawn as plain decoding draws it: the seeded request's very tokens
                 tokens[i] = race_accept(xi, draft, lambda g=generators[i]: row_seed(g))
             accepted = len(tokens[i]) - 1

@@ -26,7 +26,7 @@ from hitenter.engine.model_runner import ModelRunner
 from hitenter.engine.request import Request, RequestStatus
 from hitenter.engine.sampler import row_seed, run_chain
 from hitenter.engine.scheduler import ScheduledRequest, SchedulerOutput
-from hitenter.kernels.race import race
+from hitenter.kernels.race import greedy_argmax, race
 from hitenter.kv_cache.manager import KVCacheManager
 
 
@@ -225,7 +225,7 @@ class DraftModelProposer:
             for j, i in enumerate(rows):
                 row_seeds = seeds[i]
                 if row_seeds is None:
-                    tok = int(x[j].argmax())
+                    tok = int(greedy_argmax(x[j]))
                 else:
                     tok = int(race(x[j:j + 1], [row_seeds[len(toks[i])]])[0])
                 toks[i].append(tok)
