@@ -16,7 +16,9 @@ from hitenter.engine.request import RequestStatus
 from hitenter.llm import LLM
 from hitenter.sampling_params import SamplingParams
 
-OPTS = dict(kv_cache_memory=1 << 22, max_model_len=256, num_threads=2, block_size=16, side_prefill_tokens=32)
+# max_num_batched_tokens 48: the long prompts (120 tokens) run in 3 chunks, in the side job and the engine alike
+OPTS = dict(kv_cache_memory=1 << 22, max_model_len=256, num_threads=2, block_size=16, side_prefill_tokens=32,
+            max_num_batched_tokens=48)
 STREAM = SamplingParams(max_tokens=40, temperature=0.9, seed=3, ignore_eos=True, logprobs=2)
 
 

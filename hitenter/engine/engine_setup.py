@@ -180,6 +180,7 @@ def _side_prefill(cfg: EngineConfig, net: torch.nn.Module, kv_caches: list[torch
                   num_local_blocks: int | None) -> Any:
     """Long prompts beside decoding streams on half of the cores (hitenter/engine/side_prefill.py), where
     it applies: one process, one block table for every layer, no draft model, more than one thread."""
+    from hitenter.engine import side_prefill
     from hitenter.engine.side_prefill import SidePrefill
     from hitenter.models.decoder import CausalLM
 
@@ -188,8 +189,8 @@ def _side_prefill(cfg: EngineConfig, net: torch.nn.Module, kv_caches: list[torch
             or not isinstance(net, CausalLM) or cfg.parallel.tensor_parallel_size > 1
             or cfg.parallel.disaggregate is not None or cfg.speculative.speculative_method is not None):
         return None
-    return SidePrefill(net, kv_caches, cfg.cache.block_size, sched.max_num_batched_tokens,
-                       sched.side_prefill_tokens, threads)
+    chunk = min(side_prefill.CHUNK, sched.max_num_batched_tokens)
+    return SidePrefill(net, kv_caches, cfg.cache.block_size, chunk, sched.side_prefill_tokens, threads)
 
 
 _GC_FROZEN: list[bool] = []

@@ -10,6 +10,10 @@ for >= 0.5 and >= 0.5 at once. Sharing the *cores* does better because neither s
 from 1 to 2 threads: the 4,000-token prompt took 19.4-21.9 s at 1 thread vs 11.3-12.9 s at 2 (1.70x),
 the 16-stream decode step 76.8-92.2 vs 42.2-54.2 ms (1.70-1.82x). On half the cores each side keeps
 ~1/1.75 of its speed, so the shares sum to ~1.15, and the prompt runs in big chunks, not 32-token ones.
+Chunks of CHUNK = 512 tokens, not the engine's 2,048: the two sides share the L3 cache, and a 2,048-token
+chunk's activations (SmolLM2's MLP: 12.6 MB a tensor) crowded out the streams' weights. Engine level (same
+benchmark, alternating): 2,048 gave TTFT 2.13x / 1.94x alone with the streams at 0.60x / 0.60x; 512 gave
+2.12x / 1.82x / 1.79x with 0.65x / 0.69x / 0.61x; 256 and 1,024 (one run each) 1.69x / 0.65x, 1.58x / 0.59x.
 
 How (the in-process twin of disaggregated prefill, hitenter/distributed/disagg.py, same scheduler hooks):
 - ``takes``: a prompt of at least ``min_tokens`` uncached tokens (and at most a quarter of it cached:
@@ -51,6 +55,7 @@ from hitenter.models.prompt_kv import load_staged, prefill_kv
 
 log = logging.getLogger("hitenter.engine")
 
+CHUNK = 512              # tokens per forward of a job (the module docstring says why not the engine's)
 IDLE_POLL_S = 0.02       # an engine with nothing else to run waits this long for the job, not spinning
 
 
