@@ -47,6 +47,8 @@ def test_repacked_is_lossless_and_bitwise_equal(qtype: Q, n: int, k: int) -> Non
     assert torch.equal(r.dequantize(torch.tensor([0, n - 1])), w.dequantize(torch.tensor([0, n - 1])))
     rows = torch.tensor([n - 1, 0, n // 2, n // 2])
     assert torch.equal(r.file_rows(rows), w.data.index_select(0, rows))
+    assert torch.equal(r.dequantize(rows), w.dequantize()[rows])     # the lookups' torch formulas: gguf's bits
+    assert torch.equal(w.dequantize(rows), w.dequantize()[rows])
     for m in (1, 2, 3, 5, 8, 9, 16, 17, 33, 70):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
         want = qmatmul(x, w)

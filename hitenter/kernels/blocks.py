@@ -8,7 +8,7 @@ gate/up, llama's Q/K row un-permutation, tensor-parallel column shards).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gguf
 import numpy as np
@@ -36,6 +36,7 @@ class BlockWeight:
     qtype: int
     shape: tuple[int, int]
     lanes: int = 0
+    _lane_bytes: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         elems, nbytes = BLOCK_TYPES[self.qtype]
@@ -75,44 +76,65 @@ class BlockWeight:
                            (int(index.numel()), self.shape[1]))
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """fp32 `[N, K]` (or just `rows`), exactly the file's values (gguf's reference dequantizer)."""
+        """fp32 `[N, K]` (or just `rows`), exactly the file's values (gguf's reference dequantizer; for `rows`,
+        an embedding lookup, its type's block formulas called directly: through `gguf.quants.dequantize` a
+        decode step's one-row lookup took ~90 us of wrapper)."""
         data = self.file_rows(rows)
-        out = gguf.quants.dequantize(data.numpy(), Q(self.qtype))
+        blocks = getattr(gguf.quants, Q(self.qtype).name, None) if rows is not None else None
+        if blocks is not None and hasattr(blocks, "dequantize_blocks"):
+            out = blocks.dequantize_blocks(data.numpy().reshape(-1, BLOCK_TYPES[self.qtype][1]))
+        else:
+            out = gguf.quants.dequantize(data.numpy(), Q(self.qtype))
         return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(data.shape[0], self.shape[1])
-
 
     def file_rows(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The file's rows `[N, K / block_elems * block_bytes]` (or just `rows`, in that order); of a repacked
-        weight the repacking undone, for `rows` reading only their groups (a tied embedding's lookups)."""
+        weight the repacking undone, for `rows` reading only their bytes (a tied embedding's lookups)."""
         if not self.lanes:
             return self.data if rows is None else self.data.index_select(0, rows)
         n, k = self.shape
         nb, ln, qt = k // 32, self.lanes, self.qtype
-        order = [b for ph in range(4) for b in range(ph, nb, 4)]        # blocks as stored: b % 4, then b / 4
-        groups = self.data.numpy().reshape(-1, nb, REPACK_ROW_BYTES[qt] * ln)
-        pick = None if rows is None else rows.numpy().astype(np.int64)
-        inv = np.argsort(order)
-        nq = 8 if qt == int(Q.Q8_0) else 4                 # quant vectors per block: [nq, lanes, 4] bytes
+        group = nb * REPACK_ROW_BYTES[qt] * ln
+        if rows is not None:   # a gather of each row's bytes: lane offsets within its group, worked out once
+            if self._lane_bytes is None:
+                where = _unrepack(np.arange(group, dtype=np.int64).reshape(1, nb, -1), qt, nb, ln, np.arange(ln))
+                self._lane_bytes = np.ascontiguousarray(where.reshape(ln, -1))
+            r = rows.numpy().astype(np.int64)
+            out = self.data.numpy()[(r // ln * group)[:, None] + self._lane_bytes[r % ln]]
+            return torch.from_numpy(_unsign(out.reshape(len(r), nb, -1), qt).reshape(len(r), -1))
+        blocks = np.ascontiguousarray(_unrepack(self.data.numpy().reshape(-1, nb, group // nb), qt, nb, ln, None)[:n])
+        return torch.from_numpy(_unsign(blocks, qt).reshape(n, -1))
 
-        def lanes_of(a: np.ndarray, width: int) -> np.ndarray:
-            """[groups, nb, lanes, ...width] (views of the groups' bytes) -> [rows, nb, width] in block order; for
-            `pick` only those rows' bytes are copied"""
-            if pick is None:
-                return a[:, inv].transpose(0, 2, 1, *range(3, a.ndim)).reshape(-1, nb, width)
-            return a[pick // ln, :, pick % ln][:, inv]
 
-        q = lanes_of(groups[..., :nq * ln * 4].reshape(-1, nb, nq, ln, 4).transpose(0, 1, 3, 2, 4), nq * 4)
-        q = q.reshape(q.shape[0], nb, nq * 4)
-        d = lanes_of(groups[..., nq * ln * 4:nq * ln * 4 + 2 * ln].reshape(-1, nb, ln, 2), 2)
-        if qt == int(Q.Q8_0):
-            blocks = np.concatenate([d, q ^ 0x80], axis=-1)
-        elif qt == int(Q.Q4_1):
-            m = lanes_of(groups[..., nq * ln * 4 + 2 * ln:].reshape(-1, nb, ln, 2), 2)
-            blocks = np.concatenate([d, m, q], axis=-1)
-        else:
-            blocks = np.concatenate([d, q], axis=-1)
-        count = n if pick is None else len(pick)
-        return torch.from_numpy(np.ascontiguousarray(blocks[:count].reshape(count, -1)))
+def _unrepack(groups: np.ndarray, qt: int, nb: int, ln: int, pick: np.ndarray | None) -> np.ndarray:
+    """`[rows, nb, block_bytes]`: the file-order blocks of repacked `groups` `[groups, nb, lanes * row_bytes]`
+    (csrc/qm_repack.h), all rows or the rows `pick`; Q8_0's quants still + 128 (`_unsign`). Any element type:
+    run on byte positions it says where each byte of a row lies."""
+    order = [b for ph in range(4) for b in range(ph, nb, 4)]        # blocks as stored: b % 4, then b / 4
+    inv = np.argsort(order)
+    nq = 8 if qt == int(Q.Q8_0) else 4                 # quant vectors per block: [nq, lanes, 4] bytes
+
+    def lanes_of(a: np.ndarray, width: int) -> np.ndarray:
+        """[groups, nb, lanes, ...width] (views of the groups' bytes) -> [rows, nb, width] in block order; for
+        `pick` only those rows' bytes are copied"""
+        if pick is None:
+            return a[:, inv].transpose(0, 2, 1, *range(3, a.ndim)).reshape(-1, nb, width)
+        return a[pick // ln, :, pick % ln][:, inv]
+
+    q = lanes_of(groups[..., :nq * ln * 4].reshape(-1, nb, nq, ln, 4).transpose(0, 1, 3, 2, 4), nq * 4)
+    q = q.reshape(q.shape[0], nb, nq * 4)
+    d = lanes_of(groups[..., nq * ln * 4:nq * ln * 4 + 2 * ln].reshape(-1, nb, ln, 2), 2)
+    if qt == int(Q.Q4_1):
+        m = lanes_of(groups[..., nq * ln * 4 + 2 * ln:].reshape(-1, nb, ln, 2), 2)
+        return np.concatenate([d, m, q], axis=-1)
+    return np.concatenate([d, q], axis=-1)
+
+
+def _unsign(blocks: np.ndarray, qt: int) -> np.ndarray:
+    """Q8_0 blocks `[..., 34]` as repacked (quants + 128) back to the file's bytes; other types as they are."""
+    if qt == int(Q.Q8_0):
+        blocks[..., 2:] ^= 0x80
+    return blocks
 
 
 def cat_block_rows(ws: list[BlockWeight]) -> BlockWeight:
