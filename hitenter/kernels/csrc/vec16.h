@@ -188,6 +188,11 @@ static inline void paged_rows(const char **out, const char *base, const int64_t 
                               int64_t row_bytes) {
     int64_t b = k0 / BS;
     int o = (int)(k0 - b * BS);
+    if (o + n <= BS) {   /* one block (a 16-key tile of 16-token blocks): one lookup, then consecutive rows */
+        const char *p = base + (table[b] * BS + o) * row_bytes;
+        for (int j = 0; j < n; j++, p += row_bytes) out[j] = p;
+        return;
+    }
     for (int j = 0; j < n; j++) {
         out[j] = base + (table[b] * BS + o) * row_bytes;
         if (++o == BS) o = 0, b++;
