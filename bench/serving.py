@@ -11,6 +11,7 @@ p50/p99 inter-token latency.
     .venv/bin/python bench/serving.py --url http://127.0.0.1:8000       # an already running hitenter
     .venv/bin/python bench/serving.py --llama-server http://127.0.0.1:8081          # plus the baseline
     .venv/bin/python bench/serving.py --llama-server-bin /work/llama-server/.../bin/llama-server
+    .venv/bin/python bench/serving.py --temperature 1 ...             # sampled, as OpenAI's default
 
 The baseline is not a dependency of hitenter or its tests. Either
   * llama.cpp's own server: ``git clone https://github.com/ggml-org/llama.cpp && cd llama.cpp &&
@@ -87,8 +88,8 @@ def make_prompts(n: int, input_len: int, seed: int) -> list[str]:
 
 
 async def one_request(client: httpx.AsyncClient, url: str, model: str | None, prompt: str, output_len: int,
-                      api_key: str | None) -> Result:
-    body: dict[str, Any] = {"prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "stream": True,
+                      api_key: str | None, temperature: float = 0.0) -> Result:
+    body: dict[str, Any] = {"prompt": prompt, "max_tokens": output_len, "temperature": temperature, "stream": True,
                             "ignore_eos": True, "stream_options": {"include_usage": True}}
     if model:
         body["model"] = model
@@ -116,7 +117,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str | None, pr
 
 
 async def run_level(url: str, model: str | None, n: int, prompts: list[str], output_len: int,
-                    api_key: str | None) -> Level:
+                    api_key: str | None, temperature: float = 0.0) -> Level:
     queue: asyncio.Queue[str] = asyncio.Queue()
     for p in prompts:
         queue.put_nowait(p)
@@ -127,7 +128,8 @@ async def run_level(url: str, model: str | None, n: int, prompts: list[str], out
         while not queue.empty():
             p = queue.get_nowait()
             try:
-                level.results.append(await one_request(client, url, model, p, output_len, api_key))
+                level.results.append(await one_request(client, url, model, p, output_len, api_key,
+                                                                temperature))
             except Exception as e:  # noqa: BLE001 -- counted and reported
                 level.errors += 1
                 print(f"  request failed: {e}", file=sys.stderr)
@@ -145,7 +147,7 @@ def bench(url: str, model: str | None, levels: list[int], args: argparse.Namespa
     asyncio.run(run_level(url, model, 1, warm, 4, args.api_key))          # warm-up (first-call costs)
     for n in levels:
         prompts = make_prompts(n * args.requests_per_client, args.input_len, args.seed + n)
-        row = asyncio.run(run_level(url, model, n, prompts, args.output_len, args.api_key)).row()
+        row = asyncio.run(run_level(url, model, n, prompts, args.output_len, args.api_key, args.temperature)).row()
         rows.append(row)
         print(f"{label:10s} N={n:<3d} reqs={row['requests']:<4.0f} err={row['errors']:<2.0f} "
               f"{row['tok_s']:8.1f} tok/s  TTFT p50 {row['ttft_p50_ms']:8.1f} p99 {row['ttft_p99_ms']:8.1f} ms  "
@@ -220,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int, default=128, help="prompt length in words")
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="every request's temperature (0: greedy; OpenAI's default is 1)")
     ap.add_argument("--format", default="gguf", choices=sorted(FORMATS),
                     help="hitenter's weight format (not with --url)")
     ap.add_argument("--max-model-len", type=int, default=2048)
