@@ -273,13 +273,13 @@ def test_largest_codes_do_not_overflow(qtype: Q) -> None:
 
 @pytest.mark.parametrize("qtype", KTYPES, ids=lambda t: t.name)
 def test_long_rows_and_every_run_length(qtype: Q) -> None:
-    """K = 4608 (18 K blocks, longer than the other tests' rows) at every M from 2 to 15: the row path's instance
-    for each run length (Q4_K/Q5_K/Q6_K to 8 rows; from 3 rows their float steps lane-wise across the rows), the
-    packed GEMM's balanced runs (7 + 6 at M = 13; AVX2 Q4_K from M = 6 on the file's nibbles). Every row bitwise
-    the row alone, and close to the reference."""
+    """K = 4608 (18 K blocks, longer than the other tests' rows) at every M from 2 to 20: the row path's instance
+    for each run length (Q4_K/Q5_K/Q6_K to 8 rows, balanced runs beyond; from 3 rows their float steps lane-wise
+    across the rows), the packed GEMM's balanced runs (7 + 6 at M = 13; on AVX2 without VNNI the K types pack
+    from M = 17). Every row bitwise the row alone, and close to the reference."""
     w = random_weight(qtype, 70, 4608, seed=9)
-    x = torch.randn(15, 4608, generator=torch.Generator().manual_seed(10))
-    alone = torch.cat([qmatmul(x[i:i + 1], w) for i in range(15)])
+    x = torch.randn(20, 4608, generator=torch.Generator().manual_seed(10))
+    alone = torch.cat([qmatmul(x[i:i + 1], w) for i in range(20)])
     check_close(x, w, alone)
-    for m in range(2, 16):
+    for m in range(2, 21):
         assert torch.equal(qmatmul(x[:m], w), alone[:m]), f"{w.type_name} M={m}"

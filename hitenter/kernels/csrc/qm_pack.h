@@ -30,31 +30,34 @@
    SmolLM2 / Qwen2.5-1.5B shapes streamed from DRAM: Q4_1 and Q8_0 rows win at M = 4-5 by 10-35%, the
    packed GEMM from M = 6-7 (Q4_1 gate/up 1.6x at M = 8), Q4_K/Q6_K at M = 9; both paths give the same
    bits, so this is only a speed choice): 32-wide types unpack cheaply per row, K types less so. */
-#ifndef A2_NIB4
-#define A2_NIB4 1   /* AVX2: Q4_K packed as the file's nibbles (pack8_q4k) */
-#endif
 #ifndef PACK_MIN_M32
 #define PACK_MIN_M32 6
 #endif
 #ifndef PACK_MIN_M256
 #define PACK_MIN_M256 9
 #endif
-/* AVX2 Q4_K below PACK_MIN_M256 rows packs as cheaply as four dword transposes of the file's bytes (pack8_q4k,
-   pk_q4_k_nib_*), and its packed kernel adds a row for about half a row-path row; but the packing itself costs
-   about a one-row pass, so on weights streamed from DRAM (the engine's case: a model far above L3) it pays only
-   from 6 rows. Zen 3, 1 thread, CPU time per call, min of 10 rounds, builds alternated in one process, every
-   layer's weight in turn (Qwen2.5-Coder-1.5B's Q4_K gate_up 17920 x 1536 / o_proj 1536 x 1536), row path vs
-   packed from 2: M = 1 1.52 / 0.128 ms; M = 2 2.00 vs 3.32 / 0.176 vs 0.242; M = 3 3.32 vs 4.24 / 0.230 vs
-   0.267; M = 4 4.52 vs 6.15 / 0.277 vs 0.297; M = 5 3.92 vs 4.10 / 0.332 vs 0.329 (a tie, three runs); M = 6
-   5.36 vs 4.89 / 0.397 vs 0.378; M = 8 7.74 vs 5.91 / 0.523 vs 0.414. (The 1536 x 1536 weight alone, hot in
-   cache, measured the packed path ahead from 2 rows.) Q6_K's packing unpacks every block and stays behind the
-   row path up to 7 rows. */
+/* AVX2 without VNNI, the K types: the row path up to 16 rows (two balanced runs of its register instances,
+   still one pass over the weights), the packed GEMM from 17. Measured on Qwen2.5-Coder-1.5B's own weights
+   streamed from DRAM (12 Q4_K gate/up 8960 x 1536, 8 Q6_K down 1536 x 8960), 2 threads, builds alternated in one
+   process (/work/scratch/s16/qm/ab.py), row path / packed GEMM time: Q4_K M = 9 0.66, 12 0.84, 16 0.93-1.07,
+   24 1.37, 32 1.45; Q6_K M = 9 0.49, 12 0.61, 16 0.65-0.72, 24 0.87-0.92, 32 0.97-0.99. Q4_K at 6-8 rows had
+   taken a packed kernel on the file's nibbles (A2_NIB4, measured ahead on one hot 1536 x 1536 weight); on
+   the streamed set the row path took 0.65-0.75 of its time, and a whole 1.5B generation pass over 6 / 7 / 8
+   rows (bench/spec_verify_profile.py) 1.59x / 1.75x / 1.96x a one-row pass instead of 2.15x / 2.32x / 2.58x.
+   -DA2_NIB4=1 builds that kernel back (Q4_K at PACK_MIN_Q4K_A2 .. PACK_MIN_M256_A2 - 1 rows). */
+#ifndef PACK_MIN_M256_A2
+#define PACK_MIN_M256_A2 17
+#endif
+#ifndef A2_NIB4
+#define A2_NIB4 0
+#endif
 #ifndef PACK_MIN_Q4K_A2
 #define PACK_MIN_Q4K_A2 6
 #endif
 /* from how many activation rows type qt (256-element blocks) takes the packed GEMM */
 static inline int pack_min_m256(int qt) {
-    return !QM_VNNI && A2_NIB4 && qt == QT_Q4_K ? PACK_MIN_Q4K_A2 : PACK_MIN_M256;
+    if (QM_VNNI) return PACK_MIN_M256;
+    return A2_NIB4 && qt == QT_Q4_K ? PACK_MIN_Q4K_A2 : PACK_MIN_M256_A2;
 }
 
 typedef struct {

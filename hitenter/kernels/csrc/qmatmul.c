@@ -6,7 +6,7 @@
  * Threads take chunks of weight rows (dynamically); within a chunk the row path walks the weight
  * rows once per tile of MT activation rows (M <= MT: every weight byte is streamed from memory
  * once), unpacking each in registers once per MR activation rows (Q4_K/Q5_K/Q6_K: a run of any length up to
- * 8); from M >= 6 (32-wide types) or 9 (K types; AVX2 Q4_K: 6) every type takes the packed
+ * 8); from M >= 6 (32-wide types) or 9 (K types; 17 on AVX2 without VNNI) every type takes the packed
  * GEMM instead (qm_pack.h; Q8_0 only with VNNI). Every (m, n) output is the same function of
  * (row m of x, row n of W) whatever M, the tiling or the thread count: batch invariant.
  *
@@ -250,7 +250,7 @@ int qm_matmul_desc(const qm_desc *d, const float *x, int64_t M, int64_t ldx, flo
     j.qt = qt;
     j.packed = !d->lanes && M >= (elems == 32 ? PACK_MIN_M32 : pack_min_m256(qt)) && packed_fns(qt, &j.pack, &j.kern, &j.pbytes);
 #if !QM_VNNI && A2_NIB4
-    if (j.packed && qt == QT_Q4_K && M < PACK_MIN_M256) j.pack = pk_q4_k_nib_pack, j.kern = pk_q4_k_nib_kern;
+    if (j.packed && qt == QT_Q4_K && M < PACK_MIN_M256_A2) j.pack = pk_q4_k_nib_pack, j.kern = pk_q4_k_nib_kern;
 #endif
     if (j.rkern && !(xt = aligned_alloc(64, (M * j.nb * XT_BLOCK(1) + 63) / 64 * 64))) { free(xq); return -3; }
     j.xt = xt;
