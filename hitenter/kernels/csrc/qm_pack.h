@@ -39,30 +39,22 @@
 /* AVX2 without VNNI, the K types: the row path up to 16 rows (two balanced runs of its register instances,
    still one pass over the weights), the packed GEMM from 17. Measured on Qwen2.5-Coder-1.5B's own weights
    streamed from DRAM (12 Q4_K gate/up 8960 x 1536, 8 Q6_K down 1536 x 8960), 2 threads, builds alternated in one
-   process (/work/scratch/s16/qm/ab.py), row path / packed GEMM time: Q4_K M = 9 0.66, 12 0.84, 16 0.93-1.07,
-   24 1.37, 32 1.45; Q6_K M = 9 0.49, 12 0.61, 16 0.65-0.72, 24 0.87-0.92, 32 0.97-0.99. Q4_K at 6-8 rows had
-   taken a packed kernel on the file's nibbles (A2_NIB4, measured ahead on one hot 1536 x 1536 weight); on
-   the streamed set the row path took 0.65-0.75 of its time, and a whole 1.5B generation pass over 6 / 7 / 8
-   rows (bench/spec_verify_profile.py) 1.59x / 1.75x / 1.96x a one-row pass instead of 2.15x / 2.32x / 2.58x.
-   -DA2_NIB4=1 builds that kernel back (Q4_K at PACK_MIN_Q4K_A2 .. PACK_MIN_M256_A2 - 1 rows). */
+   process, row path / packed GEMM time: Q4_K M = 9 0.66, 12 0.84, 16 0.93-1.07, 24 1.37, 32 1.45; Q6_K M = 9
+   0.49, 12 0.61, 16 0.65-0.72, 24 0.87-0.92, 32 0.97-0.99. (Q4_K at 6-8 rows had a packed kernel of its own on
+   the file's nibbles, chosen on one hot 1536 x 1536 weight; on the streamed set the row path took 0.65-0.75
+   of its time, and a whole 1.5B generation pass over 6 / 7 / 8 rows 1.59x / 1.75x / 1.96x a one-row pass
+   instead of 2.15x / 2.32x / 2.58x, so it was removed.) */
 #ifndef PACK_MIN_M256_A2
 #define PACK_MIN_M256_A2 17
 #endif
-#ifndef A2_NIB4
-#define A2_NIB4 0
-#endif
-#ifndef PACK_MIN_Q4K_A2
-#define PACK_MIN_Q4K_A2 6
-#endif
 /* from how many activation rows type qt (256-element blocks) takes the packed GEMM */
 static inline int pack_min_m256(int qt) {
-    if (QM_VNNI) return PACK_MIN_M256;
-    return A2_NIB4 && qt == QT_Q4_K ? PACK_MIN_Q4K_A2 : PACK_MIN_M256_A2;
+    (void)qt;
+    return QM_VNNI ? PACK_MIN_M256 : PACK_MIN_M256_A2;
 }
 
 typedef struct {
-    uint8_t q[64][4 * PN];  /* [dword e4 of the block][lane n * 4 + byte]: weights unsigned (AVX2 Q4_K: the
-                             * file's nibbles in q[0..31], pack8_q4k) */
+    uint8_t q[64][4 * PN];  /* [dword e4 of the block][lane n * 4 + byte]: weights unsigned */
     int32_t sc[16][PN];   /* scale of group g per lane (32-element groups for Q4_K/Q5_K/IQ4_XS, else 16) */
     int32_t mn[8][PN];    /* int16 pairs (m_2i, m_2i+1) of the mins per lane: Q4_K/Q5_K per-32 (i < 4), Q2_K
                            * per-16 (i < 8); the other types have none */
@@ -89,40 +81,6 @@ QM_INLINE void tr8x8_store(const __m256i r[8], uint8_t *dst, size_t stride) {
         _mm256_storeu_si256((__m256i *)(dst + (i + 4) * stride), _mm256_permute2x128_si256(u[i], u[i + 4], 0x31));
     }
 }
-
-#if !QM_VNNI && A2_NIB4
-/* AVX2 Q4_K, nibbles as the file pairs them: q[8c + k] holds dword k of each lane's qs chunk c (qs[32c + 4k ..]),
- * whose low nibbles are dword k of sub-block 2c and high nibbles dword k of 2c + 1 (qm_pack_avx2.h takes them
- * apart): half the bytes of the unpacked layout, and the packing is four dword transposes of the file's bytes.
- * Scales (both int16 halves) and min pairs: one transpose each of the rows' k4_scales_vec; q[32..63] unused. */
-static void pack8_q4k(const uint8_t *w, int64_t ldw, int nrows, int64_t nb, pblock *p) {
-    for (int64_t b = 0; b < nb; b++) {
-        pblock *pb = p + b;
-        __m256i raw[4][8], sc[8], mn[8];
-        for (int n = 0; n < PN; n++) {
-            pb->d[n] = pb->dmin[n] = 0.0f;
-            if (n >= nrows) {
-                for (int c = 0; c < 4; c++) raw[c][n] = _mm256_setzero_si256();
-                sc[n] = mn[n] = _mm256_setzero_si256();
-                continue;
-            }
-            const uint8_t *blk = w + n * ldw + b * B_Q4_K;
-            for (int c = 0; c < 4; c++) raw[c][n] = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * c));
-            const __m128i v = k4_scales_vec(blk + 4);   /* sc0..sc7, m0..m7 */
-            sc[n] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v, v));   /* lane g: sc_g in both int16 halves */
-            mn[n] = _mm256_cvtepu8_epi16(_mm_srli_si128(v, 8));     /* lane i < 4: (m_2i, m_2i+1) */
-            uint32_t dd;
-            memcpy(&dd, blk, 4);
-            const __m128 df = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd));
-            pb->d[n] = _mm_cvtss_f32(df);
-            pb->dmin[n] = _mm_cvtss_f32(_mm_movehdup_ps(df));
-        }
-        for (int c = 0; c < 4; c++) tr8x8_store(raw[c], pb->q[8 * c], 4 * PN);
-        tr8x8_store(sc, (uint8_t *)pb->sc[0], 4 * PN);
-        tr8x8_store(mn, (uint8_t *)pb->mn[0], 4 * PN);
-    }
-}
-#endif
 
 /* rows [0, nrows) of w (nrows <= PN; missing lanes are zero) -> nb packed blocks */
 static void pack8(const int qt, const int bb, const uint8_t *w, int64_t ldw, int nrows, int64_t nb, pblock *p) {
@@ -322,7 +280,7 @@ QM_INLINE void p_kern32(const int qt, const pblock32 *p, int64_t nb, const char 
 
 #if !QM_VNNI
 #include "qm_pack_avx2.h"
-#define P_KERN(...) p_kern_a2(__VA_ARGS__, 0)
+#define P_KERN p_kern_a2
 #define P_KERN32 p_kern32_a2
 #else
 #define P_KERN p_kern
@@ -375,17 +333,6 @@ typedef void (*pkern_fn)(const void *p, int64_t nb, const char *x, int64_t xrow,
 DEF_PACKED_ANY(pk_q4_k, QT_Q4_K, B_Q4_K)
 DEF_PACKED_ANY(pk_q5_k, QT_Q5_K, B_Q5_K)
 DEF_PACKED_ANY(pk_q6_k, QT_Q6_K, B_Q6_K)
-#if !QM_VNNI && A2_NIB4
-/* AVX2 Q4_K at a few rows: the file's nibbles (pack8_q4k), every R */
-static void pk_q4_k_nib_pack(const uint8_t *w, int64_t ldw, int nrows, int64_t nb, void *p) {
-    pack8_q4k(w, ldw, nrows, nb, (pblock *)p);
-}
-static void pk_q4_k_nib_kern(const void *pv, int64_t nb, const char *xc, int64_t xrow_bytes, int R, float *y,
-                             int64_t ldy, int nvalid) {
-    PK_LOCALS
-    PK_EVERY_R(p_kern_a2, QT_Q4_K, 1)
-}
-#endif
 DEF_PACKED(pk_q2_k, QT_Q2_K, B_Q2_K)
 DEF_PACKED(pk_q3_k, QT_Q3_K, B_Q3_K)
 DEF_PACKED(pk_iq4_xs, QT_IQ4_XS, B_IQ4_XS)

@@ -14,11 +14,7 @@
  * Offsets: Q3_K's 4 comes off I through the per-16 mins (offset * scale, int16 pairs in pblock.mn, as
  * Q2_K's) times the activations' 16-element sums, as in the row path (I - Mn); Q6_K's 32 is in its
  * signed weights.
- * Legacy types (pblock32): one block is 8 dwords; SEG32 Q4_0/Q4_1 8, Q5_0/Q5_1/MXFP4 4, Q8_0/IQ4_NL 1.
- * Q4_K at 2-8 rows (nib, qm_pack.h pack8_q4k): the weights stay the file's nibbles, one vector holding dword k
- * of two scale groups (low / high nibbles), taken apart by an and (a shift) per vector and R rows: the packing
- * only transposes the file's bytes (the unpacked packing cost more than the row path at these M), but the
- * extra and/shift cost 5-15% at M = 512 (Zen 3, 1 thread), which keeps the unpacked layout. */
+ * Legacy types (pblock32): one block is 8 dwords; SEG32 Q4_0/Q4_1 8, Q5_0/Q5_1/MXFP4 4, Q8_0/IQ4_NL 1. */
 #ifndef QM_PACK_AVX2_H
 #define QM_PACK_AVX2_H
 
@@ -74,7 +70,7 @@ QM_INLINE __m256i a2_dot_sgn(__m256i wa, __m256i w, const void *xp) {
 
 /* y[r, 0..nvalid) for R activation rows against one packed group (K types) */
 QM_INLINE void p_kern_a2(const int qt, const pblock *p, int64_t nb, const xq256 *x, int64_t xrow, const int R,
-                         float *y, int64_t ldy, int nvalid, const int nib) {
+                         float *y, int64_t ldy, int nvalid) {
     const int GS = qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_IQ4_XS ? 8 : 4;   /* dwords per scale group */
     const int SEG = A2_SEG(qt), sgn = A2_SIGNED(qt);
     __m256 acc[PR];
@@ -84,24 +80,7 @@ QM_INLINE void p_kern_a2(const int qt, const pblock *p, int64_t nb, const xq256 
         __m256i I[PR];
         for (int r = 0; r < R; r++) I[r] = _mm256_setzero_si256();
 #pragma GCC unroll 1
-        for (int c = 0; c < 4 && nib; c++) {   /* Q4_K as nibbles (pack8_q4k): groups 2c, 2c + 1 */
-#pragma GCC unroll 2
-            for (int hf = 0; hf < 2; hf++) {
-                const int g = 2 * c + hf;
-                const __m256i s = _mm256_load_si256((const __m256i *)pb->sc[g]);
-                __m256i t[PR];
-                for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                for (int k = 0; k < 8; k++) {
-                    const __m256i v = _mm256_load_si256((const __m256i *)pb->q[8 * c + k]);
-                    const __m256i wv = _mm256_and_si256(hf ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15));
-                    for (int r = 0; r < R; r++) t[r] = a2_step(t[r], wv, x[r * xrow + b].q + 4 * (8 * g + k));
-                }
-                for (int r = 0; r < R; r++) I[r] = _mm256_add_epi32(I[r], _mm256_madd_epi16(t[r], s));
-            }
-        }
-#pragma GCC unroll 1
-        for (int g = 0; g < 64 / GS && !nib; g++) {
+        for (int g = 0; g < 64 / GS; g++) {
             const __m256i s = _mm256_load_si256((const __m256i *)pb->sc[g]);
 #pragma GCC unroll 8
             for (int h = 0; h < GS / SEG; h++) {

@@ -249,9 +249,6 @@ int qm_matmul_desc(const qm_desc *d, const float *x, int64_t M, int64_t ldx, flo
     }
     j.qt = qt;
     j.packed = !d->lanes && M >= (elems == 32 ? PACK_MIN_M32 : pack_min_m256(qt)) && packed_fns(qt, &j.pack, &j.kern, &j.pbytes);
-#if !QM_VNNI && A2_NIB4
-    if (j.packed && qt == QT_Q4_K && M < PACK_MIN_M256_A2) j.pack = pk_q4_k_nib_pack, j.kern = pk_q4_k_nib_kern;
-#endif
     if (j.rkern && !(xt = aligned_alloc(64, (M * j.nb * XT_BLOCK(1) + 63) / 64 * 64))) { free(xq); return -3; }
     j.xt = xt;
 #else
