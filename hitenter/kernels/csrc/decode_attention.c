@@ -158,10 +158,6 @@ INLINE void item_nv(const void *q, void *out, float *part, const void *kv, const
     }
 }
 
-/* The head sizes 64 and 128 get their own unrolled copies, the others the generic one, the cache type a
-   runtime value; for 64 and 128 a half-precision cache gets copies with its type a constant too (a type
-   test per load halved their speed). The fp32 copies are left exactly as they were: with the type a
-   constant GCC contracts other multiply-adds into FMAs, which would change the fp32 kernel's bits. */
 #ifdef HITENTER_ATTN_AVX2
 /* the half-precision kernel in copies of their own (not inlined into item_vec, so one copy's code does not
    change how the other is compiled): head size 64 with its 8-lane vector count a constant, the rest with it a
@@ -178,13 +174,17 @@ static __attribute__((noinline)) void half_any(const void *q, void *out, float *
 }
 #endif
 
+/* The head sizes 64 and 128 get their own unrolled copies, the others the generic one, the cache type a
+   runtime value; for 64 and 128 a half-precision cache gets copies with its type a constant too (a type
+   test per load halved their speed). The fp32 copies are left exactly as they were: with the type a
+   constant GCC contracts other multiply-adds into FMAs, which would change the fp32 kernel's bits. */
 static void item_vec(const void *q, void *out, float *part, const void *kv, int kt, int qt, int64_t r, int h,
                      int64_t first, int64_t end, const int64_t *table, int H, int KVH, int64_t NB, int BS, int NV,
                      float scale) {
 #ifdef HITENTER_ATTN_AVX2
-    /* NV counts 16-lane vectors here, 8-lane ones there. A bf16 / f16 cache: one copy, NV a runtime value (its
-       inner blocks unroll over heads and keys instead); fp32 / q8_0: head sizes 64, 128 and 256 get constant
-       copies */
+    /* NV counts 16-lane vectors here, 8-lane ones there. A bf16 / f16 cache: half_d64 for head size 64, else
+       half_any with NV a runtime value (its inner blocks unroll over heads and keys instead); fp32 / q8_0: head
+       sizes 64, 128 and 256 get constant copies */
     if (kt == KV_F16 || kt == KV_BF16) {
         if (NV == 4) half_d64(q, out, part, kv, kt, qt, r, h, first, end, table, H, KVH, NB, BS, scale);
         else half_any(q, out, part, kv, kt, qt, r, h, first, end, table, H, KVH, NB, BS, 2 * NV, scale);

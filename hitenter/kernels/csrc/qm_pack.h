@@ -47,11 +47,8 @@
 #ifndef PACK_MIN_M256_A2
 #define PACK_MIN_M256_A2 17
 #endif
-/* from how many activation rows type qt (256-element blocks) takes the packed GEMM */
-static inline int pack_min_m256(int qt) {
-    (void)qt;
-    return QM_VNNI ? PACK_MIN_M256 : PACK_MIN_M256_A2;
-}
+/* from how many activation rows the K types (256-element blocks) take the packed GEMM on this ISA */
+#define PACK_MIN_K (QM_VNNI ? PACK_MIN_M256 : PACK_MIN_M256_A2)
 
 typedef struct {
     uint8_t q[64][4 * PN];  /* [dword e4 of the block][lane n * 4 + byte]: weights unsigned */
@@ -297,23 +294,23 @@ typedef void (*pkern_fn)(const void *p, int64_t nb, const char *x, int64_t xrow,
     const xq256 *x = (const xq256 *)xc;                                                                   \
     const int64_t xrow = xrow_bytes / (int64_t)sizeof(xq256);
 
-/* KERN(qt, p, nb, x, xrow, R, y, ldy, nvalid[, extra]) with R a constant: 8, 4, 2 or 1 (PK_R_1248), or every
+/* KERN(qt, p, nb, x, xrow, R, y, ldy, nvalid) with R a constant: 8, 4, 2 or 1 (PK_R_1248), or every
    R in 1..8 (PK_EVERY_R) */
-#define PK_R_1248(KERN, qt, ...)                                                                           \
-    if (R == 8) KERN(qt, p, nb, x, xrow, 8, y, ldy, nvalid, ##__VA_ARGS__);                               \
-    else if (R == 4) KERN(qt, p, nb, x, xrow, 4, y, ldy, nvalid, ##__VA_ARGS__);                          \
-    else if (R == 2) KERN(qt, p, nb, x, xrow, 2, y, ldy, nvalid, ##__VA_ARGS__);                          \
-    else KERN(qt, p, nb, x, xrow, 1, y, ldy, nvalid, ##__VA_ARGS__);
-#define PK_EVERY_R(KERN, qt, ...)                                                                          \
+#define PK_R_1248(KERN, qt)                                                                                \
+    if (R == 8) KERN(qt, p, nb, x, xrow, 8, y, ldy, nvalid);                                               \
+    else if (R == 4) KERN(qt, p, nb, x, xrow, 4, y, ldy, nvalid);                                          \
+    else if (R == 2) KERN(qt, p, nb, x, xrow, 2, y, ldy, nvalid);                                          \
+    else KERN(qt, p, nb, x, xrow, 1, y, ldy, nvalid);
+#define PK_EVERY_R(KERN, qt)                                                                               \
     switch (R) {                                                                                           \
-    case 8: KERN(qt, p, nb, x, xrow, 8, y, ldy, nvalid, ##__VA_ARGS__); break;                            \
-    case 7: KERN(qt, p, nb, x, xrow, 7, y, ldy, nvalid, ##__VA_ARGS__); break;                            \
-    case 6: KERN(qt, p, nb, x, xrow, 6, y, ldy, nvalid, ##__VA_ARGS__); break;                            \
-    case 5: KERN(qt, p, nb, x, xrow, 5, y, ldy, nvalid, ##__VA_ARGS__); break;                            \
-    case 4: KERN(qt, p, nb, x, xrow, 4, y, ldy, nvalid, ##__VA_ARGS__); break;                            \
-    case 3: KERN(qt, p, nb, x, xrow, 3, y, ldy, nvalid, ##__VA_ARGS__); break;                            \
-    case 2: KERN(qt, p, nb, x, xrow, 2, y, ldy, nvalid, ##__VA_ARGS__); break;                            \
-    default: KERN(qt, p, nb, x, xrow, 1, y, ldy, nvalid, ##__VA_ARGS__);                                  \
+    case 8: KERN(qt, p, nb, x, xrow, 8, y, ldy, nvalid); break;                                            \
+    case 7: KERN(qt, p, nb, x, xrow, 7, y, ldy, nvalid); break;                                            \
+    case 6: KERN(qt, p, nb, x, xrow, 6, y, ldy, nvalid); break;                                            \
+    case 5: KERN(qt, p, nb, x, xrow, 5, y, ldy, nvalid); break;                                            \
+    case 4: KERN(qt, p, nb, x, xrow, 4, y, ldy, nvalid); break;                                            \
+    case 3: KERN(qt, p, nb, x, xrow, 3, y, ldy, nvalid); break;                                            \
+    case 2: KERN(qt, p, nb, x, xrow, 2, y, ldy, nvalid); break;                                            \
+    default: KERN(qt, p, nb, x, xrow, 1, y, ldy, nvalid);                                                  \
     }
 
 /* K types: x rows of nb xq256 (xrow bytes apart); DISPATCH: which R get an instance (PK_R_1248 / PK_EVERY_R) */

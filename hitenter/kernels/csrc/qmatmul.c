@@ -248,7 +248,7 @@ int qm_matmul_desc(const qm_desc *d, const float *x, int64_t M, int64_t ldx, flo
         if (!j.rkern || d->lanes != PN) { free(xq); return -2; }
     }
     j.qt = qt;
-    j.packed = !d->lanes && M >= (elems == 32 ? PACK_MIN_M32 : pack_min_m256(qt)) && packed_fns(qt, &j.pack, &j.kern, &j.pbytes);
+    j.packed = !d->lanes && M >= (elems == 32 ? PACK_MIN_M32 : PACK_MIN_K) && packed_fns(qt, &j.pack, &j.kern, &j.pbytes);
     if (j.rkern && !(xt = aligned_alloc(64, (M * j.nb * XT_BLOCK(1) + 63) / 64 * 64))) { free(xq); return -3; }
     j.xt = xt;
 #else
