@@ -1,7 +1,7 @@
 """The fused layer's row-wise glue (norms, QK-norm, RoPE, the cache write, GLU, post-norms, residual adds)
-runs on the step's threads for steps of at least 64 rows (kernels/csrc/decode_layer.c, PAR_ROWS) and on
+runs on the step's threads for steps of at least 16 rows (kernels/csrc/decode_layer.c, PAR_ROWS) and on
 one thread below that. A row's arithmetic must not depend on which: a 96-token prompt's logits are the
-same bits in one step as in steps of fewer than 64 rows, on 2 threads."""
+same bits in one step as in steps of 6 rows (one thread) and of 28 and 56 rows, on 2 threads."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_threaded_glue_same_bits(kind: str, tmp_path: Path) -> None:
     torch.set_num_threads(2)
     try:
         whole = _logits(model, ids, ())              # one 96-row step: the glue on 2 threads
-        cut = _logits(model, ids, (40, 63))          # steps of 40, 23 and 33 rows: on one thread
+        cut = _logits(model, ids, (6, 12, 40))       # steps of 6 and 6 rows (one thread), 28 and 56
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(whole, cut)
