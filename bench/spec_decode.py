@@ -200,7 +200,7 @@ def passes(target: str, draft: str | None, rounds: int) -> int:
     header = ["model", "rows", "wall ms", "vs 1 row", "cpu ms", "cpu vs 1 row", "wall vs target 1 row"]
     print(table(rows, header))
     if draft:   # the cost model: a step drafting k emits E(k) tokens for k draft steps + a (k + 1)-row pass
-        from hitenter.engine.spec.adaptive import expected_tokens
+        from hitenter.engine.speculative.adaptive import expected_tokens
 
         for col, what in ((2, "wall"), (4, "cpu")):
             t1 = rows[0][col]

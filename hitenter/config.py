@@ -99,6 +99,17 @@ class ModelConfig:
     expert_intermediate_size: int = 0  # one expert's FFN width
     expert_norm_topk: bool = True     # the top-k routing weights renormalised to sum to 1
     expert_gating: str = "softmax"    # "softmax" over all experts, or "softmax_weight" (over the chosen k)
+    # Hybrid models (hitenter/models/hybrid.py): each layer's token mixer, "attention" or a recurrent kind
+    # (hitenter/models/recurrent: "gated_deltanet", "short_conv", "mamba2") or "ffn" (an FFN-only layer);
+    # () = every layer is attention.
+    # A recurrent layer keeps a fixed-size state per sequence (kv_cache/state_group.py), not KV blocks.
+    layer_types: tuple[str, ...] = ()
+    attn_output_gate: bool = False    # attention output x sigmoid(gate), the gate from a doubled Q projection
+    ssm_conv_kernel: int = 0          # llama.cpp's ssm.conv_kernel (or shortconv.l_cache): causal conv taps
+    ssm_state_size: int = 0           # ssm.state_size: a head's key dim (Gated DeltaNet) / state dim (Mamba2)
+    ssm_group_count: int = 0          # ssm.group_count: key heads (Gated DeltaNet) / B, C groups (Mamba2)
+    ssm_time_step_rank: int = 0       # ssm.time_step_rank: value heads (Gated DeltaNet) / heads (Mamba2)
+    ssm_inner_size: int = 0           # ssm.inner_size: value heads x head value dim
 
     def __post_init__(self) -> None:
         for f in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -114,6 +125,8 @@ class ModelConfig:
                  f"must be even and <= head_dim {self.head_dim}, got {self.rope_dim}")
         _require(not self.num_experts or 0 < self.num_experts_used <= self.num_experts, "num_experts_used",
                  f"must be in 1..{self.num_experts}, got {self.num_experts_used}")
+        _require(not self.layer_types or len(self.layer_types) == self.num_layers, "layer_types",
+                 f"must name all {self.num_layers} layers, got {len(self.layer_types)}")
 
     @property
     def attn_scale(self) -> float:
@@ -131,9 +144,21 @@ class ModelConfig:
         """False for the layers a family runs without RoPE (SmolLM3: every no_rope_interval-th)."""
         return not (self.no_rope_interval and (i + 1) % self.no_rope_interval == 0)
 
+    def is_recurrent(self, i: int) -> bool:
+        """True when layer i keeps a recurrent state instead of a KV cache (a hybrid model's)."""
+        return bool(self.layer_types) and self.layer_types[i] not in ("attention", "ffn")
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers that keep a KV cache (every layer unless layer_types says otherwise)."""
+        if not self.layer_types:
+            return self.num_layers
+        return sum(t == "attention" for t in self.layer_types)
+
     def kv_bytes_per_token(self, dtype_bytes: float = 4) -> int:
-        """2 (K and V) x layers x KV heads x head dim x bytes per element (q8_0: 34 / 32, models/kv_dtype.py)."""
-        return int(2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes)
+        """2 (K and V) x attention layers x KV heads x head dim x bytes per element (q8_0: 34 / 32,
+        models/kv_dtype.py)."""
+        return int(2 * self.num_attention_layers * self.num_kv_heads * self.head_dim * dtype_bytes)
 
 
 @dataclass(frozen=True)
@@ -207,7 +232,7 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """Speculative decoding (hitenter/engine/spec). ``speculative_model`` "ngram" / "[ngram]" selects
+    """Speculative decoding (hitenter/engine/speculative). ``speculative_model`` "ngram" / "[ngram]" selects
     prompt lookup; a model alone selects "draft_model"; ``method`` is None when speculation is off."""
 
     speculative_model: str | None = _opt(None, "draft model sharing the target's tokenizer")

@@ -1,4 +1,4 @@
-"""The adaptive draft length (engine/spec/adaptive.py), prompt lookup's longest match, the draft's trimmed
+"""The adaptive draft length (engine/speculative/adaptive.py), prompt lookup's longest match, the draft's trimmed
 head: none of them may change a token; k must follow the acceptance and the measured costs."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from hitenter import LLM, SamplingParams
-from hitenter.engine.spec import AdaptiveK, NgramProposer
-from hitenter.engine.spec.adaptive import StepCosts, expected_tokens
-from hitenter.engine.spec.draft_head import TrimmedHead
+from hitenter.engine.speculative import AdaptiveK, NgramProposer
+from hitenter.engine.speculative.adaptive import StepCosts, expected_tokens
+from hitenter.engine.speculative.draft_head import TrimmedHead
 from hitenter.testing.tiny_model import write_tiny_gguf
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hitenter import LLM, SamplingParams
-from hitenter.engine.spec import check_vocab_compatible
+from hitenter.engine.speculative import check_vocab_compatible
 from hitenter.testing.tiny_model import write_tiny_gguf
 
 

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from hitenter import LLM, SamplingParams
-from hitenter.engine.spec.rejection import greedy_accept, point_mass, rejection_sample
+from hitenter.engine.speculative.rejection import greedy_accept, point_mass, rejection_sample
 from hitenter.testing.tiny_model import write_tiny_gguf
 
 N, K = 40_000, 3

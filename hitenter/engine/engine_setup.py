@@ -16,7 +16,7 @@ from hitenter.config import CacheConfig, EngineConfig, ModelConfig, SchedulerCon
 from hitenter.engine.model_runner import ModelRunner
 from hitenter.engine.sampler import Sampler
 from hitenter.engine.scheduler import Scheduler
-from hitenter.engine.spec import SpecDecoder, build_spec_decoder
+from hitenter.engine.speculative import SpecDecoder, build_spec_decoder
 from hitenter.kv_cache.manager import KVCacheManager
 from hitenter.models.plan import KernelPlan, apply_plan, build_plan
 

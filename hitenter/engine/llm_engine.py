@@ -32,7 +32,7 @@ from hitenter.engine.request import Request, RequestStatus
 from hitenter.engine.sampler import SamplingMetadata, StepSample
 from hitenter.engine.scheduler import SchedulerOutput
 from hitenter.engine.snapshot import KV_VIEW_TTL_S, EngineSnapshot, take_snapshot
-from hitenter.engine.spec import SpecDecodeStats, spec_request_stats
+from hitenter.engine.speculative import SpecDecodeStats, spec_request_stats
 from hitenter.engine.structured import GrammarConstraint, backend_for, constraints_of
 from hitenter.outputs import RequestOutput
 from hitenter.sampling_params import SamplingParams

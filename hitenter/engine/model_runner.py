@@ -39,7 +39,7 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], block_size: int,
                  logits: Callable[[torch.Tensor], torch.Tensor] | None = None, staged: Any = None) -> None:
         """`logits`: hidden rows -> logits rows (default the model's compute_logits; a speculative draft's
-        head may score fewer ids: hitenter/engine/spec/draft_head.py). `staged`: prompt KV computed
+        head may score fewer ids: hitenter/engine/speculative/draft_head.py). `staged`: prompt KV computed
         elsewhere (hitenter/engine/side_prefill.py), whose ``load(out, kv_caches)`` copies it into the
         blocks of the requests admitted in a step, before that step's forward."""
         self.model = model

@@ -45,9 +45,9 @@ from hitenter.engine.sampler import (
     run_chain,
     token_logprobs,
 )
-from hitenter.engine.spec.adaptive import AdaptiveK
-from hitenter.engine.spec.proposers import Proposer, stop_ids
-from hitenter.engine.spec.rejection import greedy_accept, race_accept
+from hitenter.engine.speculative.adaptive import AdaptiveK
+from hitenter.engine.speculative.proposers import Proposer, stop_ids
+from hitenter.engine.speculative.rejection import greedy_accept, race_accept
 from hitenter.engine.structured import constraints_of
 from hitenter.kernels.race import greedy_argmax
 
