@@ -172,7 +172,7 @@ def test_async_stream_gets_the_error(tiny_llama_path: Path) -> None:
 
     try:
         asyncio.run(main())
-        assert eng.run_locked(_all_free, llm)
+        assert eng.run_on_snapshot(_all_free, llm)
     finally:
         eng.shutdown()
     assert _gone(pids)

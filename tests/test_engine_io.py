@@ -52,7 +52,7 @@ def test_add_abort_and_reads_do_not_wait_on_a_step(slow_engine):
             r2, _ = ae.add_request([9, 10], SamplingParams(max_tokens=2), request_id=f"x{i}")
             ae.abort(r2)
             ae.snapshot()
-            ae.run_locked(lambda e: e.kv_manager.snapshot(), ae.engine)
+            ae.run_on_snapshot(lambda e: e.kv_manager.snapshot(), ae.engine)
             worst = max(worst, time.perf_counter() - t0)
             await asyncio.sleep(STEP_S / 3)
         ae.abort(rid)

@@ -25,7 +25,7 @@ from hitenter.server.prompt_logprobs import run_now, score_job
 SERVER = Path(__file__).resolve().parents[1] / "hitenter" / "server"
 ADAPTERS = {"local_engine.py", "prompt_logprobs.py"}     # the client adapter and the jobs it runs
 INTERNALS = re.compile(r"\.engine\.engine\b|\.runner\b|\.kv_manager\b|(?<!snap)\.scheduler\b|trace_requests|last_logits"
-                       r"|last_traces|\.parts\.|run_locked")
+                       r"|last_traces|\.parts\.|run_on_snapshot")
 
 
 def test_no_reach_into_the_engine() -> None:

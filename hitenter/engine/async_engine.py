@@ -9,9 +9,9 @@ the engine. Other threads
 - abort: ``abort`` queues it; the loop applies it, freeing the blocks, at the top of its next step;
 - read state: ``snapshot()`` is the ``EngineSnapshot`` published after every step (queue lengths, KV
   usage, prefix-cache hit rate, scheduler stats; with ``snapshot(kv_blocks=True)`` the KV block map
-  too, see hitenter/engine/snapshot.py). ``run_locked(fn, *args)`` is kept for old callers: it takes
-  no lock and runs ``fn`` at once, with the engine argument replaced by a ``SnapshotView`` of the
-  latest snapshot (the engine's attribute names over published values).
+  too, see hitenter/engine/snapshot.py). ``run_on_snapshot(fn, *args)`` runs ``fn`` at once in the
+  caller's thread (no lock), with the engine argument replaced by a ``SnapshotView`` of the latest
+  snapshot (the engine's attribute names over published values).
 None of these waits on a step. (One exception, bounded: the first block-map read after a quiet spell
 of KV_VIEW_TTL_S waits for the next publication, at most the end of the running step; while the
 playground's event stream is subscribed the map is published after every step.) A failure inside a step is delivered to every in-flight stream as an
@@ -24,8 +24,9 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.engine.snapshot import EngineSnapshot, SnapshotView
@@ -35,6 +36,7 @@ from hitenter.outputs import RequestOutput
 from hitenter.sampling_params import SamplingParams
 
 log = logging.getLogger("hitenter.engine")
+T = TypeVar("T")
 
 IDLE_WAIT_S = 0.05
 TRIM_AFTER_IDLE_S = 1.0   # not after every request: the next one would fault the pages back in
@@ -114,8 +116,9 @@ class AsyncLLMEngine:
         """The engine state published after the last step (see the module docstring)."""
         return self.engine.snapshot(kv_blocks)
 
-    def run_locked(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
-        """Compatibility: ``fn(*args)`` now, no lock; an engine argument becomes a SnapshotView."""
+    def run_on_snapshot(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args)`` now, in the caller's thread and without a lock; an engine argument becomes a
+        SnapshotView of the latest snapshot."""
         if any(a is self.engine for a in args):
             view = SnapshotView(self.engine, self.engine.snapshot(kv_blocks=True))
             args = tuple(view if a is self.engine else a for a in args)

@@ -4,8 +4,8 @@
 queue lengths, KV usage and free blocks, prefix-cache hit rate, the scheduler's stats, the step
 counter, and (while someone asked for it within ``KV_VIEW_TTL_S``) the KV block map. Reading it never
 waits on a step. ``SnapshotView`` dresses a snapshot as the engine attributes old readers used
-(``view.scheduler.num_waiting``, ``view.kv_manager.snapshot()``, ``view.step_counter``, ...), which keeps
-``AsyncLLMEngine.run_locked(fn, engine)`` callers working without a lock.
+(``view.scheduler.num_waiting``, ``view.kv_manager.snapshot()``, ``view.step_counter``, ...): what
+``AsyncLLMEngine.run_on_snapshot(fn, engine)`` passes ``fn`` in the engine's place.
 """
 
 from __future__ import annotations
