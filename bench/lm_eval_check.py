@@ -17,13 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from test_server_util import live_server  # noqa: E402
-
-from hitenter.engine.llm_engine import LLMEngine  # noqa: E402
-from hitenter.server.api import create_app  # noqa: E402
-from hitenter.server.prompt_logprobs import score_prompts  # noqa: E402
+from hitenter.engine.llm_engine import LLMEngine
+from hitenter.server.api import create_app
+from hitenter.server.prompt_logprobs import score_prompts
+from hitenter.testing.live_server import live_server
 
 DOCS = [
     {"question": "The capital of France is", "choices": [" Paris", " Berlin", " Tokyo"], "answer": 0},

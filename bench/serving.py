@@ -198,9 +198,7 @@ def start_hitenter(args: argparse.Namespace) -> tuple[str, Any]:
     if args.in_process:
         from hitenter.engine.llm_engine import LLMEngine
         from hitenter.server.api import create_app
-
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        from test_server_util import LiveServer
+        from hitenter.testing.live_server import LiveServer
 
         kw: dict[str, Any] = {"max_model_len": args.max_model_len, **FORMATS[args.format]}
         if args.num_threads:

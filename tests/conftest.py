@@ -1,5 +1,7 @@
-"""Shared fixtures: the real SmolLM2 GGUF (pulled into the cache when missing) and tiny random
-Llama / Qwen2 GGUF models that the tests write themselves."""
+"""Session-wide fixtures and hooks: the real GGUFs (pulled into the cache when missing) and the tiny random
+Llama / Qwen2 GGUFs the tests write themselves, models and engines shared by several folders, the shared
+browser, and the xdist worker's share of the cores. A fixture that one folder alone uses lives in that
+folder's conftest.py; test helpers that are not fixtures live in hitenter/testing/."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+pytest.register_assert_rewrite("hitenter.testing")   # the helpers' asserts explain their failures too
 
 
 @pytest.fixture

@@ -23,7 +23,6 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from test_kernels import exact_activations
 
 from hitenter import LLM, SamplingParams
 from hitenter.kernels import BLOCK_TYPES, BlockWeight, qmatmul
@@ -32,6 +31,7 @@ from hitenter.models.block_linear import BlockLinear
 from hitenter.models.gguf import SUPPORTED_TENSOR_TYPES
 from hitenter.models.loader import load_model
 from hitenter.quant.evaluate import _Seq
+from hitenter.testing.activations import exact_activations
 from hitenter.testing.isa import forced_isa_params
 from hitenter.testing.tiny_model import random_kquant, write_tiny_gguf
 

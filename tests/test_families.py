@@ -16,10 +16,10 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from test_model import Runner
 
 from hitenter.errors import ModelLoadError
 from hitenter.models.loader import load_model
+from hitenter.testing.model_runs import Runner
 from hitenter.testing.tiny_families import FAMILIES, write_tiny_family
 from hitenter.testing.tiny_model import add_tokenizer
 

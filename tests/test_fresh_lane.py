@@ -1,32 +1,18 @@
 """The fresh lane (hitenter/engine/fresh_lane.py): new requests' first tokens in steps of their own,
-bounded by the last full step's time; the same outputs and no leaked blocks, against the mock runner of
-test_scheduler."""
+bounded by the last full step's time; the same outputs and no leaked blocks, against the scheduler's
+mock runner (hitenter/testing/mock_runner.py)."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
-from test_scheduler import MockRunner, random_requests, req, step
 
 from hitenter.config import SchedulerConfig
 from hitenter.engine.fresh_lane import FreshLane
 from hitenter.engine.request import RequestStatus
-from hitenter.engine.scheduler import Scheduler
-from hitenter.kv_cache.manager import KVCacheManager
-
-
-def make(fresh: int, num_blocks: int = 64, max_batched: int = 64, max_seqs: int = 8) -> tuple[Scheduler, MockRunner]:
-    kv = KVCacheManager(num_blocks, 4)
-    cfg = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=max_batched, max_model_len=4096,
-                          fresh_tokens=fresh)
-    return Scheduler(cfg, kv), MockRunner(kv)
-
-
-def timed_step(s: Scheduler, run: MockRunner, seconds: float) -> list[str]:
-    out, _ = step(s, run)
-    s.record_step(out, seconds)
-    return [x.request.request_id for x in out.scheduled]
+from hitenter.testing.mock_runner import lane_scheduler as make
+from hitenter.testing.mock_runner import random_requests, req, step, timed_step
 
 
 def test_lane_runs_fresh_requests_alone_within_the_full_steps_time() -> None:

@@ -21,11 +21,12 @@ from hitenter.kernels import native_available
 from hitenter.kernels.native import DECODE_LAYER
 from hitenter.llm import LLM
 from hitenter.models import fused_decode
-from hitenter.models.attention import AttentionMetadata, allocate_kv_caches
+from hitenter.models.attention import allocate_kv_caches
 from hitenter.models.loader import load_model
 from hitenter.models.registry import model_path
 from hitenter.quant.evaluate import english_text
 from hitenter.sampling_params import SamplingParams
+from hitenter.testing.model_runs import sequence_logits as _logits
 from hitenter.testing.tiny_families import write_tiny_family
 from hitenter.testing.tiny_gemma import write_tiny_gemma3
 from hitenter.testing.tiny_model import write_tiny_gguf
@@ -51,22 +52,6 @@ def _set_fused(model: torch.nn.Module, on: bool) -> None:
         layer.__dict__.pop("_fused", None)
         if not on:
             layer.__dict__["_fused"] = False
-
-
-@torch.inference_mode()
-def _logits(model: torch.nn.Module, ids: list[int], kernel_from: int, decode_from: int | None = None,
-            chunks: tuple[int, ...] = ()) -> torch.Tensor:
-    """Logits of every row of one sequence (in steps cut at `chunks`); rows from kernel_from run the fused
-    layers, of those the rows before decode_from with the tiled prompt kernel."""
-    n = len(ids)
-    blocks = -(-n // BLOCK)
-    caches = allocate_kv_caches(model.config, blocks, BLOCK, model.dtype)
-    out = []
-    for a, b in zip((0, *chunks), (*chunks, n), strict=True):
-        meta = AttentionMetadata([0, b - a], [b], [list(range(blocks))], torch.arange(a, b, dtype=torch.long), BLOCK,
-                                 kernel_from=[kernel_from], decode_from=None if decode_from is None else [decode_from])
-        out.append(model.compute_logits(model(torch.tensor(ids[a:b]), torch.arange(a, b), meta, caches)))
-    return torch.cat(out)
 
 
 def _assert_close(a: torch.Tensor, b: torch.Tensor) -> None:

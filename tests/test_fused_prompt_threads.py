@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_fused_decode import _logits as fused_logits
 
 from hitenter.kernels import native_available
 from hitenter.models.loader import load_model
+from hitenter.testing.model_runs import sequence_logits as fused_logits
 from hitenter.testing.tiny_gemma import write_tiny_gemma3
 from hitenter.testing.tiny_model import write_tiny_gguf
 

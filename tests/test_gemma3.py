@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_model import Runner, greedy_batch
 from torch.nn import functional as F
 
 from hitenter import LLM, SamplingParams
@@ -26,6 +25,7 @@ from hitenter.models.decoder import CausalLM as Gemma3Model
 from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
 from hitenter.models.loader import load_model
 from hitenter.models.registry import hitenter_home
+from hitenter.testing.model_runs import Runner, greedy_batch
 
 GOLDENS = Path(__file__).parent / "goldens"
 GEMMA = hitenter_home() / "models" / "gemma-3-270m.gguf"
@@ -274,10 +274,10 @@ def test_gemma_in_the_engine_with_ngram_speculation() -> None:
 
 def test_openai_server_completions_and_chat(tiny_gemma_path: Path) -> None:
     import httpx
-    from test_server_util import live_server
 
     from hitenter.engine.llm_engine import LLMEngine
     from hitenter.server.api import create_app
+    from hitenter.testing.live_server import live_server
 
     with live_server(create_app(LLMEngine(str(tiny_gemma_path)), served_model_name="g")) as srv:
         body = {"model": "g", "max_tokens": 6, "temperature": 0, "ignore_eos": True}

@@ -25,6 +25,7 @@ import torch
 
 from hitenter.kernels import BlockWeight, block_weight_from_gguf, qmatmul, reference_qmatmul
 from hitenter.models.gguf import open_gguf
+from hitenter.testing.activations import exact_activations
 from hitenter.testing.isa import forced_isa_params
 
 # the module (the package attribute `qmatmul` is the function)
@@ -73,16 +74,6 @@ def check_close(x: torch.Tensor, w: BlockWeight, y: torch.Tensor, exact_acts: bo
     err = (y.double() - ref).abs()
     worst = (err / bound).max().item()
     assert worst <= 1.0, f"{w.type_name}: error reaches {worst:.3g}x the bound"
-
-
-def exact_activations(m: int, k: int, seed: int) -> torch.Tensor:
-    """x = 2^e * integers in [-127, 127], each 32-block holding a 127, e per 256 (or per row): quantized exactly."""
-    rng = np.random.default_rng(seed)
-    q = rng.integers(-127, 128, size=(m, k // 32, 32))
-    q[:, :, 0] = 127
-    groups = k // 256 if k % 256 == 0 else 1
-    scale = 2.0 ** rng.integers(-8, 3, size=(m, groups, 1))
-    return torch.from_numpy((q.reshape(m, groups, -1) * scale).reshape(m, k).astype(np.float32))
 
 
 def shape_for(qtype: Q) -> tuple[int, int]:

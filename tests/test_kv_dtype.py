@@ -25,6 +25,7 @@ from hitenter.models import prompt_kernel as PK
 from hitenter.models.kv_dtype import auto_half, resolve_kv_dtype
 from hitenter.models.loader import load_model
 from hitenter.sampling_params import SamplingParams
+from hitenter.testing.model_runs import logits_and_cache as _run_model
 from hitenter.testing.tiny_model import write_tiny_gguf
 
 BS = 16
@@ -161,16 +162,6 @@ def _tiny_cfg():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_gguf(tmp_path_factory.mktemp("kvd") / "t.gguf", arch="llama", quant="Q8_0", seed=7)
-
-
-@torch.inference_mode()
-def _run_model(model, ids: list[int], kernel_from: int, dtype: torch.dtype):
-    n = len(ids)
-    blocks = -(-n // BS)
-    caches = A.allocate_kv_caches(model.config, blocks, BS, dtype)
-    meta = A.AttentionMetadata([0, n], [n], [list(range(blocks))], torch.arange(n, dtype=torch.long), BS,
-                               kernel_from=[kernel_from])
-    return model.compute_logits(model(torch.tensor(ids), torch.arange(n), meta, caches)), caches
 
 
 @pytest.mark.parametrize("dtype", HALVES)

@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_kv_dtype import _run_model  # one model run over a fresh paged cache (same block size)
 
 from hitenter.llm import LLM
 from hitenter.models import attention as A
@@ -29,6 +28,7 @@ from hitenter.models import prompt_kernel as PK
 from hitenter.models.kv_dtype import Q8_0, cache_head_dim, row_width, value_bytes
 from hitenter.models.loader import load_model
 from hitenter.sampling_params import SamplingParams
+from hitenter.testing.model_runs import logits_and_cache as _run_model
 from hitenter.testing.tiny_model import write_tiny_gguf
 
 BS = 16

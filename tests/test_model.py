@@ -9,59 +9,14 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from hitenter.models.attention import AttentionMetadata, allocate_kv_caches
 from hitenter.models.decoder import CausalLM as LlamaModel
 from hitenter.models.layers import pad_rows
 from hitenter.models.linear import Linear, packed_rows_invariant
 from hitenter.models.loader import load_model
 from hitenter.models.registry import hitenter_home
+from hitenter.testing.model_runs import Runner, greedy_batch
 
 GOLDENS = Path(__file__).parent / "goldens"
-BS = 16
-
-
-class Runner:
-    """Drives a model with contiguous block tables: sequence i owns blocks [i*per, (i+1)*per)."""
-
-    def __init__(self, model: LlamaModel, num_seqs: int, max_len: int) -> None:
-        self.model, self.per = model, (max_len + BS - 1) // BS
-        self.caches = allocate_kv_caches(model.config, num_seqs * self.per, BS)
-        self.done = [0] * num_seqs
-
-    def step(self, chunks: dict[int, list[int]], last_only: bool = False) -> dict[int, torch.Tensor]:
-        """Feed new tokens per sequence in one flat batch; return fp32 logits rows per sequence
-        (only each sequence's last row when last_only)."""
-        ids, pos, slots, qsl, lens, tables = [], [], [], [0], [], []
-        for i, toks in chunks.items():
-            start = self.done[i]
-            ids += toks
-            pos += range(start, start + len(toks))
-            slots += [(i * self.per) * BS + p for p in range(start, start + len(toks))]
-            qsl.append(qsl[-1] + len(toks))
-            lens.append(start + len(toks))
-            tables.append(list(range(i * self.per, (i + 1) * self.per)))
-            self.done[i] += len(toks)
-        meta = AttentionMetadata(qsl, lens, tables, torch.tensor(slots, dtype=torch.long), BS)
-        hidden = self.model(torch.tensor(ids), torch.tensor(pos), meta, self.caches)
-        if last_only:
-            logits = self.model.compute_logits(hidden[[q - 1 for q in qsl[1:]]])
-            return {i: logits[j:j + 1] for j, i in enumerate(chunks)}
-        logits = self.model.compute_logits(hidden)
-        return {i: logits[qsl[j]:qsl[j + 1]] for j, i in enumerate(chunks)}
-
-
-def greedy_batch(model: LlamaModel, prompts: list[list[int]], n: int) -> list[list[int]]:
-    """Prefill all prompts in one batch, then decode all sequences together for n greedy tokens."""
-    r = Runner(model, len(prompts), max(map(len, prompts)) + n)
-    last = r.step(dict(enumerate(prompts)), last_only=True)
-    outs: list[list[int]] = [[] for _ in prompts]
-    for _ in range(n):
-        nxt = {i: int(lg[-1].argmax()) for i, lg in last.items()}
-        for i, t in nxt.items():
-            outs[i].append(t)
-        last = r.step({i: [t] for i, t in nxt.items()})
-    return outs
-
 
 # ---------------------------------------------------------------- tiny models
 

@@ -12,14 +12,14 @@ from typing import Any
 import jsonschema
 import pytest
 from fastapi.testclient import TestClient
-from schema_gen import random_schemas
 
 from hitenter.engine.llm_engine import LLMEngine
-from hitenter.engine.structured import GuidedSpec
+from hitenter.engine.structured import StructuredSpec
 from hitenter.llm import LLM
 from hitenter.sampling_params import SamplingParams
 from hitenter.server.api import create_app
 from hitenter.server.reply import parse_tool_calls
+from hitenter.testing.json_schemas import random_schemas
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{1,6}$"},
@@ -57,7 +57,7 @@ def test_json_schema_requests_validate(tiny_qwen2_path: Path) -> None:
     """60 generated schemas sampled at temperature 1 in one mixed batch (plus unconstrained rows)."""
     llm = LLM(str(tiny_qwen2_path))
     schemas = random_schemas(60, seed=0, depth=1, ascii_strings=True)   # depth 2: test_real_clients.py (SmolLM2)
-    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=240, guided=GuidedSpec("json_schema", json.dumps(s)))
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=240, structured=StructuredSpec("json_schema", json.dumps(s)))
               for i, s in enumerate(schemas)] + [SamplingParams(temperature=1.0, seed=1, max_tokens=20)] * 4
     outs = llm.generate(["J"] * len(params), params)
     for s, out in zip(schemas, outs, strict=False):
@@ -210,7 +210,7 @@ def test_speculative_decoding_with_constrained_rows(tiny_qwen2_path: Path) -> No
     plain = LLM(str(tiny_qwen2_path))
     schema = {"type": "object", "properties": {"k": {"enum": ["aa", "bb"]}, "n": {"type": "integer", "minimum": 0,
               "maximum": 99}}, "required": ["k", "n"], "additionalProperties": False}
-    ps = [SamplingParams(temperature=0, max_tokens=40, guided=GuidedSpec("json_schema", json.dumps(schema))),
+    ps = [SamplingParams(temperature=0, max_tokens=40, structured=StructuredSpec("json_schema", json.dumps(schema))),
           SamplingParams(temperature=0, max_tokens=24)]
     a, b = spec.generate(["hello", "world"], ps), plain.generate(["hello", "world"], ps)
     jsonschema.validate(json.loads(a[0].text), schema)

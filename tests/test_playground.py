@@ -8,43 +8,16 @@ from __future__ import annotations
 
 import json
 import math
-import socket
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-CHROMIUM = Path("/usr/bin/chromium")
+from hitenter.testing.playground_page import CHROMIUM, TINY_OPTS, data, enter, finished, gen_ids
+
 SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "playground"
-TINY_OPTS = dict(kv_cache_memory=64 * 4 * 512, block_size=4, max_model_len=128, max_num_batched_tokens=16)
 pytestmark = [pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's /usr/bin/chromium"),
               pytest.mark.slow]     # a browser (conftest: one for these modules): the fast lane skips it
-
-
-@pytest.fixture(scope="module")
-def server(tiny_llama_path):
-    """The OpenAI server app with the playground mounted, on a loopback port: (base url, engines)."""
-    import uvicorn
-
-    from hitenter.engine.llm_engine import LLMEngine
-    from hitenter.server.api import create_app
-
-    tiny = LLMEngine(str(tiny_llama_path), **TINY_OPTS)
-    tri = LLMEngine("trigram", kv_cache_memory=1 << 16, block_size=4)
-    app = create_app(tiny, "tiny", extra_engines={"trigram": tri})   # mounts the playground, as `hitenter serve` does
-    engines = {name: m.engine for name, m in app.state.models.items()}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    while not srv.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", {n: e.engine for n, e in engines.items()}
-    srv.should_exit = True
-    th.join(10)
 
 
 @pytest.fixture
@@ -63,34 +36,6 @@ def page(server, browser):
 def shot(pg, panel: str, name: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     pg.locator(f"#{panel}").screenshot(path=str(SHOTS / f"{name}.png"))
-
-
-def data(pg, sel: str, attr: str) -> str:
-    return pg.get_attribute(sel, f"data-{attr}")
-
-
-def enter(pg, prompt: str, *, max_tokens: int = 12, seed: int = 7, stop: str = "", model: str = "tiny",
-          chat: bool = True, trigram: bool = False) -> None:
-    pg.select_option("#model", model)
-    pg.set_checked("#chat", chat)
-    pg.set_checked("#with_trigram", trigram)
-    pg.fill("#max_tokens", str(max_tokens))
-    pg.fill("#seed", str(seed))
-    pg.fill("#stop", stop)
-    pg.fill("#prompt", prompt)
-    pg.evaluate("() => { const f = document.querySelector('#finish'); if (f) f.dataset.reason = ''; }")
-    pg.press("#prompt", "Enter")
-    finished(pg)
-
-
-def finished(pg) -> None:
-    pg.wait_for_function("() => { const f = document.querySelector('#finish'); return f && f.dataset.reason; }",
-                         timeout=30000)
-    pg.wait_for_function("() => !document.querySelector('#btn-pause') || document.querySelector('#btn-pause').disabled")
-
-
-def gen_ids(pg) -> list[int]:
-    return json.loads(data(pg, "#gen-tokens", "ids"))
 
 
 def oracle(tiny_llama_path, prompt_ids, **params):

@@ -7,7 +7,8 @@ import json
 import re
 
 import pytest
-from test_playground import CHROMIUM, enter, finished, gen_ids, server  # noqa: F401
+
+from hitenter.testing.playground_page import CHROMIUM, enter, finished, gen_ids
 
 # browser tests: the full suite (CI), not the fast lane
 pytestmark = [pytest.mark.slow,

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_playground import CHROMIUM, finished
+
+from hitenter.testing.playground_page import CHROMIUM, finished
 
 MODELS = Path.home() / ".cache" / "hitenter" / "models"
 FILES = {"smollm2": MODELS / "smollm2-135m-instruct.gguf", "qwen": MODELS / "qwen2.5-coder-0.5b-instruct.gguf"}

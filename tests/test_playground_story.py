@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_playground import CHROMIUM, enter, finished, gen_ids, server  # noqa: F401
 
 from hitenter.models.trace import trace_forward
+from hitenter.testing.playground_page import CHROMIUM, enter, finished, gen_ids
 
 STORY_SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "story"
 # browser tests: the full suite (CI), not the fast lane

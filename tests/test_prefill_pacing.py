@@ -1,15 +1,13 @@
 """Prefill pacing (hitenter/engine/prefill_pacing.py): a long prompt beside decoding streams advances in
 chunks learnt from the steps' times, and the streams are repaid the time each chunk took beyond one
 decode step with decode-only steps, so both keep about half; the same outputs whatever the chunks,
-against the mock runner of test_scheduler."""
+against the scheduler's mock runner (hitenter/testing/mock_runner.py)."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from test_fresh_lane import make, timed_step
-from test_scheduler import MockRunner, req, step
 
 from hitenter.engine.prefill_pacing import (
     CHUNK_STEPS,
@@ -21,6 +19,8 @@ from hitenter.engine.prefill_pacing import (
 )
 from hitenter.engine.request import RequestStatus
 from hitenter.engine.scheduler import Scheduler, SchedulerOutput, _prefilling
+from hitenter.testing.mock_runner import MockRunner, req, step, timed_step
+from hitenter.testing.mock_runner import lane_scheduler as make
 
 
 def test_chunk_learnt_from_decode_and_mixed_steps() -> None:

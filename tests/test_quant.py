@@ -218,8 +218,7 @@ def test_smollm2_int4_greedy_agrees_with_fp32(smollm2_path: Path, smol_fp32: tor
 
     The ten prompts run as one batch in both models (a row's bits do not depend on its batch: the
     fp32 continuations equal the one-prompt-at-a-time ones), so the weights are read 24 times, not 240."""
-    from test_model import Runner, greedy_batch
-
+    from hitenter.testing.model_runs import Runner, greedy_batch
     from hitenter.tokenizer.bpe import Tokenizer
 
     tok = Tokenizer.from_gguf(smollm2_path)

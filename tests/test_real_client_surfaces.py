@@ -16,10 +16,10 @@ import jsonschema
 import ollama
 import openai
 import pytest
-from test_server_util import LiveServer, live_server
 
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.server.api import create_app
+from hitenter.testing.live_server import LiveServer, live_server
 
 pytestmark = pytest.mark.slow
 NAME = "qwen2.5-coder-0.5b-instruct"

@@ -10,14 +10,14 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-from schema_gen import random_schemas
-from test_server_util import LiveServer, live_server
 
 from hitenter.engine.llm_engine import LLMEngine
-from hitenter.engine.structured import GuidedSpec
+from hitenter.engine.structured import StructuredSpec
 from hitenter.llm import LLM
 from hitenter.sampling_params import SamplingParams
 from hitenter.server.api import create_app
+from hitenter.testing.json_schemas import random_schemas
+from hitenter.testing.live_server import LiveServer, live_server
 
 pytestmark = pytest.mark.slow
 WEATHER = {"type": "function", "function": {
@@ -29,7 +29,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris right now? Use 
 def test_smollm2_50_json_schemas(smollm2_llm: LLM) -> None:
     llm = smollm2_llm
     schemas = random_schemas(50, seed=1)
-    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=400, guided=GuidedSpec("json_schema", json.dumps(s)))
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=400, structured=StructuredSpec("json_schema", json.dumps(s)))
               for i, s in enumerate(schemas)]
     outs = llm.generate(["Here is the JSON object:"] * len(params), params)
     for s, out in zip(schemas, outs, strict=True):

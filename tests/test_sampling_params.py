@@ -27,7 +27,7 @@ INVALID = [
     ("ignore_eos", 1), ("include_stop_str_in_output", "yes"), ("skip_special_tokens", None),
     ("max_tokens", 0), ("max_tokens", -5), ("max_tokens", 1.0),
     ("min_tokens", -1), ("min_tokens", 0.5),
-    ("guided", {"type": "json_object"}), ("guided", "json"),
+    ("structured", {"type": "json_object"}), ("structured", "json"),
 ]
 
 

@@ -7,23 +7,16 @@ wrong block table, a bad prefix hit or a lost token after preemption changes the
 
 from __future__ import annotations
 
-import hashlib
 import random
 
 import pytest
 
 from hitenter.config import SchedulerConfig
-from hitenter.engine.request import Request, RequestStatus
-from hitenter.engine.scheduler import Scheduler, SchedulerOutput
+from hitenter.engine.request import RequestStatus
+from hitenter.engine.scheduler import Scheduler
 from hitenter.errors import ContextOverflowError, QueueFullError
 from hitenter.kv_cache.manager import KVCacheManager
-from hitenter.sampling_params import SamplingParams
-
-VOCAB = 40
-
-
-def req(rid: str, prompt: list[int], max_tokens: int = 4) -> Request:
-    return Request(rid, list(prompt), SamplingParams(max_tokens=max_tokens), max_tokens)
+from hitenter.testing.mock_runner import MockRunner, random_requests, req, step
 
 
 def make(num_blocks: int = 64, block_size: int = 4, max_batched: int = 64, max_seqs: int = 8,
@@ -32,48 +25,6 @@ def make(num_blocks: int = 64, block_size: int = 4, max_batched: int = 64, max_s
     cfg = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=max_batched, max_model_len=4096,
                           max_queued_requests=max_queued)
     return Scheduler(cfg, kv), kv
-
-
-class MockRunner:
-    def __init__(self, kv: KVCacheManager) -> None:
-        self.kv = kv
-        self.store: dict[int, tuple[int, int]] = {}
-
-    def run(self, out: SchedulerOutput) -> dict[str, list[int]]:
-        bs = self.kv.block_size
-        for sr in out.scheduled:
-            toks = sr.request.all_token_ids
-            for p in range(sr.num_computed_tokens, sr.num_computed_tokens + sr.num_new_tokens):
-                blk = self.kv.pool.blocks[sr.block_ids[p // bs]]
-                assert blk.ref_cnt == 1 and blk.block_hash is None, "write into a shared/cached block"
-                self.store[blk.block_id * bs + p % bs] = (toks[p], p)
-        sampled: dict[str, list[int]] = {}
-        for sr in out.scheduled:
-            if not sr.caught_up:
-                continue
-            r = sr.request
-            ctx = [self.store[sr.block_ids[p // bs] * bs + p % bs] for p in range(r.num_tokens)]
-            assert ctx == [(t, p) for p, t in enumerate(r.all_token_ids)], f"{r.request_id}: bad K/V"
-            digest = hashlib.blake2b(repr([t for t, _ in ctx]).encode(), digest_size=8).digest()
-            sampled[r.request_id] = [int.from_bytes(digest, "little") % VOCAB]
-        return sampled
-
-
-def step(s: Scheduler, runner: MockRunner) -> tuple[SchedulerOutput, dict[str, list[int]]]:
-    out = s.schedule()
-    cfg = s.config
-    assert out.num_batched_tokens == sum(x.num_new_tokens for x in out.scheduled) <= cfg.max_num_batched_tokens
-    assert len(out.scheduled) <= cfg.max_num_seqs and s.num_running <= cfg.max_num_seqs
-    assert len({x.request.request_id for x in out.scheduled}) == len(out.scheduled)
-    sampled = runner.run(out)
-    finished = s.update(out, sampled)     # the scheduler decides token stops (here: max_tokens)
-    for r in finished:
-        assert r.status is RequestStatus.FINISHED_LENGTH and r.num_output_tokens == r.max_tokens
-    for rid in sampled:
-        r = s.get_request(rid)
-        assert r is None or r.num_output_tokens < r.max_tokens
-    s.kv.check_invariants()
-    return out, sampled
 
 
 def test_prefill_and_decode_mix_in_one_batch() -> None:
@@ -207,17 +158,6 @@ def test_queue_limits() -> None:
         s2.add_request(req("huge", [1] * 14, max_tokens=3))   # 17 tokens > 16 slots: could never run
     with pytest.raises(ValueError):
         s.add_request(req("a", [1]))
-
-
-def random_requests(seed: int, n: int = 50) -> list[tuple[int, Request]]:
-    rng = random.Random(seed)
-    prefixes = [[rng.randrange(VOCAB) for _ in range(rng.randint(4, 20))] for _ in range(4)]
-    out = []
-    for i in range(n):
-        prompt = (rng.choice(prefixes) if rng.random() < 0.6 else []) + [
-            rng.randrange(VOCAB) for _ in range(rng.randint(1, 24))]
-        out.append((rng.randint(0, 40), req(f"q{i}", prompt, max_tokens=rng.randint(1, 12))))
-    return out
 
 
 def run_all(seed: int, num_blocks: int, max_batched: int, max_seqs: int) -> tuple[dict[str, list[int]], int]:

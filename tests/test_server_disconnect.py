@@ -9,10 +9,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_server_util import live_server, wait_until
 
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.server.api import create_app
+from hitenter.testing.live_server import live_server, wait_until
 
 N_REQUESTS, DROP_RATE, CONCURRENCY, N_NON_STREAM_DROPS = 200, 0.3, 16, 8
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from test_server_util import LiveServer, live_server
 
+from hitenter.testing.live_server import LiveServer, live_server
 from hitenter.testing.serve import serve_subprocess
 
 pytestmark = pytest.mark.slow     # a server subprocess and the real SmolLM2

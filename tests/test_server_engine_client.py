@@ -15,12 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
-from test_server_util import LiveServer, live_server, wait_until
 
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.server.api import create_app
 from hitenter.server.engine_jobs import EngineJobs
 from hitenter.server.prompt_logprobs import run_now, score_job
+from hitenter.testing.live_server import LiveServer, live_server, wait_until
 
 SERVER = Path(__file__).resolve().parents[1] / "hitenter" / "server"
 ADAPTERS = {"local_engine.py", "prompt_logprobs.py"}     # the client adapter and the jobs it runs

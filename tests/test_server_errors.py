@@ -11,10 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
-from test_server_util import LiveServer, assert_error, live_server, wait_until
 
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.server.api import create_app
+from hitenter.testing.live_server import LiveServer, assert_error, live_server, wait_until
 
 KEY = "sk-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}

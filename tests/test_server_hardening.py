@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from test_server_util import LiveServer, assert_error, live_server
 
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.server.api import create_app
+from hitenter.testing.live_server import LiveServer, assert_error, live_server
 
 KEY = "sk-hard"
 AUTH = {"Authorization": f"Bearer {KEY}"}

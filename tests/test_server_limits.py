@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from test_server_util import assert_error
 
 from hitenter.engine import structured
 from hitenter.engine.llm_engine import LLMEngine
-from hitenter.engine.structured import GrammarTimeoutError, GuidedSpec, backend_for
+from hitenter.engine.structured import GrammarTimeoutError, StructuredSpec, backend_for
 from hitenter.server import body_limits
 from hitenter.server.api import create_app
+from hitenter.testing.live_server import assert_error
 
 D = 1000
 DEEP = '{"type":"object","properties":{"a":' * D + '{"type":"string"}' + "}}" * D
@@ -132,14 +132,14 @@ def test_reasonable_input_still_served(client: TestClient) -> None:
 def test_cache_bounded_by_bytes(engine: LLMEngine) -> None:
     backend = backend_for(engine.tokenizer, engine.model_config.vocab_size)
     old = structured.CACHE_BYTES
-    one = int(backend.compile(GuidedSpec("choice", '["v9"]', "guided_choice")).memory_size_bytes)
+    one = int(backend.compile(StructuredSpec("choice", '["v9"]', "guided_choice")).memory_size_bytes)
     structured.configure(cache_bytes=3 * one)     # the older, larger entries go first
     try:
         for i in range(8):
-            backend.compile(GuidedSpec("choice", json.dumps([f"v{i}"]), "guided_choice"))
+            backend.compile(StructuredSpec("choice", json.dumps([f"v{i}"]), "guided_choice"))
         assert backend.cache_bytes <= structured.CACHE_BYTES and len(backend._cache) <= 3
-        assert GuidedSpec("choice", '["v7"]', "guided_choice") in backend._cache
-        assert GuidedSpec("choice", '["v0"]', "guided_choice") not in backend._cache
+        assert StructuredSpec("choice", '["v7"]', "guided_choice") in backend._cache
+        assert StructuredSpec("choice", '["v0"]', "guided_choice") not in backend._cache
     finally:
         structured.configure(cache_bytes=old)
 
@@ -148,7 +148,7 @@ def test_compilation_time_limit(engine: LLMEngine) -> None:
     """A compilation past the limit is a GrammarTimeoutError (a 400 naming the field) and refused at once
     after; the caller's wait is bounded by the limit, not by the compilation."""
     backend = backend_for(engine.tokenizer, engine.model_config.vocab_size)
-    spec = GuidedSpec("choice", json.dumps([f"choice-{i}" for i in range(10_000)]), "guided_choice")
+    spec = StructuredSpec("choice", json.dumps([f"choice-{i}" for i in range(10_000)]), "guided_choice")
     t0 = time.perf_counter()
     with pytest.raises(GrammarTimeoutError, match="guided_choice: grammar compilation ran past the 0.2 s"):
         backend.compile(spec, timeout=0.2)      # seconds to compile: it starts at once and runs out
@@ -187,7 +187,7 @@ def test_a_queued_compilation_is_cancelled_when_its_caller_leaves(engine: LLMEng
     monkeypatch.setattr(type(backend), "_pool", pool)
     try:
         pool.submit(hold.wait, 30)                   # the only thread, busy
-        queued = GuidedSpec("choice", '["queued-spec"]', "guided_choice")
+        queued = StructuredSpec("choice", '["queued-spec"]', "guided_choice")
         fut, again = backend.submit(queued), backend.submit(queued)
         assert fut is again and not fut.running()
         backend.abandon(queued, fut)

@@ -14,10 +14,10 @@ import anthropic
 import httpx
 import jsonschema
 import pytest
-from test_server_util import LiveServer, live_server
 
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.server.api import create_app
+from hitenter.testing.live_server import LiveServer, live_server
 
 KEY = "sk-ant-test"
 TOOL = {"name": "get_weather", "description": "weather of a city", "input_schema": {

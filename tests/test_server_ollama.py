@@ -17,13 +17,13 @@ import httpx
 import jsonschema
 import ollama
 import pytest
-from test_server_util import LiveServer, live_server
 
 from hitenter.engine.async_engine import AsyncLLMEngine
 from hitenter.engine.llm_engine import LLMEngine
-from hitenter.engine.structured import GuidedSpec
+from hitenter.engine.structured import StructuredSpec
 from hitenter.server.api import create_app
 from hitenter.server.local_engine import LocalEngineClient
+from hitenter.testing.live_server import LiveServer, live_server
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "paris"}}\n</tool_call>'
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "weather of a city", "parameters": {
@@ -36,7 +36,7 @@ class ForcedClient(LocalEngineClient):
     """Every request constrained to the text ``CALL``."""
 
     async def add(self, prompt_ids: list[int], params: Any, request_id: str | None = None) -> Any:
-        return await super().add(prompt_ids, params.replace(guided=GuidedSpec("grammar", "root ::= " + json.dumps(CALL))),
+        return await super().add(prompt_ids, params.replace(structured=StructuredSpec("grammar", "root ::= " + json.dumps(CALL))),
                                  request_id)
 
 

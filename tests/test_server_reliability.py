@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
-from test_server_util import LiveServer, live_server
 
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.server.api import create_app
+from hitenter.testing.live_server import LiveServer, live_server
 
 pytestmark = pytest.mark.slow
 KEY = "sk-rel"

@@ -15,10 +15,10 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel
-from test_server_util import LiveServer, assert_error, live_server
 
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.server.api import create_app
+from hitenter.testing.live_server import LiveServer, assert_error, live_server
 
 TOOL = {"type": "function", "name": "get_weather", "description": "weather of a city", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{1,6}$"}}, "required": ["city"],

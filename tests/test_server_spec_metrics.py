@@ -5,10 +5,10 @@ from __future__ import annotations
 import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
-from test_server_util import live_server
 
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.server.api import create_app
+from hitenter.testing.live_server import live_server
 
 
 def _gauges(url: str) -> dict[str, float]:

@@ -14,10 +14,10 @@ from typing import Any
 import jsonschema
 import pytest
 from fastapi.testclient import TestClient
-from test_server_util import assert_error
 
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.server.api import create_app, model_name
+from hitenter.testing.live_server import assert_error
 
 USER = [{"role": "user", "content": "Hello"}]
 ORIGIN = "http://localhost:3000"

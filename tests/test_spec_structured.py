@@ -11,17 +11,17 @@ from pathlib import Path
 import jsonschema
 import pytest
 import torch
-from schema_gen import random_schemas
 
 from hitenter import LLM, SamplingParams
-from hitenter.engine.structured import GuidedSpec, backend_for
+from hitenter.engine.structured import StructuredSpec, backend_for
+from hitenter.testing.json_schemas import random_schemas
 from hitenter.testing.tiny_model import write_tiny_gguf
 
 PROMPT = 'Example: {"a": 1, "b": "xy", "c": [1, 2]} {"a": 1, "b": "xy"} J'   # prompt lookup finds matches
 SCHEMAS = random_schemas(10, seed=3, depth=1, ascii_strings=True)
-GUIDED = [GuidedSpec("json_schema", json.dumps(s)) for s in SCHEMAS] + [
-    GuidedSpec("regex", "[a-c]{2,6}-[0-9]{1,3}", "guided_regex"),
-    GuidedSpec("choice", json.dumps(["alpha beta gamma", "delta"]), "guided_choice")]
+GUIDED = [StructuredSpec("json_schema", json.dumps(s)) for s in SCHEMAS] + [
+    StructuredSpec("regex", "[a-c]{2,6}-[0-9]{1,3}", "guided_regex"),
+    StructuredSpec("choice", json.dumps(["alpha beta gamma", "delta"]), "guided_choice")]
 
 
 @pytest.fixture(autouse=True)
@@ -37,11 +37,11 @@ def one_layer(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _params(temperature: float) -> list[SamplingParams]:
-    ps = [SamplingParams(temperature=temperature, seed=i, max_tokens=160, guided=g) for i, g in enumerate(GUIDED)]
+    ps = [SamplingParams(temperature=temperature, seed=i, max_tokens=160, structured=g) for i, g in enumerate(GUIDED)]
     return ps + [SamplingParams(temperature=temperature, seed=99, max_tokens=30)] * 2   # unconstrained neighbours
 
 
-def _valid(out: object, spec: GuidedSpec) -> None:
+def _valid(out: object, spec: StructuredSpec) -> None:
     text = out.outputs[0].text   # type: ignore[attr-defined]
     assert out.outputs[0].finish_reason == "stop", text   # type: ignore[attr-defined]
     if spec.kind == "json_schema":
@@ -107,8 +107,8 @@ def test_speculate_and_settle_match_a_fresh_matcher(tiny_qwen2_path: Path) -> No
     """The masks of the drafted positions and the state after a rollback equal those of an independent
     matcher fed only the accepted tokens."""
     llm = LLM(str(tiny_qwen2_path))
-    spec = GuidedSpec("json_schema", json.dumps(SCHEMAS[0]))
-    text = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=160, guided=spec))[0].outputs[0].token_ids
+    spec = StructuredSpec("json_schema", json.dumps(SCHEMAS[0]))
+    text = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=160, structured=spec))[0].outputs[0].token_ids
     assert len(text) >= 6
     eng = llm.engine
     v = eng.model_config.vocab_size
@@ -133,7 +133,7 @@ def test_speculate_and_settle_match_a_fresh_matcher(tiny_qwen2_path: Path) -> No
     assert torch.equal(_mask(c, v), _mask(ref, v))
 
 
-def _allowed(backend: object, spec: GuidedSpec, tokens: list[int], v: int) -> torch.Tensor:
+def _allowed(backend: object, spec: StructuredSpec, tokens: list[int], v: int) -> torch.Tensor:
     c = backend.constraint(spec)   # type: ignore[attr-defined]
     c.advance(tokens)
     bits = _mask(c, v)

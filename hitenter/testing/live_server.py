@@ -1,7 +1,5 @@
-"""Helpers for the server tests: a live uvicorn server in a thread on a free 127.0.0.1 port.
-
-(No tests here; the test_server_* modules import it.)
-"""
+"""A live uvicorn server in a thread on a free 127.0.0.1 port, and the checks the server tests share
+(an error body in vLLM's shape, waiting for a condition)."""
 
 from __future__ import annotations
 
