@@ -93,7 +93,8 @@ class ModelConfig:
     norm_placement: str = "pre"       # "pre": x + f(norm(x)); "sandwich": x + norm(f(norm(x))); "post": x + norm(f(x))
     qk_norm: str = "none"             # "head": RMSNorm of each Q/K head (Qwen3, Gemma); "full": of the whole Q/K
     activation: str = "silu"          # the gated FFN's activation: "silu" (SwiGLU), "gelu_tanh" (GeGLU) or
-                                      # "swiglu_oai" (gpt-oss: clamped, x sigmoid(1.702 x) (u + 1))
+                                      # "swiglu_oai" (gpt-oss: clamped, x sigmoid(1.702 x) (u + 1)), or
+                                      # "relu2" (an ungated FFN: relu(up(x))^2, Nemotron-H)
     num_experts: int = 0              # mixture of experts: experts per layer (0 = a dense FFN)
     num_experts_used: int = 0         # experts each token is routed to
     expert_intermediate_size: int = 0  # one expert's FFN width
@@ -119,7 +120,7 @@ class ModelConfig:
                  f"{self.num_heads} heads are not a multiple of {self.num_kv_heads} KV heads")
         _check_choice(self, "norm_placement", ("pre", "sandwich", "post"))
         _check_choice(self, "qk_norm", ("none", "head", "full"))
-        _check_choice(self, "activation", ("silu", "gelu_tanh", "swiglu_oai"))
+        _check_choice(self, "activation", ("silu", "gelu_tanh", "swiglu_oai", "relu2"))
         _check_choice(self, "expert_gating", ("softmax", "softmax_weight"))
         _require(0 <= self.rope_dim <= self.head_dim and self.rope_dim % 2 == 0, "rope_dim",
                  f"must be even and <= head_dim {self.head_dim}, got {self.rope_dim}")

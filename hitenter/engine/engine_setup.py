@@ -77,6 +77,25 @@ def _check_combinations(cfg: EngineConfig) -> None:
         check_options(cfg.parallel.disaggregate, cfg.load.model, opts)
 
 
+def _check_hybrid(cfg: EngineConfig) -> None:
+    """ValueError (one line, naming the option) for what does not run on hybrid models yet."""
+    if cfg.speculative.speculative_method is not None:
+        raise ValueError("speculative_method: speculative decoding does not run on hybrid (recurrent-state) "
+                         "models yet")
+    if cfg.parallel.disaggregate is not None:
+        raise ValueError("disaggregate: disaggregated prefill does not run on hybrid (recurrent-state) models yet")
+
+
+def state_slots(cfg: EngineConfig, bytes_per_slot: int) -> int:
+    """State slots of a hybrid model: one live slot per running sequence plus snapshots of the prefix cache,
+    as many as fit a tenth of the KV budget's share of RAM (at least 4, at most 2 per sequence + 8)."""
+    live = cfg.scheduler.max_num_seqs
+    if not cfg.cache.enable_prefix_caching:
+        return live
+    room = total_ram_bytes() // 20 // max(bytes_per_slot, 1)
+    return live + max(4, min(2 * live + 8, room))
+
+
 def _load(cfg: EngineConfig, dtype: torch.dtype) -> tuple[str, torch.nn.Module, ModelConfig, Any]:
     """(path, model, its config, tokenizer)."""
     from hitenter.models.loader import load_model
@@ -116,7 +135,7 @@ def _num_blocks(cfg: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype, max_mo
 
     check_head_dim(dtype, mcfg.head_dim)   # q8_0 refuses head dims not a power-of-two number of blocks, at load
     bs = cfg.cache.block_size
-    per_token = mcfg.kv_bytes_per_token(value_bytes(dtype))
+    per_token = max(mcfg.kv_bytes_per_token(value_bytes(dtype)), 1)   # a model without attention: a token
     per_block = per_token * bs
     budget = cfg.cache.kv_cache_memory or default_kv_cache_memory(per_token, max_model_len,
                                                                   cfg.scheduler.max_num_seqs)
@@ -151,11 +170,13 @@ def _window_groups(cfg: EngineConfig, mcfg: ModelConfig, num_blocks: int,
 
 def _runner(cfg: EngineConfig, path: str, net: torch.nn.Module, mcfg: ModelConfig, dtype: torch.dtype,
             num_blocks: int, sched: SchedulerConfig, kv_dtype: torch.dtype | None = None,
-            num_local_blocks: int | None = None) -> ModelRunner:
+            num_local_blocks: int | None = None, num_slots: int = 0) -> ModelRunner:
     from hitenter.models.attention import allocate_kv_caches
 
     bs, tp = cfg.cache.block_size, cfg.parallel.tensor_parallel_size
     kv_dtype = kv_dtype or dtype
+    if num_slots:   # a hybrid model (models/hybrid.py): KV for its attention layers, states for the others
+        return ModelRunner(net, net.allocate_caches(num_blocks, bs, kv_dtype, num_slots), bs)
     kv_caches = allocate_kv_caches(mcfg, num_blocks, bs, kv_dtype, num_local_blocks=num_local_blocks) if tp == 1 else []
     runner = ModelRunner(net, kv_caches, bs, staged=_side_prefill(cfg, net, kv_caches, sched, num_local_blocks))
     if tp > 1:   # this process becomes rank 0 of a tensor-parallel group and spawns the others
@@ -236,13 +257,21 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
                  "the local layers release their blocks outside the window:" if window else "releasing the "
                  "blocks outside the local layers' windows would leave", held / 1e6, 100 * (1 - held / now),
                  f"; {num_blocks} global and {num_local} local blocks" if window else "")
-    runner = _runner(cfg, path, net, mcfg, dtype, num_blocks, sched_cfg, kv_dtype, num_local)
-    plan = build_plan(runner.model, runner.kv_caches, dtype, cfg.load.batch_invariant)
+    num_slots = 0
+    if mcfg.layer_types:   # recurrent layers: their state slots beside the KV blocks
+        _check_hybrid(cfg)
+        per_slot = net.state_bytes_per_slot()
+        num_slots = state_slots(cfg, per_slot)
+        log.info("recurrent state: %d slots of %.2f MB (%d running + snapshots), %.1f MB",
+                 num_slots, per_slot / 1e6, sched_cfg.max_num_seqs, num_slots * per_slot / 1e6)
+    runner = _runner(cfg, path, net, mcfg, dtype, num_blocks, sched_cfg, kv_dtype, num_local, num_slots)
+    attn_caches = [c for c in runner.kv_caches if isinstance(c, torch.Tensor) and c.numel()]
+    plan = build_plan(runner.model, attn_caches, dtype, cfg.load.batch_invariant)
     apply_plan(runner.model, plan)
     runner.plan = plan
     log.info("kernel plan for %s:\n%s", path, plan.describe())
     kv_manager = KVCacheManager(num_blocks, cfg.cache.block_size, cfg.cache.enable_prefix_caching,
-                                local_window=window, num_local_blocks=num_local)
+                                local_window=window, num_local_blocks=num_local, num_state_slots=num_slots)
     spec = build_spec_decoder(cfg.speculative, tokenizer, mcfg.vocab_size, max_model_len, draft_blocks,
                               cfg.cache.block_size, dtype, cfg.load.dtype, cfg.load.quantization,
                               kv_dtype=kv_dtype)

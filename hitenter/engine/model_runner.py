@@ -69,6 +69,9 @@ class ModelRunner:
         sample_rows: list[int] = []
         sample_ids: list[str] = []
         num_rows: list[int] = []
+        state_slots: list[int] = []   # recurrent layers (hybrid models): each sequence's live slot
+        state_saves: list[tuple[int, int, int]] = []
+        state_restores: list[tuple[int, int]] = []
         kernel_from: list[int] = []   # rows through the fused layers (models/plan.py: prompt_paths)
         decode_from: list[int] = []   # of those, the generation rows (position >= prompt length - 1)
         for sr in out.scheduled:
@@ -86,6 +89,11 @@ class ModelRunner:
                 lt = sr.local_block_ids
                 lslots.extend(lt[p // bs] * bs + p % bs for p in pos)   # type: ignore[index]
                 ltables.append(lt)   # type: ignore[arg-type]
+            if sr.state is not None:
+                state_slots.append(sr.state.slot)
+                state_saves.extend((len(seq_lens) - 1, rows, dst) for rows, dst in sr.state.saves)
+                if sr.state.restore is not None:
+                    state_restores.append((sr.state.restore, sr.state.slot))
             paths = prompt_paths(self.model, req.num_prompt_tokens)
             kernel_from.append(paths[0])
             decode_from.append(paths[1])
@@ -106,8 +114,12 @@ class ModelRunner:
             workspace=self.workspace,
             local_block_tables=ltables if local else None,
             local_slot_mapping=torch.tensor(lslots, dtype=torch.long) if local else None,
+            state_slots=state_slots or None,
+            state_saves=state_saves or None,
         )
         t0 = time.perf_counter()
+        if state_restores:   # the recurrent states resumed from a snapshot or started from zero
+            self.model.restore_states(self.kv_caches, state_restores)
         hidden = self.model(
             torch.tensor(input_ids, dtype=torch.long),
             torch.tensor(positions, dtype=torch.long),

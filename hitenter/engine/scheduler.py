@@ -53,6 +53,7 @@ from hitenter.engine.stopping import append_until_stop
 from hitenter.errors import ContextOverflowError, QueueFullError
 from hitenter.kv_cache.events import KVEvent
 from hitenter.kv_cache.manager import KVCacheManager
+from hitenter.kv_cache.state_group import StateStep
 
 
 @dataclass
@@ -62,6 +63,7 @@ class ScheduledRequest:
     num_computed_tokens: int     # request.num_computed_tokens at schedule time (after any prefix hit)
     block_ids: list[int]         # the request's whole block table after allocation
     local_block_ids: list[int] | None = None   # the sliding-window layers' table (kv_cache/window_group.py)
+    state: StateStep | None = None   # the recurrent layers' slot, restore and saves (kv_cache/state_group.py)
 
     @property
     def caught_up(self) -> bool:
@@ -211,8 +213,7 @@ class Scheduler:
                     break
             if req.status is RequestStatus.PREEMPTED:
                 break   # it was the newest: everything after it is preempted too
-            scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens, self.kv.block_table(req.request_id),
-                                              self.kv.local_block_table(req.request_id)))
+            scheduled.append(self._scheduled(req, n))
             budget -= n
             prompt_budget -= n if prefill else 0
             i += 1
@@ -236,11 +237,16 @@ class Scheduler:
             req.num_computed_tokens = num_hit
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            scheduled.append(ScheduledRequest(req, n, num_hit, self.kv.block_table(req.request_id),
-                                              self.kv.local_block_table(req.request_id)))
+            scheduled.append(self._scheduled(req, n))
             budget -= n
             prompt_budget -= n
         return scheduled, preempted, budget
+
+    def _scheduled(self, req: Request, n: int) -> ScheduledRequest:
+        """The step's entry for ``n`` new tokens of ``req`` (allocated; num_computed_tokens set)."""
+        rid = req.request_id
+        return ScheduledRequest(req, n, req.num_computed_tokens, self.kv.block_table(rid),
+                                self.kv.local_block_table(rid), self.kv.state_step(req, n))
 
     def _preempt(self, req: Request) -> None:
         self.kv.free(req)

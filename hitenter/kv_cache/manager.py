@@ -19,6 +19,12 @@ Every call above covers both groups; a prefix hit is shortened to the longest on
 window are still cached, and allocation fits both groups or neither. ``block_table`` is the global group's,
 ``local_block_table`` the local one's (None without a local group).
 
+Recurrent layers (``num_state_slots``, hybrid models): a third group, the state slots (hitenter/kv_cache/
+state_group.py): a running request owns one live slot; snapshots of states at block boundaries are keyed by
+the same hash chain. A prefix hit is shortened to the deepest block whose state has a snapshot; allocation
+fits the blocks and a slot or neither; ``state_step`` plans a step's restore and saves, and
+``cache_blocks`` registers the saves that verified tokens cover.
+
 Events (``KVEvent``) go to ``on_event`` (a public, settable attribute) and to every ``subscribe``d
 listener, synchronously, after the state change.
 """
@@ -31,6 +37,7 @@ from hitenter.engine.request import Request, RequestStatus
 from hitenter.kv_cache.block_pool import BlockPool
 from hitenter.kv_cache.events import BlockState, KVEvent, KVEventKind, PrefixCacheStats
 from hitenter.kv_cache.hashing import BlockHash, hash_block_tokens
+from hitenter.kv_cache.state_group import StateGroup, StateStep
 from hitenter.kv_cache.window_group import WindowGroup
 
 EventListener = Callable[[KVEvent], None]
@@ -41,9 +48,10 @@ class KVCacheManager:
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  on_event: EventListener | None = None, local_window: int | None = None,
-                 num_local_blocks: int | None = None) -> None:
+                 num_local_blocks: int | None = None, num_state_slots: int = 0) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size: must be > 0, got {block_size}")
+        self.state: StateGroup | None = StateGroup(num_state_slots, block_size) if num_state_slots else None
         self.local: WindowGroup | None = None if not local_window else WindowGroup(
             num_blocks if num_local_blocks is None else num_local_blocks, block_size, local_window,
             enable_prefix_caching)
@@ -139,6 +147,8 @@ class KVCacheManager:
             while hits and self.local.hit_blocks(hashes, self._chunks(request)) is None:
                 hits.pop()
                 hashes.pop()
+        if self.state is not None:   # the recurrent layers resume only where a state was snapshotted
+            del hits[self.state.hit_depth([self.pool.blocks[b].block_hash for b in hits]):]   # type: ignore[misc]
         return hits, len(hits) * bs
 
     def _chunks(self, request: Request):  # noqa: ANN202 -- a block index -> its tokens
@@ -178,6 +188,8 @@ class KVCacheManager:
             l_back = sum(1 for b in lg.releasable(rid, request.num_computed_tokens) if lp.blocks[b].ref_cnt == 1)
             if l_new + l_reclaim > lp.num_free_blocks + l_back:
                 return None
+        if self.state is not None and not self.state.admit(rid, self.pool.blocks[hits[-1]].block_hash if hits else None):
+            return None   # no state slot free (and no snapshot to evict): nothing changed
         if self.enable_prefix_caching and not table and request.status is RequestStatus.WAITING:
             st = self.prefix_cache_stats   # counted once per admission; not for a preempted request's re-hits
             st.requests += 1
@@ -210,6 +222,18 @@ class KVCacheManager:
         self._cache_blocks(request, num_verified_tokens)
         if self.local is not None:
             self.local.release(request.request_id, num_verified_tokens)
+        if self.state is not None:
+            self.state.commit(request.request_id, self._hashes.get(request.request_id, []), num_verified_tokens,
+                              request.num_prompt_tokens)
+
+    def state_step(self, request: Request, num_new_tokens: int) -> StateStep | None:
+        """The recurrent state's work for the request's next ``num_new_tokens`` rows (from its computed
+        tokens): its live slot, the restore due before them, the snapshots to save. None without recurrent
+        layers. Call once per scheduled step, after ``allocate_slots``."""
+        if self.state is None:
+            return None
+        return self.state.plan(request.request_id, request.num_computed_tokens, num_new_tokens,
+                               request.num_prompt_tokens, self.enable_prefix_caching)
 
     def _cache_blocks(self, request: Request, num_verified_tokens: int) -> None:
         rid = request.request_id
@@ -240,6 +264,8 @@ class KVCacheManager:
         self._hashes.pop(rid, None)
         if self.local is not None:
             self.local.free(rid)
+        if self.state is not None:
+            self.state.free(rid)
         if not table:
             return
         order = table[::-1]
@@ -271,6 +297,8 @@ class KVCacheManager:
         ok = self.pool.reset_prefix_cache()
         if ok and self.local is not None:
             self.local.pool.reset_prefix_cache()
+        if ok and self.state is not None:
+            self.state.reset()
         return ok
 
     # ---- introspection ---------------------------------------------------------------------------------
@@ -287,6 +315,10 @@ class KVCacheManager:
     def check_invariants(self) -> None:
         """Raise AssertionError if ownership, ref counts, free queue or hashes disagree."""
         self.pool.check_invariants()
+        if self.state is not None:
+            self.state.check_invariants()
+            if set(self.state.live) - set(self._tables):
+                raise AssertionError("a state slot is held by a request that holds no blocks")
         if self.local is not None:
             self.local.check_invariants()
             for rid, table in self._tables.items():

@@ -87,6 +87,10 @@ class AttentionMetadata:
     local_block_tables: list[list[int]] | None = None
     local_slot_mapping: torch.Tensor | None = None
     _local: list[AttentionMetadata] = field(default_factory=list, repr=False, compare=False)
+    # hybrid models' recurrent layers (models/recurrent/base.py): each sequence's live state slot, and the
+    # saves to take, (sequence index, rows of it done, destination slot); None without recurrent layers
+    state_slots: list[int] | None = None
+    state_saves: list[tuple[int, int, int]] | None = None
 
     def for_window(self, window: int | None) -> AttentionMetadata:
         """The metadata a layer with this sliding `window` (None: a global layer) reads and writes through:
@@ -218,21 +222,22 @@ def _group(its: list[tuple[list[int], list[int], list[int]]], rows_m: int, nt: i
 
 def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int,
                        dtype: torch.dtype = torch.float32, num_kv_heads: int | None = None,
-                       num_local_blocks: int | None = None) -> list[torch.Tensor]:
+                       num_local_blocks: int | None = None, layers: list[bool] | None = None) -> list[torch.Tensor]:
     """One zeroed tensor `[2, num_kv_heads, num_blocks, block_size, head_dim]` per layer, of `dtype` (the
     cache's element type: float32, bfloat16 or float16, hitenter/models/kv_dtype.py); for q8_0 (kv_dtype.Q8_0)
     bytes `[2, num_kv_heads, num_blocks, block_size, head_dim / 32 * 34]` (ValueError unless head_dim % 32 == 0).
 
     num_kv_heads: the KV heads this process holds (a tensor-parallel rank's shard); default all.
     num_local_blocks: the sliding-window layers' block count where they have their own block tables
-    (hitenter/kv_cache/window_group.py); default num_blocks."""
+    (hitenter/kv_cache/window_group.py); default num_blocks. layers: which layers get a cache (a hybrid
+    model's attention layers, models/hybrid.py); default all; the list holds only those."""
     nl = num_blocks if num_local_blocks is None else num_local_blocks
     if num_blocks <= 0 or block_size <= 0 or nl <= 0:
         raise ValueError(f"num_blocks and block_size must be > 0, got {num_blocks}, {block_size}, {nl}")
     kvh = config.num_kv_heads if num_kv_heads is None else num_kv_heads
     width = row_width(dtype, config.head_dim)
     return [torch.zeros((2, kvh, num_blocks if config.layer_window(i) is None else nl, block_size, width),
-                        dtype=dtype) for i in range(config.num_layers)]
+                        dtype=dtype) for i in range(config.num_layers) if layers is None or layers[i]]
 
 
 def write_kv(kv_cache_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:

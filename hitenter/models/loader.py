@@ -29,6 +29,7 @@ from hitenter.models.block_linear import own_block_bytes
 from hitenter.models.decoder import CausalLM
 from hitenter.models.families import family_for
 from hitenter.models.formats import resolve_format
+from hitenter.models.hybrid import HybridLM
 from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
 from hitenter.models.moe import ExpertWeight, expert_weights
 from hitenter.models.shard import TensorParallel
@@ -58,7 +59,10 @@ def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "auto",
     cfg, weights = load_weights_from(reader, "none" if fmt == "dense" else fmt)
     if tp is not None:
         check_shardable(cfg)
-    model = CausalLM(cfg, weights, act_dtype, tp, batch_invariant, fmt, max_model_len)
+    if cfg.layer_types:   # a hybrid model: attention and recurrent layers (models/hybrid.py)
+        model: Any = HybridLM(cfg, weights, act_dtype, batch_invariant, fmt, max_model_len)
+    else:
+        model = CausalLM(cfg, weights, act_dtype, tp, batch_invariant, fmt, max_model_len)
     own_block_bytes(model)
     # the build read the whole map (copies into the arena); what still views it (an untied embedding
     # table) faults back in only the rows it looks up
@@ -73,6 +77,8 @@ def check_shardable(cfg: ModelConfig) -> None:
     """ModelLoadError unless tensor parallelism can split this config's layers (heads split across ranks:
     a norm over the whole Q/K would need the other ranks' heads; experts are replicated, so they shard)."""
     why = "its QK-norm spans all heads" if cfg.qk_norm == "full" else ""
+    if cfg.layer_types:
+        why = "it has recurrent layers (a hybrid model's state is not sharded yet)"
     if why:
         raise ModelLoadError(f"tensor parallelism is not supported for {cfg.architecture} models: {why}")
 

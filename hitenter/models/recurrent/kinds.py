@@ -1,0 +1,8 @@
+"""The recurrent mixer of each layer type (ModelConfig.layer_types): one entry per kind, its class in
+the file of that name beside this one."""
+
+from __future__ import annotations
+
+from hitenter.models.recurrent.base import RecurrentMixer
+
+MIXERS: dict[str, type[RecurrentMixer]] = {}
