@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from hitenter.engine.structured import GuidedSpec, backend_for
+from hitenter.engine.structured import StructuredSpec, backend_for
 from hitenter.llm import LLM
 from hitenter.sampling_params import SamplingParams
 
@@ -50,7 +50,7 @@ def itl(llm: LLM, params: list[SamplingParams], cpu: bool = False) -> list[float
 
 def mask_cost(llm: LLM, n: int = 64) -> float:
     eng = llm.engine
-    cons = backend_for(eng.tokenizer, eng.model_config.vocab_size).constraint(GuidedSpec("json_schema", json.dumps(SCHEMA)))
+    cons = backend_for(eng.tokenizer, eng.model_config.vocab_size).constraint(StructuredSpec("json_schema", json.dumps(SCHEMA)))
     from hitenter.engine.logits_processors import BatchState
     from hitenter.engine.structured import GrammarMask
 
@@ -77,9 +77,9 @@ def main() -> None:
     t0 = time.perf_counter()
     llm = LLM(a.model, max_model_len=512, num_threads=a.threads)
     print(f"loaded in {time.perf_counter() - t0:.1f} s", flush=True)
-    g = GuidedSpec("json_schema", json.dumps(SCHEMA))
+    g = StructuredSpec("json_schema", json.dumps(SCHEMA))
     plain = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)
-    guided = plain.replace(guided=g)
+    guided = plain.replace(structured=g)
     itl(llm, [plain])                                   # warm up (and build the grammar backend)
     itl(llm, [guided])
     print(f"warm after {time.perf_counter() - t0:.1f} s", flush=True)

@@ -12,7 +12,7 @@ import time
 import torch
 
 from hitenter.engine.sampler import Sampler, SamplingMetadata, make_generator
-from hitenter.engine.structured import GuidedSpec, backend_for
+from hitenter.engine.structured import StructuredSpec, backend_for
 from hitenter.sampling_params import SamplingParams
 from hitenter.tokenizer.bpe import Tokenizer
 
@@ -26,12 +26,12 @@ for m in ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]:
     ids = tok.encode(text, add_bos=False)
     s = Sampler()
     p = SamplingParams(temperature=0.7, seed=1)
-    pg = p.replace(guided=GuidedSpec("json_schema", json.dumps(SCHEMA)))
+    pg = p.replace(structured=StructuredSpec("json_schema", json.dumps(SCHEMA)))
     res = {}
     for label, params in (("plain", p), ("constrained", pg)):
         ts = []
         for _ in range(3):
-            c = be.constraint(pg.guided) if params.guided else None
+            c = be.constraint(pg.structured) if params.structured else None
             for t in ids:
                 logits = torch.randn(1, V)
                 meta = SamplingMetadata([params], [make_generator(1)], constraints=[c])

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hitenter.engine.structured import GuidedSpec
+from hitenter.engine.structured import StructuredSpec
 
 # Temperatures below this are treated as greedy (as vLLM does) so that 1/T never blows up.
 GREEDY_EPS = 1e-5
@@ -79,7 +79,7 @@ class SamplingParams:
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    guided: GuidedSpec | None = None     # structured output (hitenter/engine/structured.py)
+    structured: StructuredSpec | None = None     # structured output (hitenter/engine/structured.py)
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, 1, None, ">= 1")
@@ -113,8 +113,8 @@ class SamplingParams:
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, 1, None, ">= 1 or null (= the rest of the context)")
         _check_int("min_tokens", self.min_tokens, 0, None, ">= 0")
-        if self.guided is not None and not isinstance(self.guided, GuidedSpec):
-            _fail("guided", f"must be a GuidedSpec or None, got {self.guided!r}")
+        if self.structured is not None and not isinstance(self.structured, StructuredSpec):
+            _fail("structured", f"must be a StructuredSpec or None, got {self.structured!r}")
 
     @staticmethod
     def _normalize_logit_bias(lb: object) -> dict[int, float]:

@@ -103,10 +103,10 @@ class LLMEngine:
         max_tokens = self.resolve_max_tokens(len(prompt_ids), params)
         eog = frozenset() if params.ignore_eos else self.tokenizer.eog_token_ids
         reqs = make_requests(request_id, prompt_ids, params, max_tokens, eog, arrival_time)
-        if params.guided is not None:     # structured outputs: one grammar matcher per sequence
+        if params.structured is not None:     # structured outputs: one grammar matcher per sequence
             backend = backend_for(self.tokenizer, self.model_config.vocab_size)
             for r in reqs:
-                r.extra["grammar"] = backend.constraint(params.guided)
+                r.extra["grammar"] = backend.constraint(params.structured)
         group = self.output_processor.new_group(request_id, prompt if isinstance(prompt, str) else None,
                                                 prompt_ids, params, reqs)
         return PendingRequest(group)
@@ -222,7 +222,7 @@ class LLMEngine:
         ids = ran.sample_request_ids
         reqs = [self.scheduler.requests[rid] for rid in ids]
         params = [r.sampling_params for r in reqs]
-        cons = constraints_of(reqs) if any(p.guided is not None for p in params) else []
+        cons = constraints_of(reqs) if any(p.structured is not None for p in params) else []
         self._grammars = [(i, c) for i, c in enumerate(cons) if c is not None]   # advanced in _new_tokens
         trace = bool(self.trace_requests) and any(rid in self.trace_requests for rid in ids)
         if self.spec is not None and any(n > 1 for n in ran.num_rows):

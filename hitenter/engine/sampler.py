@@ -279,4 +279,4 @@ class Sampler:
 
 def _plain_greedy(p: SamplingParams) -> bool:
     """Greedy and untouched by every processor of the default chain (penalties, bias, min_tokens)."""
-    return p.is_greedy and not p.has_penalties and not p.logit_bias and not p.min_tokens and p.guided is None
+    return p.is_greedy and not p.has_penalties and not p.logit_bias and not p.min_tokens and p.structured is None

@@ -1,8 +1,8 @@
 """Structured outputs: a per-sequence grammar (xgrammar) applied as a token mask in the sampler chain.
 
-- :class:`GuidedSpec` is what a request asks for (``json`` = any JSON object, ``json_schema``, ``regex``,
+- :class:`StructuredSpec` is what a request asks for (``json`` = any JSON object, ``json_schema``, ``regex``,
   ``choice``, ``grammar`` (EBNF), ``tool_calls`` = Qwen/Hermes ``<tool_call>{json}</tool_call>`` blocks).
-  It lives in ``SamplingParams.guided`` (immutable, hashable: the compiled grammar is cached by it).
+  It lives in ``SamplingParams.structured`` (immutable, hashable: the compiled grammar is cached by it).
 - :class:`GrammarBackend` (one per tokenizer) compiles a spec once; a bad spec is a ``ValueError``
   naming the request field, raised before the request is queued.
 - :class:`GrammarConstraint` is one sequence's matcher: ``fill`` writes its allowed-token bitmask,
@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 _LOOSE_CHARS, _JSON_CHARS = r'[^\"\\\r\n]', r'[^\0-\x1f\"\\\r\n]'
-GUIDED_KINDS = ("json", "json_schema", "regex", "choice", "grammar", "tool_calls")
+STRUCTURED_KINDS = ("json", "json_schema", "regex", "choice", "grammar", "tool_calls")
 COMPILE_SECONDS = 5.0          # a compilation's time limit (hitenter serve --max-grammar-compile-seconds)
 CACHE_BYTES = 64 << 20         # the compiled-grammar cache's bound (--max-grammar-cache-bytes)
 COMPILE_THREADS = 2            # compilations run on these threads, never the engine's
@@ -59,13 +59,13 @@ class GrammarTimeoutError(ValueError):
 
 
 @dataclass(frozen=True)
-class GuidedSpec:
-    kind: str           # one of GUIDED_KINDS
+class StructuredSpec:
+    kind: str           # one of STRUCTURED_KINDS
     value: str = ""     # schema JSON / regex / EBNF / JSON list of choices; for tool_calls: JSON {schema, parallel}
     param: str = "response_format"   # the request field it came from (named in errors)
 
     def __post_init__(self) -> None:
-        if self.kind not in GUIDED_KINDS:
+        if self.kind not in STRUCTURED_KINDS:
             raise ValueError(f"{self.param}: unknown structured output kind {self.kind!r}")
 
 
@@ -110,13 +110,13 @@ class GrammarBackend:
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
         self.vocab_size = vocab_size
         self._lock = threading.Lock()
-        self._cache: OrderedDict[GuidedSpec, tuple[Any, int]] = OrderedDict()
+        self._cache: OrderedDict[StructuredSpec, tuple[Any, int]] = OrderedDict()
         self.cache_bytes = 0
-        self._inflight: dict[GuidedSpec, Future[Any]] = {}
-        self._waiters: dict[GuidedSpec, int] = {}       # callers waiting on an in-flight compilation
+        self._inflight: dict[StructuredSpec, Future[Any]] = {}
+        self._waiters: dict[StructuredSpec, int] = {}       # callers waiting on an in-flight compilation
         self._refused: OrderedDict[int, float] = OrderedDict()   # hash(spec) -> the limit it ran past
 
-    def compile(self, spec: GuidedSpec, timeout: float | None = None) -> Any:
+    def compile(self, spec: StructuredSpec, timeout: float | None = None) -> Any:
         """The compiled grammar of ``spec``, waiting at most ``timeout`` (default COMPILE_SECONDS)."""
         limit = COMPILE_SECONDS if timeout is None else timeout
         fut = self.submit(spec)
@@ -127,7 +127,7 @@ class GrammarBackend:
         except FutureTimeout:
             raise self.ran_out(spec, fut, limit) from None
 
-    def submit(self, spec: GuidedSpec) -> Any:
+    def submit(self, spec: StructuredSpec) -> Any:
         """The cached compiled grammar, or the Future of its compilation (shared by its callers); a spec
         that already ran out of time is a GrammarTimeoutError at once."""
         with self._lock:
@@ -143,7 +143,7 @@ class GrammarBackend:
             self._waiters[spec] = self._waiters.get(spec, 0) + 1
         return fut
 
-    def ran_out(self, spec: GuidedSpec, fut: Future[Any], limit: float) -> GrammarTimeoutError:
+    def ran_out(self, spec: StructuredSpec, fut: Future[Any], limit: float) -> GrammarTimeoutError:
         """A caller's wait passed ``limit``: a compilation still queued is cancelled (if no one else waits),
         one that ran out of time itself makes its spec refused at once from now on."""
         with self._lock:
@@ -153,12 +153,12 @@ class GrammarBackend:
                     self._refused.popitem(last=False)
         return self._timeout(spec, limit)
 
-    def abandon(self, spec: GuidedSpec, fut: Future[Any]) -> None:
+    def abandon(self, spec: StructuredSpec, fut: Future[Any]) -> None:
         """A caller went away (its client disconnected): a queued compilation no one waits for is cancelled."""
         with self._lock:
             self._leave(spec, fut)
 
-    def _leave(self, spec: GuidedSpec, fut: Future[Any]) -> bool:
+    def _leave(self, spec: StructuredSpec, fut: Future[Any]) -> bool:
         """One waiter fewer (under the lock); True when the compilation was still queued and is cancelled."""
         n = self._waiters.get(spec, 1) - 1
         if n > 0:
@@ -171,12 +171,12 @@ class GrammarBackend:
         return False
 
     @staticmethod
-    def _timeout(spec: GuidedSpec, limit: float, again: bool = False) -> GrammarTimeoutError:
+    def _timeout(spec: StructuredSpec, limit: float, again: bool = False) -> GrammarTimeoutError:
         return GrammarTimeoutError(
             f"{spec.param}: grammar compilation {'already ran' if again else 'ran'} past the {limit:g} s limit "
             "(--max-grammar-compile-seconds); simplify the schema, pattern or choices")
 
-    def _compile(self, spec: GuidedSpec) -> Any:
+    def _compile(self, spec: StructuredSpec) -> Any:
         try:
             compiled = self.compiler.compile_grammar(build_grammar(spec))
         except ValueError:
@@ -197,7 +197,7 @@ class GrammarBackend:
                     self.cache_bytes -= old
         return compiled
 
-    def constraint(self, spec: GuidedSpec) -> GrammarConstraint:
+    def constraint(self, spec: StructuredSpec) -> GrammarConstraint:
         return GrammarConstraint(_xgr().GrammarMatcher(self.compile(spec)), self.vocab_size)
 
 
@@ -215,7 +215,7 @@ def _schema_grammar(schema: Any, param: str) -> Any:
     return g
 
 
-def build_grammar(spec: GuidedSpec) -> Any:
+def build_grammar(spec: StructuredSpec) -> Any:
     """The xgrammar Grammar of a spec; ValueError (naming ``spec.param``) when it is malformed."""
     xgr, p = _xgr(), spec.param
     try:

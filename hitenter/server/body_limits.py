@@ -166,7 +166,7 @@ def _at(obj: Any, *keys: str) -> Any:
 
 def _check_grammar_inputs(body: dict[str, Any], lim: Limits) -> None:
     """The grammar inputs of every surface's spelling, sized before the body is validated (so an oversized
-    one costs one parse, not a parse, a validation and then the refusal); the same checks as guided.py's."""
+    one costs one parse, not a parse, a validation and then the refusal); the same checks as structured_fields.py's."""
     so = body.get("structured_outputs")
     for field, choices in (("guided_choice", body.get("guided_choice")), ("structured_outputs",
                                                                           _at(so, "choice"))):

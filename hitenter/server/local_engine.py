@@ -95,8 +95,8 @@ class LocalEngineClient:
         return self._inspector
 
     async def add(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> Handle:
-        if params.guided is not None:
-            await self._compiled(params.guided)
+        if params.structured is not None:
+            await self._compiled(params.structured)
         loop = asyncio.get_running_loop()
         fut = asyncio.ensure_future(asyncio.to_thread(self.engine.add_request, prompt_ids, params, request_id,
                                                       loop=loop))

@@ -38,7 +38,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from hitenter.engine.structured import GuidedSpec
+from hitenter.engine.structured import StructuredSpec
 from hitenter.outputs import PositionLogprobs, RequestOutput
 from hitenter.server import body_limits as limits
 from hitenter.server.api_error import APIError
@@ -62,7 +62,7 @@ class ToolPlan:
     mode: str                                   # "none" | "auto" | "required" | "named"
     tools: list[dict[str, Any]] = field(default_factory=list)
     parallel: bool = True
-    guided: GuidedSpec | None = None
+    structured: StructuredSpec | None = None
 
     @property
     def parses(self) -> bool:
@@ -143,7 +143,7 @@ def plan_tools(tools: list[dict[str, Any]], choice: Any, parallel: bool | None, 
         fns = [t["function"] for t in tools if t["function"]["name"] in allowed]
         schema = _call_schema(fns[0]) if len(fns) == 1 else {"anyOf": [_call_schema(f) for f in fns]}
         limits.check_schema(schema, param)      # all the tools' schemas together are one grammar
-        plan.guided = GuidedSpec("tool_calls", json.dumps({"schema": schema, "parallel": plan.parallel}),
+        plan.structured = StructuredSpec("tool_calls", json.dumps({"schema": schema, "parallel": plan.parallel}),
                                  choice_param)
     return plan
 
@@ -221,13 +221,13 @@ class ToolTextStream:
         return rest, calls
 
 
-def with_tools(spec: GuidedSpec | None, plan: ToolPlan) -> GuidedSpec | None:
+def with_tools(spec: StructuredSpec | None, plan: ToolPlan) -> StructuredSpec | None:
     """The one constraint of a request: its structured output, or its tool plan's (not both)."""
-    if plan.guided is None:
+    if plan.structured is None:
         return spec
     if spec is not None:
         raise APIError(400, f"{spec.param}: cannot be combined with tool_choice {plan.mode!r}", spec.param)
-    return plan.guided
+    return plan.structured
 
 
 def call_arguments(call: dict[str, Any]) -> dict[str, Any]:

@@ -26,10 +26,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from hitenter.engine.structured import GuidedSpec
+from hitenter.engine.structured import StructuredSpec
 from hitenter.outputs import PositionLogprobs, RequestOutput
 from hitenter.sampling_params import SamplingParams
-from hitenter.server import guided as G
+from hitenter.server import structured_fields as SF
 from hitenter.server.api_error import APIError, check_known_fields, error_responses
 from hitenter.server.generation import (
     ServedModel,
@@ -85,7 +85,7 @@ STRUCTURED_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_c
                      "structured_outputs")
 
 
-class GuidedFields(BaseModel):
+class StructuredFields(BaseModel):
     """OpenAI's ``response_format`` and vLLM's guided_* / ``structured_outputs``: at most one."""
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
@@ -95,20 +95,20 @@ class GuidedFields(BaseModel):
     structured_outputs: dict[str, Any] | None = None    # vLLM >= 0.10: {json | regex | choice | grammar}
     prompt_logprobs: PromptLogprobs | None = None
 
-    def guided_spec(self) -> GuidedSpec | None:
+    def structured_spec(self) -> StructuredSpec | None:
         if all(getattr(self, f) is None for f in STRUCTURED_FIELDS):
             return None
-        return G.one_of([
-            ("response_format", G.response_format_spec(self.response_format)),
-            ("guided_json", G.schema_spec(self.guided_json, "guided_json")),
-            ("guided_regex", G.text_spec("regex", self.guided_regex, "guided_regex")),
-            ("guided_choice", G.choice_spec(self.guided_choice, "guided_choice")),
-            ("guided_grammar", G.text_spec("grammar", self.guided_grammar, "guided_grammar")),
-            ("structured_outputs", G.structured_outputs_spec(self.structured_outputs)),
+        return SF.one_of([
+            ("response_format", SF.response_format_spec(self.response_format)),
+            ("guided_json", SF.schema_spec(self.guided_json, "guided_json")),
+            ("guided_regex", SF.text_spec("regex", self.guided_regex, "guided_regex")),
+            ("guided_choice", SF.choice_spec(self.guided_choice, "guided_choice")),
+            ("guided_grammar", SF.text_spec("grammar", self.guided_grammar, "guided_grammar")),
+            ("structured_outputs", SF.structured_outputs_spec(self.structured_outputs)),
         ])
 
 
-class SamplingRequest(GuidedFields, _Lenient):
+class SamplingRequest(StructuredFields, _Lenient):
 
     model: str | None = None
     n: Count = 1
@@ -179,16 +179,16 @@ OK_OR_STREAM = {200: {"content": {"application/json": {}, "text/event-stream": {
 def prepare_params(req: Any, params: SamplingParams, plan: ToolPlan | None = None) -> SamplingParams:
     """400 for unknown fields; the request's structured output (or its tool plan's) on the params."""
     check_known_fields(req)
-    spec = req.guided_spec()
-    if plan is not None and plan.guided is not None:
+    spec = req.structured_spec()
+    if plan is not None and plan.structured is not None:
         if spec is not None:
             raise APIError(400, f"{spec.param}: cannot be combined with tool_choice {plan.mode!r}", spec.param)
-        spec = plan.guided
+        spec = plan.structured
     if req.stream and req.prompt_logprobs is not None:
         raise APIError(400, "prompt_logprobs: not supported when streaming", "prompt_logprobs")
     if req.stream and req.echoes_logprobs:
         raise APIError(400, "echo: echo with logprobs is not supported when streaming", "echo")
-    return params if spec is None else params.replace(guided=spec)
+    return params if spec is None else params.replace(structured=spec)
 
 
 async def scores_for(m: ServedModel, req: Any, prompts: list[list[int]]) -> list[PromptScores] | None:

@@ -35,7 +35,7 @@ from fastapi.responses import Response
 from pydantic import ConfigDict, Discriminator, Field, Tag
 
 from hitenter.sampling_params import SamplingParams
-from hitenter.server import guided as G
+from hitenter.server import structured_fields as SF
 from hitenter.server.api_error import error_responses
 from hitenter.server.generation import (
     NAMED_SSE_ANTHROPIC,
@@ -311,9 +311,9 @@ async def messages(req: MessagesRequest, request: Request, state: State) -> Resp
     plan = _plan(req, m.tokenizer.chat_template)
     prompt = await _prompt(state, m, req, plan)
     fmt = req.output_config.format if req.output_config is not None else None
-    spec = with_tools(G.schema_spec(fmt.schema_, "output_config.format") if fmt is not None else None, plan)
+    spec = with_tools(SF.schema_spec(fmt.schema_, "output_config.format") if fmt is not None else None, plan)
     kw: dict[str, Any] = {"temperature": 1.0 if req.temperature is None else req.temperature,
-                          "max_tokens": req.max_tokens, "stop": req.stop_sequences, "guided": spec}
+                          "max_tokens": req.max_tokens, "stop": req.stop_sequences, "structured": spec}
     kw |= {k: v for k, v in (("top_p", req.top_p), ("top_k", req.top_k)) if v is not None}
     params = sampling_params(lambda: SamplingParams(**kw))
     handles = await submit(m, [prompt], params, "messages")

@@ -49,10 +49,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import ConfigDict, Discriminator, Field, Tag
 
-from hitenter.engine.structured import GuidedSpec
+from hitenter.engine.structured import StructuredSpec
 from hitenter.outputs import PositionLogprobs
 from hitenter.sampling_params import SamplingParams
-from hitenter.server import guided as G
+from hitenter.server import structured_fields as SF
 from hitenter.server.api_error import APIError, error_responses
 from hitenter.server.generation import (
     NAMED_SSE_OPENAI,
@@ -376,15 +376,15 @@ def store_of(state: ServerState) -> ResponseStore:
     return state.stores.setdefault("responses", ResponseStore())     # type: ignore[no-any-return]
 
 
-def text_spec(text: TextConfig | None) -> GuidedSpec | None:
+def text_spec(text: TextConfig | None) -> StructuredSpec | None:
     f = text.format if text is not None else None
     if f is None or f.type == "text":
         return None
     if f.type == "json_object":
-        return G.json_spec("text.format")
+        return SF.json_spec("text.format")
     if f.schema_ is None:
         raise APIError(400, "text.format.schema: is required with type json_schema", "text.format.schema")
-    return G.schema_spec(f.schema_, "text.format")
+    return SF.schema_spec(f.schema_, "text.format")
 
 
 def reply_messages(r: Reply) -> list[dict[str, Any]]:
@@ -428,7 +428,7 @@ async def create_response(req: ResponsesRequest, request: Request, state: State)
     k = (req.top_logprobs or 0) if req.wants_logprobs() else None
     params = sampling_params(lambda: SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature, top_p=1.0 if req.top_p is None else req.top_p,
-        max_tokens=req.max_output_tokens, logprobs=k, guided=spec))
+        max_tokens=req.max_output_tokens, logprobs=k, structured=spec))
     handles = await submit(m, [prompt], params, "input")
     rid, created, echo = new_id("resp", "_"), now(), _echo(req, params)
 

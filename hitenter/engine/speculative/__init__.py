@@ -17,10 +17,10 @@ import torch
 
 from hitenter.config import SpeculativeConfig
 from hitenter.engine.speculative.adaptive import AdaptiveK
-from hitenter.engine.speculative.spec_step import SpecDecoder, SpecDecodeStats, spec_request_stats
 from hitenter.engine.speculative.draft_head import draft_logits, draft_vocab_size
 from hitenter.engine.speculative.proposers import DraftModelProposer, NgramProposer
 from hitenter.engine.speculative.rejection import greedy_accept, point_mass, rejection_sample
+from hitenter.engine.speculative.spec_step import SpecDecoder, SpecDecodeStats, spec_request_stats
 
 __all__ = ["SpecDecoder", "SpecDecodeStats", "spec_request_stats", "build_spec_decoder", "check_vocab_compatible",
            "NgramProposer", "DraftModelProposer", "AdaptiveK", "adaptive_k", "rejection_sample", "greedy_accept", "point_mass"]

@@ -1,8 +1,8 @@
-"""Structured outputs, from whichever spelling a surface uses, to one ``GuidedSpec`` for the engine
+"""Structured outputs, from whichever spelling a surface uses, to one ``StructuredSpec`` for the engine
 (hitenter/engine/structured.py: an xgrammar token mask in the sampler).
 
 - a JSON schema (dict, or a JSON string of one): ``schema_spec``; any JSON: ``json_spec``;
-- a choice of strings: ``choice_spec``; a regex or an EBNF grammar: ``GuidedSpec`` directly;
+- a choice of strings: ``choice_spec``; a regex or an EBNF grammar: ``StructuredSpec`` directly;
 - OpenAI's ``response_format`` (``text`` / ``json_object`` (+ llama.cpp's ``schema``) / ``json_schema``)
   and vLLM's ``structured_outputs``: ``response_format_spec``, ``structured_outputs_spec``.
 Every unknown key is a 400 naming it (``param``).
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hitenter.engine.structured import GuidedSpec
+from hitenter.engine.structured import StructuredSpec
 from hitenter.server import body_limits as limits
 from hitenter.server.api_error import APIError
 
@@ -29,12 +29,12 @@ def unknown_keys(obj: dict[str, Any], known: set[str], param: str) -> None:
         raise APIError(400, f"{param}: unsupported key(s) {extra}; known: {sorted(known)}", param)
 
 
-def json_spec(param: str) -> GuidedSpec:
+def json_spec(param: str) -> StructuredSpec:
     """Any JSON object."""
-    return GuidedSpec("json", "", param)
+    return StructuredSpec("json", "", param)
 
 
-def schema_spec(schema: Any, param: str) -> GuidedSpec | None:
+def schema_spec(schema: Any, param: str) -> StructuredSpec | None:
     """A JSON schema (a dict, or a string holding one); None passes."""
     if schema is None:
         return None
@@ -43,19 +43,19 @@ def schema_spec(schema: Any, param: str) -> GuidedSpec | None:
     if not isinstance(schema, dict):
         raise APIError(400, f"{param}: must be a JSON schema object", param)
     limits.check_schema(schema, param)
-    return GuidedSpec("json_schema", json.dumps(schema), param)
+    return StructuredSpec("json_schema", json.dumps(schema), param)
 
 
-def choice_spec(choices: Any, param: str) -> GuidedSpec | None:
+def choice_spec(choices: Any, param: str) -> StructuredSpec | None:
     if choices is None:
         return None
     if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
         raise APIError(400, f"{param}: must be a non-empty list of non-empty strings", param)
     limits.check_choices(choices, param)
-    return GuidedSpec("choice", json.dumps(choices), param)
+    return StructuredSpec("choice", json.dumps(choices), param)
 
 
-def response_format_spec(rf: dict[str, Any] | None, param: str = "response_format") -> GuidedSpec | None:
+def response_format_spec(rf: dict[str, Any] | None, param: str = "response_format") -> StructuredSpec | None:
     """OpenAI's ``response_format``; ``json_object`` may carry a ``schema`` (llama.cpp's extension),
     which then constrains the output like ``json_schema`` does."""
     if rf is None:
@@ -75,7 +75,7 @@ def response_format_spec(rf: dict[str, Any] | None, param: str = "response_forma
     return schema_spec(js.get("schema") or {"type": "object"}, param)
 
 
-def structured_outputs_spec(so: dict[str, Any] | None, param: str = "structured_outputs") -> GuidedSpec | None:
+def structured_outputs_spec(so: dict[str, Any] | None, param: str = "structured_outputs") -> StructuredSpec | None:
     """vLLM >= 0.10's ``structured_outputs``: exactly one of json, regex, choice, grammar, json_object."""
     if so is None:
         return None
@@ -96,15 +96,15 @@ def structured_outputs_spec(so: dict[str, Any] | None, param: str = "structured_
     return text_spec("regex" if k == "regex" else "grammar", v, param)
 
 
-def text_spec(kind: str, text: str | None, param: str) -> GuidedSpec | None:
+def text_spec(kind: str, text: str | None, param: str) -> StructuredSpec | None:
     """A regex or an EBNF grammar, within its length limit; None passes."""
     if text is None:
         return None
     limits.check_text(text, kind, param)
-    return GuidedSpec(kind, text, param)
+    return StructuredSpec(kind, text, param)
 
 
-def one_of(found: list[tuple[str, GuidedSpec | None]]) -> GuidedSpec | None:
+def one_of(found: list[tuple[str, StructuredSpec | None]]) -> StructuredSpec | None:
     """The one constraint given among ``(field, spec)``s; 400 when more than one is."""
     given = [(name, spec) for name, spec in found if spec is not None]
     if len(given) > 1:
