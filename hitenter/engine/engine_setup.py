@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from hitenter.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from hitenter.config import DEFAULT_NUM_SPECULATIVE_TOKENS, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from hitenter.engine.model_runner import ModelRunner
 from hitenter.engine.sampler import Sampler
 from hitenter.engine.scheduler import Scheduler
@@ -79,17 +79,20 @@ def _check_combinations(cfg: EngineConfig) -> None:
 
 def _check_hybrid(cfg: EngineConfig) -> None:
     """ValueError (one line, naming the option) for what does not run on hybrid models yet."""
-    if cfg.speculative.speculative_method is not None:
-        raise ValueError("speculative_method: speculative decoding does not run on hybrid (recurrent-state) "
-                         "models yet")
+    if cfg.speculative.speculative_method == "draft_model":
+        raise ValueError("speculative_method: a draft model does not run beside a hybrid (recurrent-state) "
+                         "model yet; use ngram")
     if cfg.parallel.disaggregate is not None:
         raise ValueError("disaggregate: disaggregated prefill does not run on hybrid (recurrent-state) models yet")
 
 
 def state_slots(cfg: EngineConfig, bytes_per_slot: int) -> int:
     """State slots of a hybrid model: one live slot per running sequence plus snapshots of the prefix cache,
-    as many as fit a tenth of the KV budget's share of RAM (at least 4, at most 2 per sequence + 8)."""
+    as many as fit a twentieth of RAM (at least 4, at most 2 per sequence + 8), plus the scratch slots of
+    speculative verification (one per draft token of every sequence)."""
     live = cfg.scheduler.max_num_seqs
+    if cfg.speculative.speculative_method is not None:
+        live *= 1 + (cfg.speculative.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS)
     if not cfg.cache.enable_prefix_caching:
         return live
     room = total_ram_bytes() // 20 // max(bytes_per_slot, 1)

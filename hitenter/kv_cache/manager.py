@@ -232,8 +232,9 @@ class KVCacheManager:
         layers. Call once per scheduled step, after ``allocate_slots``."""
         if self.state is None:
             return None
+        drafts = max(0, min(len(request.spec_token_ids), num_new_tokens - 1))
         return self.state.plan(request.request_id, request.num_computed_tokens, num_new_tokens,
-                               request.num_prompt_tokens, self.enable_prefix_caching)
+                               request.num_prompt_tokens, self.enable_prefix_caching, drafts)
 
     def _cache_blocks(self, request: Request, num_verified_tokens: int) -> None:
         rid = request.request_id

@@ -23,6 +23,10 @@ Contracts:
 - ``commit(rid, hashes, num_verified)`` (after the step ran): registers each planned save at ``p <=
   num_verified`` under ``hashes[p // bs - 1]`` (an equal hash already registered keeps the old slot), frees the
   others, unpins the restored snapshot.
+- Speculative verification (``drafts`` > 0 in ``plan``): the state after each row that may end the
+  accepted run is saved to a scratch slot; ``commit`` keeps the one at the verified position as the next
+  step's restore (the live slot holds the state after the last draft) and frees the others, so a rejected
+  draft never reaches the state, conv tail included.
 - ``free(rid)`` releases the live slot and any planned saves. Unreferenced snapshots are evicted least
   recently used first. ``check_invariants`` verifies that every slot is exactly one of: free, live, pending,
   or a snapshot.
@@ -58,6 +62,8 @@ class StateGroup:
         self.live: dict[str, int] = {}
         self._restore: dict[str, int] = {}                       # rid -> source slot (or ZERO), taken by plan
         self._pending: dict[str, list[tuple[int, int]]] = {}      # rid -> [(position p, slot)] saved, unregistered
+        self._scratch: dict[str, list[tuple[int, int]]] = {}      # rid -> [(position, slot)] of a verification
+        self._rollback: dict[str, int] = {}                       # rid -> scratch slot its next step restores
         self._pins: dict[str, int] = {}                           # rid -> snapshot slot pinned by its restore
         self._reply: dict[str, BlockHash] = {}                    # rid -> the hash of its newest reply snapshot
         self._by_hash: dict[BlockHash, int] = {}
@@ -141,9 +147,16 @@ class StateGroup:
         else:
             self._release(slot)
 
-    def plan(self, rid: str, start: int, n: int, prompt_len: int, caching: bool = True) -> StateStep:
-        """The step's state work for rows ``[start, start + n)`` of ``rid`` (which must be admitted)."""
+    def plan(self, rid: str, start: int, n: int, prompt_len: int, caching: bool = True, drafts: int = 0) -> StateStep:
+        """The step's state work for rows ``[start, start + n)`` of ``rid`` (which must be admitted); the last
+        ``drafts`` rows are speculative."""
         step = StateStep(self.live[rid], self._restore.pop(rid, None))
+        for r in range(n - drafts, n):   # the state after each row a verification may stop at
+            slot = self._take()
+            if slot is None:
+                raise RuntimeError("no state slot for a speculative verification (slots are sized for them)")
+            step.saves.append((r, slot))
+            self._scratch.setdefault(rid, []).append((start + r, slot))
         if not caching:
             return step
         bs = self.block_size
@@ -163,6 +176,15 @@ class StateGroup:
         pin = self._pins.pop(rid, None)
         if pin is not None:
             self._unpin(pin)
+        old_rollback = self._rollback.pop(rid, None)   # restored by the step that just ran
+        if old_rollback is not None:
+            self._release(old_rollback)
+        for p, slot in self._scratch.pop(rid, ()):
+            if p == num_verified:   # the accepted run ended here: the next step restores this state
+                self._rollback[rid] = slot
+                self._restore[rid] = slot
+            else:
+                self._release(slot)
         for p, slot in self._pending.pop(rid, ()):
             k = p // self.block_size
             if p > num_verified or k > len(hashes) or hashes[k - 1] in self._by_hash:
@@ -187,8 +209,11 @@ class StateGroup:
         pin = self._pins.pop(rid, None)
         if pin is not None:
             self._unpin(pin)
-        for _, s in self._pending.pop(rid, ()):
+        for _, s in self._pending.pop(rid, []) + self._scratch.pop(rid, []):
             self._release(s)
+        rollback = self._rollback.pop(rid, None)
+        if rollback is not None:
+            self._release(rollback)
 
     def reset(self) -> bool:
         """Drop every unpinned snapshot (the prefix cache's reset). Returns True."""
@@ -199,7 +224,8 @@ class StateGroup:
     def check_invariants(self) -> None:
         """Raise AssertionError unless each slot is exactly one of free / live / pending / snapshot."""
         seen: list[int] = list(self._free) + list(self.live.values())
-        seen += [s for saves in self._pending.values() for _, s in saves]
+        seen += [s for saves in (*self._pending.values(), *self._scratch.values()) for _, s in saves]
+        seen += list(self._rollback.values())
         seen += list(self._hash_of)
         if sorted(seen) != list(range(self.num_slots)):
             raise AssertionError(f"state slots are not partitioned: {sorted(seen)}")

@@ -175,3 +175,29 @@ def test_random_operations_keep_every_slot_accounted_for(seed: int) -> None:
         m.free(r)
     m.check_invariants()
     assert m.state.num_free_slots == 6
+
+
+def test_a_verification_keeps_the_state_at_the_accepted_position() -> None:
+    m = KVCacheManager(64, BS, num_state_slots=12)
+    r = req("a", list(range(6)))
+    prefill(m, r)
+    r.output_token_ids.append(50)                 # the sampled token, then 3 drafts scored in one pass
+    r.spec_token_ids = [51, 52, 53]
+    assert m.allocate_slots(r, 4) is not None
+    plan = m.state_step(r, 4)
+    # after the verified token, after draft 1, after draft 2; and the reply's block boundary (8) at row 2
+    assert sorted(rows for rows, _ in plan.saves) == [1, 2, 2, 3]
+    # one draft accepted: the model's own next token replaces draft 2, so the verified tokens end at 8
+    r.spec_token_ids = []
+    r.output_token_ids += [51, 60]
+    r.num_computed_tokens = 8
+    m.cache_blocks(r, 8)
+    nxt = m.state_step(r, 1)                      # the next step restores the state after row 2 (position 8)
+    assert nxt.restore in {dst for rows, dst in plan.saves if rows == 2}
+    assert m.state.num_snapshots == 2             # the prompt-end one and the reply boundary at 8
+    r.num_computed_tokens += 1
+    m.cache_blocks(r, 9)
+    m.check_invariants()
+    m.free(r)
+    m.check_invariants()
+    assert m.state.num_free_slots == 12
