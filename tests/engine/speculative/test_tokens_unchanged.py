@@ -31,7 +31,7 @@ def _sig(o):
 @pytest.fixture(autouse=True)
 def fixed_draft_length(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests check verification at a fixed draft length, drafted by the model alone; the adaptive
-    length and prompt lookup before the draft model have their own tests (test_spec_adaptive.py)."""
+    length and prompt lookup before the draft model have their own tests (tests/engine/speculative/test_adaptive.py)."""
     monkeypatch.setenv("HITENTER_SPEC_ADAPTIVE", "0")
     monkeypatch.setenv("HITENTER_DRAFT_LOOKUP", "0")
 
