@@ -177,7 +177,7 @@ def _run(path: Path, release: bool, monkeypatch: pytest.MonkeyPatch, **opts: obj
 def test_engine_outputs_identical_with_and_without_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            quant: str | None, opts: dict) -> None:
     """Greedy, prefix caching, chunked prefill, (with the small cache) preemption and speculative verification
-    rows: the same tokens as the one-table engine (release off), whose correctness tests/test_gemma3.py checks."""
+    rows: the same tokens as the one-table engine (release off), whose correctness tests/models/families/test_gemma3.py checks."""
     from hitenter.testing.tiny_gemma import write_tiny_gemma3
 
     # 6 layers, 5 local (window 8) and one global: Gemma 3's 5:1 pattern
