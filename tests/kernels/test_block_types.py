@@ -1,7 +1,7 @@
 """The GGUF block types Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4: native kernels against the torch reference
 (gguf-py's dequantizer, then an fp64 matmul), and tiny GGUF models in each type that load and generate.
 
-Tolerance, the error model of tests/test_kernels.py: the kernels take the weights exactly (integer dots
+Tolerance, the error model of tests/kernels/test_qmatmul.py: the kernels take the weights exactly (integer dots
 per block, one fp32 scale product per block) and round the activations to int8, d_x = amax / 127 per
 activation block, as llama.cpp does (Q8_0-style 32-blocks for IQ4_NL / MXFP4, Q8_K-style 256-blocks for
 Q2_K / Q3_K / IQ4_XS). Each x_k moves by at most d_x / 2, so per output
@@ -145,7 +145,7 @@ def tiny_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[Q, Path]:
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_tiny_gguf_loads_matches_dense_and_generates(qtype: Q, tiny_paths: dict[Q, Path], one_thread: None) -> None:
     """Every projection stays in `qtype` blocks; logits follow the dense fp32 model within
-    tests/test_native_format.py's tolerances (the int8 activation rounding); greedy generation runs."""
+    tests/models/test_formats.py's tolerances (the int8 activation rounding); greedy generation runs."""
     path = tiny_paths[qtype]
     model, cfg = load_model(path)
     assert model.weight_format == "gguf"

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from hitenter.kernels.native import CSRC, DECODE_LAYER, LIBRARIES, NativeLibrary
-
-PACKAGE = Path(__file__).resolve().parent.parent / "hitenter"
+from hitenter.testing.paths import PACKAGE
 
 
 def test_every_c_source_is_one_declared_library() -> None:

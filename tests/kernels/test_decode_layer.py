@@ -6,7 +6,7 @@ sums, exp) and so, through the 8-bit activation rounding, by a little. Tiny rand
 real text: no further from the dense fp32 model than the torch layer is, perplexity within 2% of it.
 A whole sequence is computed both ways, every row a generation row (kernel_from=[0]).
 The engine-level guarantees (batch and chunk invariance, speculative identity) are the tests of
-test_native_format.py, which now run through this path; here we check that they did.
+tests/models/test_formats.py, which now run through this path; here we check that they did.
 """
 
 from __future__ import annotations
