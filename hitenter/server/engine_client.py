@@ -49,6 +49,8 @@ class ModelInfo:
     path: str | None                 # the GGUF file, when there is one
     file_size: int = 0
     toy: bool = False                # the playground's trigram model (no transformer, no chat template)
+    layer_types: tuple[str, ...] = ()   # a hybrid model's token mixer per layer (ModelConfig.layer_types)
+    state_bytes_per_sequence: int = 0   # what its recurrent layers hold per sequence, whatever its length
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)   # GGUF key/values
 
 

@@ -68,7 +68,8 @@ def model_info(llm: Any) -> ModelInfo:
         kv_bytes_per_token=c.kv_bytes_per_token(value_bytes(caches[0].dtype)) if caches else 0,
         max_num_batched_tokens=int(parts.scheduler_config.max_num_batched_tokens),
         parameter_count=_parameter_count(c), path=path, file_size=Path(path).stat().st_size if path else 0,
-        toy=hasattr(parts.model, "lookup"), metadata=_metadata(path))
+        toy=hasattr(parts.model, "lookup"), metadata=_metadata(path), layer_types=tuple(c.layer_types),
+        state_bytes_per_sequence=int(getattr(parts.model, "state_bytes_per_slot", lambda: 0)()))
 
 
 class LocalEngineClient:

@@ -123,6 +123,7 @@ def _info_routes(router: APIRouter, pg: Playground) -> None:
             out.append({"name": name, "architecture": i.architecture, "vocab_size": i.vocab_size,
                         "max_model_len": i.max_model_len, "context_length": i.context_length, "block_size": i.block_size, "num_blocks": i.num_blocks,
                         "kv_bytes_per_token": i.kv_bytes_per_token, "trigram": i.toy,
+                        "layer_types": list(i.layer_types), "state_bytes_per_sequence": i.state_bytes_per_sequence,
                         "eog": [piece(tok, t) for t in sorted(tok.eog_token_ids)]})
         return out
 

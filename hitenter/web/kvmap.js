@@ -17,7 +17,30 @@ export function renderRequestKV(node, run) {
     `this request: ${s.cached_tokens} tokens in the cache = ${bytes(s.cached_bytes)} `
     + `(${bytes(run.bytesPerToken)} per token) in ${table.length} block(s) of ${bs} tokens`
     + (s.freed ? " (freed now that it finished; its full blocks stay in the prefix cache)" : "")),
-  el("div", { class: "reqblocks", id: "req-blocks" }, cells));
+  el("div", { class: "reqblocks", id: "req-blocks" }, cells), hybridMemory(run, s));
+}
+
+// A hybrid model (attention layers beside recurrent ones): what each kind of layer holds for this request.
+// The attention layers' K/V grows with every token; a recurrent layer keeps one fixed-size state.
+function hybridMemory(run, s) {
+  const kinds = run.layerTypes;
+  if (!kinds.length || !run.stateBytes) return null;
+  const counts = {};
+  kinds.forEach((k) => { counts[k] = (counts[k] || 0) + 1; });
+  const recurrent = Object.keys(counts).filter((k) => k !== "attention" && k !== "ffn");
+  const first = run.steps.find((x) => x.mine);
+  const resumed = first && first.mine.start > 0 ? first.mine.start : 0;
+  const kv = s.cached_bytes, st = run.stateBytes, most = Math.max(kv, st, 1);
+  const bar = (id, label, b, note) => el("div", { class: "membar", id, dataset: { bytes: b } },
+    el("span", {}, label), el("i", { style: { width: `${(100 * b) / most}%` } }), el("span", {}, `${bytes(b)} ${note}`));
+  return el("div", { id: "hybrid-memory" },
+    el("p", {}, `a hybrid model: ${counts.attention || 0} attention layer(s) keep K/V for every token; `
+      + `${recurrent.map((k) => `${counts[k]} ${k.replace("_", " ")}`).join(", ")} layer(s) keep one state per sequence`),
+    bar("mem-kv", "attention K/V", kv, `(${s.cached_tokens} tokens, grows)`),
+    bar("mem-state", "recurrent state", st, "(the same at any length)"),
+    el("p", { id: "state-resume", dataset: { resumed } }, resumed
+      ? `resumed from a state snapshot at token ${resumed}: the earlier turn was not read again`
+      : "started from a zero state (no snapshot of this prefix yet; the next turn will resume from one)"));
 }
 
 export function renderBlockMap(node, eng, mine) {

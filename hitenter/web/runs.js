@@ -5,6 +5,7 @@ export function newRun(models, name, mode, p, text) {
   return { model: name, mode, params: p, promptText: text, rid: null, prompt_ids: null, pieces: [], tokens: [], steps: [],
     text: "", textBase: "", heldBack: "", finish: null, stopReason: null, endToken: null, stopSpan: null, ttft: null, itl: [],
     cached: null, error: null, blockSize: m.block_size, bytesPerToken: m.kv_bytes_per_token, templateUsed: false,
+    layerTypes: m.layer_types || [], stateBytes: m.state_bytes_per_sequence || 0,
     maxModelLen: m.max_model_len, bodies: [] };
 }
 
