@@ -15,8 +15,7 @@ from hitenter.models.linear import Linear, packed_rows_invariant
 from hitenter.models.loader import load_model
 from hitenter.models.registry import hitenter_home
 from hitenter.testing.model_runs import Runner, greedy_batch
-
-GOLDENS = Path(__file__).parent / "goldens"
+from hitenter.testing.paths import GOLDENS
 
 # ---------------------------------------------------------------- tiny models
 

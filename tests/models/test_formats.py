@@ -1,14 +1,14 @@
 """The GGUF's own blocks as the weight format (hitenter/models/formats.py, block_linear.py).
 
 References are independent of the block path: the dense fp32 model (every tensor dequantized by
-gguf-py's reference dequantizer, the HF-exact path of tests/test_model.py) and gguf-py's dequantizer
+gguf-py's reference dequantizer, the HF-exact path of tests/models/test_decoder.py) and gguf-py's dequantizer
 itself. Without the native kernels, HITENTER_GGUF_REFERENCE=1 keeps the blocks and runs the torch
 reference qmatmul (the fixture `blocks`); with them, these tests exercise the native kernels.
 
 Tolerances (logits of the block model vs the dense fp32 model): mean |diff| <= 5% of the dense
 logits' std, max |diff| <= 10% of their largest |value|, argmax equal at >= 90% of positions. The
 native kernels round activations to int8 per block, as llama.cpp does (about 0.5% relative error per
-product, tests/test_kernels.py); measured on 128 tokens of SmolLM2: mean 0.15 (2.4% of std 6.0), max
+product, tests/kernels/test_qmatmul.py); measured on 128 tokens of SmolLM2: mean 0.15 (2.4% of std 6.0), max
 1.5 (4.4% of 33.9), argmax 97.7%. The reference qmatmul is the same fp32 math as the dense model
 (max |diff| ~1e-4). Perplexity on the first 512 tokens of the bundled English text (one window): within 1%
 (block / dense - 1 at 512 vs 1,024 tokens: SmolLM2 +0.37% / +0.35%, Qwen2.5-Coder-0.5B +0.24% / +0.05%).

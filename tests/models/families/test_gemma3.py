@@ -26,8 +26,8 @@ from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_
 from hitenter.models.loader import load_model
 from hitenter.models.registry import hitenter_home
 from hitenter.testing.model_runs import Runner, greedy_batch
+from hitenter.testing.paths import GOLDENS
 
-GOLDENS = Path(__file__).parent / "goldens"
 GEMMA = hitenter_home() / "models" / "gemma-3-270m.gguf"
 
 
@@ -245,7 +245,7 @@ def test_gemma_greedy_matches_hf_goldens(gemma: Gemma3Model) -> None:
 @pytest.mark.slow
 def test_gemma_default_block_format_tracks_hf() -> None:
     """The default format (the GGUF's blocks, int8-rounded activations in the kernels) stays close to HF's
-    fp32 logits: argmax agreement >= 90% of positions (the native-format tolerance, tests/test_native_format.py)."""
+    fp32 logits: argmax agreement >= 90% of positions (the native-format tolerance, tests/models/test_formats.py)."""
     if not GEMMA.is_file():
         pytest.skip(f"{GEMMA} not present (hitenter pull gemma-3-270m)")
     model = load_model(GEMMA)[0]

@@ -20,10 +20,11 @@ import torch
 from hitenter.errors import ModelLoadError
 from hitenter.models.loader import load_model
 from hitenter.testing.model_runs import Runner
+from hitenter.testing.paths import GOLDENS as ALL_GOLDENS
 from hitenter.testing.tiny_families import FAMILIES, write_tiny_family
 from hitenter.testing.tiny_model import add_tokenizer
 
-GOLDENS = Path(__file__).parent / "goldens" / "families"
+GOLDENS = ALL_GOLDENS / "families"
 
 # Tolerance: max |hitenter - llama.cpp| <= TOL * max |llama.cpp logit|, over all positions and the vocabulary.
 # Both sides compute in float32 from the same F32 weights and differ only in rounding: summation order in

@@ -4,7 +4,7 @@ and ownership of the expert bytes by the weight arena.
 
 The reference (`reference_moe`) loops over tokens and runs each expert product on its own row: dense
 experts as `W @ v`, blocks through qmatmul on one row (the kernel, itself checked against the
-dequantized weights by tests/test_kernels.py; here once more, loosely, through the dequantized experts).
+dequantized weights by tests/kernels/test_qmatmul.py; here once more, loosely, through the dequantized experts).
 """
 
 from __future__ import annotations
