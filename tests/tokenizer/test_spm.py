@@ -5,13 +5,13 @@ bytes, round trips, and incremental detokenizing of byte-fallback pieces."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from hitenter.models.registry import hitenter_home
 from hitenter.sampling_params import SamplingParams
+from hitenter.testing.paths import GOLDENS
 from hitenter.testing.tokenizer_checks import assert_token_bytes, assert_vocab_facts
 from hitenter.tokenizer import Tokenizer
 from hitenter.tokenizer.detokenizer import IncrementalDetokenizer
@@ -19,7 +19,7 @@ from hitenter.tokenizer.spm import SpmTokenizer, spm_merges
 
 # the real Gemma 3 vocabulary (262k tokens) takes seconds to load: the full suite, not the fast lane
 pytestmark = pytest.mark.slow
-GOLDEN = Path(__file__).parent / "goldens" / "tokenizer_gemma3.json"
+GOLDEN = GOLDENS / "tokenizer_gemma3.json"
 GEMMA = hitenter_home() / "models" / "gemma-3-270m.gguf"
 
 

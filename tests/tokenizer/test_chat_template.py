@@ -1,5 +1,5 @@
 """Chat-template rendering: transformers-compatible environment, message validation, clear errors.
-(The real models' templates are checked against transformers-rendered goldens in test_tokenizer.py.)"""
+(The real models' templates are checked against transformers-rendered goldens in tests/tokenizer/test_tokenizer.py.)"""
 
 from __future__ import annotations
 

@@ -11,11 +11,11 @@ import pytest
 
 from hitenter.errors import ModelLoadError
 from hitenter.models.registry import hitenter_home
+from hitenter.testing.paths import GOLDENS, TEST_DATA
 from hitenter.testing.tokenizer_checks import assert_token_bytes, assert_vocab_facts
 from hitenter.tokenizer import Tokenizer, read_tokenizer_metadata
 
-GOLDENS = Path(__file__).parent / "goldens"
-CORPUS: list[str] = json.loads((Path(__file__).parent / "data" / "tokenizer_corpus.json").read_text())
+CORPUS: list[str] = json.loads((TEST_DATA / "tokenizer_corpus.json").read_text())
 MODELS = {"smollm2": "smollm2-135m-instruct", "qwen2.5-coder-0.5b": "qwen2.5-coder-0.5b-instruct"}
 
 
