@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from hitenter.testing.paths import TEST_OUTPUT
 from hitenter.testing.playground_page import CHROMIUM, finished
 
 MODELS = Path.home() / ".cache" / "hitenter" / "models"
 FILES = {"smollm2": MODELS / "smollm2-135m-instruct.gguf", "qwen": MODELS / "qwen2.5-coder-0.5b-instruct.gguf"}
-OUT = Path(__file__).resolve().parent.parent / "test-output"
+OUT = TEST_OUTPUT
 INSIDE = ("p-embed", "p-rope", "p-attn", "p-resid", "p-logits", "p-drill-softmax")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's /usr/bin/chromium")]
 
@@ -53,7 +54,7 @@ def real():
 
 
 @pytest.fixture
-def pg(real, browser):  # noqa: F811
+def pg(real, browser):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))

@@ -1,22 +1,22 @@
 """Story mode and the inside-the-model panels in a real headless Chromium against the real server, and
 one browser check per fixed playground bug (each fails on the code before its fix).
 
-Screenshots of every story step land in test-output/story/ (look at them). Fixtures come from
-test_playground.py (the same server: the tiny llama model and the trigram toy).
+Screenshots of every story step land in test-output/story/ (look at them). The server (the tiny llama
+model and the trigram toy) is tests/playground/conftest.py's.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from hitenter.models.trace import trace_forward
+from hitenter.testing.paths import TEST_OUTPUT
 from hitenter.testing.playground_page import CHROMIUM, enter, finished, gen_ids
 
-STORY_SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "story"
+STORY_SHOTS = TEST_OUTPUT / "story"
 # browser tests: the full suite (CI), not the fast lane
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's /usr/bin/chromium")]
@@ -30,7 +30,7 @@ PANELS = {"tokens": "p-tokens", "drill_words": "p-drill-words", "embeddings": "p
           "trigram": "p-trigram", "batching": "p-kv", "faster": "p-fast", "cheat": "p-cheat"}
 
 
-def new_page(browser, server, width: int = 1400):  # noqa: F811
+def new_page(browser, server, width: int = 1400):
     pg = browser.new_page(viewport={"width": width, "height": 1000})
     pg.errors = []
     pg.on("pageerror", lambda e: pg.errors.append(str(e)))
@@ -101,7 +101,7 @@ def walk_story(pg, eng) -> None:
     assert pg.is_disabled("#story-next")
 
 
-def test_story_walks_prompt_to_batching(browser, server) -> None:  # noqa: F811
+def test_story_walks_prompt_to_batching(browser, server) -> None:
     pg = new_page(browser, server)
     pg.fill("#prompt", "the deploy failed on the")
     pg.press("#prompt", "Enter")
@@ -118,7 +118,7 @@ def test_story_walks_prompt_to_batching(browser, server) -> None:  # noqa: F811
     pg.close()
 
 
-def test_logits_temperature_and_draw_share_one_pinned_step(browser, server) -> None:  # noqa: F811
+def test_logits_temperature_and_draw_share_one_pinned_step(browser, server) -> None:
     """The logits step showed step 0's distribution and the temperature step the last step's."""
     pg = new_page(browser, server)
     enter(pg, "the deploy failed on the", max_tokens=6, seed=5)

@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import math
 import time
-from pathlib import Path
 
 import pytest
 
+from hitenter.testing.paths import TEST_OUTPUT
 from hitenter.testing.playground_page import CHROMIUM, TINY_OPTS, data, enter, finished, gen_ids
 
-SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "playground"
+SHOTS = TEST_OUTPUT / "playground"
 pytestmark = [pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's /usr/bin/chromium"),
               pytest.mark.slow]     # a browser (conftest: one for these modules): the fast lane skips it
 

@@ -1,5 +1,7 @@
-"""One browser check per fixed playground bug (issue 18, part 5); each failed on the page before its fix.
-Fixtures come from test_playground.py (the tiny llama model and the trigram toy behind the real server)."""
+"""The page's controls and panels in a real headless Chromium, each check a behaviour the page once got
+wrong: slider answers arriving out of order, ignore_eos, the end token explained, rejections named and
+cleared, replay after step mode, a burst's colours, stale panels, labels and counts, phone-width layout.
+The server (the tiny llama model and the trigram toy) is tests/playground/conftest.py's."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import re
 
 import pytest
 
+from hitenter.testing.paths import TEST_OUTPUT
 from hitenter.testing.playground_page import CHROMIUM, enter, finished, gen_ids
 
 # browser tests: the full suite (CI), not the fast lane
@@ -27,7 +30,7 @@ SLOW_FIRST_RESHAPE = """() => {
 
 
 @pytest.fixture
-def pg(server, browser):  # noqa: F811
+def pg(server, browser):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -89,7 +92,7 @@ def test_trigram_with_the_chat_template_ticked(pg) -> None:
     assert gen_ids(pg) == plain and len(plain) > 1        # ticked or not, the toy never sees a template
 
 
-def test_rejections_are_named_and_cleared(pg, server) -> None:  # noqa: F811
+def test_rejections_are_named_and_cleared(pg, server) -> None:
     pg.set_checked("#chat", False)
     pg.fill("#prompt", "")
     pg.press("#prompt", "Enter")
@@ -126,7 +129,7 @@ def test_burst_requests_get_distinct_colours(pg) -> None:
     assert min(gaps) >= 8, hues                                   # consecutive ids: 1 degree apart before
 
 
-def test_no_sideways_scroll_at_420px(server, browser) -> None:  # noqa: F811
+def test_no_sideways_scroll_at_420px(server, browser) -> None:
     page = browser.new_page(viewport={"width": 420, "height": 900})
     page.goto(server[0] + "/")
     page.wait_for_selector("body[data-ready=true]", timeout=20000)
@@ -230,7 +233,7 @@ def test_attention_layer_label_counts_from_one(pg) -> None:
     assert pg.inner_text("#attn-layer-label").startswith(f"layer {int(n) + 1} of {int(n) + 1}")
 
 
-def test_batching_lists_no_empty_batch(pg, server) -> None:  # noqa: F811
+def test_batching_lists_no_empty_batch(pg, server) -> None:
     pg.fill("#burst-n", "4")
     pg.fill("#max_tokens", "4")
     pg.click("#btn-burst")
@@ -251,7 +254,7 @@ def test_greedy_is_one_hot(pg) -> None:
     assert final[0] == 1 and set(final[1:]) == {0} and raw.index(max(raw)) == 0
 
 
-def test_temperature_break_it_matches_v1(pg, server) -> None:  # noqa: F811
+def test_temperature_break_it_matches_v1(pg, server) -> None:
     pg.set_checked("#chat", False)
     pg.fill("#prompt", "the deploy failed on the")
     pg.click("#btn-temps")
@@ -276,9 +279,8 @@ def test_chars_per_token_counts_the_users_text(pg) -> None:
     assert int(d(pg, "#chars-per-token", "tokens")) == want and int(d(pg, "#chars-per-token", "chars")) == 31
 
 
-def test_story_content_above_the_fold_on_a_phone(server, browser) -> None:  # noqa: F811
+def test_story_content_above_the_fold_on_a_phone(server, browser) -> None:
     """At 390x844 the story's content started at y=964 (the header and a wrapped rail above it)."""
-    from pathlib import Path
 
     page = browser.new_page(viewport={"width": 390, "height": 844})
     page.goto(server[0] + "/")
@@ -294,7 +296,7 @@ def test_story_content_above_the_fold_on_a_phone(server, browser) -> None:  # no
             li = r.querySelector('li.on').getBoundingClientRect(), b = r.getBoundingClientRect();
             return [li.left >= b.left - 1 && li.right <= b.right + 1, b.height]; }""")
         assert rail[0] and rail[1] < 60, rail              # one line, the current step in view
-        shots = Path(__file__).resolve().parent.parent / "test-output" / "phone"
+        shots = TEST_OUTPUT / "phone"
         shots.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shots / f"390-{key}.png"))
     page.close()
