@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -41,10 +40,8 @@ class ForcedClient(LocalEngineClient):
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_qwen2_path: Path) -> Iterator[AsyncLLMEngine]:
-    eng = LLMEngine(str(tiny_qwen2_path))
-    eng.tokenizer.chat_template += "{% for t in tools or [] %}{{ t.function.name }}{% endfor %}"   # uses `tools`
-    ae = AsyncLLMEngine(eng)
+def engine(tools_engine: LLMEngine) -> Iterator[AsyncLLMEngine]:
+    ae = AsyncLLMEngine(tools_engine)
     yield ae
     ae.shutdown()
 

@@ -20,11 +20,6 @@ CHAT = [{"role": "user", "content": "Hello world"}]
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_llama_path: Path) -> LLMEngine:
-    return LLMEngine(str(tiny_llama_path))
-
-
-@pytest.fixture(scope="module")
 def server(engine: LLMEngine) -> Iterator[LiveServer]:
     with live_server(create_app(engine, served_model_name=MODEL)) as srv:
         yield srv

@@ -1,4 +1,4 @@
-"""Issue 17 with real models and real clients (slow): 50 generated JSON schemas on SmolLM2 at
+"""Structured outputs and tool calls with real models and real clients (slow): 50 generated JSON schemas on SmolLM2 at
 temperature 1; tool calls on Qwen2.5-Coder-0.5B through the openai client and langchain-openai."""
 
 from __future__ import annotations

@@ -21,11 +21,6 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_llama_path: Path) -> LLMEngine:
-    return LLMEngine(str(tiny_llama_path))
-
-
-@pytest.fixture(scope="module")
 def server(engine: LLMEngine) -> Iterator[LiveServer]:
     with live_server(create_app(engine, served_model_name="tiny", api_key=KEY)) as srv:
         yield srv

@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,11 +20,6 @@ from hitenter.testing.live_server import LiveServer, assert_error, live_server
 KEY = "sk-hard"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 LIMIT = 64 << 10
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_llama_path: Path) -> LLMEngine:
-    return LLMEngine(str(tiny_llama_path))
 
 
 @pytest.fixture(scope="module")

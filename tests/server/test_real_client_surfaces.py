@@ -1,4 +1,4 @@
-"""Issue 28 with the real Qwen2.5-Coder-0.5B and the official clients of every surface (slow, offline):
+"""The real Qwen2.5-Coder-0.5B behind the official clients of every surface (slow, offline):
 ``ollama`` (chat, generate, stream, tools, format schema, embed, list, show, pull), ``langchain-ollama``
 (ChatOllama invoke / stream / bind_tools), ``openai`` Responses (create, stream, function-call round trip,
 json_schema, previous_response_id) and ``anthropic`` Messages (create, stream, tool_use round trip).

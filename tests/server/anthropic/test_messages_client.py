@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -27,10 +26,8 @@ USER = [{"role": "user", "content": "Hello world"}]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_qwen2_path: Path) -> Iterator[LiveServer]:
-    eng = LLMEngine(str(tiny_qwen2_path))
-    eng.tokenizer.chat_template += "{% for t in tools or [] %}{{ t.function.name }}{% endfor %}"   # uses `tools`
-    with live_server(create_app(eng, "tiny", api_key=KEY, playground=False)) as srv:
+def server(tools_engine: LLMEngine) -> Iterator[LiveServer]:
+    with live_server(create_app(tools_engine, "tiny", api_key=KEY, playground=False)) as srv:
         yield srv
 
 

@@ -1,5 +1,6 @@
-"""Issue 17 on the tiny random Qwen2 model, in process: structured outputs, tool calls, prompt logprobs,
-embeddings and the "nothing silently ignored" rules (real models and clients: test_real_clients.py)."""
+"""The OpenAI API's request features on the tiny random Qwen2 model, in process: structured outputs, tool
+calls, prompt logprobs, embeddings and the "nothing silently ignored" rules (real models and clients:
+tests/server/openai/test_real_clients.py)."""
 
 from __future__ import annotations
 
@@ -30,10 +31,8 @@ USER = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_qwen2_path: Path) -> LLMEngine:
-    e = LLMEngine(str(tiny_qwen2_path))
-    e.tokenizer.chat_template += "{% for t in tools or [] %}{{ t.function.name }}{% endfor %}"   # uses `tools`
-    return e
+def engine(tools_engine: LLMEngine) -> LLMEngine:
+    return tools_engine
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +55,7 @@ def _err(r: Any, status: int, param: str | None) -> None:
 def test_json_schema_requests_validate(tiny_qwen2_path: Path) -> None:
     """60 generated schemas sampled at temperature 1 in one mixed batch (plus unconstrained rows)."""
     llm = LLM(str(tiny_qwen2_path))
-    schemas = random_schemas(60, seed=0, depth=1, ascii_strings=True)   # depth 2: test_real_clients.py (SmolLM2)
+    schemas = random_schemas(60, seed=0, depth=1, ascii_strings=True)   # depth 2: tests/server/openai/test_real_clients.py (SmolLM2)
     params = [SamplingParams(temperature=1.0, seed=i, max_tokens=240, structured=StructuredSpec("json_schema", json.dumps(s)))
               for i, s in enumerate(schemas)] + [SamplingParams(temperature=1.0, seed=1, max_tokens=20)] * 4
     outs = llm.generate(["J"] * len(params), params)
@@ -204,7 +203,7 @@ def test_continue_final_message_and_chat_echo(client: TestClient, engine: LLMEng
 
 def test_speculative_decoding_with_constrained_rows(tiny_qwen2_path: Path) -> None:
     """A constrained request speculates too (drafts checked against its grammar; more in
-    test_spec_structured.py) and obeys its grammar; it and its neighbour produce exactly their
+    tests/engine/speculative/test_structured.py) and obeys its grammar; it and its neighbour produce exactly their
     non-speculative tokens."""
     spec = LLM(str(tiny_qwen2_path), speculative_model=str(tiny_qwen2_path), num_speculative_tokens=3)
     plain = LLM(str(tiny_qwen2_path))

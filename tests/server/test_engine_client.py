@@ -1,4 +1,4 @@
-"""The server's shape (issue 28): endpoints talk to one EngineClient, nothing in hitenter/server reaches
+"""The server's shape: endpoints talk to one EngineClient, nothing in hitenter/server reaches
 into the engine but the client adapter, no import circles; prompt scoring and embeddings are engine
 work run between its steps (engine_jobs.py), with the numbers of the idle engine under load."""
 
@@ -21,8 +21,9 @@ from hitenter.server.api import create_app
 from hitenter.server.engine_jobs import EngineJobs
 from hitenter.server.prompt_logprobs import run_now, score_job
 from hitenter.testing.live_server import LiveServer, live_server, wait_until
+from hitenter.testing.paths import PACKAGE
 
-SERVER = Path(__file__).resolve().parents[1] / "hitenter" / "server"
+SERVER = PACKAGE / "server"
 ADAPTERS = {"local_engine.py", "prompt_logprobs.py"}     # the client adapter and the jobs it runs
 INTERNALS = re.compile(r"\.engine\.engine\b|\.runner\b|\.kv_manager\b|(?<!snap)\.scheduler\b|trace_requests|last_logits"
                        r"|last_traces|\.parts\.|run_on_snapshot")
@@ -261,6 +262,6 @@ def test_a_request_crosses_few_server_files(tiny_qwen2_path: Path) -> None:
         assert len(files[name]) <= most, (name, sorted(files[name]))
         assert CORE <= files[name], (name, sorted(files[name]))            # one path for every surface
     for name in ("chat", "chat stream", "chat tools"):
-        assert len(files[name]) <= 6, (name, sorted(files[name]))          # issue 28's bound, all files counted
+        assert len(files[name]) <= 6, (name, sorted(files[name]))          # all files counted
     for name in ("chat tools", "responses", "messages", "ollama chat", "ollama generate"):
         assert "reply.py" in files[name], (name, sorted(files[name]))    # the new surfaces share one reply too

@@ -1,14 +1,13 @@
-"""Defects found by llama.cpp's and vLLM's own server tests (issue 28, issue 32 item 3), each sent the
-way the peer's test sent it: strict numbers, unknown keys inside nested objects, ``json_object`` with
-a ``schema``, ``continuous_usage_stats``, CORS (``--allowed-origins``), JSON 404 for a base URL
-without /v1, extra models named as written, and OpenAI's context-overflow wording. (The openai
-client's base64 embeddings: tests/test_server_openai.py.)"""
+"""Requests as llama.cpp's and vLLM's own server tests send them, each sent the way the peer's test sent
+it: strict numbers, unknown keys inside nested objects, ``json_object`` with a ``schema``,
+``continuous_usage_stats``, CORS (``--allowed-origins``), JSON 404 for a base URL without /v1, extra
+models named as written, and OpenAI's context-overflow wording. (The openai client's base64 embeddings:
+tests/server/openai/test_openai_client.py.)"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -21,11 +20,6 @@ from hitenter.testing.live_server import assert_error
 
 USER = [{"role": "user", "content": "Hello"}]
 ORIGIN = "http://localhost:3000"
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_llama_path: Path) -> LLMEngine:
-    return LLMEngine(str(tiny_llama_path))
 
 
 @pytest.fixture(scope="module")
