@@ -78,7 +78,7 @@ def playground_without_key(url: str) -> dict[str, object]:
 
 def schemathesis(url: str, examples: int, out: Path) -> dict[str, object]:
     """schemathesis over every route (but the endless event stream), key set, every check but positive
-    data acceptance (as tests/test_server_reliability.py: some schema-valid requests are refused for
+    data acceptance (as tests/server/test_reliability.py: some schema-valid requests are refused for
     rules a JSON schema cannot state, e.g. 90.0 is a JSON Schema integer and our types are strict, or a
     tool role the model's template lacks); the statuses and check results counted from its report."""
     exe = Path(sys.executable).with_name("schemathesis")

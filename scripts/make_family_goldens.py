@@ -1,5 +1,5 @@
 """Write llama.cpp's per-position logits on the tiny family GGUFs (hitenter/testing/tiny_families.py) as
-goldens: tests/goldens/families/<family>.npz, checked by tests/test_families.py.
+goldens: tests/goldens/families/<family>.npz, checked by tests/models/families/test_llama_cpp_logits.py.
 
 Reference: llama.cpp through llama-cpp-python 0.3.36 in its own venv (not a hitenter dependency):
     python3 -m venv /work/venvs/llamacpp

@@ -1,9 +1,9 @@
-"""Write Gemma 3 model goldens from HF transformers for tests/test_gemma3.py.
+"""Write Gemma 3 model goldens from HF transformers for tests/models/families/test_gemma3.py.
 
 Reference: `AutoModelForCausalLM.from_pretrained(dir, gguf_file="gemma-3-270m.gguf", dtype=torch.float32)`
 (transformers >= 5: Gemma3ForCausalLM, the GGUF dequantized by gguf-py, norm weights shifted back by -1),
 eager attention so the sliding-window mask is HF's own. Prompt ids come from hitenter's tokenizer (checked
-against llama.cpp by tests/test_gemma_tokenizer.py) and are stored, so the tests need neither.
+against llama.cpp by tests/tokenizer/test_spm.py) and are stored, so the tests need neither.
 
 tests/goldens/model_gemma3_logits.json: per prompt (one longer than the 512-token sliding window, so the
   local layers' masking matters): ids, argmax and the max logit at every position, top-50 of the last row.

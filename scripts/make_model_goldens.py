@@ -1,4 +1,4 @@
-"""Write model goldens from an independent implementation (HF transformers) for tests/test_model.py.
+"""Write model goldens from an independent implementation (HF transformers) for tests/models/test_decoder.py.
 
 The goldens come from `AutoModelForCausalLM.from_pretrained(dir, gguf_file=..., dtype=torch.float32)`,
 which dequantizes the very same GGUF weights with gguf-py, and from HF's tokenizer built from the

@@ -14,7 +14,7 @@ collectives (hitenter/distributed/fused.py), so TP ranks compute TP=1's fused bi
 Which rows: the generation rows of AttentionMetadata.kernel_rows (position >= prompt length - 1): a
 row's path depends on its position only, so batch invariance and speculative identity hold as they do
 for the attention kernel. The torch layer (decoder.py) stays the statement of the math; the two are
-compared in tests/test_fused_decode.py.
+compared in tests/kernels/test_decode_layer.py.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ weight once (`torch.ops.mkldnn._reorder_linear_weight`, the op Inductor's freezi
 streamed from memory: bf16 1.30x / 1.32x / 1.21x / 1.03x at 1 / 8 / 64 / 512 rows, fp32 1.48x / 2.15x /
 1.56x / 1.34x (fp32 packed runs oneDNN's GEMM, plain runs MKL's).
 
-Bits: in bf16 the packed call is bitwise `F.linear` (same oneDNN kernel, tests/test_model.py checks
+Bits: in bf16 the packed call is bitwise `F.linear` (same oneDNN kernel, tests/models/test_decoder.py checks
 it). In fp32 it is oneDNN's GEMM instead of MKL's, so logits move by float rounding (the HF goldens
 still hold). Batch invariance needs a row's bits not to depend on the row count, for the multiples of
 ROW_MULTIPLE the model pads to: `packed_rows_invariant` probes that at load per dtype, and a dtype that

@@ -202,7 +202,7 @@ def reference_moe(x: torch.Tensor, router: torch.Tensor, gate: ExpertWeight, up:
                   router_bias: torch.Tensor | None = None, selection_bias: torch.Tensor | None = None,
                   weights_scale: float | None = None, expert_bias: Biases | None = None) -> torch.Tensor:
     """The statement of the math, one token at a time (slow; the tests' reference). An expert product is
-    `w @ v` for dense experts and qmatmul of the one row for blocks (the kernel, which tests/test_kernels.py
+    `w @ v` for dense experts and qmatmul of the one row for blocks (the kernel, which tests/kernels/test_qmatmul.py
     checks against the dequantized weights); ties go to the lower expert index."""
     glu = GLUS[act]
     bg, bu, bd = expert_bias or (None, None, None)

@@ -11,7 +11,7 @@ The row-parallel projections (`row_parallel`) return the whole output on every r
   ranks' inputs (their heads' attention outputs, their FFN activations) are all-gathered first and the
   ranks' output columns all-gathered after. Each output element is then the one dot product TP=1
   computes, by the same kernel on the same 8-bit activation blocks (the native kernels give a row of W
-  the same bits whatever other rows are in the call: tests/test_tensor_parallel.py checks it), so the
+  the same bits whatever other rows are in the call: tests/distributed/test_tensor_parallel.py checks it), so the
   sharded model computes TP=1's bits. Why not split the input columns at block boundaries and all-reduce
   the partial sums: that changes the dot product's summation order (a sum of per-rank partial sums is
   not the kernel's one accumulation), so it cannot give TP=1's bits; the gather costs two all-gathers

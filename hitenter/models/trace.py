@@ -7,7 +7,7 @@ state is never touched, so untraced requests are not slowed by it (beyond sharin
 
 Each layer runs its own ``forward`` (the engine's code path) on a private KV cache, so the hidden states
 and logits are the engine's; the attention probabilities, which the engine's paged kernel never
-materialises, are computed beside it explicitly in fp32 as ``softmax(Q K^T / sqrt(d) + causal mask)``. Agreement: tests/test_trace.py (the engine's logits,
+materialises, are computed beside it explicitly in fp32 as ``softmax(Q K^T / sqrt(d) + causal mask)``. Agreement: tests/models/test_trace.py (the engine's logits,
 and HF transformers' ``output_attentions`` / ``output_hidden_states`` in fp32 eager).
 
 ``hidden[l]`` is the residual stream *before* layer ``l`` (``hidden[0]`` = the token embeddings,

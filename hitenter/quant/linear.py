@@ -11,7 +11,7 @@ float32 / float16 activations take a scalar fallback that measured 10-40x slower
 (bench/quant.py, `--kernels`). So the quantized linears take the model's activations, run the
 kernel in `compute_dtype` (bfloat16 by default; scales / zeros stored in it) and return the model dtype.
 float32 compute is available (exact reference, slow). Both kernels give a row the same bits whatever
-the row count M (tested in tests/test_quant.py), so batch invariance holds with or without padding.
+the row count M (tested in tests/quant/test_quant.py), so batch invariance holds with or without padding.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Two layouts, each run by its own torch CPU kernel (see hitenter/quant/linear.py)
   unless a row's max is > 8x its groups' ranges).
 * `Int4Weight`: values `q [N, K]` in 0..15 with a scale and zero per 32-wide group,
   w = (q - 8) * scale + zero -- torch's convention for `_weight_int4pack_mm_for_cpu`, checked by
-  experiment (and by tests/test_quant.py). GGUF Q4_1 (w = d * q + m) maps exactly: scale = d,
+  experiment (and by tests/quant/test_quant.py). GGUF Q4_1 (w = d * q + m) maps exactly: scale = d,
   zero = m + 8 d; Q4_0 (w = d * (q - 8)): scale = d, zero = 0. Other sources are quantized from fp32
   the Q4_1 way (asymmetric min/max per group of 32).
 

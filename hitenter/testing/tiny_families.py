@@ -47,7 +47,7 @@ Families (name: general.architecture, what differs):
   h = x + rms(attn(rms(x, attn_norm)), post_attention_norm),
   out = h + rms(ffn(rms(h, ffn_norm)), post_ffw_norm)
   with GeGLU ffn = down(gelu_tanh(gate(y)) * up(y)) (llama.cpp's CPU GELU rounds through fp16: see
-  tests/test_families.py). Attention: q scaled by 1/sqrt(head_dim) = 1/sqrt(32) (llama.cpp uses
+  tests/models/families/test_llama_cpp_logits.py). Attention: q scaled by 1/sqrt(head_dim) = 1/sqrt(32) (llama.cpp uses
   1/sqrt(n_embd/n_head) only for the 27B, and reads no query_pre_attn_scalar), then
   scores = c * tanh(scores / c) with attn_logit_softcapping c = 5, then the mask and softmax;
   logits = f * tanh(logits / f) with final_logit_softcapping f = 10 (Gemma 2 itself uses 50 / 30; smaller

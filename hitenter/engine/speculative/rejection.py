@@ -15,7 +15,7 @@ plain decoding draws it (the exponential race with the request's next row seed),
 while they equal it, so a seeded request emits the very tokens it emits without speculation, and its
 generator advances once per emitted token as it does there. A draft model drawing with the same seeds
 (its race on its own probabilities: a Gumbel-max coupling) then agrees with the target where the two
-distributions are close. ``rejection_sample`` stays the textbook rule (tests/test_spec_sampling.py).
+distributions are close. ``rejection_sample`` stays the textbook rule (tests/engine/speculative/test_rejection.py).
 
 The functions here (but race_accept) are pure tensor code: the randomness (uniforms ``u``, ``Exp(1)`` draws ``e`` for
 the exponential race ``argmax(w / e)`` that samples from unnormalized weights ``w``) is drawn by the
