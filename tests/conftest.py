@@ -95,16 +95,6 @@ def fp32_model() -> Iterator[Fp32Models]:
 
 
 @pytest.fixture(scope="session")
-def qwen_coder_engine() -> Iterator[object]:
-    """Qwen2.5-Coder-0.5B in one LLMEngine (2048-token window) for the real-client modules: each serves it
-    behind its own app, whose AsyncLLMEngine shuts down with the app while the engine outlives it."""
-    from hitenter.engine.llm_engine import LLMEngine
-    from hitenter.models.registry import resolve_model
-
-    yield LLMEngine(str(resolve_model("qwen2.5-coder-0.5b-instruct")), max_model_len=2048)
-
-
-@pytest.fixture(scope="session")
 def smollm2_llm(smollm2_path: Path) -> object:
     """SmolLM2 in one LLM (1024-token window, defaults otherwise) for the tests that only run requests on it."""
     from hitenter.llm import LLM

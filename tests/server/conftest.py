@@ -1,8 +1,10 @@
-"""Engines the server tests serve, one per module: the tiny random Llama, and the tiny random Qwen2 whose chat
-template reads `tools` (so tool requests are accepted; the grammar makes the tiny model call)."""
+"""Engines the server tests serve: one per module of the tiny random Llama and of the tiny random Qwen2 whose
+chat template reads `tools` (so tool requests are accepted; the grammar makes the tiny model call), and one
+per session of the real Qwen2.5-Coder-0.5B for the real-client modules."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,3 +26,12 @@ def tools_engine(tiny_qwen2_path: Path) -> LLMEngine:
     eng = LLMEngine(str(tiny_qwen2_path))
     eng.tokenizer.chat_template += TOOLS_TEMPLATE
     return eng
+
+
+@pytest.fixture(scope="session")
+def qwen_coder_engine() -> Iterator[object]:
+    """Qwen2.5-Coder-0.5B in one LLMEngine (2048-token window) for the real-client modules: each serves it
+    behind its own app, whose AsyncLLMEngine shuts down with the app while the engine outlives it."""
+    from hitenter.models.registry import resolve_model
+
+    yield LLMEngine(str(resolve_model("qwen2.5-coder-0.5b-instruct")), max_model_len=2048)
