@@ -71,7 +71,7 @@ class PassRig:
 
     def __init__(self, runner: Any, kv: Any, context: int, max_rows: int) -> None:
         from hitenter import SamplingParams
-        from hitenter.engine.request import Request, RequestStatus
+        from hitenter.request import Request, RequestStatus
         from hitenter.engine.scheduler import ScheduledRequest, SchedulerOutput
 
         self.runner, self.kv, self.context = runner, kv, context

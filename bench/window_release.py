@@ -15,7 +15,7 @@ import random
 import time
 from pathlib import Path
 
-from hitenter.engine.request import Request
+from hitenter.request import Request
 from hitenter.kv_cache.manager import KVCacheManager
 
 

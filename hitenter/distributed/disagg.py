@@ -42,9 +42,9 @@ from hitenter.config import ModelConfig
 from hitenter.distributed.disagg_worker import HEADER_TAG, IDS_TAG, kv_tag, timing_tag
 from hitenter.distributed.runner import _free_port, _wait_ready, _Workers
 from hitenter.engine.model_runner import ModelRunner
-from hitenter.engine.request import Request, RequestStatus
 from hitenter.engine.scheduler import Scheduler, SchedulerOutput
 from hitenter.models.prompt_kv import load_staged
+from hitenter.request import Request, RequestStatus
 
 
 class DisaggregationError(RuntimeError):

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hitenter.engine.prefill_pacing import PrefillPacer
-from hitenter.engine.request import Request
+from hitenter.request import Request
 
 
 @dataclass

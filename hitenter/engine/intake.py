@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from hitenter.engine.output_processor import GroupState
-from hitenter.engine.request import Request
 from hitenter.engine.sampler import make_generator
 from hitenter.errors import ContextOverflowError
+from hitenter.request import Request
 from hitenter.sampling_params import SamplingParams
 
 

@@ -28,13 +28,13 @@ from hitenter.engine.events import EngineEvent, EventBus, step_event
 from hitenter.engine.intake import Inbox, PendingRequest, encode_prompt, make_requests, resolve_max_tokens
 from hitenter.engine.model_runner import ModelRunnerOutput
 from hitenter.engine.output_processor import GroupState, OutputProcessor
-from hitenter.engine.request import Request, RequestStatus
 from hitenter.engine.sampler import SamplingMetadata, StepSample
 from hitenter.engine.scheduler import SchedulerOutput
 from hitenter.engine.snapshot import KV_VIEW_TTL_S, EngineSnapshot, take_snapshot
 from hitenter.engine.speculative import SpecDecodeStats, spec_request_stats
 from hitenter.engine.structured import GrammarConstraint, backend_for, constraints_of
 from hitenter.outputs import RequestOutput
+from hitenter.request import Request, RequestStatus
 from hitenter.sampling_params import SamplingParams
 
 log = logging.getLogger("hitenter.engine")

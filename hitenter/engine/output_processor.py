@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hitenter.engine.request import Request, RequestStatus
 from hitenter.engine.sampler import StepSample
 from hitenter.outputs import (
     CompletionOutput,
@@ -33,6 +32,7 @@ from hitenter.outputs import (
     RequestOutput,
     TokenLogprob,
 )
+from hitenter.request import Request, RequestStatus
 from hitenter.sampling_params import SamplingParams
 from hitenter.tokenizer.detokenizer import IncrementalDetokenizer
 

@@ -48,12 +48,12 @@ from dataclasses import dataclass, field
 from hitenter.config import SchedulerConfig
 from hitenter.engine.fresh_lane import FreshLane
 from hitenter.engine.prefill_pacing import PrefillPacer
-from hitenter.engine.request import Request, RequestStatus
 from hitenter.engine.stopping import append_until_stop
 from hitenter.errors import ContextOverflowError, QueueFullError
 from hitenter.kv_cache.events import KVEvent
 from hitenter.kv_cache.manager import KVCacheManager
 from hitenter.kv_cache.state_group import StateStep
+from hitenter.request import Request, RequestStatus
 
 
 @dataclass

@@ -49,9 +49,9 @@ from typing import Any
 
 import torch
 
-from hitenter.engine.request import Request, RequestStatus
 from hitenter.engine.scheduler import Scheduler, SchedulerOutput
 from hitenter.models.prompt_kv import load_staged, prefill_kv
+from hitenter.request import Request, RequestStatus
 
 log = logging.getLogger("hitenter.engine")
 

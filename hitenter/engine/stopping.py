@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from hitenter.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from hitenter.engine.request import Request
+    from hitenter.request import Request
 
 StopResult = tuple[str, int | str | None]
 

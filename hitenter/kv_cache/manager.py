@@ -33,12 +33,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hitenter.engine.request import Request, RequestStatus
 from hitenter.kv_cache.block_pool import BlockPool
 from hitenter.kv_cache.events import BlockState, KVEvent, KVEventKind, PrefixCacheStats
 from hitenter.kv_cache.hashing import BlockHash, hash_block_tokens
 from hitenter.kv_cache.state_group import StateGroup, StateStep
 from hitenter.kv_cache.window_group import WindowGroup
+from hitenter.request import Request, RequestStatus
 
 EventListener = Callable[[KVEvent], None]
 

@@ -10,9 +10,9 @@ import hashlib
 import random
 
 from hitenter.config import SchedulerConfig
-from hitenter.engine.request import Request, RequestStatus
 from hitenter.engine.scheduler import Scheduler, SchedulerOutput
 from hitenter.kv_cache.manager import KVCacheManager
+from hitenter.request import Request, RequestStatus
 from hitenter.sampling_params import SamplingParams
 
 VOCAB = 40

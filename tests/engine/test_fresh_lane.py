@@ -10,7 +10,7 @@ import pytest
 
 from hitenter.config import SchedulerConfig
 from hitenter.engine.fresh_lane import FreshLane
-from hitenter.engine.request import RequestStatus
+from hitenter.request import RequestStatus
 from hitenter.testing.mock_runner import lane_scheduler as make
 from hitenter.testing.mock_runner import random_requests, req, step, timed_step
 

@@ -12,7 +12,7 @@ import random
 import pytest
 
 from hitenter.config import SchedulerConfig
-from hitenter.engine.request import RequestStatus
+from hitenter.request import RequestStatus
 from hitenter.engine.scheduler import Scheduler
 from hitenter.errors import ContextOverflowError, QueueFullError
 from hitenter.kv_cache.manager import KVCacheManager

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hitenter.engine import side_prefill
-from hitenter.engine.request import RequestStatus
+from hitenter.request import RequestStatus
 from hitenter.llm import LLM
 from hitenter.sampling_params import SamplingParams
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from hitenter.engine.request import Request
+from hitenter.request import Request
 from hitenter.kv_cache.events import KVEvent
 from hitenter.kv_cache.manager import KVCacheManager
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from hitenter.engine.request import Request
+from hitenter.request import Request
 from hitenter.kv_cache.manager import KVCacheManager
 from hitenter.kv_cache.state_group import ZERO, StateGroup
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hitenter.engine.request import Request, RequestStatus
+from hitenter.request import Request, RequestStatus
 from hitenter.kv_cache.manager import KVCacheManager
 from hitenter.kv_cache.window_group import PLACEHOLDER, split_blocks
 from hitenter.models import fused_decode

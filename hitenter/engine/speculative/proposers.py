@@ -23,11 +23,11 @@ import torch
 
 from hitenter.engine.logits_processors import BatchState, LogitsProcessor
 from hitenter.engine.model_runner import ModelRunner
-from hitenter.engine.request import Request, RequestStatus
 from hitenter.engine.sampler import row_seed, run_chain
 from hitenter.engine.scheduler import ScheduledRequest, SchedulerOutput
 from hitenter.kernels.race import greedy_argmax, race
 from hitenter.kv_cache.manager import KVCacheManager
+from hitenter.request import Request, RequestStatus
 
 
 @dataclass

@@ -34,7 +34,6 @@ import torch
 from torch import Tensor
 
 from hitenter.engine.logits_processors import BatchState
-from hitenter.engine.request import Request, RequestStatus
 from hitenter.engine.sampler import (
     Sampler,
     SamplingMetadata,
@@ -50,6 +49,7 @@ from hitenter.engine.speculative.proposers import Proposer, stop_ids
 from hitenter.engine.speculative.rejection import greedy_accept, race_accept
 from hitenter.engine.structured import constraints_of
 from hitenter.kernels.race import greedy_argmax
+from hitenter.request import Request, RequestStatus
 
 
 @dataclass
