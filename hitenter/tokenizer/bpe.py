@@ -3,26 +3,39 @@
 Contracts:
 - `Tokenizer.from_gguf(path_or_metadata)` accepts a GGUF path or a metadata dict (as from
   `read_gguf_metadata` / `read_tokenizer_metadata`). Only `tokenizer.ggml.model == "gpt2"` (byte-level BPE)
-  is supported; the pre-tokenizer is chosen by `tokenizer.ggml.pre` with llama.cpp's regexes.
-- `encode(text)` == llama.cpp `tokenize(text, add_special=add_bos, parse_special=True)`: special tokens
-  (CONTROL / USER_DEFINED / UNKNOWN types, plus llama.cpp's auto-detected EOG / FIM names) written in the text
-  are split out first, longest token text first, exactly like llama.cpp's `tokenizer_st_partition`; the rest
-  is pre-tokenized and BPE-merged by the Rust `tokenizers` library. BOS is prepended only if `add_bos`.
-- `token_bytes(id)` gives a token's exact bytes (byte-level pieces mapped back through GPT-2's byte table,
-  special and user-defined tokens -> their UTF-8 text); `decode` joins those bytes and decodes UTF-8 with
-  replacement. `skip_special_tokens` drops CONTROL/UNKNOWN tokens (user-defined ones are kept, as llama.cpp).
-- `eog_token_ids` mirrors llama.cpp's end-of-generation set (eos, eot, eom, FIM pad/repo/sep, known names).
+  is supported here (SentencePiece: spm.py); the pre-tokenizer is chosen by `tokenizer.ggml.pre` with
+  llama.cpp's regexes (`PRE_TYPES`).
+- Token types, the end-of-generation set and strip flags are llama.cpp's after its load-time overrides
+  (vocab_attrs.py): CONTROL / UNKNOWN tokens are "special", USER_DEFINED ones are not.
+- `encode(text, parse_special=True)` == llama.cpp `tokenize(text, add_special=add_bos, parse_special)`:
+  token texts written in the text are split out first, longest first, exactly like llama.cpp's
+  `tokenizer_st_partition` (with its LSTRIP / RSTRIP whitespace stripping): every CONTROL / USER_DEFINED /
+  UNKNOWN token when `parse_special`, only USER_DEFINED ones otherwise. The rest is pre-tokenized and
+  BPE-merged by the Rust `tokenizers` library. BOS is prepended only if `add_bos`.
+- Chat message content (`encode_segments` segments marked False, `apply_chat_template(tokenize=True)`)
+  matches only the tokens the GGUF itself stores as USER_DEFINED (Gemma's "\n\n", space runs, html
+  tags; Qwen's `<tool_call>`): a user typing a control token's text (`<|im_end|>`, `<start_of_turn>`,
+  harmony's `<|start|>`, which llama.cpp turns USER_DEFINED for output) gets plain text tokens.
+- `token_bytes(id)` gives a token's exact bytes as llama.cpp's `token_to_piece(special=True)`;
+  `decode(ids, skip_special_tokens)` == llama.cpp `llama_detokenize(ids, remove_special=skip,
+  unparse_special=not skip)`: the first piece loses one leading space when `add_space_prefix` (unless a
+  BOS removed by `remove_special` came first), llama.cpp's `clean_spaces` clean-up where the pre-tokenizer
+  has it, invalid UTF-8 -> U+FFFD. Streamed output (detokenizer.py) joins `token_bytes` instead, as
+  llama-server streams pieces.
+- `eog_token_ids` mirrors llama.cpp's end-of-generation set (eos, eot, eom, FIM pad/repo/sep, known names,
+  harmony's `<|end|>` excluded when `<|return|>` and `<|call|>` exist).
 - Building is fast (SmolLM2 ~0.1 s, Qwen2.5 151k vocab ~0.5 s): GGUF metadata is read by
   `read_tokenizer_metadata`, a direct header parser (gguf.GGUFReader needs ~3 s for these arrays), and the
   Rust BPE is built in memory (measured faster than loading a cached tokenizer.json, so nothing is cached).
 - Known divergence: code points assigned in Unicode 16 (e.g. U+13460.. Egyptian hieroglyphs ext-A, Todhri,
   Tulu-Tigalari) are letters to the `tokenizers` regex engine but unassigned in llama.cpp's tables, so text
-  containing them can split differently. No other differences were found (6000 random fuzz strings).
+  containing them can split differently.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -32,20 +45,37 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from hitenter.errors import ModelLoadError
 from hitenter.tokenizer.gguf_meta import read_tokenizer_metadata
+from hitenter.tokenizer.vocab_attrs import (
+    BYTE,
+    CONTROL,
+    NORMAL,
+    UNKNOWN,
+    UNUSED,
+    USER_DEFINED,
+    vocab_attributes,
+)
 
-__all__ = ["Tokenizer", "bytes_to_unicode", "byte_decoder", "read_tokenizer_metadata"]
-
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+__all__ = ["Tokenizer", "bytes_to_unicode", "byte_decoder", "read_tokenizer_metadata", "clean_spaces",
+           "NORMAL", "UNKNOWN", "CONTROL", "USER_DEFINED", "UNUSED", "BYTE"]
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _CONTRACT = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _QWEN2 = _CONTRACT + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_QWEN35 = (_CONTRACT + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"
+           r"|\s+(?!\S)|\s+")
 _LLAMA3 = _CONTRACT + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT4O (o200k): its adaptation of the tokenizer.json regex, where an
+# "upper" run is letters other than a-z and a "lower" run letters other than A-Z
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACT + "?"
+          r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACT + "?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _FAMILIES: dict[str, tuple[tuple[str, ...], bool]] = {  # regexes applied in order, ignore_merges
     "smollm": ((r"\p{N}", _GPT2), False),
     "gpt2": ((_GPT2,), False),
     "qwen2": ((_QWEN2,), False),
+    "qwen35": ((_QWEN35,), False),
     "llama3": ((_LLAMA3,), True),
+    "gpt4o": ((_GPT4O,), False),
     "default": ((r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]"), False),
 }
 # llama.cpp's `tokenizer.ggml.pre` names -> family (llama-vocab.cpp), for the families above.
@@ -54,28 +84,15 @@ PRE_TYPES: dict[str, str] = {
     **dict.fromkeys(["gpt-2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "mpt", "olmo", "jais",
                      "exaone4", "gigachat", "mellum"], "gpt2"),
     **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "kormo"], "qwen2"),
+    "qwen35": "qwen35",
     **dict.fromkeys(["llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"], "llama3"),
+    **dict.fromkeys(["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], "gpt4o"),
     "default": "default",
 }
-
-# llama.cpp auto-detection by token text (llama-vocab.cpp, load()): these become CONTROL; some are EOG.
-_EOT_NAMES = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
-              "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
-_FIM_NAMES: dict[str, tuple[str, ...]] = {
-    "pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
-            "<|code_prefix|>", "<|prefix|>"),
-    "suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
-            "<|code_suffix|>", "<|suffix|>"),
-    "mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
-            "<|code_middle|>", "<|middle|>"),
-    "pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
-    "rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
-    "sep": ("<|file_sep|>",),
-}
-_EOG_NAMES = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-                        "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-                        "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-                        "<｜end▁of▁sentence｜>", "[e~["))
+# llama.cpp's add_bos when the GGUF has no tokenizer.ggml.add_bos_token: true for these BPE pre-tokenizers
+_ADD_BOS_PRE = frozenset(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                          "jina-v5-nano", "tekken", "chameleon"))
+_WS = " \t\n\v\f\r"   # C isspace(): what LSTRIP / RSTRIP strip
 
 
 @lru_cache(maxsize=1)
@@ -96,6 +113,14 @@ def bytes_to_unicode() -> dict[int, str]:
 def byte_decoder() -> dict[str, int]:
     """GPT-2's inverse byte-to-unicode table: printable stand-in character -> byte value."""
     return {c: b for b, c in bytes_to_unicode().items()}
+
+
+def clean_spaces(text: bytes) -> bytes:
+    """llama.cpp's `llama_detokenize` clean-up, its three passes in order: a space before ? ! . , goes;
+    " ' " becomes "'"; a space before 's 'm 're 've goes."""
+    text = re.sub(rb" (?=[?!.,])", b"", text)
+    text = text.replace(b" ' ", b"'")
+    return re.sub(rb" (?='(?:[sm]|re|ve))", b"", text)
 
 
 def _build_hf(tokens: Sequence[str], merges: Sequence[str], family: str) -> HFTokenizer:
@@ -119,45 +144,41 @@ def _build_hf(tokens: Sequence[str], merges: Sequence[str], family: str) -> HFTo
     return tok
 
 
+_Table = list[tuple[str, int]]   # (token text, id), longest text first: what a partition splits out
+
+
 class Tokenizer:
     """A GGUF byte-level BPE vocabulary; see the module docstring for the contracts."""
 
     def __init__(self, md: Mapping[str, Any], hf: HFTokenizer) -> None:
         self._hf = hf
         self._tokens: list[str] = list(md["tokenizer.ggml.tokens"])
-        n = len(self._tokens)
-        types = md.get("tokenizer.ggml.token_type")
-        self._types: list[int] = list(types) if types is not None else [NORMAL] * n
-        if len(self._types) != n:
-            raise ModelLoadError(f"tokenizer.ggml.token_type has {len(self._types)} entries for {n} tokens")
+        attrs = vocab_attributes(md)
+        self._types: list[int] = attrs.types
         self.chat_template: str | None = md.get("tokenizer.chat_template")
+        n = len(self._tokens)
 
         def tid(key: str) -> int | None:
             v = md.get(f"tokenizer.ggml.{key}")
             return int(v) if v is not None and 0 <= int(v) < n else None
 
         self.bos_token_id, self.eos_token_id = tid("bos_token_id"), tid("eos_token_id")
-        self.add_bos: bool = bool(md.get("tokenizer.ggml.add_bos_token", False)) and self.bos_token_id is not None
-        ids_by_text = {t: i for i, t in enumerate(self._tokens)}  # later duplicates win, as in llama.cpp
-        found: dict[str, int | None] = {k: tid(f"{k}_token_id") for k in ("eot", "eom")}
-        found.update({k: tid(f"fim_{k}_token_id") for k in _FIM_NAMES})
-        names = {"eot": _EOT_NAMES, "eom": ("<|eom_id|>",), **_FIM_NAMES}
-        for slot, cands in names.items():
-            if found[slot] is None:
-                hits = [ids_by_text[c] for c in cands if c in ids_by_text]
-                found[slot] = min(hits) if hits else None
-                if hits:
-                    self._types[found[slot]] = CONTROL  # type: ignore[index]
-        eog = {v for v in (found["pad"], found["rep"], found["sep"], self.eos_token_id, found["eot"], found["eom"])
-               if v is not None}
-        for i in (ids_by_text[name] for name in _EOG_NAMES if name in ids_by_text):
-            eog.add(i)
-            self._types[i] = CONTROL
-        self.eot_token_id = found["eot"]
-        self.eog_token_ids: frozenset[int] = frozenset(eog)
-        specials = [i for i, t in enumerate(self._types) if t in (CONTROL, USER_DEFINED, UNKNOWN) and self._tokens[i]]
-        specials.sort(key=lambda i: -len(self._tokens[i].encode()))
-        self._specials: list[tuple[str, int]] = [(self._tokens[i], i) for i in specials]
+        spm = md.get("tokenizer.ggml.model") == "llama"
+        bos_default = spm or md.get("tokenizer.ggml.pre") in _ADD_BOS_PRE
+        self.add_bos: bool = bool(md.get("tokenizer.ggml.add_bos_token", bos_default)) and self.bos_token_id is not None
+        self.add_eos: bool = bool(md.get("tokenizer.ggml.add_eos_token", False)) and self.eos_token_id is not None
+        self.add_space_prefix: bool = attrs.add_space_prefix
+        self.clean_spaces: bool = attrs.clean_spaces
+        self.eot_token_id = attrs.eot
+        self.eog_token_ids: frozenset[int] = attrs.eog
+        self._lstrip, self._rstrip = attrs.lstrip, attrs.rstrip
+        order = sorted((i for i, t in enumerate(self._types) if t in (CONTROL, USER_DEFINED, UNKNOWN) and self._tokens[i]),
+                       key=lambda i: -len(self._tokens[i].encode()))
+        self._specials: _Table = [(self._tokens[i], i) for i in order]
+        self._user_defined: _Table = [(t, i) for t, i in self._specials if self._types[i] == USER_DEFINED]
+        self._content: _Table = [(t, i) for t, i in self._user_defined if attrs.file_types[i] == USER_DEFINED]
+        content_ids = {i for _, i in self._content}
+        self._forbidden: _Table = [(t, i) for t, i in self._specials if i not in content_ids]
         self._token_bytes: dict[int, bytes] = {}
 
     # ---- construction -------------------------------------------------------------------------
@@ -212,45 +233,62 @@ class Tokenizer:
         return b
 
     # ---- encode / decode ----------------------------------------------------------------------
-    def _partition(self, text: str) -> list[str | int]:
+    def _split(self, frag: str, tok: str, tid: int) -> list[str | int]:
+        """`frag` split at every `tok`, with llama.cpp's LSTRIP / RSTRIP whitespace stripping."""
+        parts = frag.split(tok)
+        out: list[str | int] = []
+        for k, part in enumerate(parts):
+            if k and tid in self._rstrip:
+                part = part.lstrip(_WS)
+            if k < len(parts) - 1 and tid in self._lstrip:
+                part = part.rstrip(_WS)
+            if k:
+                out.append(tid)
+            if part:
+                out.append(part)
+        return out
+
+    def _partition(self, text: str, table: _Table) -> list[str | int]:
+        """llama.cpp's tokenizer_st_partition: the `table` tokens in `text` split out, longest first."""
         frags: list[str | int] = [text]
-        for tok, tid in self._specials:
+        for tok, tid in table:
             if not any(isinstance(f, str) and tok in f for f in frags):
                 continue
             out: list[str | int] = []
             for f in frags:
-                if isinstance(f, int) or tok not in f:
-                    out.append(f)
-                    continue
-                for k, part in enumerate(f.split(tok)):
-                    if k:
-                        out.append(tid)
-                    if part:
-                        out.append(part)
+                out.extend(self._split(f, tok, tid) if isinstance(f, str) and tok in f else (f,))
             frags = out
         return frags
 
     def encode(self, text: str, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
-        """Token ids of `text`, special tokens in the text parsed as such (unless not `parse_special`: then
-        `<|im_end|>` is plain text); BOS first iff `add_bos` (default: GGUF's)."""
+        """Token ids of `text` (see the module docstring): every special token's text parsed, or only the
+        user-defined ones when not `parse_special`; BOS first iff `add_bos` (default: GGUF's)."""
         if not isinstance(text, str):
             raise TypeError(f"encode() expects str, got {type(text).__name__}")
-        return self.encode_segments([(text, parse_special)], add_bos)
+        return self._encode_frags(self._partition(text, self._specials if parse_special else self._user_defined),
+                                  add_bos)
 
     def contains_special(self, text: str) -> bool:
-        """Whether `text` holds the text of a special (control / user-defined) token."""
-        return any(tok in text for tok, _ in self._specials)
+        """Whether `text` holds the text of a token that message content must not produce (any special
+        token but the GGUF's own user-defined ones)."""
+        return any(tok in text for tok, _ in self._forbidden)
 
     def encode_segments(self, segments: Sequence[tuple[str, bool]], add_bos: bool | None = None) -> list[int]:
-        """Encode the concatenation of `segments`; special-token text is parsed only in those marked True.
-        Adjacent text is BPE-merged as one string, so marking changes ids only where special text is."""
+        """Encode the concatenation of `segments`: every special token's text is parsed in those marked True
+        (markup), only the GGUF's user-defined tokens in those marked False (message content)."""
         frags: list[str | int] = []
-        for text, parse in segments:
-            for f in (self._partition(text) if parse else [text]) if text else []:
-                if isinstance(f, str) and frags and isinstance(frags[-1], str):
-                    frags[-1] += f
-                else:
-                    frags.append(f)
+        for text, markup in segments:
+            frags.extend(self._partition(text, self._specials if markup else self._content) if text else ())
+        return self._encode_frags(frags, add_bos)
+
+    def _encode_frags(self, parts: Sequence[str | int], add_bos: bool | None) -> list[int]:
+        """Token ids of partitioned text; adjacent text fragments are BPE-merged as one string."""
+        frags: list[str | int] = []
+        for f in parts:
+            if isinstance(f, str) and frags and isinstance(frags[-1], str):
+                frags[-1] += f
+            else:
+                frags.append(f)
         raw = [f for f in frags if isinstance(f, str)]
         encs = iter(self._hf.encode_batch(raw, add_special_tokens=False) if raw else [])
         ids: list[int] = [self.bos_token_id] if (self.add_bos if add_bos is None else add_bos) else []  # type: ignore[list-item]
@@ -259,19 +297,28 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        """Text of `ids` (invalid UTF-8 -> U+FFFD); special tokens dropped when `skip_special_tokens`."""
-        return b"".join(
-            self.token_bytes(i) for i in ids if not (skip_special_tokens and self.is_special(i))
-        ).decode("utf-8", errors="replace")
+        """llama.cpp's `llama_detokenize(ids, remove_special=skip_special_tokens, unparse_special=not
+        skip_special_tokens)` (see the module docstring); invalid UTF-8 -> U+FFFD."""
+        ids = list(ids)
+        strip_space = self.add_space_prefix
+        if skip_special_tokens and self.add_bos and ids and ids[0] == self.bos_token_id:
+            ids, strip_space = ids[1:], False
+        if skip_special_tokens and self.add_eos and ids and ids[-1] == self.eos_token_id:
+            ids = ids[:-1]
+        parts = [b"" if skip_special_tokens and self.is_special(i) else self.token_bytes(i) for i in ids]
+        if strip_space and parts and parts[0].startswith(b" "):
+            parts[0] = parts[0][1:]
+        data = b"".join(parts)
+        return (clean_spaces(data) if self.clean_spaces else data).decode("utf-8", errors="replace")
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                             tokenize: bool = False, special_in_content: bool = False,
                             **kwargs: Any) -> str | list[int]:
         """Render `messages` with the GGUF's chat template; token ids (no extra BOS) when `tokenize`.
 
-        Token ids keep message content as plain text: only the template's own markup yields control
-        tokens (a user writing `<|im_end|>` cannot forge a turn), unless `special_in_content` (trusted
-        callers). The text form is the plain rendering either way."""
+        Token ids keep message content as text but for the GGUF's user-defined tokens: only the
+        template's own markup yields control tokens (a user writing `<|im_end|>` cannot forge a turn),
+        unless `special_in_content` (trusted callers). The text form is the plain rendering either way."""
         from hitenter.tokenizer.chat_template import render_chat_segments, render_chat_template
 
         kwargs.setdefault("bos_token", self._tokens[self.bos_token_id] if self.bos_token_id is not None else "")

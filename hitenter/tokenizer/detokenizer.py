@@ -14,8 +14,12 @@ Contract of :class:`IncrementalDetokenizer`:
   ``include_stop_str_in_output``); ``DetokDelta.stop_string`` names it and the detokenizer is finished.
 - Streaming hold-back: the emitted text never includes the longest tail of the text that is a proper
   prefix of some stop string (vLLM PR #45636); it is emitted as soon as it cannot become a stop.
-- ``flush()`` at the end (length / eos / stop token) releases held text and the tail bytes (an
-  incomplete UTF-8 tail becomes U+FFFD). After a stop string or a flush, ``add`` returns empty deltas.
+- ``flush()`` at the end (length / eos / stop token) releases the held text. An incomplete UTF-8
+  sequence at the end (a reply cut by ``max_tokens`` between the bytes of one character) is dropped,
+  never shown as U+FFFD: its character was not generated, and llama-server's stream never sends those
+  bytes either (it holds them back until they complete). ``text`` and the token ids still say what was
+  generated; only the partial character's bytes are missing from the text. After a stop string or a
+  flush, ``add`` returns empty deltas.
 - Invariants: ``"".join(deltas) + flush() == text``; without ``include_stop_str_in_output`` no emitted
   chunk contains any character of a matched stop string.
 """
@@ -101,11 +105,11 @@ class IncrementalDetokenizer:
             self._emitted -= cut
 
     def flush(self) -> str:
-        """End of generation without a stop string: release the held text and any tail bytes."""
+        """End of generation without a stop string: release the held text; drop an incomplete UTF-8 tail."""
         if self.finished:
             return ""
         self.finished = True
-        self._text += self._decoder.decode(b"", final=True)
+        self._decoder.reset()
         return self._take(len(self._text))
 
     def _take(self, end: int) -> str:

@@ -14,6 +14,8 @@ word boundaries too). Only NORMAL tokens are merge results: control / user-defin
 as llama.cpp's `tokenizer_st_partition` does, so they never reach the merges.
 
 Pieces map back to bytes as llama.cpp's token_to_piece does: "▁" -> " " in NORMAL tokens, `<0xXX>` -> that byte.
+`decode` is bpe.Tokenizer's (llama.cpp's llama_detokenize): with `add_space_prefix` the space the encoder
+put before the text is dropped again from the first piece; SentencePiece has no `clean_spaces`.
 """
 
 from __future__ import annotations
@@ -75,10 +77,6 @@ def build_spm(md: Mapping[str, Any]) -> HFTokenizer:
 
 class SpmTokenizer(Tokenizer):
     """A GGUF SentencePiece-BPE vocabulary; the contracts are bpe.Tokenizer's, ids equal llama.cpp's."""
-
-    def __init__(self, md: Mapping[str, Any], hf: HFTokenizer) -> None:
-        super().__init__(md, hf)
-        self.add_space_prefix = bool(md.get("tokenizer.ggml.add_space_prefix", True))
 
     def token_bytes(self, token_id: int) -> bytes:
         """Exact bytes of one token: NORMAL pieces with "▁" as spaces, the rest as bpe.Tokenizer."""
