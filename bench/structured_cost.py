@@ -20,9 +20,9 @@ import time
 
 import torch
 
-from hitenter.engine.structured import StructuredSpec, backend_for
+from hitenter.engine.structured import backend_for
 from hitenter.llm import LLM
-from hitenter.sampling_params import SamplingParams
+from hitenter.sampling_params import SamplingParams, StructuredSpec
 
 SCHEMA = {"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}}},
           "required": ["notes"], "additionalProperties": False}

@@ -12,8 +12,8 @@ import time
 import torch
 
 from hitenter.engine.sampler import Sampler, SamplingMetadata, make_generator
-from hitenter.engine.structured import StructuredSpec, backend_for
-from hitenter.sampling_params import SamplingParams
+from hitenter.engine.structured import backend_for
+from hitenter.sampling_params import SamplingParams, StructuredSpec
 from hitenter.tokenizer.bpe import Tokenizer
 
 torch.set_num_threads(1)

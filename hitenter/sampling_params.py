@@ -24,12 +24,28 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hitenter.engine.structured import StructuredSpec
-
 # Temperatures below this are treated as greedy (as vLLM does) so that 1/T never blows up.
 GREEDY_EPS = 1e-5
 MAX_LOGPROBS = 20
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1   # what torch.Generator.manual_seed accepts
+
+
+STRUCTURED_KINDS = ("json", "json_schema", "regex", "choice", "grammar", "tool_calls")
+
+
+@dataclass(frozen=True)
+class StructuredSpec:
+    """A structured-output constraint (compiled by hitenter/engine/structured.py): ``json`` (any JSON
+    object), ``json_schema``, ``regex``, ``choice``, ``grammar`` (EBNF) or ``tool_calls``. Immutable and
+    hashable: the compiled grammar is cached by it."""
+
+    kind: str           # one of STRUCTURED_KINDS
+    value: str = ""     # schema JSON / regex / EBNF / JSON list of choices; for tool_calls: JSON {schema, parallel}
+    param: str = "response_format"   # the request field it came from (named in errors)
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_KINDS:
+            raise ValueError(f"{self.param}: unknown structured output kind {self.kind!r}")
 
 
 def _fail(name: str, msg: str) -> None:
@@ -79,7 +95,7 @@ class SamplingParams:
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    structured: StructuredSpec | None = None     # structured output (hitenter/engine/structured.py)
+    structured: StructuredSpec | None = None     # structured output (StructuredSpec above)
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, 1, None, ">= 1")

@@ -1,6 +1,6 @@
 """Structured outputs: a per-sequence grammar (xgrammar) applied as a token mask in the sampler chain.
 
-- :class:`StructuredSpec` is what a request asks for (``json`` = any JSON object, ``json_schema``, ``regex``,
+- ``StructuredSpec`` (hitenter/sampling_params.py) is what a request asks for (``json`` = any JSON object, ``json_schema``, ``regex``,
   ``choice``, ``grammar`` (EBNF), ``tool_calls`` = Qwen/Hermes ``<tool_call>{json}</tool_call>`` blocks).
   It lives in ``SamplingParams.structured`` (immutable, hashable: the compiled grammar is cached by it).
 - :class:`GrammarBackend` (one per tokenizer) compiles a spec once; a bad spec is a ``ValueError``
@@ -29,15 +29,15 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from hitenter.sampling_params import StructuredSpec
+
 _LOOSE_CHARS, _JSON_CHARS = r'[^\"\\\r\n]', r'[^\0-\x1f\"\\\r\n]'
-STRUCTURED_KINDS = ("json", "json_schema", "regex", "choice", "grammar", "tool_calls")
 COMPILE_SECONDS = 5.0          # a compilation's time limit (hitenter serve --max-grammar-compile-seconds)
 CACHE_BYTES = 64 << 20         # the compiled-grammar cache's bound (--max-grammar-cache-bytes)
 COMPILE_THREADS = 2            # compilations run on these threads, never the engine's
@@ -56,17 +56,6 @@ def configure(compile_seconds: float | None = None, cache_bytes: int | None = No
 
 class GrammarTimeoutError(ValueError):
     """A compilation ran past COMPILE_SECONDS (a ValueError naming the field: a 400)."""
-
-
-@dataclass(frozen=True)
-class StructuredSpec:
-    kind: str           # one of STRUCTURED_KINDS
-    value: str = ""     # schema JSON / regex / EBNF / JSON list of choices; for tool_calls: JSON {schema, parallel}
-    param: str = "response_format"   # the request field it came from (named in errors)
-
-    def __post_init__(self) -> None:
-        if self.kind not in STRUCTURED_KINDS:
-            raise ValueError(f"{self.param}: unknown structured output kind {self.kind!r}")
 
 
 def _xgr() -> Any:

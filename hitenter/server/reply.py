@@ -38,7 +38,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from hitenter.engine.structured import StructuredSpec
+from hitenter.sampling_params import StructuredSpec
 from hitenter.outputs import PositionLogprobs, RequestOutput
 from hitenter.server import body_limits as limits
 from hitenter.server.api_error import APIError

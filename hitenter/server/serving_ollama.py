@@ -41,9 +41,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, model_validator
 
-from hitenter.engine.structured import StructuredSpec
 from hitenter.outputs import PositionLogprobs
-from hitenter.sampling_params import SamplingParams
+from hitenter.sampling_params import SamplingParams, StructuredSpec
 from hitenter.server import structured_fields as SF
 from hitenter.server.api_error import APIError, SafeJSONResponse, error_responses, overflow_error
 from hitenter.server.generation import (

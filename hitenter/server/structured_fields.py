@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hitenter.engine.structured import StructuredSpec
+from hitenter.sampling_params import StructuredSpec
 from hitenter.server import body_limits as limits
 from hitenter.server.api_error import APIError
 

@@ -22,7 +22,8 @@ from fastapi.testclient import TestClient
 
 from hitenter.engine import structured
 from hitenter.engine.llm_engine import LLMEngine
-from hitenter.engine.structured import GrammarTimeoutError, StructuredSpec, backend_for
+from hitenter.engine.structured import GrammarTimeoutError, backend_for
+from hitenter.sampling_params import StructuredSpec
 from hitenter.server import body_limits
 from hitenter.server.api import create_app
 from hitenter.testing.live_server import assert_error

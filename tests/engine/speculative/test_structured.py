@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from hitenter import LLM, SamplingParams
-from hitenter.engine.structured import StructuredSpec, backend_for
+from hitenter.engine.structured import backend_for
+from hitenter.sampling_params import StructuredSpec
 from hitenter.testing.json_schemas import random_schemas
 from hitenter.testing.tiny_model import write_tiny_gguf
 

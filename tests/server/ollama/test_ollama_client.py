@@ -19,7 +19,7 @@ import pytest
 
 from hitenter.engine.async_engine import AsyncLLMEngine
 from hitenter.engine.llm_engine import LLMEngine
-from hitenter.engine.structured import StructuredSpec
+from hitenter.sampling_params import StructuredSpec
 from hitenter.server.api import create_app
 from hitenter.server.local_engine import LocalEngineClient
 from hitenter.testing.live_server import LiveServer, live_server

@@ -12,9 +12,8 @@ import openai
 import pytest
 
 from hitenter.engine.llm_engine import LLMEngine
-from hitenter.engine.structured import StructuredSpec
 from hitenter.llm import LLM
-from hitenter.sampling_params import SamplingParams
+from hitenter.sampling_params import SamplingParams, StructuredSpec
 from hitenter.server.api import create_app
 from hitenter.testing.json_schemas import random_schemas
 from hitenter.testing.live_server import LiveServer, live_server

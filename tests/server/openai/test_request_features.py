@@ -15,9 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from hitenter.engine.llm_engine import LLMEngine
-from hitenter.engine.structured import StructuredSpec
 from hitenter.llm import LLM
-from hitenter.sampling_params import SamplingParams
+from hitenter.sampling_params import SamplingParams, StructuredSpec
 from hitenter.server.api import create_app
 from hitenter.server.reply import parse_tool_calls
 from hitenter.testing.json_schemas import random_schemas
