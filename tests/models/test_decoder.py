@@ -13,7 +13,7 @@ from hitenter.models.decoder import CausalLM as LlamaModel
 from hitenter.models.layers import pad_rows
 from hitenter.models.linear import Linear, packed_rows_invariant
 from hitenter.models.loader import load_model
-from hitenter.models.registry import hitenter_home
+from hitenter.paths import hitenter_home
 from hitenter.testing.model_runs import Runner, greedy_batch
 from hitenter.testing.paths import GOLDENS
 

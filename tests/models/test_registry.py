@@ -11,7 +11,8 @@ import pytest
 
 from hitenter.errors import ModelLoadError, UnknownModelError
 from hitenter.models import registry
-from hitenter.models.registry import KNOWN_MODELS, KnownModel, hitenter_home, pull, resolve_model
+from hitenter.models.registry import KNOWN_MODELS, KnownModel, pull, resolve_model
+from hitenter.paths import hitenter_home
 from hitenter.testing.fake_wheels import fake_wheel, register_fake_model
 
 

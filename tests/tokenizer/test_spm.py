@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hitenter.models.registry import hitenter_home
+from hitenter.paths import hitenter_home
 from hitenter.sampling_params import SamplingParams
 from hitenter.testing.paths import GOLDENS
 from hitenter.testing.tokenizer_checks import assert_token_bytes, assert_vocab_facts

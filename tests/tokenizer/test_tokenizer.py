@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from hitenter.errors import ModelLoadError
-from hitenter.models.registry import hitenter_home
+from hitenter.paths import hitenter_home
 from hitenter.testing.paths import GOLDENS, TEST_DATA
 from hitenter.testing.tokenizer_checks import assert_token_bytes, assert_vocab_facts
 from hitenter.tokenizer import Tokenizer, read_tokenizer_metadata

@@ -24,7 +24,7 @@ from hitenter.models.attention import (
 from hitenter.models.decoder import CausalLM as Gemma3Model
 from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
 from hitenter.models.loader import load_model
-from hitenter.models.registry import hitenter_home
+from hitenter.paths import hitenter_home
 from hitenter.testing.model_runs import Runner, greedy_batch
 from hitenter.testing.paths import GOLDENS
 
