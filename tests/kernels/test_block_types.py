@@ -30,9 +30,9 @@ from hitenter.kernels.native import QMATMUL
 from hitenter.models.block_linear import BlockLinear
 from hitenter.models.gguf import SUPPORTED_TENSOR_TYPES
 from hitenter.models.loader import load_model
-from hitenter.quant.evaluate import _Seq
 from hitenter.testing.activations import exact_activations
 from hitenter.testing.isa import forced_isa_params
+from hitenter.testing.perplexity import _Seq
 from hitenter.testing.tiny_model import random_kquant, write_tiny_gguf
 
 qm = importlib.import_module("hitenter.kernels.qmatmul")

@@ -24,9 +24,9 @@ from hitenter.models import fused_decode
 from hitenter.models.attention import allocate_kv_caches
 from hitenter.models.loader import load_model
 from hitenter.models.registry import model_path
-from hitenter.quant.evaluate import english_text
 from hitenter.sampling_params import SamplingParams
 from hitenter.testing.model_runs import sequence_logits as _logits
+from hitenter.testing.perplexity import english_text
 from hitenter.testing.tiny_families import write_tiny_family
 from hitenter.testing.tiny_gemma import write_tiny_gemma3
 from hitenter.testing.tiny_model import write_tiny_gguf

@@ -32,7 +32,7 @@ from hitenter.models.gguf import open_gguf
 from hitenter.models.linear import Linear
 from hitenter.models.loader import load_model
 from hitenter.models.registry import model_path
-from hitenter.quant.evaluate import _Seq, english_text, perplexity
+from hitenter.testing.perplexity import _Seq, english_text, perplexity
 from hitenter.testing.tiny_model import write_tiny_gguf
 
 # Q4_K_M's mix (K-quants, attn_v / ffn_down in Q6_K) and a Qwen2.5-0.5B-like mix of the 32-wide types:

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from hitenter.models.kv_dtype import Q8_0
 from hitenter.models.loader import load_model
 from hitenter.models.registry import model_path
-from hitenter.quant.evaluate import _Seq, english_text, perplexity
+from hitenter.testing.perplexity import _Seq, english_text, perplexity
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from hitenter.quant import (
     int8_from_float,
     weight_bytes,
 )
-from hitenter.quant.evaluate import PROMPTS, english_text, greedy, perplexity
+from hitenter.testing.perplexity import PROMPTS, english_text, greedy, perplexity
 
 # one 512-token window of the bundled text (was 1,024: bf16's matmuls alone took ~49 s CPU there, 23 s here).
 # Quantized / fp32 perplexity - 1 at 512 vs 1,024 tokens: int8 +0.54% / +0.33%, int4 +0.38% / +0.45%,
@@ -140,7 +140,7 @@ def test_quantized_with_tensor_parallel_raises(tiny_llama_path: Path) -> None:
 
 
 def _logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
-    from hitenter.quant.evaluate import _Seq
+    from hitenter.testing.perplexity import _Seq
 
     with torch.inference_mode():
         return _Seq(model, len(ids)).step(ids)
