@@ -57,8 +57,9 @@ CosSin = tuple[torch.Tensor, torch.Tensor]
 
 
 def _experts(cfg: ModelConfig, w: dict[str, Any], p: str) -> nn.Module:
-    """The layer's mixture of experts (models/moe.py): softmax router over all experts, top-k by rank,
-    the expert tensors as the loader read them (the file's blocks, or dense fp32)."""
+    """The layer's mixture of experts (models/moe.py): the config's router gating, top-k by rank (chosen on
+    probs + the file's `exp_probs_b.bias` where it has one), the weights times `expert_weights_scale`
+    where set, the expert tensors as the loader read them (the file's blocks, or dense fp32)."""
     from hitenter.models.moe import ExpertWeight, MoEFFN, dense_experts
 
     def experts(name: str) -> ExpertWeight:
@@ -72,7 +73,9 @@ def _experts(cfg: ModelConfig, w: dict[str, Any], p: str) -> nn.Module:
     return MoEFFN(router, experts("ffn_gate_exps.weight"), experts("ffn_up_exps.weight"),
                   experts("ffn_down_exps.weight"), cfg.num_experts_used, cfg.expert_norm_topk,
                   gating=cfg.expert_gating, act=act, router_bias=w.get(p + "ffn_gate_inp.bias"),
-                  expert_bias=None if all(b is None for b in biases) else biases)
+                  expert_bias=None if all(b is None for b in biases) else biases,
+                  selection_bias=w.get(p + "exp_probs_b.bias"),
+                  weights_scale=cfg.expert_weights_scale if cfg.expert_weights_scale not in (0.0, 1.0) else None)
 
 
 def _row_linear(weight: Any, bias: torch.Tensor | None, dtype: torch.dtype, tp: TensorParallel | None,
@@ -233,7 +236,7 @@ class CausalLM(nn.Module):
         self.rope, self.rope_local = _ropes(cfg, w, min(cfg.context_length, 4096), served)
         self.batch_invariant = batch_invariant
         # only dense (fp32/bf16) GEMMs need the padding: torch's int8/int4 weight-only kernels and the native
-        # block kernels give a row the same bits for any row count (tests/test_quant.py, test_native_format.py)
+        # block kernels give a row the same bits for any row count (tests/quant/test_quant.py, tests/models/test_formats.py)
         self.dense_gemms = has_dense_gemms(self)
         self.weight_format = weight_format
 
