@@ -99,7 +99,8 @@ class ModelConfig:
     num_experts_used: int = 0         # experts each token is routed to
     expert_intermediate_size: int = 0  # one expert's FFN width
     expert_norm_topk: bool = True     # the top-k routing weights renormalised to sum to 1
-    expert_gating: str = "softmax"    # "softmax" over all experts, or "softmax_weight" (over the chosen k)
+    expert_gating: str = "softmax"    # "softmax" over all experts, "softmax_weight" (over the chosen k) or
+                                      # "sigmoid" (each expert's own; LFM2-MoE, Nemotron-H MoE)
     # Hybrid models (hitenter/models/hybrid.py): each layer's token mixer, "attention" or a recurrent kind
     # (hitenter/models/recurrent: "gated_deltanet", "short_conv", "mamba2") or "ffn" (an FFN-only layer);
     # () = every layer is attention.
@@ -111,6 +112,9 @@ class ModelConfig:
     ssm_group_count: int = 0          # ssm.group_count: key heads (Gated DeltaNet) / B, C groups (Mamba2)
     ssm_time_step_rank: int = 0       # ssm.time_step_rank: value heads (Gated DeltaNet) / heads (Mamba2)
     ssm_inner_size: int = 0           # ssm.inner_size: value heads x head value dim
+    use_rope: bool = True             # False: no layer rotates Q/K (Nemotron-H; Granite 4's hybrids)
+    expert_weights_scale: float = 0.0  # the routed experts' weights times this (0 or 1: unscaled)
+    leading_dense_layers: int = 0     # an MoE model's first layers with a dense FFN (leading_dense_block_count)
 
     def __post_init__(self) -> None:
         for f in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -121,7 +125,7 @@ class ModelConfig:
         _check_choice(self, "norm_placement", ("pre", "sandwich", "post"))
         _check_choice(self, "qk_norm", ("none", "head", "full"))
         _check_choice(self, "activation", ("silu", "gelu_tanh", "swiglu_oai", "relu2"))
-        _check_choice(self, "expert_gating", ("softmax", "softmax_weight"))
+        _check_choice(self, "expert_gating", ("softmax", "softmax_weight", "sigmoid"))
         _require(0 <= self.rope_dim <= self.head_dim and self.rope_dim % 2 == 0, "rope_dim",
                  f"must be even and <= head_dim {self.head_dim}, got {self.rope_dim}")
         _require(not self.num_experts or 0 < self.num_experts_used <= self.num_experts, "num_experts_used",
@@ -142,8 +146,9 @@ class ModelConfig:
         return None if p > 0 and (i + 1) % p == 0 else self.sliding_window
 
     def layer_has_rope(self, i: int) -> bool:
-        """False for the layers a family runs without RoPE (SmolLM3: every no_rope_interval-th)."""
-        return not (self.no_rope_interval and (i + 1) % self.no_rope_interval == 0)
+        """False for the layers a family runs without RoPE (SmolLM3: every no_rope_interval-th; all of them
+        where use_rope is False)."""
+        return self.use_rope and not (self.no_rope_interval and (i + 1) % self.no_rope_interval == 0)
 
     def is_recurrent(self, i: int) -> bool:
         """True when layer i keeps a recurrent state instead of a KV cache (a hybrid model's)."""

@@ -119,11 +119,14 @@ class MoEFFN(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(expert ids [T, K] by rank, fp32 weights [T, K]) for x [T, H]; per row, batch invariant."""
         n = x.shape[0]
-        logits = (pad_rows(x) @ self.router_t)[:n]   # a dense GEMM: row count padded
+        # the GEMM and the gating on the padded rows, then the real ones: a dense GEMM needs its row count
+        # padded, and an elementwise exp / sigmoid takes a scalar path on the elements past the tensor's last
+        # whole vector group, so its bits would depend on n
+        logits = pad_rows(x) @ self.router_t
         if self.router_bias is not None:
             logits = logits + self.router_bias
         probs = {"softmax": lambda: torch.softmax(logits, dim=-1), "sigmoid": lambda: torch.sigmoid(logits),
-                 "softmax_weight": lambda: logits}[self.gating]()
+                 "softmax_weight": lambda: logits}[self.gating]()[:n]
         select = probs if self.selection_bias is None else probs + self.selection_bias
         # a stable descending sort: equal scores keep index order, so a tie goes to the lower expert
         idx = torch.sort(select, dim=-1, descending=True, stable=True).indices[:, :self.top_k]

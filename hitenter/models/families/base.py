@@ -94,8 +94,8 @@ def common_fields(meta: Meta, names: set[str] | None) -> dict[str, Any]:
     rope_dim = int(meta.get("rope.dimension_count", head_dim))
     return dict(
         architecture=meta.arch, vocab_size=int(vocab), hidden_size=hidden,
-        intermediate_size=int(meta.require("feed_forward_length")), num_layers=int(meta.require("block_count")),
-        num_heads=heads, num_kv_heads=int(meta.get("attention.head_count_kv", heads)), head_dim=head_dim,
+        intermediate_size=largest(meta.require("feed_forward_length")), num_layers=int(meta.require("block_count")),
+        num_heads=heads, num_kv_heads=largest(meta.get("attention.head_count_kv", heads)), head_dim=head_dim,
         rope_theta=float(meta.get("rope.freq_base", 10000.0)),
         rms_norm_eps=float(meta.require("attention.layer_norm_rms_epsilon")),
         context_length=int(meta.require("context_length")),
@@ -106,6 +106,23 @@ def common_fields(meta: Meta, names: set[str] | None) -> dict[str, Any]:
         rope_scaling_factor=linear_rope_factor(meta),
         **yarn_fields(meta),
     )
+
+
+def largest(value: Any) -> int:
+    """A hyper-parameter that llama.cpp reads per layer (get_key_or_arr): one value, or an array whose largest
+    entry is the model's (hybrid files write 0 for the layers without that part)."""
+    return max(int(v) for v in value) if isinstance(value, list | tuple) else int(value)
+
+
+def per_layer(meta: Meta, key: str, n: int, default: int = 0) -> list[int]:
+    """`key` for each of n layers: the file's array (ModelLoadError unless it has n entries), or its one
+    value repeated (`default` where absent)."""
+    value = meta.get(key, default)
+    if not isinstance(value, list | tuple):
+        return [int(value)] * n
+    if len(value) != n:
+        raise ModelLoadError(f"GGUF metadata {meta.arch}.{key} has {len(value)} entries for {n} layers")
+    return [int(v) for v in value]
 
 
 def linear_rope_factor(meta: Meta, allowed: tuple[str, ...] = ()) -> float:

@@ -1,0 +1,52 @@
+"""LFM2's double-gated short convolution (llama.cpp src/models/lfm2.cpp, build_shortconv_block):
+
+    B, C, x = in_proj(h) split in three [T, H] parts (that order)
+    y = out_proj(C * conv(B * x))
+
+with conv the depthwise causal convolution of `shortconv.conv` [H, L] (L = shortconv.l_cache taps;
+recurrent/causal_conv.py) whose state is the last L - 1 rows of B * x. Tensors (llama.cpp's names, under
+``blk.{i}.``): shortconv.in_proj [3H, H], shortconv.conv [H, L], shortconv.out_proj [H, H].
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hitenter.config import ModelConfig
+from hitenter.models.layers import make_linear
+from hitenter.models.recurrent.base import RecurrentMixer, StateCache, for_each_span
+from hitenter.models.recurrent.causal_conv import causal_conv
+
+
+def _dense(w: Any) -> torch.Tensor:
+    """A small tensor (conv taps, norms, biases) as fp32, dequantized if the file stored it in blocks."""
+    return (w if isinstance(w, torch.Tensor) else w.dequantize()).float().contiguous()
+
+
+class ShortConv(RecurrentMixer):
+    """See the module docstring. State: ``conv`` [L - 1, H], the tail of B * x."""
+
+    def __init__(self, cfg: ModelConfig, w: dict[str, Any], p: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.hidden, self.dtype = cfg.hidden_size, dtype
+        self.in_proj = make_linear(w[p + "shortconv.in_proj.weight"], None, dtype)
+        self.out_proj = make_linear(w[p + "shortconv.out_proj.weight"], None, dtype)
+        self.taps = _dense(w[p + "shortconv.conv.weight"])   # [H, L]
+        if self.taps.shape[1] < 2:
+            raise ValueError(f"{p}shortconv.conv: needs >= 2 taps, got {self.taps.shape[1]}")
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"conv": (self.taps.shape[1] - 1, self.hidden)}
+
+    def forward(self, h: torch.Tensor, attn: Any, cache: StateCache) -> torch.Tensor:
+        b, c, x = self.in_proj(h).float().chunk(3, dim=-1)
+        bx = b * x
+        y = torch.zeros_like(bx)   # padding rows stay zero
+
+        def run(a: int, e: int, slot: int) -> None:
+            y[a:e] = causal_conv(cache["conv"][slot], bx[a:e], self.taps)
+
+        for_each_span(attn, cache, run)
+        return self.out_proj((c * y).to(self.dtype))
