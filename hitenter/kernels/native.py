@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from hitenter.kernels.build import BuildError, build_library
+from hitenter.kernels.qm_kernels import QmKernels
 
 log = logging.getLogger(__name__)
 
@@ -180,13 +181,6 @@ class NativeLibrary:
             dep.reset()
 
 
-def _qmatmul_kernels(lib: ctypes.CDLL, variant: str) -> Any:
-    # the kernel's own module states what a build does (imported here: it imports this module)
-    from hitenter.kernels.qmatmul import QmKernels
-
-    return QmKernels(lib, variant)
-
-
 def _wire_layer(lib: ctypes.CDLL, _variant: str) -> ctypes.CDLL:
     """The fused layer calls the matmul and attention kernels through pointers: set them (the prompt
     kernel's is 0 where it is not built: prompt rows then take the decode kernel)."""
@@ -204,7 +198,7 @@ QMATMUL = NativeLibrary(
     flags=["-ffp-contract=off"],
     variants={"auto": [], "avx512": [], "avx2": ["-mno-avx512f"],
               "generic": ["-mno-avx512f", "-mno-avx2", "-DQM_GENERIC"]},
-    variant_env="HITENTER_QMATMUL_ISA", make=_qmatmul_kernels,
+    variant_env="HITENTER_QMATMUL_ISA", make=QmKernels,
     signatures={
         "qm_matmul": (ctypes.c_int, [ctypes.c_int, p, i64, i64, i64, p, i64, i64, p, i64, ctypes.c_int]),
         "qm_matmul_desc": (ctypes.c_int, [p, p, i64, i64, p, i64, ctypes.c_int]),

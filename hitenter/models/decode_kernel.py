@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from hitenter.kernels.native import DECODE_ATTENTION
 from hitenter.models.kv_dtype import KV_TYPE_CODES, cache_head_dim, type_codes
-
-if TYPE_CHECKING:
-    from hitenter.models.attention import AttentionMetadata
+from hitenter.models.step_rows import StepRows
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +109,7 @@ class KernelRows:
     decode_starts: torch.Tensor | None = None
 
 
-def build_kernel_rows(meta: AttentionMetadata, num_blocks: int) -> KernelRows | None:
+def build_kernel_rows(meta: StepRows, num_blocks: int) -> KernelRows | None:
     rows: list[int] = []
     ctx: list[int] = []
     starts: list[int] = []

@@ -15,15 +15,12 @@ not depend on the rows that share its block or on the chunking (tested).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import torch
 
 from hitenter.kernels.native import PROMPT_ATTENTION
 from hitenter.models.kv_dtype import KV_TYPE_CODES, cache_head_dim, type_codes
-
-if TYPE_CHECKING:
-    from hitenter.models.attention import AttentionMetadata
+from hitenter.models.step_rows import StepRows
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +37,7 @@ def supports(kv_cache_layer: torch.Tensor, num_heads: int, q_dtype: torch.dtype)
             and num_heads // kvh <= 16 and load() is not None)
 
 
-def prompt_attention(q: torch.Tensor, out: torch.Tensor, kv_cache_layer: torch.Tensor, meta: AttentionMetadata,
+def prompt_attention(q: torch.Tensor, out: torch.Tensor, kv_cache_layer: torch.Tensor, meta: StepRows,
                      scale: float, window: int | None, use_kernel: bool) -> None:
     """Write into `out` `[T, H, D]` the rows of q `[T, H, D]` that take the GEMM path (the first
     `meta.gemm_rows(i, use_kernel)` new rows of each sequence i: all of them unless the generation rows

@@ -14,9 +14,10 @@ alone, and ``hitenter serve --help`` reads ``Limits`` from it.
   ``max_tools`` tools and ``max_messages`` messages/items; the grammar inputs within their sizes.
   ``problem(body, client)``: the same, large bodies checked in the worker (below); api_error.py's
   ``BoundedBodyMiddleware`` calls it on every API body before FastAPI parses it.
-- ``loads``, ``check_schema``, ``check_choices``, ``check_text``: one field's value (a ``guided_json``
-  string, tool-call arguments, a schema before it is compiled, ``guided_choice``, regex / EBNF sources),
-  raising the server's ``APIError``.
+- ``loads_within``, ``check_schema_within``, ``check_choices_within``, ``check_text_within``: one field's
+  value (a ``guided_json`` string, tool-call arguments, a schema before it is compiled, ``guided_choice``,
+  regex / EBNF sources) against given ``Limits``, raising a ``Refusal`` (field_limits.py: the same against
+  LIMITS, raised as the server's ``APIError``).
 - ``depth_over`` / ``deep_field``: how deep a value nests; where a body too deep for the JSON parser does.
 
 Why a worker: ``json.loads`` is one C call that holds the GIL for its whole length, 17-26 ms for a 1 MB
@@ -50,13 +51,9 @@ import sys
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from functools import wraps
-from typing import IO, Any, NoReturn, TypeVar
-
-T = TypeVar("T")
+from typing import IO, Any
 
 
 class Refusal(Exception):
@@ -108,7 +105,7 @@ def depth_over(value: Any, limit: int) -> bool:
     return False
 
 
-def _loads(text: str, field: str, lim: Limits, what: str = "not valid JSON") -> Any:
+def loads_within(text: str, field: str, lim: Limits, what: str = "not valid JSON") -> Any:
     """``json.loads`` of a string field, bounded: too deep for the parser or over ``max_json_depth`` is a 400."""
     try:
         value = json.loads(text)
@@ -171,13 +168,13 @@ def _check_grammar_inputs(body: dict[str, Any], lim: Limits) -> None:
     for field, choices in (("guided_choice", body.get("guided_choice")), ("structured_outputs",
                                                                           _at(so, "choice"))):
         if isinstance(choices, list):
-            _check_choices(choices, field, lim)
+            check_choices_within(choices, field, lim)
     for field, kind, text in (("guided_regex", "regex", body.get("guided_regex")),
                               ("guided_grammar", "grammar", body.get("guided_grammar")),
                               ("structured_outputs", "regex", _at(so, "regex")),
                               ("structured_outputs", "grammar", _at(so, "grammar"))):
         if isinstance(text, str):
-            _check_text(text, kind, field, lim)
+            check_text_within(text, kind, field, lim)
     rf, fmt = body.get("response_format"), body.get("format")
     schemas = [("guided_json", body.get("guided_json")), ("structured_outputs", _at(so, "json")),
                ("response_format", _at(rf, "schema")), ("response_format", _at(rf, "json_schema", "schema")),
@@ -185,14 +182,14 @@ def _check_grammar_inputs(body: dict[str, Any], lim: Limits) -> None:
                ("output_config.format", _at(body, "output_config", "format", "schema"))]
     for field, schema in schemas:
         if isinstance(schema, dict):
-            _check_schema(schema, field, lim)
+            check_schema_within(schema, field, lim)
 
 
 def _too_big(field: str, what: str, n: int, limit: int, flag: str) -> Refusal:
     return Refusal(413, f"{field}: {what} {n} is over the limit {limit} ({flag})", field)
 
 
-def _check_schema(schema: Any, field: str, lim: Limits) -> None:
+def check_schema_within(schema: Any, field: str, lim: Limits) -> None:
     """A JSON schema's depth, node count, enum sizes and pattern lengths (what compilation cost grows with),
     in one walk that sizes a node before it looks at its children."""
     nodes = enum_total = 0
@@ -241,7 +238,7 @@ def _check_schema(schema: Any, field: str, lim: Limits) -> None:
                 nodes += 1
 
 
-def _check_choices(choices: list[str], field: str, lim: Limits) -> None:
+def check_choices_within(choices: list[str], field: str, lim: Limits) -> None:
     if len(choices) > lim.max_guided_choices:
         raise _too_big(field, "choice count", len(choices), lim.max_guided_choices, "--max-guided-choices")
     total = sum(len(c) for c in choices if isinstance(c, str))
@@ -250,7 +247,7 @@ def _check_choices(choices: list[str], field: str, lim: Limits) -> None:
                        "--max-guided-choice-chars")
 
 
-def _check_text(text: str, kind: str, field: str, lim: Limits) -> None:
+def check_text_within(text: str, kind: str, field: str, lim: Limits) -> None:
     """A regex (``max_pattern_chars``) or an EBNF grammar (``max_grammar_chars``)."""
     limit, flag = ((lim.max_pattern_chars, "--max-pattern-chars") if kind == "regex"
                    else (lim.max_grammar_chars, "--max-grammar-chars"))
@@ -303,7 +300,7 @@ def _body_problem(body: bytes, lim: Limits) -> Refusal | None:
     return None
 
 
-# --- the process's limits, and the checks as the routes call them -----------------------------------------
+# --- the process's limits --------------------------------------------------------------------------------
 
 LIMITS = Limits()
 
@@ -314,35 +311,6 @@ def configure(limits: Limits) -> None:
     LIMITS = limits
     from hitenter.engine import structured  # the engine: only once a server configures it
     structured.configure(limits.max_grammar_compile_seconds, limits.max_grammar_cache_bytes)
-
-
-def _raise(r: Refusal) -> NoReturn:
-    from hitenter.server.api_error import APIError  # the server's side only: the worker never raises one
-    raise APIError(r.status, r.message, r.param) from None
-
-
-def _raising(check: Callable[..., T]) -> Callable[..., T]:
-    """``check`` against the process's LIMITS, its Refusal raised as the server's APIError."""
-    @wraps(check)
-    def run(*args: Any) -> T:
-        try:
-            return check(*args, LIMITS)
-        except Refusal as r:
-            _raise(r)
-    return run
-
-
-check_schema = _raising(_check_schema)     # (schema, field)
-check_choices = _raising(_check_choices)   # (choices, field)
-check_text = _raising(_check_text)         # (text, kind, field)
-
-
-def loads(text: str, field: str, what: str = "not valid JSON") -> Any:
-    """``json.loads`` of a string field, bounded: too deep for the parser or over ``max_json_depth`` is a 400."""
-    try:
-        return _loads(text, field, LIMITS, what)
-    except Refusal as r:
-        _raise(r)
 
 
 def body_problem(body: bytes) -> Refusal | None:

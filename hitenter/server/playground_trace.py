@@ -18,7 +18,7 @@ import uuid
 from collections import OrderedDict
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from fastapi import APIRouter, HTTPException, Request
@@ -44,10 +44,8 @@ from hitenter.server.playground_models import (
     body_doc,
     parse,
 )
+from hitenter.server.playground_state import Playground
 from hitenter.server.playground_util import piece
-
-if TYPE_CHECKING:
-    from hitenter.server.playground import Playground
 
 MAX_TRACES = 8
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from hitenter.sampling_params import StructuredSpec
 from hitenter.outputs import PositionLogprobs, RequestOutput
-from hitenter.server import body_limits as limits
+from hitenter.server import field_limits as limits
 from hitenter.server.api_error import APIError
 from hitenter.server.generation import Source
 from hitenter.server.schema_types import (

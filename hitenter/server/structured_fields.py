@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from hitenter.sampling_params import StructuredSpec
-from hitenter.server import body_limits as limits
+from hitenter.server import field_limits as limits
 from hitenter.server.api_error import APIError
 
 _RF_KEYS = {"text": {"type"}, "json_object": {"type", "schema"}, "json_schema": {"type", "json_schema"}}

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -57,6 +57,10 @@ from hitenter.tokenizer.vocab_attrs import (
 
 __all__ = ["Tokenizer", "bytes_to_unicode", "byte_decoder", "read_tokenizer_metadata", "clean_spaces",
            "NORMAL", "UNKNOWN", "CONTROL", "USER_DEFINED", "UNUSED", "BYTE"]
+
+# The tokenizers of other GGUF vocabulary models, by tokenizer.ggml.model, each registered by its own module
+# (spm.py: "llama"); hitenter/tokenizer/__init__.py imports them, so they are here whenever this module is.
+VOCAB_BUILDERS: dict[str, Callable[[Mapping[str, Any]], Tokenizer]] = {}
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _CONTRACT = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
@@ -187,10 +191,8 @@ class Tokenizer:
         """Build from a GGUF path or metadata mapping; raises ModelLoadError for unsupported vocabularies."""
         md = read_tokenizer_metadata(source) if isinstance(source, (str, os.PathLike)) else source
         kind = md.get("tokenizer.ggml.model")
-        if kind == "llama" and cls is Tokenizer:   # SentencePiece-BPE with byte fallback (Gemma): spm.py
-            from hitenter.tokenizer.spm import SpmTokenizer, build_spm
-
-            return SpmTokenizer(md, build_spm(md))
+        if kind in VOCAB_BUILDERS and cls is Tokenizer:   # "llama": SentencePiece-BPE (Gemma), spm.py
+            return VOCAB_BUILDERS[kind](md)
         if kind != "gpt2":
             raise ModelLoadError(f"tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2')")
         pre = md.get("tokenizer.ggml.pre") or "default"

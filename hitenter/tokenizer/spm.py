@@ -27,7 +27,7 @@ from tokenizers import Regex, models, normalizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from hitenter.errors import ModelLoadError
-from hitenter.tokenizer.bpe import NORMAL, Tokenizer
+from hitenter.tokenizer.bpe import NORMAL, VOCAB_BUILDERS, Tokenizer
 
 SPACE = "\u2581"
 
@@ -88,3 +88,6 @@ class SpmTokenizer(Tokenizer):
             else:
                 b = super().token_bytes(token_id)
         return b
+
+
+VOCAB_BUILDERS["llama"] = lambda md: SpmTokenizer(md, build_spm(md))
