@@ -118,8 +118,19 @@ def cmd_serve(a: argparse.Namespace) -> int:
           max_queued_requests=a.max_queued_requests, extra_models=extra, max_body_bytes=a.max_body_bytes,
           header_timeout=a.header_timeout, metrics_public=a.metrics_public,
           allow_special_tokens_in_content=a.allow_special_tokens_in_content, allowed_origins=a.allowed_origins,
-          limits=_limits(a), **_engine_kwargs(a))
+          limits=_limits(a), lifecycle=_lifecycle(a), **_engine_kwargs(a))
     return 0
+
+
+def _lifecycle(a: argparse.Namespace) -> object:
+    from hitenter.server.keep_alive import parse_keep_alive
+    from hitenter.server.model_manager import Lifecycle
+
+    try:
+        keep = parse_keep_alive(a.keep_alive, bare_seconds=True)
+    except ValueError as e:
+        raise ValueError(f"--keep-alive: {e}") from e
+    return Lifecycle(keep_alive=keep, max_loaded_models=a.max_loaded_models, max_loaded_memory=a.max_loaded_memory)
 
 
 def _limits(a: argparse.Namespace) -> object:
@@ -234,6 +245,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--max-queued-requests", type=int, default=256)
     p.add_argument("--extra-model", action="append", help="also serve this model (repeatable; default: the playground's trigram toy model; 'none' for none)")
+    p.add_argument("--keep-alive", default="5m",
+                   help="how long a model loaded on a request stays loaded after its last one, unless the request "
+                        "says (Ollama's keep_alive: '5m', '30s', seconds, -1 forever, 0 at once; default 5m)")
+    p.add_argument("--max-loaded-models", type=int, default=3,
+                   help="most models loaded at once, the started ones included; the least recently used idle "
+                        "one is unloaded for a new one (default 3)")
+    p.add_argument("--max-loaded-memory", type=int, default=None, metavar="BYTES",
+                   help="most bytes of loaded models (weights file + reserved KV cache each; default 3/4 of RAM)")
     _server_guard_flags(p)
     p.set_defaults(fn=cmd_serve)
     p = sub.add_parser("pull", help="download a known model into the cache")

@@ -15,7 +15,6 @@ stay open)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -52,6 +51,8 @@ from hitenter.server.generation import Puller, ServedModel, ServerState
 from hitenter.server.http import DEFAULT_HEADER_TIMEOUT, StaticOr405, add_cors, uvicorn_config
 from hitenter.server.local_engine import LocalEngineClient
 from hitenter.server.metrics import ServerMetrics
+from hitenter.server.model_catalog import Catalog
+from hitenter.server.model_manager import LeaseScope, Lifecycle, Loader, ModelManager
 from hitenter.server.schema_types import TOKEN_ID_LIMIT
 
 __all__ = ["ServedModel", "create_app", "model_name", "serve"]
@@ -81,26 +82,31 @@ def create_app(engine: Served, served_model_name: str | None = None, api_key: st
                max_queued_requests: int | None = None, extra_engines: dict[str, Served] | None = None,
                playground: bool = True, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics_public: bool = False,
                allow_special_tokens_in_content: bool = False, allowed_origins: list[str] | None = None,
-               limits: L.Limits | None = None, pull: Puller | None = None) -> FastAPI:
+               limits: L.Limits | None = None, pull: Puller | None = None, lifecycle: Lifecycle | None = None,
+               loader: Loader | None = None) -> FastAPI:
     """The app. ``max_queued_requests``, when given, is set on every engine; ``playground`` mounts
     the web playground (its API under /playground/api, the page at /) when it is installed;
     ``allowed_origins``: the browser origins allowed cross-origin calls (CORS; none by default);
     ``limits``: depth, size and grammar-compilation bounds (hitenter/server/body_limits.py; the defaults when None);
-    ``pull``: what /api/pull runs, ``(name, progress)`` (hitenter.models.registry.pull when None)."""
+    ``pull``: what /api/pull runs, ``(name, progress)`` (hitenter.models.registry.pull when None);
+    ``loader``: loads a model a request names that is not resident, ``(name, file) -> ServedModel``
+    (None: only the models given here are served); ``lifecycle``: keep-alive and the resident limits
+    (hitenter/server/model_manager.py)."""
     L.configure(limits or L.Limits())
     models = {m.name: m for m in [_served(served_model_name, engine, max_queued_requests)]}
     for name, e in (extra_engines or {}).items():
         models[name] = _served(name, e, max_queued_requests)
-    state = ServerState(models, ServerMetrics(list(models)), allow_special_tokens_in_content, pull=pull)
+    manager = ModelManager(lifecycle, loader, Catalog() if loader is not None else None)
     for m in models.values():
         _ = m.max_prompt_chars     # now, not on the first request's event loop (Qwen's 151k vocabulary: ~1 s)
+        manager.add(m)
+    state = ServerState(manager, ServerMetrics(list(models)), allow_special_tokens_in_content, pull=pull,
+                        default_name=next(iter(models)))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
-        for m in models.values():
-            if m.owned:
-                await asyncio.to_thread(m.client.shutdown)
+        await manager.close()
 
     app = FastAPI(title="hitenter", version="0.1.0", lifespan=lifespan, default_response_class=SafeJSONResponse)
     app.state.server = state
@@ -108,6 +114,7 @@ def create_app(engine: Served, served_model_name: str | None = None, api_key: st
     app.add_middleware(BoundedBodyMiddleware, prefixes=BOUNDED_PATHS)     # inside the body limit
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
     install_error_handlers(app)
+    app.add_middleware(LeaseScope, manager=manager)       # a request's models are held until it is answered
     guarded: dict[str, Any] = {}
     if api_key:
         guarded = {"dependencies": [api_key_dependency(api_key)], "responses": error_responses(401)}
@@ -119,12 +126,12 @@ def create_app(engine: Served, served_model_name: str | None = None, api_key: st
         _mount_playground(app, {m.name: m.client for m in models.values()}, guarded)
     infos = [m.client.info for m in models.values()]
     _schema_for_served(app, state.roles(), min(i.vocab_size for i in infos), {i.hidden_size for i in infos},
-                       list(models))
+                       None if manager.loads_on_demand() else list(models))
     add_cors(app, allowed_origins)       # outermost: errors and preflights carry the CORS headers too
     return app
 
 
-def _schema_for_served(app: FastAPI, roles: list[str], vocab: int, hidden: set[int], names: list[str]) -> None:
+def _schema_for_served(app: FastAPI, roles: list[str], vocab: int, hidden: set[int], names: list[str] | None) -> None:
     """What the schema can say about the served models: the chat roles every template supports, token
     ids below the smallest vocabulary (the static bound is 2**31), the embedding size (when the
     models share one), and the served names as the ``model`` of the newer surfaces' bodies (Ollama's
@@ -152,7 +159,8 @@ def _schema_for_served(app: FastAPI, roles: list[str], vocab: int, hidden: set[i
             dims["anyOf"] = [{"type": "integer", "const": next(iter(hidden))}, {"type": "null"}]
         bound_ids(components)
         bound_ids(schema.get("paths", {}))     # bodies documented inline (the playground's)
-        _model_enum(schema, names)
+        if names is not None:      # None: any name may be loaded on demand
+            _model_enum(schema, names)
         return schema
     app.openapi = openapi    # type: ignore[method-assign]
 
@@ -198,12 +206,27 @@ def model_name(ref: str) -> str:
     return last[:-len(".gguf")] if last.lower().endswith(".gguf") else last
 
 
+_PER_MODEL = ("speculative_model", "speculative_method", "num_speculative_tokens")   # the started model's own
+
+
+def engine_loader(engine_kwargs: dict[str, Any], max_queued: int | None) -> Loader:
+    """Loads a model a request names: an LLMEngine with the server's engine options (not the started
+    model's speculative ones), served like the started models."""
+    kw = {k: v for k, v in engine_kwargs.items() if k not in _PER_MODEL}
+
+    def load(name: str, ref: str) -> ServedModel:
+        m = _served(name, LLMEngine(ref, **kw), max_queued)
+        _ = m.max_prompt_chars        # in the loading thread, not on the first request's event loop
+        return m
+    return load
+
+
 def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           served_model_name: str | None = None, max_queued_requests: int | None = 256,
           extra_models: list[str] | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
           header_timeout: float = DEFAULT_HEADER_TIMEOUT, metrics_public: bool = False,
           allow_special_tokens_in_content: bool = False, allowed_origins: list[str] | None = None,
-          limits: L.Limits | None = None, **engine_kwargs: Any) -> None:
+          limits: L.Limits | None = None, lifecycle: Lifecycle | None = None, **engine_kwargs: Any) -> None:
     import uvicorn
 
     engine = LLMEngine(model, **engine_kwargs)
@@ -211,5 +234,6 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, a
     app = create_app(engine, served_model_name, api_key, max_queued_requests, extra,    # type: ignore[arg-type]
                      max_body_bytes=max_body_bytes, metrics_public=metrics_public,
                      allow_special_tokens_in_content=allow_special_tokens_in_content,
-                     allowed_origins=allowed_origins, limits=limits)
+                     allowed_origins=allowed_origins, limits=limits, lifecycle=lifecycle,
+                     loader=engine_loader(engine_kwargs, max_queued_requests))
     uvicorn.Server(uvicorn_config(app, host, port, header_timeout, log_level="info")).run()

@@ -1,6 +1,7 @@
 """The one generation path every surface takes, and what the routes share.
 
-- The served models (each an ``EngineClient``), the server's options and ``State`` (a route's dependency).
+- The server's options and ``State`` (a route's dependency): ``await state.model_for(name)`` is the model a
+  request names, loaded on demand and held until its response is sent (model_manager.py).
 - Prompts to token ids, with the checks that run before any tokenizing. The character bound: a
   byte-level BPE token decodes to at most ``max_token_bytes`` bytes and a character is at least one
   UTF-8 byte, so a text of ``c`` characters needs at least ``c / max_token_bytes`` tokens; a prompt
@@ -21,7 +22,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
@@ -32,9 +32,11 @@ from hitenter.errors import ContextOverflowError, QueueFullError
 from hitenter.outputs import RequestOutput
 from hitenter.sampling_params import SamplingParams
 from hitenter.server.api_error import APIError, SafeJSONResponse, internal_message, overflow_error, param_of
-from hitenter.server.engine_client import EngineClient, Handle
+from hitenter.server.engine_client import Handle
 from hitenter.server.metrics import ServerMetrics
+from hitenter.server.model_manager import DEFAULT, ModelManager, UnknownModel
 from hitenter.server.schema_types import MAX_N
+from hitenter.server.served_model import ServedModel
 
 
 def new_id(prefix: str, sep: str = "-") -> str:
@@ -45,66 +47,44 @@ def now() -> int:
     return int(time.time())
 
 
-@dataclass
-class ServedModel:
-    name: str
-    client: EngineClient
-    owned: bool                      # created here: shut down with the app
-    created: int = field(default_factory=now)
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.client.tokenizer
-
-    @property
-    def max_model_len(self) -> int:
-        return self.client.info.max_model_len
-
-    @property
-    def vocab_size(self) -> int:
-        return self.client.info.vocab_size
-
-    @property
-    def engine(self) -> Any:
-        """The AsyncLLMEngine behind a local client (for tests and tools; the server uses ``client``)."""
-        return getattr(self.client, "engine", None)
-
-    @cached_property
-    def max_prompt_chars(self) -> int | None:
-        """Characters beyond which a text cannot fit the window (see the module docstring)."""
-        tok = self.tokenizer
-        if not hasattr(tok, "token_bytes"):
-            return None
-        longest = max((len(tok.token_bytes(i)) for i in range(tok.vocab_size)), default=0)
-        return max(longest, 1) * self.max_model_len
-
-
 Puller = Callable[[str, Callable[[str], None]], Any]     # (name, progress line callback) -> its path
 
 
 @dataclass
 class ServerState:
-    models: dict[str, ServedModel]
+    manager: ModelManager                  # the resident models and what else can be loaded by name
     metrics: ServerMetrics
     special_in_content: bool = False       # --allow-special-tokens-in-content
     stores: dict[str, Any] = field(default_factory=dict)   # per-surface state (the Responses store)
     pull: Puller | None = None             # fetches a known model into the cache (None: the registry's pull)
+    default_name: str = ""                 # the model a request that names none gets (the first started)
+
+    @property
+    def models(self) -> dict[str, ServedModel]:
+        """The resident models by name (a snapshot: models load and unload while the server runs)."""
+        return self.manager.models
 
     @property
     def default(self) -> ServedModel:
-        return next(iter(self.models.values()))
+        """The first model the server started with (it stays loaded)."""
+        return self.manager.models[self.default_name]
 
     def roles(self) -> list[str]:
         """Chat roles every served model accepts ('tool' only where the chat template knows it)."""
         tool = all(supports_tool(m) for m in self.models.values())
         return ["system", "user", "assistant"] + (["tool"] if tool else [])
 
-    def model_for(self, name: str | None) -> ServedModel:
-        if not name:
-            return self.default
-        if name not in self.models:
-            raise APIError(404, f"the model `{name}` does not exist; served: {sorted(self.models)}", "model")
-        return self.models[name]
+    def servable(self) -> list[str]:
+        """Names a request may give: resident models, then those the server can load on demand."""
+        return self.manager.servable()
+
+    async def model_for(self, name: str | None, keep_alive: object = DEFAULT) -> ServedModel:
+        """The model a request names (the default one when it names none), loaded if need be and held
+        for the request until its response is sent (hitenter/server/model_manager.py)."""
+        try:
+            return await self.manager.acquire(name or self.default_name, keep_alive)
+        except UnknownModel:
+            raise APIError(404, f"the model `{name}` does not exist; served: {self.servable()}", "model") from None
 
 
 def server_state(request: Request) -> ServerState:

@@ -369,7 +369,7 @@ router = APIRouter(responses=error_responses(400, 404, 413, 429))
 
 @router.post("/v1/chat/completions", responses=OK_OR_STREAM)
 async def chat_completions(req: ChatCompletionRequest, request: Request, state: State) -> Response:
-    m = state.model_for(req.model)
+    m = await state.model_for(req.model)
     plan = chat_plan(req, m.tokenizer.chat_template)
     params = prepare_params(req, sampling_params(req.to_sampling_params), plan)
     prompt = await chat_ids(state, m, req.message_dicts(), req.add_generation_prompt,

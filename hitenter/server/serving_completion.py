@@ -99,7 +99,7 @@ router = APIRouter(responses=error_responses(400, 404, 413, 429))
 
 @router.post("/v1/completions", responses=OK_OR_STREAM)
 async def completions(req: CompletionRequest, request: Request, state: State) -> Response:
-    m = state.model_for(req.model)
+    m = await state.model_for(req.model)
     raw = req.prompts()
     params = prepare_params(req, sampling_params(req.to_sampling_params, len(raw)))
     prompts = [await encode(m, p, "prompt") for p in raw]

@@ -61,7 +61,7 @@ def b64(vec: list[float]) -> str:
 @router.post("/v1/embeddings")
 async def embeddings(req: EmbeddingRequest, state: State) -> dict[str, Any]:
     check_known_fields(req)
-    m = state.model_for(req.model)
+    m = await state.model_for(req.model)
     size = m.client.info.hidden_size
     if req.dimensions is not None and req.dimensions != size:
         raise APIError(400, f"dimensions: the embedding size is the model's hidden size ({size}); omit it",

@@ -307,7 +307,7 @@ async def _prompt(state: ServerState, m: ServedModel, req: MessagesRequest | Cou
 
 @router.post("/v1/messages", responses=_OK)
 async def messages(req: MessagesRequest, request: Request, state: State) -> Response:
-    m = state.model_for(req.model)
+    m = await state.model_for(req.model)
     plan = _plan(req, m.tokenizer.chat_template)
     prompt = await _prompt(state, m, req, plan)
     fmt = req.output_config.format if req.output_config is not None else None
@@ -324,5 +324,5 @@ async def messages(req: MessagesRequest, request: Request, state: State) -> Resp
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(req: CountTokensRequest, state: State) -> dict[str, int]:
-    m = state.model_for(req.model)
+    m = await state.model_for(req.model)
     return {"input_tokens": len(await _prompt(state, m, req, _plan(req, m.tokenizer.chat_template)))}

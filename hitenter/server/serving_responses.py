@@ -410,7 +410,7 @@ def _echo(req: ResponsesRequest, params: SamplingParams) -> dict[str, Any]:
 @router.post("/v1/responses", responses=_OK)
 async def create_response(req: ResponsesRequest, request: Request, state: State) -> Response:
     req.check()
-    m, store = state.model_for(req.model), store_of(state)
+    m, store = await state.model_for(req.model), store_of(state)
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         prev = store.get(req.previous_response_id)

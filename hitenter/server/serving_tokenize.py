@@ -39,7 +39,7 @@ router = APIRouter(responses=error_responses(400, 404, 413))
 
 @router.post("/tokenize")
 async def tokenize(req: TokenizeRequest, state: State) -> dict[str, Any]:
-    m = state.model_for(req.model)
+    m = await state.model_for(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise APIError(400, "prompt: give exactly one of prompt or messages", "prompt")
     if req.messages is not None:
@@ -51,7 +51,7 @@ async def tokenize(req: TokenizeRequest, state: State) -> dict[str, Any]:
 
 @router.post("/detokenize")
 async def detokenize(req: DetokenizeRequest, state: State) -> dict[str, Any]:
-    m = state.model_for(req.model)
+    m = await state.model_for(req.model)
     bad = [t for t in req.tokens if not 0 <= t < m.vocab_size]
     if bad:
         raise APIError(400, f"tokens: ids must be in 0..{m.vocab_size - 1}, got {bad[:5]}", "tokens")
@@ -60,7 +60,7 @@ async def detokenize(req: DetokenizeRequest, state: State) -> dict[str, Any]:
 
 @router.get("/tokenizer_info")
 async def tokenizer_info(state: State, model: str | None = None) -> dict[str, Any]:
-    m = state.model_for(model)
+    m = await state.model_for(model)
     tok = m.tokenizer
 
     def piece(i: int | None) -> str | None:
