@@ -108,6 +108,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -166,7 +167,9 @@ def llama3_rope_factors(base: float, dim: int, factor: float, low_freq_factor: f
 class _Writer:
     """One GGUF: the metadata helpers, the random tensors (one generator, fixed order) and the tokenizer."""
 
-    def __init__(self, path: Path, arch: str, family: str, seed: int, quant: str | None) -> None:
+    def __init__(self, path: Path, arch: str, family: str, seed: int, quant: str | None,
+                 tokenizer: Callable[[gguf.GGUFWriter], int] = add_tokenizer) -> None:
+        self.tokenizer = tokenizer
         # one stream per (seed, family): families with the same shapes still get different weights
         self.arch, self.rng = arch, np.random.default_rng([seed, zlib.crc32(family.encode())])
         self.qtype = None if quant is None else gguf.GGMLQuantizationType[quant]
@@ -190,7 +193,7 @@ class _Writer:
 
     def finish_metadata(self) -> int:
         self.w.add_file_type(_file_type(self.qtype))
-        return add_tokenizer(self.w)
+        return self.tokenizer(self.w)
 
     def normal(self, *shape: int, std: float) -> np.ndarray:
         return (self.rng.standard_normal(shape) * std).astype(np.float32)
@@ -376,7 +379,7 @@ def _phi3(f: _Writer, partial: bool) -> None:
     w.add_sliding_window(0 if partial else 2047)
     if partial:   # convert's longrope attention factor, sqrt(1 + ln(scale) / ln(original context))
         w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(context / orig) / math.log(orig)))
-    vocab = add_tokenizer(w)
+    vocab = f.tokenizer(w)
     _embeddings(f, vocab, tied=partial)
     if partial:
         f.add("rope_factors_long.weight", np.array(PHI3_LONG_FACTORS, np.float32))
@@ -446,15 +449,18 @@ def _gpt_oss(f: _Writer) -> None:
         f.add(p + "ffn_down_exps.bias", f.normal(n_expert, HIDDEN, std=0.1))
 
 
-def write_tiny_family(path: str | Path, family: str, seed: int = 0, quant: str | None = None) -> Path:
+def write_tiny_family(path: str | Path, family: str, seed: int = 0, quant: str | None = None,
+                      tokenizer: Callable[[gguf.GGUFWriter], int] = add_tokenizer) -> Path:
     """Write the tiny random `family` model (one of FAMILIES) to `path`; return it. The same arguments
     always give the same bytes. quant: None (all F32) or a GGML type name ("Q8_0", "Q4_0", "Q4_K", ...)
-    for the layers' projection matrices (see tiny_model.add_weight); norms, embeddings, factors stay F32."""
+    for the layers' projection matrices (see tiny_model.add_weight); norms, embeddings, factors stay F32.
+    tokenizer: writes the vocabulary and returns its size (default tiny_model.add_tokenizer; e.g.
+    tiny_harmony.add_harmony_tokenizer for gpt-oss's real pre-tokenizer and special tokens)."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; families: {', '.join(FAMILIES)}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    f = _Writer(path, ARCHITECTURES[family], family, seed, quant)
+    f = _Writer(path, ARCHITECTURES[family], family, seed, quant, tokenizer)
     if family in ("llama", "llama3", "mixtral", "granite", "smollm3"):
         _llama_like(f, family)
     elif family in ("qwen2", "qwen3", "qwen3moe"):

@@ -27,9 +27,11 @@ Contracts:
 - Building is fast (SmolLM2 ~0.1 s, Qwen2.5 151k vocab ~0.5 s): GGUF metadata is read by
   `read_tokenizer_metadata`, a direct header parser (gguf.GGUFReader needs ~3 s for these arrays), and the
   Rust BPE is built in memory (measured faster than loading a cached tokenizer.json, so nothing is cached).
-- Known divergence: code points assigned in Unicode 16 (e.g. U+13460.. Egyptian hieroglyphs ext-A, Todhri,
-  Tulu-Tigalari) are letters to the `tokenizers` regex engine but unassigned in llama.cpp's tables, so text
-  containing them can split differently.
+- Known divergences: a byte-level piece with a character outside GPT-2's byte table (Command-R has ~1400,
+  unreachable by encoding) is its UTF-8 text here, as HF decodes it; llama.cpp prints a
+  "[UNK_BYTE_0x..]" placeholder for it. Code points assigned in Unicode 16 (e.g. U+13460.. Egyptian
+  hieroglyphs ext-A, Todhri, Tulu-Tigalari) are letters to the `tokenizers` regex engine but unassigned in
+  llama.cpp's tables, so text containing them can split differently.
 """
 
 from __future__ import annotations
@@ -176,7 +178,8 @@ class Tokenizer:
         self.eot_token_id = attrs.eot
         self.eog_token_ids: frozenset[int] = attrs.eog
         self._lstrip, self._rstrip = attrs.lstrip, attrs.rstrip
-        order = sorted((i for i, t in enumerate(self._types) if t in (CONTROL, USER_DEFINED, UNKNOWN) and self._tokens[i]),
+        order = sorted((i for i, t in enumerate(self._types)
+                        if t in (CONTROL, USER_DEFINED, UNKNOWN) and self._tokens[i]),
                        key=lambda i: -len(self._tokens[i].encode()))
         self._specials: _Table = [(self._tokens[i], i) for i in order]
         self._user_defined: _Table = [(t, i) for t, i in self._specials if self._types[i] == USER_DEFINED]
@@ -230,7 +233,8 @@ class Tokenizer:
                 b = bytes([int(piece[3:5], 16)])
             else:
                 table = byte_decoder()
-                b = b"".join(bytes([table[c]]) if c in table else c.encode("utf-8") for c in piece)
+                known = all(c in table for c in piece)   # else the piece's UTF-8, as HF's ByteLevel decoder
+                b = bytes(table[c] for c in piece) if known else piece.encode("utf-8")
             self._token_bytes[token_id] = b
         return b
 
