@@ -154,8 +154,8 @@ def pass_costs(name: str, runner: Any, kv: Any, rows: list[int], rounds: int, co
     """Seconds of one generation pass over R rows of one request (its verification of R - 1 drafts), by R:
     a `context`-token prompt computed once, then passes writing the same positions again, rounds alternating."""
     from hitenter import SamplingParams
-    from hitenter.request import Request, RequestStatus
     from hitenter.engine.scheduler import ScheduledRequest, SchedulerOutput
+    from hitenter.request import Request, RequestStatus
 
     req = Request("passes", [1000 + i % 5000 for i in range(context)], SamplingParams(temperature=0.0), 64,
                   frozenset(), status=RequestStatus.RUNNING)

@@ -71,8 +71,8 @@ class PassRig:
 
     def __init__(self, runner: Any, kv: Any, context: int, max_rows: int) -> None:
         from hitenter import SamplingParams
-        from hitenter.request import Request, RequestStatus
         from hitenter.engine.scheduler import ScheduledRequest, SchedulerOutput
+        from hitenter.request import Request, RequestStatus
 
         self.runner, self.kv, self.context = runner, kv, context
         self._sr, self._so = ScheduledRequest, SchedulerOutput

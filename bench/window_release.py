@@ -15,8 +15,8 @@ import random
 import time
 from pathlib import Path
 
-from hitenter.request import Request
 from hitenter.kv_cache.manager import KVCacheManager
+from hitenter.request import Request
 
 
 def run(model: str, release: bool, prompt: list[int], new: int) -> tuple[list[int], int, int, int, float]:

@@ -38,8 +38,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from hitenter.sampling_params import StructuredSpec
 from hitenter.outputs import PositionLogprobs, RequestOutput
+from hitenter.sampling_params import StructuredSpec
 from hitenter.server import field_limits as limits
 from hitenter.server.api_error import APIError
 from hitenter.server.generation import Source

@@ -7,9 +7,9 @@ import pytest
 
 from hitenter.engine.intake import make_requests
 from hitenter.engine.output_processor import OutputProcessor
-from hitenter.request import RequestStatus
 from hitenter.engine.sampler import StepSample, TokenLogprobs
 from hitenter.outputs import Prefix
+from hitenter.request import RequestStatus
 from hitenter.sampling_params import SamplingParams
 
 

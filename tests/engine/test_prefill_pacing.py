@@ -17,8 +17,8 @@ from hitenter.engine.prefill_pacing import (
     STREAM_SHARE,
     PrefillPacer,
 )
-from hitenter.request import RequestStatus
 from hitenter.engine.scheduler import Scheduler, SchedulerOutput, _prefilling
+from hitenter.request import RequestStatus
 from hitenter.testing.mock_runner import MockRunner, req, step, timed_step
 from hitenter.testing.mock_runner import lane_scheduler as make
 

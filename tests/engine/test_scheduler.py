@@ -12,10 +12,10 @@ import random
 import pytest
 
 from hitenter.config import SchedulerConfig
-from hitenter.request import RequestStatus
 from hitenter.engine.scheduler import Scheduler
 from hitenter.errors import ContextOverflowError, QueueFullError
 from hitenter.kv_cache.manager import KVCacheManager
+from hitenter.request import RequestStatus
 from hitenter.testing.mock_runner import MockRunner, random_requests, req, step
 
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from hitenter.engine import side_prefill
-from hitenter.request import RequestStatus
 from hitenter.llm import LLM
+from hitenter.request import RequestStatus
 from hitenter.sampling_params import SamplingParams
 
 # max_num_batched_tokens 48: the long prompts (120 tokens) run in 3 chunks, in the side job and the engine alike

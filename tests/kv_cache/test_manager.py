@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import random
 
-from hitenter.request import Request
 from hitenter.kv_cache.events import KVEvent
 from hitenter.kv_cache.manager import KVCacheManager
+from hitenter.request import Request
 
 
 def req(rid: str, prompt: list[int], out: list[int] | None = None) -> Request:

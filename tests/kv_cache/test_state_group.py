@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from hitenter.request import Request
 from hitenter.kv_cache.manager import KVCacheManager
 from hitenter.kv_cache.state_group import ZERO, StateGroup
+from hitenter.request import Request
 
 BS = 4
 

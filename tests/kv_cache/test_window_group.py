@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from hitenter.request import Request, RequestStatus
 from hitenter.kv_cache.manager import KVCacheManager
 from hitenter.kv_cache.window_group import PLACEHOLDER, split_blocks
 from hitenter.models import fused_decode
 from hitenter.models.attention import AttentionMetadata, allocate_kv_caches
 from hitenter.models.loader import load_model
+from hitenter.request import Request, RequestStatus
 
 
 def req(rid: str, prompt: list[int]) -> Request:
