@@ -177,6 +177,7 @@ def _nemotron_h(f: _Writer) -> None:
              [FFN if k == "ffn" else 0 for k in kinds])
     f.w.add_key_length(HEAD_DIM)
     f.w.add_value_length(HEAD_DIM)
+    f.w.add_layer_norm_eps(1e-5)   # convert's TextModel writes it from layer_norm_epsilon; llama.cpp requires it
     _ssm_metadata(f)
     vocab = f.finish_metadata()
     f.w.add_vocab_size(vocab)

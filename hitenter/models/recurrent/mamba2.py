@@ -1,0 +1,118 @@
+"""Mamba2's selective state-space mixer, as llama.cpp computes it (src/models/mamba-base.cpp
+build_mamba2_layer, ggml-cpu's ssm_conv / ssm_scan). With E = ssm.inner_size, N = ssm.state_size,
+G = ssm.group_count, Hs = ssm.time_step_rank heads of P = E / Hs, and C = E + 2 G N conv channels:
+
+    z | xBC | dt = in_proj(h)                       (widths E, C, Hs)
+    xBC = silu(conv(xBC) + conv_bias)               (depthwise causal conv, recurrent/causal_conv.py)
+    x | B | C = xBC                                 (E = Hs x P, G x N, G x N; head h reads group h // (Hs / G))
+    dt = softplus(dt + dt_bias)                     (ggml: x if x > 20 else log1p(exp(x)))
+    per token, per head h:  S_h = S_h * exp(dt_h A_h) + (x_h dt_h) (x) B_g     (S_h [P, N])
+                            y_h = S_h C_g + D_h x_h
+    y = rms_groups(y * silu(z)) * ssm_norm          (an RMS norm over each of G groups of E / G)
+    out = out_proj(y)
+
+A is stored as the converter writes it, ssm_a = -exp(A_log) ([Hs, 1]); D as ssm_d [Hs, 1]. Tensors
+(llama.cpp's names under ``blk.{i}.``): ssm_in, ssm_conv1d (.weight [C, K], .bias [C] optional),
+ssm_dt.bias, ssm_a, ssm_d, ssm_norm.weight [G, E / G], ssm_out. State: ``conv`` [K - 1, C] (the tail of
+xBC before the conv) and ``ssm`` [Hs, P, N].
+
+Bit invariance: the scan runs token by token on each sequence's own state with the same op shapes for any
+span; the elementwise exp / softplus / silu run on tensors of whole 64-element groups (`_whole_groups`),
+since torch computes a tensor's tail elements past its last vector group on a scalar path whose bits can
+differ.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from hitenter.config import ModelConfig
+from hitenter.models.layers import make_linear, pad_rows
+from hitenter.models.recurrent.base import RecurrentMixer, StateCache, for_each_span
+from hitenter.models.recurrent.causal_conv import causal_conv
+
+GROUP = 64   # elements: a multiple of every vector loop's step (2 x 16 fp32 lanes on AVX-512)
+
+
+def _dense(w: Any) -> torch.Tensor:
+    return (w if isinstance(w, torch.Tensor) else w.dequantize()).float().contiguous()
+
+
+def _whole_groups(fn: Callable[[torch.Tensor], torch.Tensor], t: torch.Tensor) -> torch.Tensor:
+    """fn (elementwise) on t [n, W], computed over zero rows appended until the element count is a whole
+    number of GROUPs, so every element takes the vector path whatever n."""
+    n, width = t.shape
+    multiple = GROUP // math.gcd(width, GROUP)
+    return fn(pad_rows(t.contiguous(), multiple))[:n]
+
+
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    """ggml_compute_softplus_f32: x above 20, else log1p(exp(x))."""
+    return torch.where(x > 20.0, x, torch.log1p(torch.exp(x)))
+
+
+class Mamba2(RecurrentMixer):
+    """See the module docstring."""
+
+    def __init__(self, cfg: ModelConfig, w: dict[str, Any], p: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype, self.eps = dtype, cfg.rms_norm_eps
+        self.inner, self.n_state, self.groups = cfg.ssm_inner_size, cfg.ssm_state_size, cfg.ssm_group_count
+        self.heads = cfg.ssm_time_step_rank
+        if self.inner % self.heads or self.heads % self.groups or self.inner % self.groups:
+            raise ValueError(f"{p}: inner {self.inner}, heads {self.heads}, groups {self.groups} do not divide")
+        self.channels = self.inner + 2 * self.groups * self.n_state
+        self.in_proj = make_linear(w[p + "ssm_in.weight"], None, dtype)
+        self.out_proj = make_linear(w[p + "ssm_out.weight"], None, dtype)
+        self.taps = _dense(w[p + "ssm_conv1d.weight"])   # [C, K]
+        bias = w.get(p + "ssm_conv1d.bias")
+        self.conv_bias = torch.zeros(self.channels) if bias is None else _dense(bias)
+        self.dt_bias = _dense(w[p + "ssm_dt.bias"])
+        self.a = _dense(w[p + "ssm_a"]).reshape(self.heads)
+        self.d = _dense(w[p + "ssm_d"]).reshape(self.heads)
+        self.norm = _dense(w[p + "ssm_norm.weight"]).reshape(self.groups, self.inner // self.groups)
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"conv": (self.taps.shape[1] - 1, self.channels),
+                "ssm": (self.heads, self.inner // self.heads, self.n_state)}
+
+    def _scan(self, state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, da: torch.Tensor,
+              b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """y [n, Hs, P] for one span, token by token; `state` [Hs, P, N] updated in place. x [n, Hs, P],
+        dt / da [n, Hs] (softplus'd step, exp(dt A)), b / c [n, Hs, N] (each head's group)."""
+        s = state.clone()
+        ys = []
+        for i in range(x.shape[0]):
+            xdt = x[i] * dt[i, :, None]
+            s = s * da[i, :, None, None] + b[i, :, None, :] * xdt[:, :, None]
+            ys.append((s * c[i, :, None, :]).sum(-1))
+        state.copy_(s)
+        return torch.stack(ys)
+
+    def forward(self, h: torch.Tensor, attn: Any, cache: StateCache) -> torch.Tensor:
+        t, e, nh, g, n = h.shape[0], self.inner, self.heads, self.groups, self.n_state
+        zxbcdt = self.in_proj(h).float()
+        z, xbc, dt = zxbcdt[:, :e], zxbcdt[:, e:e + self.channels], zxbcdt[:, e + self.channels:]
+        dt = _whole_groups(softplus, dt + self.dt_bias)
+        da = _whole_groups(torch.exp, dt * self.a)
+        y = torch.zeros(t, nh, e // nh)   # padding rows stay zero
+        per_group = nh // g
+
+        def run(a: int, b: int, slot: int) -> None:
+            u = causal_conv(cache["conv"][slot], xbc[a:b], self.taps) + self.conv_bias
+            u = _whole_groups(F.silu, u)
+            x = u[:, :e].reshape(b - a, nh, e // nh)
+            bb = u[:, e:e + g * n].reshape(b - a, g, n).repeat_interleave(per_group, dim=1)
+            cc = u[:, e + g * n:].reshape(b - a, g, n).repeat_interleave(per_group, dim=1)
+            ys = self._scan(cache["ssm"][slot], x, dt[a:b], da[a:b], bb, cc)
+            y[a:b] = ys + x * self.d[:, None]
+
+        for_each_span(attn, cache, run)
+        gated = y.reshape(t, e) * _whole_groups(F.silu, z)
+        normed = F.rms_norm(gated.reshape(t, g, e // g), (e // g,), eps=self.eps) * self.norm
+        return self.out_proj(normed.reshape(t, e).to(self.dtype))

@@ -1,0 +1,25 @@
+"""Nemotron-H (models/families/nemotron_h.py: Mamba2, attention without RoPE and squared-ReLU FFN layers)
+against llama.cpp's logits on the tiny GGUF of hitenter/testing/tiny_hybrids.py (goldens:
+scripts/make_hybrid_goldens.py; the checks and their tolerances: hitenter/testing/hybrid_goldens.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hitenter.testing.hybrid_goldens import check_fp32, check_invariance, check_q8_0
+
+
+def test_fp32_logits_match_llama_cpp(tmp_path: Path) -> None:
+    check_fp32("nemotron_h", tmp_path)
+
+
+def test_q8_0_blocks_match_llama_cpp_within_block_rounding(tmp_path: Path) -> None:
+    check_q8_0("nemotron_h", tmp_path, experts=False)
+
+
+def test_chunked_and_batched_bits_equal_the_lone_run(tmp_path: Path) -> None:
+    check_invariance("nemotron_h", tmp_path)
+
+
+def test_chunked_and_batched_bits_equal_on_q8_0_blocks(tmp_path: Path) -> None:
+    check_invariance("nemotron_h", tmp_path, quant="Q8_0")
