@@ -244,4 +244,14 @@ DECODE_LAYER = NativeLibrary(
                 "dl_scratch": (i64, [p, i64]), "dl_forward": (i32, [p, p, i32, p, p, p]),
                 "dl_supported": (i32, [i32, i32, i32])})
 
-LIBRARIES: tuple[NativeLibrary, ...] = (QMATMUL, DECODE_ATTENTION, PROMPT_ATTENTION, RACE, DECODE_LAYER)
+# the causal conv and Mamba2's selective scan over a sequence's span (kernels/ssm_scan.py); -ffp-contract=off:
+# the conv and the scan's state bit-equal to the torch reference. HITENTER_SSM_SCAN_ISA forces a variant.
+SSM_SCAN = NativeLibrary(
+    "ssm_scan", "ssm_scan.c", env="HITENTER_SSM_SCAN", what="ssm scan kernel",
+    fallback="the torch reference runs instead (slower)", flags=["-ffp-contract=off"],
+    variants={"auto": [], "avx2": ["-mno-avx512f"], "generic": ["-mno-avx512f", "-mno-avx2", "-mno-fma"]},
+    variant_env="HITENTER_SSM_SCAN_ISA",
+    signatures={"causal_conv": (ctypes.c_int, [p, p, p, p, i64, i64, i64]),
+                "mamba2_scan": (ctypes.c_int, [p, p, p, p, p, p, p, i64, i64, i64, i64, i64])})
+
+LIBRARIES: tuple[NativeLibrary, ...] = (QMATMUL, DECODE_ATTENTION, PROMPT_ATTENTION, RACE, DECODE_LAYER, SSM_SCAN)

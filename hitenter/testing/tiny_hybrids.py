@@ -37,7 +37,16 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from hitenter.testing.tiny_families import FFN, GRANITE, HEADS, HIDDEN, KV_HEADS, _attention, _gated_ffn, _Writer
+from hitenter.testing.tiny_families import (
+    FFN,
+    GRANITE,
+    HEADS,
+    HIDDEN,
+    KV_HEADS,
+    _attention,
+    _gated_ffn,
+    _Writer,
+)
 from hitenter.testing.tiny_model import add_weight
 
 HEAD_DIM = HIDDEN // HEADS

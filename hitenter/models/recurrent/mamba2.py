@@ -3,7 +3,7 @@ build_mamba2_layer, ggml-cpu's ssm_conv / ssm_scan). With E = ssm.inner_size, N 
 G = ssm.group_count, Hs = ssm.time_step_rank heads of P = E / Hs, and C = E + 2 G N conv channels:
 
     z | xBC | dt = in_proj(h)                       (widths E, C, Hs)
-    xBC = silu(conv(xBC) + conv_bias)               (depthwise causal conv, recurrent/causal_conv.py)
+    xBC = silu(conv(xBC) + conv_bias)               (depthwise causal conv, kernels/ssm_scan.py)
     x | B | C = xBC                                 (E = Hs x P, G x N, G x N; head h reads group h // (Hs / G))
     dt = softplus(dt + dt_bias)                     (ggml: x if x > 20 else log1p(exp(x)))
     per token, per head h:  S_h = S_h * exp(dt_h A_h) + (x_h dt_h) (x) B_g     (S_h [P, N])
@@ -16,8 +16,8 @@ A is stored as the converter writes it, ssm_a = -exp(A_log) ([Hs, 1]); D as ssm_
 ssm_dt.bias, ssm_a, ssm_d, ssm_norm.weight [G, E / G], ssm_out. State: ``conv`` [K - 1, C] (the tail of
 xBC before the conv) and ``ssm`` [Hs, P, N].
 
-Bit invariance: the scan runs token by token on each sequence's own state with the same op shapes for any
-span; the elementwise exp / softplus / silu run on tensors of whole 64-element groups (`_whole_groups`),
+Bit invariance: the conv and the scan run token by token on each sequence's own state (kernels/ssm_scan.py:
+the native kernel, else its torch reference); the elementwise exp / softplus / silu run on tensors of whole 64-element groups (`_whole_groups`),
 since torch computes a tensor's tail elements past its last vector group on a scalar path whose bits can
 differ.
 """
@@ -32,6 +32,7 @@ import torch
 from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
+from hitenter.kernels.ssm_scan import mamba2_scan
 from hitenter.models.layers import make_linear, pad_rows
 from hitenter.models.recurrent.base import RecurrentMixer, StateCache, for_each_span
 from hitenter.models.recurrent.causal_conv import causal_conv
@@ -81,19 +82,6 @@ class Mamba2(RecurrentMixer):
         return {"conv": (self.taps.shape[1] - 1, self.channels),
                 "ssm": (self.heads, self.inner // self.heads, self.n_state)}
 
-    def _scan(self, state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, da: torch.Tensor,
-              b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        """y [n, Hs, P] for one span, token by token; `state` [Hs, P, N] updated in place. x [n, Hs, P],
-        dt / da [n, Hs] (softplus'd step, exp(dt A)), b / c [n, Hs, N] (each head's group)."""
-        s = state.clone()
-        ys = []
-        for i in range(x.shape[0]):
-            xdt = x[i] * dt[i, :, None]
-            s = s * da[i, :, None, None] + b[i, :, None, :] * xdt[:, :, None]
-            ys.append((s * c[i, :, None, :]).sum(-1))
-        state.copy_(s)
-        return torch.stack(ys)
-
     def forward(self, h: torch.Tensor, attn: Any, cache: StateCache) -> torch.Tensor:
         t, e, nh, g, n = h.shape[0], self.inner, self.heads, self.groups, self.n_state
         zxbcdt = self.in_proj(h).float()
@@ -101,15 +89,13 @@ class Mamba2(RecurrentMixer):
         dt = _whole_groups(softplus, dt + self.dt_bias)
         da = _whole_groups(torch.exp, dt * self.a)
         y = torch.zeros(t, nh, e // nh)   # padding rows stay zero
-        per_group = nh // g
 
         def run(a: int, b: int, slot: int) -> None:
             u = causal_conv(cache["conv"][slot], xbc[a:b], self.taps) + self.conv_bias
             u = _whole_groups(F.silu, u)
             x = u[:, :e].reshape(b - a, nh, e // nh)
-            bb = u[:, e:e + g * n].reshape(b - a, g, n).repeat_interleave(per_group, dim=1)
-            cc = u[:, e + g * n:].reshape(b - a, g, n).repeat_interleave(per_group, dim=1)
-            ys = self._scan(cache["ssm"][slot], x, dt[a:b], da[a:b], bb, cc)
+            bb, cc = u[:, e:e + g * n].reshape(b - a, g, n), u[:, e + g * n:].reshape(b - a, g, n)
+            ys = mamba2_scan(cache["ssm"][slot], x, dt[a:b], da[a:b], bb, cc)
             y[a:b] = ys + x * self.d[:, None]
 
         for_each_span(attn, cache, run)

@@ -4,7 +4,7 @@
     y = out_proj(C * conv(B * x))
 
 with conv the depthwise causal convolution of `shortconv.conv` [H, L] (L = shortconv.l_cache taps;
-recurrent/causal_conv.py) whose state is the last L - 1 rows of B * x. Tensors (llama.cpp's names, under
+kernels/ssm_scan.py) whose state is the last L - 1 rows of B * x. Tensors (llama.cpp's names, under
 ``blk.{i}.``): shortconv.in_proj [3H, H], shortconv.conv [H, L], shortconv.out_proj [H, H].
 """
 

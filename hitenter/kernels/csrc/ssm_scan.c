@@ -1,0 +1,68 @@
+/* The recurrences of the Mamba2 and short-convolution mixers over one sequence's span
+   (hitenter/kernels/ssm_scan.py states them in torch; hitenter/models/recurrent/mamba2.py, short_conv.py).
+
+   causal_conv: the depthwise causal convolution with its tail. For the window u = [tail ; x]
+   ([K - 1 + n, C]) and taps w [C, K]: y[t, c] = u[t, c] w[c, 0] + u[t + 1, c] w[c, 1] + ... in tap order,
+   each product rounded then added (-ffp-contract=off: the torch reference's bits exactly); the tail
+   becomes u's last K - 1 rows.
+
+   mamba2_scan: per token in order, per head h (group g = h / (H / G)), per row p of the head's state
+   S [P, N]: xdt = x[p] dt; S[p, i] = S[p, i] da + B[g, i] xdt; y[p] = sum over i = 0..N-1 in order of
+   S[p, i] C[g, i]. The state's bits equal the reference's (the same two roundings per element); y's sum
+   runs in index order (torch's reduction order may differ: agreement to float rounding). A head's work
+   never depends on the other heads or on how the tokens were cut into spans, so a row's bits depend only
+   on its sequence.
+
+   Layouts (float32, contiguous): tail [K - 1, C], x [n, C], w [C, K], y [n, C]; state [H, P, N],
+   xs [n, H, P], dt and da [n, H], B and C [n, G, N], ys [n, H, P]. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+int causal_conv(float *tail, const float *x, const float *w, float *y, int64_t n, int64_t C, int64_t K) {
+    if (n < 0 || C < 1 || K < 2) return 1;
+    const int64_t km = K - 1;
+    float *u = (float *)malloc(sizeof(float) * (size_t)((km + n) * C));
+    if (!u) return 2;
+    memcpy(u, tail, sizeof(float) * (size_t)(km * C));
+    memcpy(u + km * C, x, sizeof(float) * (size_t)(n * C));
+    for (int64_t t = 0; t < n; t++) {
+        float *yt = y + t * C;
+        for (int64_t c = 0; c < C; c++) yt[c] = u[t * C + c] * w[c * K];
+        for (int64_t j = 1; j < K; j++) {
+            const float *ut = u + (t + j) * C;
+            for (int64_t c = 0; c < C; c++) yt[c] = yt[c] + ut[c] * w[c * K + j];
+        }
+    }
+    memcpy(tail, u + n * C, sizeof(float) * (size_t)(km * C));
+    free(u);
+    return 0;
+}
+
+int mamba2_scan(float *state, const float *xs, const float *dt, const float *da, const float *B, const float *Cm,
+                float *ys, int64_t n, int64_t H, int64_t P, int64_t N, int64_t G) {
+    if (n < 0 || H < 1 || P < 1 || N < 1 || G < 1 || H % G) return 1;
+    const int64_t per = H / G;
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t g = h / per;
+            const float d = dt[t * H + h], a = da[t * H + h];
+            const float *b = B + (t * G + g) * N, *c = Cm + (t * G + g) * N;
+            const float *x = xs + (t * H + h) * P;
+            float *y = ys + (t * H + h) * P;
+            float *S = state + h * P * N;
+            for (int64_t p = 0; p < P; p++) {
+                const float xdt = x[p] * d;
+                float *row = S + p * N;
+                float acc = 0.0f;
+                for (int64_t i = 0; i < N; i++) {
+                    const float s = row[i] * a + b[i] * xdt;
+                    row[i] = s;
+                    acc = acc + s * c[i];
+                }
+                y[p] = acc;
+            }
+        }
+    }
+    return 0;
+}
