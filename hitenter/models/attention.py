@@ -42,6 +42,7 @@ import torch
 from hitenter.config import ModelConfig
 from hitenter.models import decode_kernel, kv_q8_0, prompt_kernel
 from hitenter.models.kv_dtype import Q8_0, row_width
+from hitenter.models.zero_pages import zeros_on_demand
 
 KEY_TILE = 128  # keys per softmax/PV tile; fixed so a row's reduction order never depends on context length
 ROW_MULTIPLE = 8  # query rows are padded to this multiple (batch-invariant GEMM shapes)
@@ -230,14 +231,15 @@ def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int,
     num_kv_heads: the KV heads this process holds (a tensor-parallel rank's shard); default all.
     num_local_blocks: the sliding-window layers' block count where they have their own block tables
     (hitenter/kv_cache/window_group.py); default num_blocks. layers: which layers get a cache (a hybrid
-    model's attention layers, models/hybrid.py); default all; the list holds only those."""
+    model's attention layers, models/hybrid.py); default all; the list holds only those. The zeros are
+    committed as blocks are written (models/zero_pages.py): an idle cache holds next to no memory."""
     nl = num_blocks if num_local_blocks is None else num_local_blocks
     if num_blocks <= 0 or block_size <= 0 or nl <= 0:
         raise ValueError(f"num_blocks and block_size must be > 0, got {num_blocks}, {block_size}, {nl}")
     kvh = config.num_kv_heads if num_kv_heads is None else num_kv_heads
     width = row_width(dtype, config.head_dim)
-    return [torch.zeros((2, kvh, num_blocks if config.layer_window(i) is None else nl, block_size, width),
-                        dtype=dtype) for i in range(config.num_layers) if layers is None or layers[i]]
+    return [zeros_on_demand((2, kvh, num_blocks if config.layer_window(i) is None else nl, block_size, width),
+                            dtype) for i in range(config.num_layers) if layers is None or layers[i]]
 
 
 def write_kv(kv_cache_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
