@@ -24,10 +24,12 @@ def test_q8_0_blocks_match_llama_cpp_within_block_rounding(family: str, tmp_path
     check_q8_0(family, tmp_path, experts=family == "lfm2moe")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_chunked_and_batched_bits_equal_the_lone_run(family: str, tmp_path: Path) -> None:
     check_invariance(family, tmp_path)
 
 
+@pytest.mark.slow
 def test_chunked_and_batched_bits_equal_on_q8_0_blocks(tmp_path: Path) -> None:
     check_invariance("lfm2", tmp_path, quant="Q8_0")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from hitenter.testing.hybrid_goldens import check_fp32, check_invariance, check_q8_0
 
 
@@ -17,9 +19,11 @@ def test_q8_0_blocks_match_llama_cpp_within_block_rounding(tmp_path: Path) -> No
     check_q8_0("nemotron_h", tmp_path, experts=False)
 
 
+@pytest.mark.slow
 def test_chunked_and_batched_bits_equal_the_lone_run(tmp_path: Path) -> None:
     check_invariance("nemotron_h", tmp_path)
 
 
+@pytest.mark.slow
 def test_chunked_and_batched_bits_equal_on_q8_0_blocks(tmp_path: Path) -> None:
     check_invariance("nemotron_h", tmp_path, quant="Q8_0")
