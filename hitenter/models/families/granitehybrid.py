@@ -20,7 +20,12 @@ from typing import Any
 from hitenter.config import ModelConfig
 from hitenter.errors import ModelLoadError
 from hitenter.models.families.base import Family, Meta, experts_fields, unpermute_qk
-from hitenter.models.families.lfm2 import attention_layer_types, attention_shapes, experts_shapes, gated_ffn_shapes
+from hitenter.models.families.lfm2 import (
+    attention_layer_types,
+    attention_shapes,
+    experts_shapes,
+    gated_ffn_shapes,
+)
 
 
 def ssm_fields(meta: Meta) -> dict[str, Any]:
