@@ -17,7 +17,8 @@ Contracts:
   (hit_hash None). The snapshot is pinned until the step that reads it has run (``commit``).
 - ``plan(rid, start, n, prompt_len)``: the step's ``StateStep`` -- the live slot, the restore (once), and the
   saves: block boundaries ``p`` in ``(start, start + n]`` where the state after row ``p - 1`` is copied to a
-  fresh slot. Saves are taken at the prompt's last block boundary, at every ``interval`` blocks, and at each
+  fresh slot. Saves are taken at the last block boundary before the prompt's last row (a request with the
+  same prompt then recomputes that row on the same path), at every ``interval`` blocks, and at each
   block boundary of the reply (only the newest reply snapshot is kept, so the next chat turn resumes at the
   reply's last boundary). A save that finds no free slot is skipped (snapshots are a cache).
 - ``commit(rid, hashes, num_verified)`` (after the step ran): registers each planned save at ``p <=
@@ -160,7 +161,7 @@ class StateGroup:
         if not caching:
             return step
         bs = self.block_size
-        prompt_end = prompt_len // bs * bs
+        prompt_end = (prompt_len - 1) // bs * bs   # before the last prompt row, which takes the generation path
         for p in range((start // bs + 1) * bs, start + n + 1, bs):
             if not (p == prompt_end or p % (self.interval * bs) == 0 or p > prompt_len):
                 continue
