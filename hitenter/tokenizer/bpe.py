@@ -47,6 +47,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from hitenter.errors import ModelLoadError
 from hitenter.tokenizer.gguf_meta import read_tokenizer_metadata
+from hitenter.tokenizer.meta_types import check_tokenizer_types
 from hitenter.tokenizer.vocab_attrs import (
     BYTE,
     CONTROL,
@@ -75,6 +76,20 @@ _LLAMA3 = _CONTRACT + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[
 _GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACT + "?"
           r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACT + "?"
           r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_DEEPSEEK_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+# llama.cpp's DEEPSEEK_LLM letter class, escaped (some of its characters change under NFC)
+_DEEPSEEK_LLM_LETTERS = (
+    "\\s?[A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373"
+    "\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481"
+    "\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf"
+    "\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d"
+    "\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-"
+    "\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113"
+    "\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149"
+    "\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b"
+    "\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a"
+    "\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-"
+    "\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+")
 _FAMILIES: dict[str, tuple[tuple[str, ...], bool]] = {  # regexes applied in order, ignore_merges
     "smollm": ((r"\p{N}", _GPT2), False),
     "gpt2": ((_GPT2,), False),
@@ -83,6 +98,11 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], bool]] = {  # regexes applied in ord
     "llama3": ((_LLAMA3,), True),
     "gpt4o": ((_GPT4O,), False),
     "default": ((r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]"), False),
+    "falcon": ((r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]"), False),
+    "deepseek-coder": (("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _DEEPSEEK_CJK, r"\p{N}"), False),
+    "deepseek-llm": (("[\r\n]", _DEEPSEEK_LLM_LETTERS,
+                      "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+", r"\s+$",
+                      _DEEPSEEK_CJK, r"\p{N}+"), False),
 }
 # llama.cpp's `tokenizer.ggml.pre` names -> family (llama-vocab.cpp), for the families above.
 PRE_TYPES: dict[str, str] = {
@@ -94,6 +114,9 @@ PRE_TYPES: dict[str, str] = {
     **dict.fromkeys(["llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"], "llama3"),
     **dict.fromkeys(["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], "gpt4o"),
     "default": "default",
+    "falcon": "falcon",
+    "deepseek-coder": "deepseek-coder",
+    "deepseek-llm": "deepseek-llm",
 }
 # llama.cpp's add_bos when the GGUF has no tokenizer.ggml.add_bos_token: true for these BPE pre-tokenizers
 _ADD_BOS_PRE = frozenset(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
@@ -191,8 +214,10 @@ class Tokenizer:
     # ---- construction -------------------------------------------------------------------------
     @classmethod
     def from_gguf(cls, source: str | os.PathLike[str] | Mapping[str, Any]) -> Tokenizer:
-        """Build from a GGUF path or metadata mapping; raises ModelLoadError for unsupported vocabularies."""
+        """Build from a GGUF path or metadata mapping; raises ModelLoadError for unsupported vocabularies
+        and for tokenizer keys of the wrong type (hitenter/tokenizer/meta_types.py)."""
         md = read_tokenizer_metadata(source) if isinstance(source, (str, os.PathLike)) else source
+        check_tokenizer_types(md)
         kind = md.get("tokenizer.ggml.model")
         if kind in VOCAB_BUILDERS and cls is Tokenizer:   # "llama": SentencePiece-BPE (Gemma), spm.py
             return VOCAB_BUILDERS[kind](md)
