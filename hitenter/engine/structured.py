@@ -1,7 +1,8 @@
 """Structured outputs: a per-sequence grammar (xgrammar) applied as a token mask in the sampler chain.
 
 - ``StructuredSpec`` (hitenter/sampling_params.py) is what a request asks for (``json`` = any JSON object, ``json_schema``, ``regex``,
-  ``choice``, ``grammar`` (EBNF), ``tool_calls`` = Qwen/Hermes ``<tool_call>{json}</tool_call>`` blocks).
+  ``choice``, ``grammar`` (EBNF), ``tool_calls`` = calls in the model's own markup, built by the server's
+  tool-call parser).
   It lives in ``SamplingParams.structured`` (immutable, hashable: the compiled grammar is cached by it).
 - :class:`GrammarBackend` (one per tokenizer) compiles a spec once; a bad spec is a ``ValueError``
   naming the request field, raised before the request is queued.
@@ -229,15 +230,26 @@ def build_grammar(spec: StructuredSpec) -> Any:
 
 
 def _tool_call_grammar(value: dict[str, Any], param: str) -> Any:
-    """``<tool_call>\\n{json}\\n</tool_call>`` (one, or several separated by newlines when parallel)."""
+    """Tool calls in a model's own markup: ``value["variants"]`` holds one call form per allowed function,
+    either ``{"prefix", "schema", "suffix"}`` (literal text around JSON arguments following the schema)
+    or ``{"ebnf"}`` (a whole call); one call, or with ``parallel`` several joined by ``value["sep"]``."""
     xgr = _xgr()
-    call = xgr.Grammar.concat(xgr.Grammar.from_ebnf('root ::= "<tool_call>\\n"'),
-                              _schema_grammar(value["schema"], param),
-                              xgr.Grammar.from_ebnf('root ::= "\\n</tool_call>"'))
+    forms = []
+    for v in value["variants"]:
+        if "ebnf" in v:
+            forms.append(xgr.Grammar.from_ebnf(v["ebnf"]))
+            continue
+        forms.append(xgr.Grammar.concat(xgr.Grammar.from_ebnf(f"root ::= {json.dumps(v['prefix'])}"),
+                                        _schema_grammar(v["schema"], param),
+                                        *([xgr.Grammar.from_ebnf(f"root ::= {json.dumps(v['suffix'])}")]
+                                          if v.get("suffix") else [])))
+    call = forms[0] if len(forms) == 1 else xgr.Grammar.union(*forms)
     if not value.get("parallel"):
         return call
+    sep = json.dumps(value.get("sep", ""))
     text = str(call)
-    return xgr.Grammar.from_ebnf(text.replace("root ::=", "call ::=", 1) + '\nroot ::= call ("\\n" call)*')
+    return xgr.Grammar.from_ebnf(text.replace("root ::=", "call ::=", 1) + f"\nroot ::= call ({sep} call)*"
+                                 if value.get("sep") else text.replace("root ::=", "call ::=", 1) + "\nroot ::= call+")
 
 
 class GrammarConstraint:

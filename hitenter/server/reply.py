@@ -1,10 +1,11 @@
 """One assistant reply (one prompt, one choice) as the non-OpenAI-chat surfaces see it: Ollama's chat and
 generate, OpenAI Responses and Anthropic Messages build their bodies and streams from this.
 
-``Reply.of(out, plan)``: a finished RequestOutput split into content and tool calls, with its finish
-and token counts. ``reply_events(src, plan)``: a stream of ``Piece`` (text safe to send now, the
-logprobs of the tokens it came from) ending in one ``Done`` (the Reply); text that may still become a
-``<tool_call>`` is held back (tools.ToolTextStream).
+``Reply.of(out, plan)``: a finished RequestOutput split into reasoning, content and tool calls, with
+its finish and token counts. ``reply_events(src, plan)``: a stream of ``Piece`` (content or reasoning
+text safe to send now, the logprobs of the tokens it came from), ``CallPiece`` (a tool call's name,
+then its argument text) ending in one ``Done`` (the Reply); text that may still become markup is held
+back (chat_format.ReplyParser over the model's reasoning and tool-call parsers).
 
 OpenAI's request schemas (/v1/completions, /v1/chat/completions) and vLLM's (/tokenize, /detokenize).
 
@@ -15,46 +16,44 @@ are left to :class:`hitenter.sampling_params.SamplingParams`, whose ``ValueError
 the field name, which becomes the error's ``param``.
 
 Tool calling for every surface: tools rendered through the model's own chat template (its ``tools``
-variable), the model's ``<tool_call>{json}</tool_call>`` markup (Qwen2.5 / Hermes) parsed into calls.
+variable), the calls parsed out of the reply in the model's own markup (hitenter/server/tool_parsers/,
+chosen from the template).
 
 A surface turns its own spelling into ``plan_tools(tools, choice, parallel, chat_template)``:
 ``tools`` in OpenAI's ``{"type": "function", "function": {name, description, parameters}}`` form,
 ``choice`` one of ``none`` (render no tools, parse nothing), ``auto`` (the model decides), ``required``
-or ``{"type": "function", "function": {"name": ...}}`` (generation constrained by the grammar to
-``<tool_call>`` blocks whose JSON is ``{"name": <an allowed function>, "arguments": <its parameters
-schema>}``); ``parallel: False`` allows (and keeps) one call. A template without a ``tools`` variable
+or ``{"type": "function", "function": {"name": ...}}`` (generation constrained by a grammar to calls
+of the allowed functions in the model's own markup, arguments following their parameters schema);
+``parallel: False`` allows (and keeps) one call. A template without a ``tools`` variable
 (SmolLM2's) -> 400.
 
-Calls come back as ``{"id", "type": "function", "function": {"name", "arguments": <JSON string>}}``;
-``ToolTextStream`` holds streamed text back while it may still turn into a call.
+Calls come back as ``{"id", "type": "function", "function": {"name", "arguments": <JSON string>}}``.
+``bind(plan, m, prompt_ids)`` gives a plan the model's chat format and the prompt's end (whether the
+prompt opened the thinking section); ``reply_params`` decodes with special tokens where the model's
+markup is made of them.
 """
 
 from __future__ import annotations
 
+import codecs
+import dataclasses
 import json
-import re
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from hitenter.outputs import PositionLogprobs, RequestOutput
-from hitenter.sampling_params import StructuredSpec
+from hitenter.sampling_params import SamplingParams, StructuredSpec
 from hitenter.server import field_limits as limits
 from hitenter.server.api_error import APIError
+from hitenter.server.chat_format import ChatFormat, ReplyParser, Thought, chat_format_of
 from hitenter.server.generation import Source
 from hitenter.server.schema_types import (
     Bool,
 )
 from hitenter.server.schema_types import Nested as _Nested
-
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-
-
-_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
-
-
-_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+from hitenter.server.tool_parsers import ToolDelta, ToolParser, tool_parser_for
+from hitenter.server.tool_parsers.hermes import HermesToolParser
 
 
 @dataclass
@@ -63,6 +62,10 @@ class ToolPlan:
     tools: list[dict[str, Any]] = field(default_factory=list)
     parallel: bool = True
     structured: StructuredSpec | None = None
+    parser: type[ToolParser] = HermesToolParser      # the model's tool-call markup
+    fmt: ChatFormat | None = None                    # set by bind(): the model's chat format
+    tail: str = ""                                   # ... and the end of the prompt's text
+    token_texts: Any = None                          # ... and its token ids -> their texts (counting)
 
     @property
     def parses(self) -> bool:
@@ -74,6 +77,16 @@ class ToolPlan:
 
     def template_kwargs(self) -> dict[str, Any]:
         return {"tools": self.tools} if self.parses else {}
+
+    def reply_parser(self) -> ReplyParser:
+        """A fresh parser for one reply under this plan."""
+        fmt = self.fmt
+        reasoning = fmt.reasoning.parser(self.tail) if fmt is not None and fmt.reasoning is not None else None
+        return ReplyParser(reasoning, self.parser(self.tools, self.parallel) if self.parses else None)
+
+    @property
+    def needs_special(self) -> bool:
+        return self.reply_parser().needs_special
 
 
 NO_TOOLS = ToolPlan("none")
@@ -95,12 +108,6 @@ def message_tool_fields(tool_calls: list[dict[str, Any]] | None, tool_call_id: s
             calls.append({**tc, "function": fn})
         out["tool_calls"] = calls
     return out
-
-
-def _call_schema(fn: dict[str, Any]) -> dict[str, Any]:
-    params = fn.get("parameters") or {"type": "object", "properties": {}}
-    return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
-            "required": ["name", "arguments"], "additionalProperties": False}
 
 
 def _named_choice(choice: dict[str, Any]) -> bool:
@@ -138,87 +145,50 @@ def plan_tools(tools: list[dict[str, Any]], choice: Any, parallel: bool | None, 
     if not chat_template or "tools" not in chat_template:
         raise APIError(400, f"{param}: this model's chat template does not support tools (it has no `tools` "
                        "variable); call without tools", param)
-    plan = ToolPlan(mode, tools, parallel is not False)
+    plan = ToolPlan(mode, tools, parallel is not False, parser=tool_parser_for(chat_template))
     if mode in ("required", "named"):
         fns = [t["function"] for t in tools if t["function"]["name"] in allowed]
-        schema = _call_schema(fns[0]) if len(fns) == 1 else {"anyOf": [_call_schema(f) for f in fns]}
-        limits.check_schema(schema, param)      # all the tools' schemas together are one grammar
-        plan.structured = StructuredSpec("tool_calls", json.dumps({"schema": schema, "parallel": plan.parallel}),
-                                 choice_param)
+        limits.check_schema({"anyOf": [f.get("parameters") or {} for f in fns]}, param)   # one grammar
+        variants = plan.parser(tools).grammar(fns)
+        plan.structured = StructuredSpec("tool_calls", json.dumps(
+            {"variants": variants, "parallel": plan.parallel, "sep": plan.parser.sep}), choice_param)
     return plan
 
 
-def _as_call(raw: str, names: set[str] | None = None) -> dict[str, Any] | None:
-    try:
-        obj = json.loads(raw)
-    except (json.JSONDecodeError, RecursionError):
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or (names is not None and obj["name"] not in names):
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+def bind(plan: ToolPlan, tokenizer: Any, prompt_ids: list[int]) -> ToolPlan:
+    """``plan`` for one prompt of a model: its chat format, and the prompt's end (which tells whether
+    the template opened the thinking section)."""
+    tail = tokenizer.decode(prompt_ids[-16:]) if prompt_ids else ""
+
+    def token_texts(ids: list[int]) -> list[str]:
+        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return [dec.decode(tokenizer.token_bytes(t)) for t in ids]
+    return dataclasses.replace(plan, fmt=chat_format_of(tokenizer), tail=tail, token_texts=token_texts)
+
+
+def reply_params(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
+    """``params`` decoding special tokens where the model's reasoning or call markup is made of them."""
+    if plan.needs_special and params.skip_special_tokens:
+        return params.replace(skip_special_tokens=False)
+    return params
 
 
 def parse_tool_calls(text: str, parallel: bool = True,
                      names: set[str] | None = None) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content outside the markup or None, calls) of a generated text. Without markup, a reply that is
-    exactly one ``{"name": <a tool in names>, "arguments": ...}`` object (small models often drop the
-    tags; fenced or not) is a call too."""
-    calls = [c for c in (_as_call(m.group(1)) for m in _CALL.finditer(text)) if c is not None]
-    if not calls and names:
-        bare = _as_call(_FENCE.sub("", text.strip()).strip(), names)
-        return (None, [bare]) if bare is not None else (text, [])
-    if not calls:
-        return text, []
-    content = text[:text.find(OPEN)].strip()
-    return (content or None), (calls if parallel else calls[:1])
+    """(content outside the markup or None, calls) of a reply in Hermes ``<tool_call>`` markup; a reply
+    that is exactly one ``{"name": <a tool in names>, "arguments": ...}`` object is a call too."""
+    tools = [{"type": "function", "function": {"name": n}} for n in names or ()]
+    p = HermesToolParser(tools, parallel)
+    p.feed(text)
+    p.finish()
+    return (p.content or None) if p.calls else text, p.calls
 
 
 def split_reply(text: str, plan: ToolPlan) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content, calls) of a finished reply under ``plan`` (no calls when the plan parses none)."""
-    if not plan.parses:
-        return text, []
-    return parse_tool_calls(text, plan.parallel, plan.names)
-
-
-def _held_back(text: str) -> int:
-    """Length of the longest suffix of text that could start ``<tool_call>``."""
-    for k in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if OPEN.startswith(text[-k:]):
-            return k
-    return 0
-
-
-class ToolTextStream:
-    """One choice's streamed text under a plan: ``feed(delta)`` returns the text safe to send now (none
-    once ``<tool_call>`` may have begun, or while the reply may be a bare JSON call); ``finish()``
-    returns the rest of the content and the calls."""
-
-    def __init__(self, plan: ToolPlan) -> None:
-        self.plan, self.text, self.sent = plan, "", 0
-
-    def feed(self, delta: str) -> str:
-        self.text += delta
-        if not self.plan.parses:
-            safe = len(self.text)
-        elif self.sent == 0 and self.text.lstrip()[:1] in ("{", "`"):
-            safe = 0                    # may be a bare {"name", "arguments"} call: held until the end
-        else:
-            cut = self.text.find(OPEN)
-            safe = cut if cut >= 0 else len(self.text) - _held_back(self.text)
-        piece = self.text[self.sent:max(safe, self.sent)]
-        self.sent = max(safe, self.sent)
-        return piece
-
-    def finish(self) -> tuple[str, list[dict[str, Any]]]:
-        """(content not sent yet, calls)."""
-        content, calls = split_reply(self.text, self.plan)
-        if not calls:
-            rest, self.sent = self.text[self.sent:], len(self.text)
-            return rest, []
-        rest = (content or "")[self.sent:] if content and len(content) > self.sent else ""
-        return rest, calls
+    """(content, calls) of a finished reply under ``plan`` (reasoning left out; see Reply.of)."""
+    rp = plan.reply_parser()
+    _, content, calls = rp.split(text)
+    return (content or None) if calls else content, calls
 
 
 def with_tools(spec: StructuredSpec | None, plan: ToolPlan) -> StructuredSpec | None:
@@ -264,16 +234,27 @@ class Reply:
     prompt_token_ids: list[int] = field(default_factory=list)
     logprobs: list[PositionLogprobs] | None = None
     metrics: Any = None                       # RequestMetricsSnapshot
+    reasoning: str = ""                       # the thinking section's text
+    reasoning_tokens: int = 0                 # tokens generated while thinking
 
     @classmethod
-    def of(cls, out: RequestOutput, plan: ToolPlan,
-           parsed: tuple[str | None, list[dict[str, Any]]] | None = None) -> Reply:
-        """``parsed``: (content, calls) already split out of the text (a stream's), else split here."""
+    def of(cls, out: RequestOutput, plan: ToolPlan, parsed: ReplyParser | None = None,
+           reasoning_tokens: int | None = None) -> Reply:
+        """``parsed``: the parser that already read the reply (a stream's), else it is read here."""
         c = out.outputs[0]
-        content, calls = parsed if parsed is not None else split_reply(c.text, plan)
-        return cls(content or "", calls, c.finish_reason if c.finish_reason in ("stop", "length") else "stop",
-                   c.stop_reason, len(out.prompt_token_ids), len(c.token_ids), out.num_cached_tokens,
-                   list(c.token_ids), list(out.prompt_token_ids), c.logprobs, out.metrics)
+        if parsed is None:
+            parsed = plan.reply_parser()
+            parsed.split(c.text)
+        calls = parsed.calls
+        content = parsed.content.strip() if calls else parsed.content
+        n = len(c.token_ids)
+        thinking = reasoning_tokens if reasoning_tokens is not None else 0
+        if reasoning_tokens is None and parsed.reasoning and plan.token_texts is not None:
+            thinking = plan.reply_parser().count(plan.token_texts(list(c.token_ids)))
+        return cls(content, calls, c.finish_reason if c.finish_reason in ("stop", "length") else "stop",
+                   c.stop_reason, len(out.prompt_token_ids), n, out.num_cached_tokens,
+                   list(c.token_ids), list(out.prompt_token_ids), c.logprobs, out.metrics,
+                   parsed.reasoning_text, min(thinking, n))
 
     @property
     def truncated(self) -> bool:
@@ -288,6 +269,12 @@ class Reply:
 class Piece:
     text: str
     logprobs: list[PositionLogprobs] = field(default_factory=list)
+    reasoning: bool = False                   # thinking text, not the answer
+
+
+@dataclass
+class CallPiece:
+    delta: ToolDelta                          # a call's id and name (first), then argument text
 
 
 @dataclass
@@ -295,18 +282,40 @@ class Done:
     reply: Reply
 
 
-async def reply_events(src: Source, plan: ToolPlan) -> AsyncIterator[Piece | Done]:
-    """Pieces of the reply's text as they become safe to send, then Done."""
-    ts = ToolTextStream(plan)
+def _pieces(outs: list[Any], logprobs: list[PositionLogprobs]) -> list[Piece | CallPiece]:
+    """Parser outputs as events; the step's logprobs ride on its first piece (or an empty one)."""
+    events: list[Piece | CallPiece] = []
+    for o in outs:
+        if isinstance(o, ToolDelta):
+            events.append(CallPiece(o))
+        elif isinstance(o, Thought):
+            events.append(Piece(o.text, reasoning=True))
+        elif o:
+            events.append(Piece(o))
+    if logprobs:
+        first = next((e for e in events if isinstance(e, Piece)), None)
+        if first is None:
+            events.insert(0, Piece("", logprobs))
+        else:
+            first.logprobs = logprobs
+    return events
+
+
+async def reply_events(src: Source, plan: ToolPlan) -> AsyncIterator[Piece | CallPiece | Done]:
+    """Pieces of the reply as they become safe to send, then Done. A step's tokens count as
+    reasoning tokens while its text went to the thinking section."""
+    rp = plan.reply_parser()
+    thinking = 0
     async for _, out in src:
         c = out.outputs[0]
-        piece = ts.feed(c.delta_text)
-        if piece or c.delta_logprobs:
-            yield Piece(piece, list(c.delta_logprobs or []))
+        before = rp.in_thought
+        outs = rp.feed(c.delta_text)
+        if before or rp.in_thought or any(isinstance(o, Thought) for o in outs):
+            thinking += len(c.delta_token_ids)
+        for e in _pieces(outs, list(c.delta_logprobs or [])):
+            yield e
         if out.finished:
-            rest, calls = ts.finish()
-            if rest:
-                yield Piece(rest)
-            content = split_reply(ts.text, plan)[0] if calls else ts.text
-            yield Done(Reply.of(out, plan, (content, calls)))
+            for e in _pieces(rp.finish(), []):
+                yield e
+            yield Done(Reply.of(out, plan, rp, thinking))
             return

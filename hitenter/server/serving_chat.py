@@ -30,6 +30,7 @@ from hitenter.outputs import PositionLogprobs, RequestOutput
 from hitenter.sampling_params import SamplingParams, StructuredSpec
 from hitenter.server import structured_fields as SF
 from hitenter.server.api_error import APIError, check_known_fields, error_responses
+from hitenter.server.chat_format import ReplyParser, Thought, chat_format_of
 from hitenter.server.generation import (
     ServedModel,
     Source,
@@ -46,10 +47,10 @@ from hitenter.server.reply import (
     NO_TOOLS,
     Tool,
     ToolPlan,
-    ToolTextStream,
+    bind,
     message_tool_fields,
     plan_tools,
-    split_reply,
+    reply_params,
 )
 from hitenter.server.schema_types import (
     Bias,
@@ -72,6 +73,7 @@ from hitenter.server.schema_types import (
 )
 from hitenter.server.schema_types import Lenient as _Lenient
 from hitenter.server.schema_types import Nested as _Nested
+from hitenter.server.tool_parsers import ToolDelta
 
 # --- what /v1/completions shares (vLLM's OpenAIServing): the sampling request, its checks, the response pieces ---
 
@@ -279,12 +281,33 @@ def vllm_prompt_logprobs(sc: PromptScores, decode: Decode) -> list[dict[str, Any
 Role = Literal["system", "user", "assistant", "tool"]
 
 
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
+
+
 class ChatExtras(BaseModel):
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: Bool | None = None
     continue_final_message: Bool = False
     echo: Bool = False
+    reasoning_effort: ReasoningEffort | None = None          # OpenAI's; "none" turns thinking off
+    chat_template_kwargs: dict[str, Any] | None = None       # vLLM / llama-server: template variables
+
+    def thinking_kwargs(self, template_vars: Any) -> dict[str, Any]:
+        """The template variables that switch thinking (chat_format.ChatFormat), then the client's own."""
+        effort = self.reasoning_effort
+        think = None if effort is None else effort != "none"
+        level = effort if effort in ("low", "medium", "high") else ("low" if effort == "minimal" else None)
+        extra = self.chat_template_kwargs or {}
+        bad = [k for k in extra if k in _RESERVED_VARS or not k.isidentifier()]
+        if bad:
+            raise APIError(400, f"chat_template_kwargs: {bad[0]!r} cannot be set (reserved or not a name)",
+                           "chat_template_kwargs")
+        return {**template_vars(think, level), **extra}
+
+
+_RESERVED_VARS = {"messages", "add_generation_prompt", "tokenize", "special_in_content", "continue_final",
+                  "param", "tools", "documents"}
 
 
 class ContentPart(_Nested):
@@ -310,6 +333,8 @@ class ChatMessage(_Nested):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None           # assistant turns that called tools
     tool_call_id: str | None = None                    # tool results
+    reasoning_content: str | None = None               # an assistant turn's thinking (vLLM / llama-server)
+    reasoning: str | None = None                       # ... under vLLM's newer name
     # OpenAI's own assistant-message fields, as a client sends back a message it received: only empty
     refusal: None = None
     function_call: None = None
@@ -327,6 +352,8 @@ class ChatMessage(_Nested):
         d: dict[str, Any] = {"role": self.role, "content": c or ""}
         if self.name:
             d["name"] = self.name
+        if self.reasoning_content or self.reasoning:
+            d["reasoning_content"] = self.reasoning_content or self.reasoning
         if self.tool_calls or self.tool_call_id:
             calls = [tc.model_dump(exclude_none=True) for tc in self.tool_calls or []]
             d.update(message_tool_fields(calls or None, self.tool_call_id))
@@ -371,10 +398,14 @@ router = APIRouter(responses=error_responses(400, 404, 413, 429))
 async def chat_completions(req: ChatCompletionRequest, request: Request, state: State) -> Response:
     m = await state.model_for(req.model)
     plan = chat_plan(req, m.tokenizer.chat_template)
+    fmt = chat_format_of(m.tokenizer)
     params = prepare_params(req, sampling_params(req.to_sampling_params), plan)
-    prompt = await chat_ids(state, m, req.message_dicts(), req.add_generation_prompt,
+    prompt = await chat_ids(state, m, fmt.with_reasoning(req.message_dicts()), req.add_generation_prompt,
                             continue_final=req.continue_final_message,
-                            **({} if plan is NO_TOOLS else plan.template_kwargs()))
+                            **{**req.thinking_kwargs(fmt.template_kwargs),
+                               **({} if plan is NO_TOOLS else plan.template_kwargs())})
+    plan = bind(plan, m.tokenizer, prompt)
+    params = reply_params(params, plan)
     scores = await scores_for(m, req, [prompt])
     handles = await submit(m, [prompt], params, "messages")
     k, tb, echo = req.top_logprobs or 0, m.tokenizer.token_bytes, echo_prefix(req)
@@ -405,27 +436,52 @@ def echo_prefix(req: ChatCompletionRequest) -> str:
 
 def decorate(body: dict[str, Any], m: ServedModel, plan: ToolPlan, echo: str,
              scores: list[PromptScores] | None) -> dict[str, Any]:
-    """Tool calls parsed out of each choice, the echo, the prompt logprobs, the fingerprint."""
+    """Each choice split into reasoning (``reasoning_content``), content and tool calls; the echo, the
+    prompt logprobs, the fingerprint."""
     body["system_fingerprint"] = SYSTEM_FINGERPRINT
     for ch in body["choices"]:
-        content, calls = (ch["message"]["content"], []) if plan is NO_TOOLS else \
-            split_reply(ch["message"]["content"] or "", plan)
+        reasoning, content, calls = plan.reply_parser().split(ch["message"]["content"] or "")
+        msg: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning:
+            msg["reasoning_content"] = reasoning
         if calls:
-            ch["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+            msg.update(content=content.strip() or None, tool_calls=calls)
             ch["finish_reason"] = "tool_calls"
         if echo:
-            ch["message"]["content"] = echo + (ch["message"]["content"] or "")
+            msg["content"] = echo + (msg["content"] or "")
+        ch["message"] = msg
     if scores is not None:
         body["prompt_logprobs"] = vllm_prompt_logprobs(scores[0], m.tokenizer.decode)
     return body
 
 
+def _delta_of(outs: list[Any]) -> dict[str, Any]:
+    """One chunk's delta from a reply parser's outputs (reasoning, content, tool-call pieces)."""
+    delta: dict[str, Any] = {}
+    for o in outs:
+        if isinstance(o, Thought):
+            delta["reasoning_content"] = delta.get("reasoning_content", "") + o.text
+        elif isinstance(o, ToolDelta):
+            calls = delta.setdefault("tool_calls", [])
+            if o.name is not None:
+                calls.append({"index": o.index, "id": o.id, "type": "function",
+                              "function": {"name": o.name, "arguments": o.arguments}})
+            elif calls and calls[-1]["index"] == o.index:
+                calls[-1]["function"]["arguments"] += o.arguments
+            else:
+                calls.append({"index": o.index, "function": {"arguments": o.arguments}})
+        elif o:
+            delta["content"] = delta.get("content", "") + o
+    return delta
+
+
 async def decorate_stream(chunks: AsyncIterator[dict[str, Any]], plan: ToolPlan,
                           echo: str = "") -> AsyncIterator[dict[str, Any]]:
-    """Content deltas held back while they may become a ``<tool_call>``; at the finish the calls follow
-    as ``tool_calls`` deltas (one per call, with its whole arguments) and finish_reason ``tool_calls``.
-    The echo goes before a choice's first content."""
-    texts: dict[int, ToolTextStream] = {}
+    """Each choice's deltas through its reply parser: ``reasoning_content`` for the thinking section,
+    ``content`` held back while it may become markup, ``tool_calls`` (a call's id and name, then its
+    arguments as they come) and finish_reason ``tool_calls``. The echo goes before a choice's first
+    content."""
+    parsers: dict[int, ReplyParser] = {}
     echoed: set[int] = set()
     try:
         async for chunk in chunks:
@@ -435,21 +491,16 @@ async def decorate_stream(chunks: AsyncIterator[dict[str, Any]], plan: ToolPlan,
                 continue
             ch = chunk["choices"][0]
             i = ch["index"]
-            piece = ch.get("delta", {}).get("content", "")
-            if plan is not NO_TOOLS:      # text that may become a call is held back
-                piece = texts.setdefault(i, ToolTextStream(plan)).feed(piece)
-            delta: dict[str, Any] = {}
-            if ch.get("finish_reason") and plan is not NO_TOOLS:
-                rest, calls = texts.setdefault(i, ToolTextStream(plan)).finish()
-                piece += rest
-                if calls:
-                    delta["tool_calls"] = [{"index": j, **c} for j, c in enumerate(calls)]
+            rp = parsers.setdefault(i, plan.reply_parser())
+            outs = rp.feed(ch.get("delta", {}).get("content", ""))
+            if ch.get("finish_reason"):
+                outs += rp.finish()
+                if rp.calls:
                     ch = {**ch, "finish_reason": "tool_calls"}
+            delta = _delta_of(outs)
             if echo and i not in echoed:
                 echoed.add(i)
-                piece = echo + piece
-            if piece:
-                delta = {"content": piece, **delta}
+                delta["content"] = echo + delta.get("content", "")
             if delta or ch.get("finish_reason") or ch.get("logprobs"):
                 yield {**chunk, "choices": [{**ch, "delta": delta}]}
     finally:

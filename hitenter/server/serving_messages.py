@@ -17,8 +17,10 @@ blocks, turned into the chat template's messages.
 
 Blocks: ``text``, ``tool_use`` (an earlier call of the model) and ``tool_result`` (its result, a string
 or text blocks; ``is_error`` kept in the text). ``cache_control`` is accepted on blocks, tools and the
-system prompt and has no effect (the prefix cache is automatic here). Images, documents, thinking,
-server tools and MCP servers are refused (400). ``output_config.format`` (a JSON schema) constrains
+system prompt and has no effect (the prefix cache is automatic here). ``thinking`` blocks of earlier
+turns go back to the template as the turn's reasoning; ``thinking: {type: enabled}`` asks for the
+reply's thinking (``thinking`` blocks, ``thinking_delta`` events; their ``signature`` is empty: nothing
+here signs them). Images, documents, server tools and MCP servers are refused (400). ``output_config.format`` (a JSON schema) constrains
 the reply (structured outputs). ``temperature`` is 0..1 as Anthropic documents it (default 1; newer
 SDKs no longer send sampling fields, older ones and plain HTTP do), ``metadata.user_id`` is metadata.
 """
@@ -36,7 +38,8 @@ from pydantic import ConfigDict, Discriminator, Field, Tag
 
 from hitenter.sampling_params import SamplingParams
 from hitenter.server import structured_fields as SF
-from hitenter.server.api_error import error_responses
+from hitenter.server.api_error import APIError, error_responses
+from hitenter.server.chat_format import chat_format_of
 from hitenter.server.generation import (
     NAMED_SSE_ANTHROPIC,
     ServedModel,
@@ -51,13 +54,16 @@ from hitenter.server.generation import (
 )
 from hitenter.server.reply import (
     NO_TOOLS,
+    CallPiece,
     Done,
     Piece,
     Reply,
     ToolPlan,
+    bind,
     call_arguments,
     plan_tools,
     reply_events,
+    reply_params,
     with_tools,
 )
 from hitenter.server.schema_types import STRICT, Bool, NonEmpty, PositiveInt, TopP
@@ -102,16 +108,26 @@ class ToolResultBlock(_Nested):
         return f"Error: {body}" if self.is_error else body
 
 
+class ThinkingBlock(_Nested):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+    @property
+    def text(self) -> str:
+        return ""
+
+
 def _block_kind(v: Any) -> str | None:
     t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
-    return t if t in ("text", "tool_use", "tool_result") else None
+    return t if t in ("text", "tool_use", "tool_result", "thinking") else None
 
 
 Block = Annotated[Annotated[TextBlock, Tag("text")] | Annotated[ToolUseBlock, Tag("tool_use")]
-                  | Annotated[ToolResultBlock, Tag("tool_result")],
+                  | Annotated[ToolResultBlock, Tag("tool_result")] | Annotated[ThinkingBlock, Tag("thinking")],
                   Discriminator(_block_kind, custom_error_type="unsupported_block", custom_error_message=(
-                      "unsupported content block (image, document, thinking, server tool and MCP blocks are not "
-                      "supported here): give text, tool_use or tool_result blocks"))]
+                      "unsupported content block (image, document, server tool and MCP blocks are not "
+                      "supported here): give text, thinking, tool_use or tool_result blocks"))]
 
 
 class Message(_Nested):
@@ -144,7 +160,11 @@ class ToolChoice(_Nested):
 
 
 class Thinking(_Nested):
-    type: Literal["disabled"]
+    """``enabled`` (with Anthropic's ``budget_tokens``) switches the model's thinking on through its
+    template and returns it as ``thinking`` blocks; ``disabled`` (the default) switches it off."""
+    type: Literal["enabled", "disabled"]
+    budget_tokens: PositiveInt | None = None
+
 
 
 class Metadata(_Nested):
@@ -177,19 +197,23 @@ class _Conversation(_Nested):
 
     def template_messages(self) -> list[dict[str, Any]]:
         """System first; a user turn's tool results become ``tool`` messages (before its text), an
-        assistant turn's tool_use blocks its ``tool_calls`` (arguments as objects)."""
+        assistant turn's tool_use blocks its ``tool_calls`` (arguments as objects); ids lose the
+        ``toolu_`` this surface put on the model's own call ids (some templates check their form)."""
         out: list[dict[str, Any]] = []
         if self.system_text():
             out.append({"role": "system", "content": self.system_text()})
         for msg in self.messages:
             blocks = [TextBlock(type="text", text=msg.content)] if isinstance(msg.content, str) else msg.content
             text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
-            out += [{"role": "tool", "content": b.text(), "tool_call_id": b.tool_use_id}
+            out += [{"role": "tool", "content": b.text(), "tool_call_id": b.tool_use_id.removeprefix("toolu_")}
                     for b in blocks if isinstance(b, ToolResultBlock)]
-            calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input}}
+            calls = [{"id": b.id.removeprefix("toolu_"), "type": "function",
+                      "function": {"name": b.name, "arguments": b.input}}
                      for b in blocks if isinstance(b, ToolUseBlock)]
+            thought = "".join(b.thinking for b in blocks if isinstance(b, ThinkingBlock))
             if text or calls or not any(isinstance(b, ToolResultBlock) for b in blocks):
-                out.append({"role": msg.role, "content": text, **({"tool_calls": calls} if calls else {})})
+                out.append({"role": msg.role, "content": text, **({"tool_calls": calls} if calls else {}),
+                            **({"reasoning_content": thought} if thought and msg.role == "assistant" else {})})
         return out
 
     def tools_openai(self) -> list[dict[str, Any]]:
@@ -236,9 +260,11 @@ def tool_use(call: dict[str, Any]) -> dict[str, Any]:
             "input": call_arguments(call)}
 
 
-def content(r: Reply) -> list[dict[str, Any]]:
+def content(r: Reply, thinking: bool = False) -> list[dict[str, Any]]:
+    """The reply's blocks: its thinking first (when asked for), text, tool_use."""
+    head = [{"type": "thinking", "thinking": r.reasoning, "signature": ""}] if thinking and r.reasoning else []
     blocks = [{"type": "text", "text": r.content}] if r.content or not r.calls else []
-    return blocks + [tool_use(c) for c in r.calls]
+    return head + blocks + [tool_use(c) for c in r.calls]
 
 
 def message(msg_id: str, model: str, blocks: list[dict[str, Any]], stop: dict[str, Any],
@@ -247,32 +273,53 @@ def message(msg_id: str, model: str, blocks: list[dict[str, Any]], stop: dict[st
             "usage": used}
 
 
-def body(model: str, r: Reply) -> dict[str, Any]:
-    return message(new_id("msg", "_"), model, content(r), stop_fields(r), usage(r))
+def body(model: str, r: Reply, thinking: bool = False) -> dict[str, Any]:
+    return message(new_id("msg", "_"), model, content(r, thinking), stop_fields(r), usage(r))
 
 
-async def stream_events(src: Source, model: str, plan: ToolPlan, prompt_tokens: int) -> AsyncIterator[dict[str, Any]]:
-    """The documented event sequence of one message (see the module docstring)."""
+async def stream_events(src: Source, model: str, plan: ToolPlan, prompt_tokens: int,
+                        thinking: bool = False) -> AsyncIterator[dict[str, Any]]:
+    """The documented event sequence of one message (see the module docstring); with ``thinking`` a
+    ``thinking`` block (``thinking_delta`` events) comes first."""
     start = message(new_id("msg", "_"), model, [], {"stop_reason": None, "stop_sequence": None}, usage(None, prompt_tokens))
     yield {"type": "message_start", "message": start}
     yield {"type": "ping"}
-    opened = False
+    opened, index, thought = False, 0, False
     async for e in reply_events(src, plan):
+        if isinstance(e, CallPiece):
+            continue                                # tool_use blocks go out whole, at the end
         if isinstance(e, Piece):
-            if not e.text:
+            if not e.text or (e.reasoning and not thinking):
                 continue
+            if e.reasoning:
+                if not thought:
+                    thought = True
+                    yield {"type": "content_block_start", "index": index,
+                           "content_block": {"type": "thinking", "thinking": "", "signature": ""}}
+                yield {"type": "content_block_delta", "index": index, "delta": {"type": "thinking_delta",
+                                                                                "thinking": e.text}}
+                continue
+            if thought and not opened:
+                yield {"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta",
+                                                                                "signature": ""}}
+                yield {"type": "content_block_stop", "index": index}
+                index += 1
             if not opened:
                 opened = True
-                yield {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
-            yield {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": e.text}}
+                yield {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
+            yield {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": e.text}}
             continue
         assert isinstance(e, Done)
-        r, index = e.reply, 0
+        r = e.reply
+        if thought and not opened:
+            yield {"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta", "signature": ""}}
+            yield {"type": "content_block_stop", "index": index}
+            index += 1
         if opened or not r.calls:
             if not opened:
-                yield {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
-            yield {"type": "content_block_stop", "index": 0}
-            index = 1
+                yield {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
+            yield {"type": "content_block_stop", "index": index}
+            index += 1
         for call in r.calls:
             block = tool_use(call)
             yield {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}}
@@ -300,9 +347,19 @@ def _plan(req: MessagesRequest | CountTokensRequest, template: str | None) -> To
     return plan_tools(tools, choice, parallel, template)
 
 
+def thinking_on(m: ServedModel, req: MessagesRequest | CountTokensRequest) -> bool:
+    """Whether the request asks for thinking (400 when the model has none)."""
+    on = req.thinking is not None and req.thinking.type == "enabled"
+    if on and not chat_format_of(m.tokenizer).thinks:
+        raise APIError(400, f"thinking: the model `{m.name}` does not support thinking", "thinking")
+    return on
+
+
 async def _prompt(state: ServerState, m: ServedModel, req: MessagesRequest | CountTokensRequest,
                   plan: ToolPlan) -> list[int]:
-    return await chat_ids(state, m, req.template_messages(), True, **plan.template_kwargs())
+    fmt = chat_format_of(m.tokenizer)
+    return await chat_ids(state, m, fmt.with_reasoning(req.template_messages()), True,
+                          **{**fmt.template_kwargs(thinking_on(m, req), None), **plan.template_kwargs()})
 
 
 @router.post("/v1/messages", responses=_OK)
@@ -315,11 +372,12 @@ async def messages(req: MessagesRequest, request: Request, state: State) -> Resp
     kw: dict[str, Any] = {"temperature": 1.0 if req.temperature is None else req.temperature,
                           "max_tokens": req.max_tokens, "stop": req.stop_sequences, "structured": spec}
     kw |= {k: v for k, v in (("top_p", req.top_p), ("top_k", req.top_k)) if v is not None}
-    params = sampling_params(lambda: SamplingParams(**kw))
+    plan, thinking = bind(plan, m.tokenizer, prompt), thinking_on(m, req)
+    params = reply_params(sampling_params(lambda: SamplingParams(**kw)), plan)
     handles = await submit(m, [prompt], params, "messages")
     return await respond(request, state, m, handles, req.stream,
-                         lambda src: stream_events(src, m.name, plan, len(prompt)),
-                         lambda outs: body(m.name, Reply.of(outs[0], plan)), NAMED_SSE_ANTHROPIC)
+                         lambda src: stream_events(src, m.name, plan, len(prompt), thinking),
+                         lambda outs: body(m.name, Reply.of(outs[0], plan), thinking), NAMED_SSE_ANTHROPIC)
 
 
 @router.post("/v1/messages/count_tokens")

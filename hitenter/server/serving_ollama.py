@@ -27,7 +27,10 @@ sequence, Ollama's 1.1 the last 64 tokens only (``repeat_last_n`` is accepted as
 only). ``num_ctx`` narrows the request's window (at most the server's ``--max-model-len``: a larger one
 is a 400, never silently cut). ``keep_alive`` (a number of seconds or a Go duration, negative: forever)
 is how long the model stays loaded after the request (hitenter/server/model_manager.py; the models the
-server started with stay regardless). Images and thinking are refused (400): no served model has them.
+server started with stay regardless). Images are refused (400): no served model takes them. ``think``
+(true / false / a level) switches thinking through the template (chat_format.py); a reply's thinking
+comes back as ``message.thinking`` (``thinking`` on /api/generate), streamed too; ``think`` is a 400
+for a model without thinking.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from hitenter.outputs import PositionLogprobs
 from hitenter.sampling_params import SamplingParams, StructuredSpec
 from hitenter.server import structured_fields as SF
 from hitenter.server.api_error import APIError, SafeJSONResponse, error_responses, overflow_error
+from hitenter.server.chat_format import chat_format_of
 from hitenter.server.generation import (
     NDJSON,
     ServedModel,
@@ -64,14 +68,17 @@ from hitenter.server.keep_alive import parse_keep_alive
 from hitenter.server.model_manager import DEFAULT, UnknownModel
 from hitenter.server.reply import (
     NO_TOOLS,
+    CallPiece,
     Done,
     Piece,
     Reply,
     Tool,
     ToolPlan,
+    bind,
     call_arguments,
     plan_tools,
     reply_events,
+    reply_params,
     with_tools,
 )
 from hitenter.server.schema_types import (
@@ -160,7 +167,7 @@ class Message(_Nested):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     images: list[Any] | None = None                                  # refused when not empty (no vision)
-    thinking: str | None = None                                      # an earlier turn's: not rendered
+    thinking: str | None = None                                      # an earlier turn's thinking
     tool_calls: list[ToolCall] | None = None
     tool_name: str | None = None
     tool_call_id: str | None = None
@@ -265,8 +272,19 @@ def _done_fields(reply: Reply, t0: float) -> dict[str, Any]:
     return {"done": True, "done_reason": "length" if reply.truncated else "stop", **stats(reply, t0)}
 
 
+def think_kwargs(m: ServedModel, think: bool | str | None) -> dict[str, Any]:
+    """The template variables of ``think`` (true / false / a level); 400 when the model has no thinking."""
+    fmt = chat_format_of(m.tokenizer)
+    if think not in (None, False) and not fmt.thinks:
+        raise APIError(400, f"think: the model `{m.name}` does not support thinking; omit it or send false", "think")
+    return fmt.template_kwargs(None if think is None else think is not False,
+                               think if isinstance(think, str) else None)
+
+
 def chat_message(reply: Reply) -> dict[str, Any]:
     msg: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if reply.reasoning:
+        msg["thinking"] = reply.reasoning
     if reply.calls:
         msg["tool_calls"] = tool_calls(reply.calls)
     return msg
@@ -282,6 +300,8 @@ def chat_body(model: str, reply: Reply, t0: float, token_bytes: Any = None) -> d
 def generate_body(model: str, reply: Reply, t0: float, token_bytes: Any = None) -> dict[str, Any]:
     body = {**_head(model), "response": reply.content, **_done_fields(reply, t0),
             "context": reply.prompt_token_ids + reply.token_ids}
+    if reply.reasoning:
+        body["thinking"] = reply.reasoning
     if token_bytes is not None:
         body["logprobs"] = logprobs(reply.logprobs or [], token_bytes)
     return body
@@ -292,8 +312,12 @@ async def chat_stream(src: Source, model: str, plan: ToolPlan, t0: float,
     """One object per text piece (``message.content`` a delta), the tool calls in one object, then the
     final one (``done``, statistics) with empty content."""
     async for ev in reply_events(src, plan):
+        if isinstance(ev, CallPiece):
+            continue                                # Ollama sends calls whole, at the end
         if isinstance(ev, Piece):
-            chunk = {**_head(model), "message": {"role": "assistant", "content": ev.text}, "done": False}
+            msg = {"role": "assistant", "content": "", "thinking": ev.text} if ev.reasoning else \
+                {"role": "assistant", "content": ev.text}
+            chunk = {**_head(model), "message": msg, "done": False}
             if token_bytes is not None:
                 chunk["logprobs"] = logprobs(ev.logprobs, token_bytes)
             yield chunk
@@ -309,8 +333,11 @@ async def generate_stream(src: Source, model: str, plan: ToolPlan, t0: float,
                           token_bytes: Any = None) -> AsyncIterator[dict[str, Any]]:
     """One object per text piece (``response`` a delta), then the final one with ``context``."""
     async for ev in reply_events(src, plan):
+        if isinstance(ev, CallPiece):
+            continue
         if isinstance(ev, Piece):
-            chunk = {**_head(model), "response": ev.text, "done": False}
+            chunk = {**_head(model), "response": "", "thinking": ev.text, "done": False} if ev.reasoning else \
+                {**_head(model), "response": ev.text, "done": False}
             if token_bytes is not None:
                 chunk["logprobs"] = logprobs(ev.logprobs, token_bytes)
             yield chunk
@@ -384,8 +411,6 @@ def _format_spec(fmt: str | dict[str, Any] | None) -> StructuredSpec | None:
 
 
 def _refuse_unsupported(req: ChatRequest | GenerateRequest) -> None:
-    if req.think not in (None, False):
-        raise APIError(400, "think: no served model has a thinking mode; omit it or send false", "think")
     if isinstance(req, GenerateRequest) and req.images:
         raise APIError(400, "images: no served model takes images", "images")
     if isinstance(req, GenerateRequest) and req.template:
@@ -413,22 +438,37 @@ def _params(m: ServedModel, req: ChatRequest | GenerateRequest, prompt: list[int
     return sampling_params(lambda: SamplingParams(**kw, logprobs=lp, structured=spec))
 
 
+def _answered_call(earlier: list[dict[str, Any]]) -> str:
+    """The id of the call a tool message without one answers: the next unanswered call of the latest
+    assistant turn (Ollama sends results in the calls' order; some templates need the ids paired)."""
+    results = 0
+    for d in reversed(earlier):
+        if d["role"] == "tool":
+            results += 1
+            continue
+        calls = d.get("tool_calls") or []
+        return calls[results]["id"] if results < len(calls) else ""
+    return ""
+
+
 def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
-    """Ollama messages as the chat template takes them (tool calls with object arguments)."""
+    """Ollama messages as the chat template takes them (tool calls with object arguments; a call without
+    an id gets a 9-character one, the form Mistral's templates insist on, and its result the same)."""
     out = []
     for i, msg in enumerate(req.messages):
         if msg.images:
             raise APIError(400, f"messages.{i}.images: no served model takes images", f"messages.{i}.images")
         d: dict[str, Any] = {"role": msg.role, "content": msg.content}
+        if msg.thinking:
+            d["reasoning_content"] = msg.thinking
         if msg.tool_calls:
-            d["tool_calls"] = [{"id": tc.id or f"call_{i}_{j}", "type": "function",
+            d["tool_calls"] = [{"id": tc.id or f"c{i:04d}{j:04d}", "type": "function",
                                 "function": {"name": tc.function.name, "arguments": tc.function.arguments}}
                                for j, tc in enumerate(msg.tool_calls)]
         if msg.role == "tool":
             if msg.tool_name:
                 d["name"] = msg.tool_name
-            if msg.tool_call_id:
-                d["tool_call_id"] = msg.tool_call_id
+            d["tool_call_id"] = msg.tool_call_id or _answered_call(out)
         out.append(d)
     return out
 
@@ -443,8 +483,10 @@ async def chat(req: ChatRequest, request: Request, state: State) -> Response:
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
     plan = plan_tools(tools, None, None, m.tokenizer.chat_template) if tools else NO_TOOLS
     spec = with_tools(_format_spec(req.format), plan)
-    prompt = await chat_ids(state, m, chat_messages(req), True, **plan.template_kwargs())
-    params = _params(m, req, prompt, spec, "messages")
+    prompt = await chat_ids(state, m, chat_format_of(m.tokenizer).with_reasoning(chat_messages(req)), True,
+                            **{**think_kwargs(m, req.think), **plan.template_kwargs()})
+    plan = bind(plan, m.tokenizer, prompt)
+    params = reply_params(_params(m, req, prompt, spec, "messages"), plan)
     handles = await submit(m, [prompt], params, "messages")
     tb = m.tokenizer.token_bytes if req.logprobs else None
     return await respond(request, state, m, handles, req.stream,
@@ -466,7 +508,7 @@ async def generate_ids(state: ServerState, m: ServedModel, req: GenerateRequest)
     else:
         msgs = ([{"role": "system", "content": req.system}] if req.system else []) + [
             {"role": "user", "content": req.prompt}]
-        ids = await chat_ids(state, m, msgs, True, param="prompt")
+        ids = await chat_ids(state, m, msgs, True, param="prompt", **think_kwargs(m, req.think))
     ids = list(req.context or []) + ids
     check_ids(m, ids, "prompt")
     return ids
@@ -483,11 +525,13 @@ async def generate(req: GenerateRequest, request: Request, state: State) -> Resp
     if not req.prompt and not req.suffix:
         return SafeJSONResponse({"model": req.model, "created_at": created_at(), "response": "", "done": True,
                                  "done_reason": "load"})
+    if req.think not in (None, False) and (req.raw or req.suffix):
+        raise APIError(400, "think: not with raw or suffix (no chat template renders the prompt)", "think")
     prompt = await generate_ids(state, m, req)
-    params = _params(m, req, prompt, _format_spec(req.format), "prompt")
+    plan = bind(NO_TOOLS, m.tokenizer, prompt) if not (req.raw or req.suffix) else NO_TOOLS
+    params = reply_params(_params(m, req, prompt, _format_spec(req.format), "prompt"), plan)
     handles = await submit(m, [prompt], params, "prompt")
     tb = m.tokenizer.token_bytes if req.logprobs else None
-    plan: ToolPlan = NO_TOOLS
     return await respond(request, state, m, handles, req.stream,
                          lambda src: generate_stream(src, req.model, plan, t0, tb),
                          lambda outs: generate_body(req.model, Reply.of(outs[0], plan), t0, tb), NDJSON)

@@ -30,8 +30,11 @@ template's messages.
 Input: a string (one user message) or items: messages (``user`` / ``assistant`` / ``system`` /
 ``developer``, content a string or ``input_text`` / ``output_text`` parts), ``function_call`` (an
 earlier call of the model) and ``function_call_output`` (its result). ``instructions`` become the
-system message (not carried to a later response, as OpenAI does). Images, files, reasoning items,
-built-in tools, background runs and ``truncation: "auto"`` are refused (400); ``user``,
+system message (not carried to a later response, as OpenAI does). ``reasoning.effort`` switches the
+model's thinking through its template; the reply's thinking is a ``reasoning`` output item (its text
+in ``content``, streamed as ``response.reasoning_text.delta``) and counts in
+``output_tokens_details.reasoning_tokens``; a stored response's thinking goes back to the template.
+Images, files, reasoning items in the input, built-in tools, background runs and ``truncation: "auto"`` are refused (400); ``user``,
 ``safety_identifier``, ``prompt_cache_key`` and ``metadata`` are metadata (no effect on generation).
 """
 
@@ -53,6 +56,7 @@ from hitenter.outputs import PositionLogprobs
 from hitenter.sampling_params import SamplingParams, StructuredSpec
 from hitenter.server import structured_fields as SF
 from hitenter.server.api_error import APIError, error_responses
+from hitenter.server.chat_format import EFFORTS, chat_format_of
 from hitenter.server.generation import (
     NAMED_SSE_OPENAI,
     ServerState,
@@ -66,14 +70,17 @@ from hitenter.server.generation import (
     submit,
 )
 from hitenter.server.reply import (
+    CallPiece,
     Done,
     Piece,
     Reply,
     ToolPlan,
+    bind,
     call_arguments,
     message_tool_fields,
     plan_tools,
     reply_events,
+    reply_params,
     with_tools,
 )
 from hitenter.server.schema_types import Bool, NLogprobs, PositiveInt, Temperature, TopP
@@ -163,6 +170,18 @@ class TextConfig(_Nested):
     verbosity: Literal["medium"] | None = None
 
 
+class ReasoningConfig(_Nested):
+    """``effort`` switches thinking through the template ("none": off; a level: gpt-oss's
+    ``reasoning_effort``); no summaries are written (``summary`` is accepted, the items carry the text)."""
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+    def think(self) -> tuple[bool | None, str | None]:
+        e = self.effort
+        return (None if e is None else e != "none"), ("low" if e == "minimal" else e if e in EFFORTS else None)
+
+
 class ResponsesRequest(_Nested):
     model: str | None = None
     input: str | Annotated[list[InputItem], MinLen(1)]
@@ -180,7 +199,7 @@ class ResponsesRequest(_Nested):
     previous_response_id: str | None = None
     include: list[str] | None = None
     truncation: Literal["disabled"] | None = None
-    reasoning: Annotated[dict[str, None], MaxLen(2)] | None = None      # only {} / {"effort": null, ...}
+    reasoning: ReasoningConfig | None = None
     background: Bool | None = None                                    # false only: no background runs
     metadata: dict[str, str] | None = None
     user: str | None = None
@@ -270,7 +289,7 @@ Logprobs = Callable[[list[PositionLogprobs]], list[dict[str, Any]]]
 
 def usage(r: Reply) -> dict[str, Any]:
     return {"input_tokens": r.prompt_tokens, "input_tokens_details": {"cached_tokens": r.cached_tokens},
-            "output_tokens": r.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": r.completion_tokens, "output_tokens_details": {"reasoning_tokens": r.reasoning_tokens},
             "total_tokens": r.prompt_tokens + r.completion_tokens}
 
 
@@ -299,8 +318,12 @@ def status_of(r: Reply) -> str:
     return "incomplete" if r.truncated else "completed"
 
 
+def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+
+
 def output_items(r: Reply, lps: Logprobs) -> list[dict[str, Any]]:
-    items = []
+    items = [reasoning_item(new_id("rs", "_"), r.reasoning)] if r.reasoning else []
     if r.content or not r.calls:
         items.append(message_item(new_id("msg", "_"), status_of(r), [text_part(r.content, lps(r.logprobs or []))]))
     items += [call_item(c, new_id("fc", "_"), "completed") for c in r.calls]
@@ -321,37 +344,60 @@ async def stream_events(src: Source, plan: ToolPlan, base: Base, lps: Logprobs) 
     yield ev("response.created", response=base("in_progress", [], None, None))
     yield ev("response.in_progress", response=base("in_progress", [], None, None))
     text, text_lps, opened = "", [], False
+    thought, rs_id, at = "", new_id("rs", "_"), 0          # at: the message item's output index
 
     def opening() -> list[dict[str, Any]]:
-        return [ev("response.output_item.added", output_index=0, item=message_item(msg_id, "in_progress", [])),
-                ev("response.content_part.added", item_id=msg_id, output_index=0, content_index=0,
+        return [ev("response.output_item.added", output_index=at, item=message_item(msg_id, "in_progress", [])),
+                ev("response.content_part.added", item_id=msg_id, output_index=at, content_index=0,
                    part=text_part("", []))]
 
+    def thought_done() -> list[dict[str, Any]]:
+        return [ev("response.reasoning_text.done", item_id=rs_id, output_index=0, content_index=0, text=thought),
+                ev("response.output_item.done", output_index=0, item=reasoning_item(rs_id, thought))]
+
     async for e in reply_events(src, plan):
+        if isinstance(e, CallPiece):
+            continue                                # function_call items go out whole, at the end
+        if isinstance(e, Piece) and e.reasoning and e.text and not opened:
+            if not thought:
+                yield ev("response.output_item.added", output_index=0, item={**reasoning_item(rs_id, ""), "content": []})
+            thought += e.text
+            yield ev("response.reasoning_text.delta", item_id=rs_id, output_index=0, content_index=0, delta=e.text)
+            continue
         if isinstance(e, Piece):
-            if not e.text:
+            if not e.text or e.reasoning:
                 continue
+            if thought and at == 0:
+                at = 1
+                for x in thought_done():
+                    yield x
             if not opened:
                 opened = True
                 for x in opening():
                     yield x
             piece_lps = lps(e.logprobs)
             text, text_lps = text + e.text, text_lps + piece_lps
-            yield ev("response.output_text.delta", item_id=msg_id, output_index=0, content_index=0, delta=e.text,
+            yield ev("response.output_text.delta", item_id=msg_id, output_index=at, content_index=0, delta=e.text,
                      logprobs=piece_lps)
             continue
         assert isinstance(e, Done)
         r, items = e.reply, []
+        if thought:
+            if at == 0:
+                at = 1
+                for x in thought_done():
+                    yield x
+            items.append(reasoning_item(rs_id, thought))
         if opened or not r.calls:
             if not opened:
                 for x in opening():
                     yield x
             part = text_part(text, text_lps)
-            yield ev("response.output_text.done", item_id=msg_id, output_index=0, content_index=0, text=text,
+            yield ev("response.output_text.done", item_id=msg_id, output_index=at, content_index=0, text=text,
                      logprobs=text_lps)
-            yield ev("response.content_part.done", item_id=msg_id, output_index=0, content_index=0, part=part)
+            yield ev("response.content_part.done", item_id=msg_id, output_index=at, content_index=0, part=part)
             items.append(message_item(msg_id, status_of(r), [part]))
-            yield ev("response.output_item.done", output_index=0, item=items[-1])
+            yield ev("response.output_item.done", output_index=at, item=items[-1])
         for call in r.calls:
             i, item_id, args = len(items), new_id("fc", "_"), call["function"]["arguments"]
             yield ev("response.output_item.added", output_index=i, item=call_item(call, item_id, "in_progress", ""))
@@ -389,6 +435,8 @@ def text_spec(text: TextConfig | None) -> StructuredSpec | None:
 def reply_messages(r: Reply) -> list[dict[str, Any]]:
     """The reply as the chat template's assistant turn (for a later previous_response_id)."""
     msg: dict[str, Any] = {"role": "assistant", "content": r.content}
+    if r.reasoning:
+        msg["reasoning_content"] = r.reasoning
     if r.calls:
         msg["tool_calls"] = [{**c, "function": {**c["function"], "arguments": call_arguments(c)}} for c in r.calls]
     return [msg]
@@ -400,7 +448,7 @@ def _echo(req: ResponsesRequest, params: SamplingParams) -> dict[str, Any]:
     choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else (req.tool_choice or "auto")
     return {"instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
             "parallel_tool_calls": req.parallel_tool_calls is not False, "previous_response_id": req.previous_response_id,
-            "reasoning": {"effort": None, "summary": None}, "store": req.store, "temperature": params.temperature,
+            "reasoning": {"effort": req.reasoning.effort if req.reasoning else None, "summary": None}, "store": req.store, "temperature": params.temperature,
             "text": {"format": fmt}, "tool_choice": choice,
             "tools": [t.model_dump(exclude_none=True) for t in req.tools or []], "top_logprobs": req.top_logprobs or 0,
             "top_p": params.top_p, "truncation": "disabled", "user": req.user, "metadata": req.metadata or {},
@@ -423,11 +471,16 @@ async def create_response(req: ResponsesRequest, request: Request, state: State)
     tools = [t.as_openai() for t in req.tools or []]
     plan = plan_tools(tools, req.choice(), req.parallel_tool_calls, m.tokenizer.chat_template)
     spec = with_tools(text_spec(req.text), plan)
-    prompt = await chat_ids(state, m, system + history + new, True, param="input", **plan.template_kwargs())
+    fmt = chat_format_of(m.tokenizer)
+    think, effort = req.reasoning.think() if req.reasoning else (None, None)
+    prompt = await chat_ids(state, m, fmt.with_reasoning(system + history + new), True, param="input",
+                            **{**fmt.template_kwargs(think, effort), **plan.template_kwargs()})
+    plan = bind(plan, m.tokenizer, prompt)
     k = (req.top_logprobs or 0) if req.wants_logprobs() else None
     params = sampling_params(lambda: SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature, top_p=1.0 if req.top_p is None else req.top_p,
         max_tokens=req.max_output_tokens, logprobs=k, structured=spec))
+    params = reply_params(params, plan)
     handles = await submit(m, [prompt], params, "input")
     rid, created, echo = new_id("resp", "_"), now(), _echo(req, params)
 
