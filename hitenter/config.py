@@ -112,6 +112,8 @@ class ModelConfig:
     ssm_group_count: int = 0          # ssm.group_count: key heads (Gated DeltaNet) / B, C groups (Mamba2)
     ssm_time_step_rank: int = 0       # ssm.time_step_rank: value heads (Gated DeltaNet) / heads (Mamba2)
     ssm_inner_size: int = 0           # ssm.inner_size: value heads x head value dim
+    ssm_grouped_heads: bool = False   # Gated DeltaNet, key heads < value heads: value head h reads key head
+                                      # h // (value / key heads) (Qwen3-Next), else h % key heads (Qwen3.5)
     use_rope: bool = True             # False: no layer rotates Q/K (Nemotron-H; Granite 4's hybrids)
     expert_weights_scale: float = 0.0  # the routed experts' weights times this (0 or 1: unscaled)
     leading_dense_layers: int = 0     # an MoE model's first layers with a dense FFN (leading_dense_block_count)

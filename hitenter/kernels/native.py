@@ -244,6 +244,15 @@ DECODE_LAYER = NativeLibrary(
                 "dl_scratch": (i64, [p, i64]), "dl_forward": (i32, [p, p, i32, p, p, p]),
                 "dl_supported": (i32, [i32, i32, i32])})
 
+# the gated delta rule of Gated DeltaNet layers over a sequence's span (kernels/delta_rule.py); every variant
+# gives the same bits (-ffp-contract=off, no horizontal sums). HITENTER_DELTA_RULE_ISA forces a variant.
+DELTA_RULE = NativeLibrary(
+    "delta_rule", "delta_rule.c", env="HITENTER_DELTA_RULE", what="delta rule kernel",
+    fallback="the torch reference runs instead (slower)", flags=["-ffp-contract=off"],
+    variants={"auto": [], "avx2": ["-mno-avx512f"], "generic": ["-mno-avx512f", "-mno-avx2", "-mno-fma"]},
+    variant_env="HITENTER_DELTA_RULE_ISA",
+    signatures={"delta_rule": (ctypes.c_int, [p, p, p, p, p, p, p, i64, i64, i64, i64, f32, ctypes.c_int])})
+
 # the causal conv and Mamba2's selective scan over a sequence's span (kernels/ssm_scan.py); -ffp-contract=off:
 # the conv and the scan's state bit-equal to the torch reference. HITENTER_SSM_SCAN_ISA forces a variant.
 SSM_SCAN = NativeLibrary(
@@ -254,4 +263,5 @@ SSM_SCAN = NativeLibrary(
     signatures={"causal_conv": (ctypes.c_int, [p, p, p, p, i64, i64, i64]),
                 "mamba2_scan": (ctypes.c_int, [p, p, p, p, p, p, p, i64, i64, i64, i64, i64])})
 
-LIBRARIES: tuple[NativeLibrary, ...] = (QMATMUL, DECODE_ATTENTION, PROMPT_ATTENTION, RACE, DECODE_LAYER, SSM_SCAN)
+LIBRARIES: tuple[NativeLibrary, ...] = (QMATMUL, DECODE_ATTENTION, PROMPT_ATTENTION, RACE, DECODE_LAYER, DELTA_RULE,
+                                        SSM_SCAN)

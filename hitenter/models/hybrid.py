@@ -38,6 +38,7 @@ from hitenter.models.layers import RMSNorm, Rope, embed_and_head, fused_linear, 
 from hitenter.models.recurrent.base import RecurrentMixer, StateCache
 from hitenter.models.recurrent.kinds import MIXERS
 from hitenter.models.row_invariance import attention_row_multiple
+from hitenter.models.row_ops import rowwise
 from hitenter.quant import weight_bytes
 
 CosSin = tuple[torch.Tensor, torch.Tensor]
@@ -75,7 +76,9 @@ class FFN(nn.Module):
                 self.up = make_linear(w[p + f"ffn_up{sh}.weight"], None, dtype)
             self.down = make_linear(w[p + f"ffn_down{sh}.weight"], None, dtype)
         g = w.get(p + "ffn_gate_inp_shexp.weight")
-        self.shared_gate = None if g is None else g.float().reshape(1, -1)
+        # a one-output Linear: a row's bits hold at any padded row count (models/linear.py), as its sigmoid's
+        # do through rowwise (models/row_ops.py)
+        self.shared_gate = None if g is None else make_linear(g.float().reshape(1, -1), None, torch.float32)
 
     def _dense(self, h: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:
@@ -90,7 +93,7 @@ class FFN(nn.Module):
         if self.down is not None:
             shared = self._dense(h)
             if self.shared_gate is not None:
-                shared = shared * torch.sigmoid(h.float() @ self.shared_gate.T).to(h.dtype)
+                shared = shared * rowwise(torch.sigmoid, self.shared_gate(h.float())).to(h.dtype)
             out = out + shared
         return out
 

@@ -27,6 +27,11 @@ Each family registers its writer in HYBRIDS: family name -> (general.architectur
   [0, 0, 2, 0, 0, 0] and feed_forward_length [0, 128, 0, 128, 0, 128]; Mamba2 as granitehybrid's;
   attention without RoPE, key_length 16; the FFN layers squared-ReLU, ungated (ffn_up, ffn_down); each
   layer's only norm attn_norm; untied.
+- nemotron_h_moe (nemotron_h_moe): nemotron_h's layers with the FFN layers a mixture of 8 ungated
+  squared-ReLU experts (ffn_up_exps / ffn_down_exps, expert_feed_forward_length 32, also the
+  feed_forward_length entries), top-2 by sigmoid + exp_probs_b.bias, expert_weights_norm true,
+  expert_weights_scale 2.5, expert_group_count 1, plus a shared ungated expert (ffn_up_shexp /
+  ffn_down_shexp, expert_shared_feed_forward_length 48).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from hitenter.testing.tiny_families import (
     _Writer,
 )
 from hitenter.testing.tiny_model import add_weight
+from hitenter.testing.tiny_qwen35 import QWEN35_HYBRIDS
 
 HEAD_DIM = HIDDEN // HEADS
 # Mamba2 shapes shared by granitehybrid and nemotron_h
@@ -180,13 +186,23 @@ def _granitehybrid(f: _Writer, moe: bool) -> None:
             _gated_ffn(f, p)
 
 
-def _nemotron_h(f: _Writer) -> None:
+def _nemotron_h(f: _Writer, moe: bool = False) -> None:
     kinds = ["mamba2", "ffn", "attention", "ffn", "mamba2", "ffn"]
+    n_expert, n_ff_exp, n_ff_shexp = 8, 32, 48
     _hparams(f, len(kinds), 8192, [KV_HEADS if k == "attention" else 0 for k in kinds],
-             [FFN if k == "ffn" else 0 for k in kinds])
+             [(n_ff_exp if moe else FFN) if k == "ffn" else 0 for k in kinds])
     f.w.add_key_length(HEAD_DIM)
     f.w.add_value_length(HEAD_DIM)
     f.w.add_layer_norm_eps(1e-5)   # convert's TextModel writes it from layer_norm_epsilon; llama.cpp requires it
+    if moe:   # as convert's NemotronHModel writes a MoE config
+        f.w.add_expert_used_count(2)
+        f.w.add_expert_feed_forward_length(n_ff_exp)
+        f.w.add_expert_shared_feed_forward_length(n_ff_shexp)
+        f.w.add_expert_count(n_expert)
+        f.w.add_expert_shared_count(1)
+        f.w.add_expert_weights_norm(True)
+        f.w.add_expert_weights_scale(2.5)
+        f.w.add_expert_group_count(1)
     _ssm_metadata(f)
     vocab = f.finish_metadata()
     f.w.add_vocab_size(vocab)
@@ -200,6 +216,13 @@ def _nemotron_h(f: _Writer) -> None:
             _mamba2(f, p)
         elif kind == "attention":
             _attention(f, p, HEAD_DIM, permute=False)
+        elif moe:
+            f.add(p + "ffn_gate_inp.weight", f.normal(n_expert, HIDDEN, std=0.3))
+            _f32(f, p + "exp_probs_b.bias", f.normal(n_expert, std=0.3))
+            f.add(p + "ffn_up_exps.weight", f.normal(n_expert, n_ff_exp, HIDDEN, std=0.2))
+            f.add(p + "ffn_down_exps.weight", f.normal(n_expert, HIDDEN, n_ff_exp, std=0.1))
+            f.add(p + "ffn_up_shexp.weight", f.normal(n_ff_shexp, HIDDEN, std=0.2))
+            f.add(p + "ffn_down_shexp.weight", f.normal(HIDDEN, n_ff_shexp, std=0.1))
         else:
             f.add(p + "ffn_up.weight", f.normal(FFN, HIDDEN, std=0.2))
             f.add(p + "ffn_down.weight", f.normal(HIDDEN, FFN, std=0.1))
@@ -211,6 +234,8 @@ HYBRIDS: dict[str, tuple[str, Callable[[_Writer], None]]] = {
     "granitehybrid": ("granitehybrid", lambda f: _granitehybrid(f, moe=False)),
     "granitehybrid_moe": ("granitehybrid", lambda f: _granitehybrid(f, moe=True)),
     "nemotron_h": ("nemotron_h", _nemotron_h),
+    "nemotron_h_moe": ("nemotron_h_moe", lambda f: _nemotron_h(f, moe=True)),
+    **QWEN35_HYBRIDS,   # qwen35, qwen35moe, qwen3next (tiny_qwen35.py)
 }
 
 

@@ -1,0 +1,101 @@
+"""Gated DeltaNet (layer type "gated_deltanet"): the linear-attention layers of Qwen3.5 / 3.6 and Qwen3-Next,
+as llama.cpp's qwen35 / qwen3next graphs compute them (build_layer_attn_linear, delta-net-base.cpp and the
+ggml ops ssm_conv, l2_norm, gated_delta_net).
+
+Sizes (ModelConfig): Hk = ssm_group_count key heads of dk = ssm_state_size, Hv = ssm_time_step_rank value
+heads of dv = ssm_inner_size / Hv, conv channels C = 2 Hk dk + Hv dv, K = ssm_conv_kernel taps.
+For the normed rows h of a sequence, token by token:
+
+    x      = attn_qkv . h                                   # [C]: q (Hk dk) | k (Hk dk) | v (Hv dv)
+    c      = silu(sum_i ssm_conv1d[:, i] * X[t - K + 1 + i])   # depthwise causal conv over the last K x's
+    q, k   = l2(c_q) , l2(c_k) per key head                  # l2(u) = u / sqrt(sum u^2 + eps), eps = rms eps
+    v      = c_v
+    beta   = sigmoid(ssm_beta . h)                           # [Hv]
+    g      = softplus(ssm_alpha . h + ssm_dt.bias) * ssm_a   # [Hv] (ssm_a = -exp(A_log), so g <= 0)
+    o      = delta rule (kernels/delta_rule.py) with value head j reading key head j % Hk (Qwen3.5: the
+             converter ordered the value heads for that) or j // (Hv / Hk) (ModelConfig.ssm_grouped_heads:
+             Qwen3-Next), scale 1 / sqrt(dk)
+    y      = ssm_out . (rms(o_j, ssm_norm) * silu(z_j)) per value head j, z = attn_gate . h
+
+State per sequence (float32): ``conv`` [K - 1, C], the last K - 1 rows of x (zeros before the first token),
+and ``ssm`` [Hv, dk, dv]. Projections run on all rows at once; the conv (K shifted products summed in
+tap order over [tail ; the span's rows]) and the delta rule run per sequence span, token by token (narrow
+elementwise ops through models/row_ops.py), so a row's bits depend only on its sequence's tokens (the conv: models/recurrent/causal_conv.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from hitenter.config import ModelConfig
+from hitenter.kernels.delta_rule import delta_rule
+from hitenter.models.layers import fused_linear, make_linear
+from hitenter.models.recurrent.base import RecurrentMixer, StateCache, for_each_span
+from hitenter.models.recurrent.causal_conv import causal_conv
+from hitenter.models.row_ops import rowwise
+
+
+def _dense(w: Any) -> torch.Tensor:
+    return (w if isinstance(w, torch.Tensor) else w.dequantize()).float()
+
+
+def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dim, n wide, computed as llama.cpp's build_gdn_l2_norm does:
+    rms_norm(x, eps / n) / sqrt(n) (the fused row-wise norm every layer uses, so a row's bits never depend
+    on how many rows there are)."""
+    n = x.shape[-1]
+    return F.rms_norm(x, (n,), None, eps / n) * (1.0 / n ** 0.5)
+
+
+class GatedDeltaNet(RecurrentMixer):
+    """One Gated DeltaNet layer (see the module docstring); weights under llama.cpp's names."""
+
+    def __init__(self, cfg: ModelConfig, w: dict[str, Any], p: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        hk, dk, hv = cfg.ssm_group_count, cfg.ssm_state_size, cfg.ssm_time_step_rank
+        if min(hk, dk, hv, cfg.ssm_inner_size, cfg.ssm_conv_kernel) <= 0 or hv % hk or cfg.ssm_inner_size % hv:
+            raise ValueError(f"gated_deltanet: bad sizes: {hk} key heads of {dk}, {hv} value heads, inner "
+                             f"{cfg.ssm_inner_size}, conv kernel {cfg.ssm_conv_kernel}")
+        dv = cfg.ssm_inner_size // hv
+        self.hk, self.dk, self.hv, self.dv, self.taps = hk, dk, hv, dv, cfg.ssm_conv_kernel
+        self.channels = 2 * hk * dk + hv * dv
+        self.eps, self.dtype = cfg.rms_norm_eps, dtype
+        self.in_proj = fused_linear([w[p + "attn_qkv.weight"], w[p + "attn_gate.weight"]], None, dtype)
+        self.ba_proj = fused_linear([w[p + "ssm_beta.weight"], w[p + "ssm_alpha.weight"]], None, dtype)
+        self.out_proj = make_linear(w[p + "ssm_out.weight"], None, dtype)
+        self.conv_w = _dense(w[p + "ssm_conv1d.weight"]).reshape(self.channels, self.taps).contiguous()
+        self.dt_bias = _dense(w[p + "ssm_dt.bias"]).reshape(hv)
+        self.a = _dense(w[p + "ssm_a"]).reshape(hv)
+        self.norm_w = _dense(w[p + "ssm_norm.weight"]).reshape(dv)
+        heads = torch.arange(hv)
+        self.key_head = heads // (hv // hk) if cfg.ssm_grouped_heads else heads % hk
+        self.scale = dk ** -0.5
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"conv": (self.taps - 1, self.channels), "ssm": (self.hv, self.dk, self.dv)}
+
+    def forward(self, h: torch.Tensor, attn: Any, cache: StateCache) -> torch.Tensor:
+        t = h.shape[0]
+        xz = self.in_proj(h).float()
+        x, z = xz[:, :self.channels], xz[:, self.channels:]
+        ba = self.ba_proj(h).float()
+        beta = rowwise(torch.sigmoid, ba[:, :self.hv])
+        g = rowwise(F.softplus, ba[:, self.hv:] + self.dt_bias) * self.a
+        o = torch.zeros(t, self.hv, self.dv)
+
+        def run(a: int, b: int, slot: int) -> None:
+            c = rowwise(F.silu, causal_conv(cache["conv"][slot], x[a:b], self.conv_w))
+            kd = self.hk * self.dk
+            q = l2_norm(c[:, :kd].reshape(-1, self.hk, self.dk), self.eps)[:, self.key_head]
+            k = l2_norm(c[:, kd:2 * kd].reshape(-1, self.hk, self.dk), self.eps)[:, self.key_head]
+            v = c[:, 2 * kd:].reshape(-1, self.hv, self.dv)
+            o[a:b] = delta_rule(cache["ssm"][slot], q, k, v, g[a:b].contiguous(), beta[a:b].contiguous(),
+                                self.scale)
+
+        for_each_span(attn, cache, run)
+        y = F.rms_norm(o, (self.dv,), self.norm_w, self.eps) * rowwise(F.silu, z).reshape(t, self.hv, self.dv)
+        return self.out_proj(y.reshape(t, -1).to(self.dtype))
