@@ -70,7 +70,8 @@ def _experts(cfg: ModelConfig, w: dict[str, Any], p: str) -> nn.Module:
     biases = tuple(w.get(p + f"ffn_{n}_exps.bias") for n in ("gate", "up", "down"))
     router = w[p + "ffn_gate_inp.weight"]   # fp32 (a quantized router, where a file has one, dequantized)
     router = router if isinstance(router, torch.Tensor) else router.dequantize()
-    return MoEFFN(router, experts("ffn_gate_exps.weight"), experts("ffn_up_exps.weight"),
+    gate = experts("ffn_gate_exps.weight") if p + "ffn_gate_exps.weight" in w else None   # None: ungated (relu2)
+    return MoEFFN(router, gate, experts("ffn_up_exps.weight"),
                   experts("ffn_down_exps.weight"), cfg.num_experts_used, cfg.expert_norm_topk,
                   gating=cfg.expert_gating, act=act, router_bias=w.get(p + "ffn_gate_inp.bias"),
                   expert_bias=None if all(b is None for b in biases) else biases,

@@ -12,7 +12,8 @@ expert index; weights = the chosen probs (softmax over the k for "softmax_weight
 sum when norm_topk (summed in order, clamped at 2^-14 as llama.cpp does), times weights_scale if given.
 y = sum over ranks k = 0..K-1, in that order, of w_k * (down_e(glu(gate_e x + bg, up_e x + bu)) + bd),
 glu one of silu (SwiGLU), gelu (tanh GeGLU), relu, swiglu_oai (gpt-oss: alpha 1.702, limit 7); the
-expert biases (gpt-oss) are optional.
+expert biases (gpt-oss) are optional. Ungated experts (no gate projection, Nemotron-H's): down_e(act(up_e x))
+with act relu2 (relu(u)^2).
 
 Grouped execution: the rows routed to each active expert are gathered and run through one qmatmul per
 projection (gate+up one call once owned, down one); each (row, rank) result is scaled by its weight and
@@ -64,6 +65,7 @@ GLUS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "relu": lambda g, u: F.relu(g).mul_(u),
     "swiglu_oai": _swiglu_oai,
 }
+UNGATED: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"relu2": lambda u: F.relu(u).square()}
 Biases = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
 
 
@@ -71,11 +73,14 @@ def _needs_padding(m: nn.Module) -> bool:
     return isinstance(m, Linear) or bool(getattr(m, "needs_row_padding", False))
 
 
-def _check(gate: ExpertWeight, up: ExpertWeight, down: ExpertWeight, router: torch.Tensor, top_k: int,
+def _check(gate: ExpertWeight | None, up: ExpertWeight, down: ExpertWeight, router: torch.Tensor, top_k: int,
            gating: str, act: str) -> None:
     e, h = router.shape
-    if gating not in GATINGS or act not in GLUS:
-        raise ValueError(f"MoEFFN: gating {gating!r} / act {act!r}; known {GATINGS} / {sorted(GLUS)}")
+    acts = GLUS if gate is not None else UNGATED
+    if gating not in GATINGS or act not in acts:
+        raise ValueError(f"MoEFFN: gating {gating!r} / act {act!r}; known {GATINGS} / {sorted(acts)}")
+    if gate is None:
+        gate = up
     if {gate.n_expert, up.n_expert, down.n_expert} != {e} or not 0 < top_k <= e:
         raise ValueError(f"MoEFFN: router has {e} experts, projections {gate.n_expert}/{up.n_expert}/"
                          f"{down.n_expert}, top_k {top_k}")
@@ -94,25 +99,30 @@ class MoEFFN(nn.Module):
     module doc. `forward(x, n_real)`: only the first n_real rows (default all) are routed; rows past it
     (a model's padding) come back zero. expert_bias: (gate [E, F], up [E, F], down [E, H]), any None."""
 
-    def __init__(self, router: torch.Tensor, gate: ExpertWeight, up: ExpertWeight, down: ExpertWeight,
+    def __init__(self, router: torch.Tensor, gate: ExpertWeight | None, up: ExpertWeight, down: ExpertWeight,
                  top_k: int, norm_topk: bool, gating: str = "softmax", act: str = "silu",
                  router_bias: torch.Tensor | None = None, selection_bias: torch.Tensor | None = None,
                  weights_scale: float | None = None, expert_bias: Biases | None = None) -> None:
         super().__init__()
         _check(gate, up, down, router, top_k, gating, act)
         self.n_expert, self.hidden = router.shape
-        self.ffn = gate.out_features
-        self.top_k, self.norm_topk, self.gating, self.glu = top_k, norm_topk, gating, GLUS[act]
+        self.ffn = up.out_features
+        self.top_k, self.norm_topk, self.gating = top_k, norm_topk, gating
+        self.glu = GLUS[act] if gate is not None else None
+        self.act = None if gate is not None else UNGATED[act]
         self.weights_scale = weights_scale
         # stored [H, E]: x @ router_t (an NN GEMM) is 2x faster than F.linear at 8 rows, row invariant alike
         self.router_t = nn.Parameter(router.float().t().contiguous(), requires_grad=False)
         self.router_bias, self.selection_bias = _frozen(router_bias), _frozen(selection_bias)
         bg, bu, bd = expert_bias or (None, None, None)
+        if gate is None and (bg is not None or bu is not None):
+            raise ValueError("MoEFFN: gate / up expert biases need gated experts")
         zeros = torch.zeros(self.n_expert, self.ffn)
         self.gate_up_bias = None if bg is None and bu is None else _frozen(
             torch.cat([zeros if bg is None else bg, zeros if bu is None else bu], dim=1))
         self.down_bias = _frozen(bd)
-        self.gate_up = nn.ModuleList(expert_linear([gate.expert(e), up.expert(e)]) for e in range(self.n_expert))
+        self.gate_up = nn.ModuleList(expert_linear([gate.expert(e), up.expert(e)] if gate is not None else [up.expert(e)])
+                                     for e in range(self.n_expert))
         self.down = nn.ModuleList(expert_linear([down.expert(e)]) for e in range(self.n_expert))
         self._gate_up, self._down = list(self.gate_up), list(self.down)   # plain lists: no ModuleList lookups
 
@@ -150,7 +160,7 @@ class MoEFFN(nn.Module):
         h = qmatmul(x, wg) if fast else gu(pad_rows(x) if _needs_padding(gu) else x)
         if self.gate_up_bias is not None:
             h.add_(self.gate_up_bias[e])
-        a = self.glu(h[:, :f], h[:, f:])
+        a = self.glu(h[:, :f], h[:, f:]) if self.glu is not None else self.act(h)   # type: ignore[misc]
         o = qmatmul(a, wd) if fast else dn(pad_rows(a) if _needs_padding(dn) else a)[:n]
         return o if self.down_bias is None else o.add_(self.down_bias[e])
 
@@ -200,14 +210,15 @@ class MoEFFN(nn.Module):
         return acc
 
 
-def reference_moe(x: torch.Tensor, router: torch.Tensor, gate: ExpertWeight, up: ExpertWeight, down: ExpertWeight,
+def reference_moe(x: torch.Tensor, router: torch.Tensor, gate: ExpertWeight | None, up: ExpertWeight,
+                  down: ExpertWeight,
                   top_k: int, norm_topk: bool, gating: str = "softmax", act: str = "silu",
                   router_bias: torch.Tensor | None = None, selection_bias: torch.Tensor | None = None,
                   weights_scale: float | None = None, expert_bias: Biases | None = None) -> torch.Tensor:
     """The statement of the math, one token at a time (slow; the tests' reference). An expert product is
     `w @ v` for dense experts and qmatmul of the one row for blocks (the kernel, which tests/kernels/test_qmatmul.py
     checks against the dequantized weights); ties go to the lower expert index."""
-    glu = GLUS[act]
+    glu = GLUS[act] if gate is not None else None
     bg, bu, bd = expert_bias or (None, None, None)
 
     def mv(w: Weight, v: torch.Tensor, b: torch.Tensor | None, e: int) -> torch.Tensor:
@@ -229,7 +240,8 @@ def reference_moe(x: torch.Tensor, router: torch.Tensor, gate: ExpertWeight, up:
             w = w * weights_scale
         y = torch.zeros(x.shape[1])
         for wk, e in zip(w.tolist(), chosen, strict=True):
-            h = glu(mv(gate.expert(e), v, bg, e), mv(up.expert(e), v, bu, e))
+            u = mv(up.expert(e), v, bu, e)
+            h = glu(mv(gate.expert(e), v, bg, e), u) if glu is not None and gate is not None else UNGATED[act](u)
             y = y + wk * mv(down.expert(e), h, bd, e)
         out.append(y)
     return torch.stack(out)

@@ -216,3 +216,17 @@ def test_gguf_expert_tensor_orientation(tmp_path: Path, qtype: str) -> None:
     assert torch.equal(expert_weights(reader, "blk.0.ffn_up_exps.weight", dense=True).dense, want)
     with pytest.raises(ModelLoadError):
         expert_weights(reader, "blk.0.ffn_gate_exps.weight")
+
+
+def test_ungated_relu2_experts_match_the_reference() -> None:
+    """Nemotron-H MoE's experts: no gate projection, down(relu(up x)^2), sigmoid routing with a selection
+    bias, renormalised and scaled; the grouped path against the one-token reference."""
+    g = torch.Generator().manual_seed(3)
+    e, h, f, n = 6, 32, 24, 11
+    router = torch.randn(e, h, generator=g)
+    up, down = dense_experts(torch.randn(e, f, h, generator=g) * 0.3), dense_experts(torch.randn(e, h, f, generator=g) * 0.3)
+    bias = torch.randn(e, generator=g)
+    x = torch.randn(n, h, generator=g)
+    kw = dict(top_k=2, norm_topk=True, gating="sigmoid", act="relu2", selection_bias=bias, weights_scale=2.5)
+    ours = MoEFFN(router, None, up, down, **kw)(x)
+    torch.testing.assert_close(ours, reference_moe(x, router, None, up, down, **kw), rtol=1e-5, atol=1e-5)

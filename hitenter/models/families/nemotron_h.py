@@ -6,8 +6,8 @@ behind its only norm:
     ffn(y) = ffn_down(relu(ffn_up(y))^2)         (ungated)
 
 The kind comes from the per-layer arrays as llama.cpp reads them: feed_forward_length > 0 is an FFN layer,
-else head_count_kv > 0 attention, else Mamba2. Attention's Q.K scale: 1/sqrt(key_length). Biases and the
-MoE variant's latent projections are refused at load.
+else head_count_kv > 0 attention, else Mamba2. Attention's Q.K scale: 1/sqrt(key_length). Biases are refused
+at load; a converter's appended MTP blocks are left out (not served as a drafter yet).
 """
 
 from __future__ import annotations
@@ -33,10 +33,19 @@ class NemotronH(Family):
     arch = "nemotron_h"
 
     def config(self, values: dict[str, Any], names: set[str] | None) -> ModelConfig:
-        """llama.cpp's eps: attention.layer_norm_rms_epsilon, else attention.layer_norm_epsilon."""
-        rms, plain = f"{self.arch}.attention.layer_norm_rms_epsilon", f"{self.arch}.attention.layer_norm_epsilon"
+        """llama.cpp's eps: attention.layer_norm_rms_epsilon, else attention.layer_norm_epsilon. The MTP
+        blocks a converter appends (nextn_predict_layers) are not layers of the model: block_count and the
+        per-layer arrays are cut to the trunk (their tensors are not read)."""
+        a = self.arch
+        rms, plain = f"{a}.attention.layer_norm_rms_epsilon", f"{a}.attention.layer_norm_epsilon"
         if rms not in values and plain in values:
             values = {**values, rms: values[plain]}
+        nextn = int(values.get(f"{a}.nextn_predict_layers", 0) or 0)
+        if nextn:
+            n = int(values[f"{a}.block_count"]) - nextn
+            values = {k: v[:n] if k.startswith(f"{a}.") and isinstance(v, list) and len(v) == n + nextn else v
+                      for k, v in values.items()}
+            values[f"{a}.block_count"] = n
         return super().config(values, names)
 
     def fields(self, meta: Meta, cfg: dict[str, Any], names: set[str]) -> dict[str, Any]:
