@@ -224,6 +224,18 @@ def cmd_tokenize(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_envs(a: argparse.Namespace) -> int:
+    from hitenter import envs
+
+    last = None
+    for group, name, default, value, effect in envs.describe():
+        if group != last:
+            print(("\n" if last else "") + f"{group}:")
+            last = group
+        print(f"  {name}={value or default}{'' if value else ' (default)'}\n      {effect}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="hitenter", description="What happens when you hit Enter: an LLM engine you can watch.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -263,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="load a model and show its kernel plan (which numeric path rows take)")
     _add_engine_flags(p)
     p.set_defaults(fn=cmd_plan)
+    p = sub.add_parser("envs", help="list the environment variables hitenter reads, with their values now")
+    p.set_defaults(fn=cmd_envs)
     p = sub.add_parser("tokenize", help="show the tokens of a text")
     p.add_argument("text")
     p.add_argument("--model", "-m", default=None)

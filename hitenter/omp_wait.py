@@ -13,13 +13,11 @@ keeps the quick hand-offs between a step's regions and sleeps when a thread does
 
 from __future__ import annotations
 
-import os
+from hitenter import envs
 
 SPIN_COUNT = "1000"
 
 
 def configure(environ: dict[str, str] | None = None) -> None:
     """Set GOMP_SPINCOUNT to SPIN_COUNT unless the user chose a wait policy or spin count."""
-    env = os.environ if environ is None else environ
-    if "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:
-        env["GOMP_SPINCOUNT"] = SPIN_COUNT
+    envs.set_unless(envs.GOMP_SPINCOUNT, SPIN_COUNT, (envs.GOMP_SPINCOUNT, envs.OMP_WAIT_POLICY), environ)

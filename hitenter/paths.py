@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from hitenter import envs
 
 
 def hitenter_home() -> Path:
     """`$HITENTER_HOME` (with `~` expanded) or `~/.cache/hitenter`. Not created here."""
-    env = os.environ.get("HITENTER_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "hitenter"
+    return envs.HITENTER_HOME.get()

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import distributed as dist
 
+from hitenter import envs
 from hitenter.config import ModelConfig
 from hitenter.distributed.disagg_worker import HEADER_TAG, IDS_TAG, kv_tag, timing_tag
 from hitenter.distributed.runner import _free_port, _wait_ready, _Workers
@@ -277,7 +278,7 @@ def launch_runner(spec: str, path: str, dtype: torch.dtype, cfg: ModelConfig, mo
         workers.healthy = False
         workers.close()
         raise
-    timeout = float(os.environ.get("HITENTER_DISAGG_TIMEOUT_S", "300"))
+    timeout = envs.HITENTER_DISAGG_TIMEOUT_S.get()
     row = kv_caches[0].shape[-1] if kv_caches else cfg.head_dim   # a head row's elements (q8_0: its bytes)
     client = PrefillClient(workers, (cfg.num_layers, block_size, cfg.num_kv_heads, row),
                            kv_caches[0].dtype if kv_caches else dtype, timeout)

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import distributed as dist
 
+from hitenter import envs
 from hitenter.config import ModelConfig
 from hitenter.distributed.group import TensorParallelError, TPGroup, broadcast_object, validate_tp
 from hitenter.engine.model_runner import ModelRunner, ModelRunnerOutput
@@ -64,7 +65,7 @@ class _Workers:
 
     def start(self, rank: int, args: dict[str, Any], module: str = "hitenter.distributed.worker") -> None:
         root = str(Path(__file__).resolve().parents[2])      # hitenter importable even when not installed
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        env = envs.child_env(pythonpath_first=root)
         p = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE,
                              pass_fds=(self.wfd,), env=env)
         self.procs.append(p)
@@ -197,7 +198,7 @@ class DistributedModelRunner(ModelRunner):
             kv = allocate_kv_caches(model.config, num_blocks, block_size, kv_dtype,
                                     num_kv_heads=model.layers[0].num_kv_heads)
             _wait_ready(workers, group.size - 1)
-            timeout = timeout_s or float(os.environ.get("HITENTER_TP_TIMEOUT_S", "120"))
+            timeout = timeout_s or envs.HITENTER_TP_TIMEOUT_S.get()
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{workers.port}", rank=0,
                                     world_size=group.size, timeout=timedelta(seconds=timeout))
             broadcast_object(("init", num_blocks, block_size, batch_invariant, str(kv_dtype).removeprefix("torch.")))

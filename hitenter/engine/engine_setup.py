@@ -12,7 +12,14 @@ from typing import Any
 
 import torch
 
-from hitenter.config import DEFAULT_NUM_SPECULATIVE_TOKENS, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from hitenter import envs
+from hitenter.config import (
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+)
 from hitenter.engine.model_runner import ModelRunner
 from hitenter.engine.sampler import Sampler
 from hitenter.engine.scheduler import Scheduler
@@ -163,7 +170,7 @@ def _window_groups(cfg: EngineConfig, mcfg: ModelConfig, num_blocks: int,
     wins = [mcfg.layer_window(i) for i in range(mcfg.num_layers)]
     local = sum(w is not None for w in wins)
     if (not 0 < local < mcfg.num_layers or cfg.parallel.tensor_parallel_size > 1
-            or cfg.parallel.disaggregate is not None or os.environ.get("HITENTER_WINDOW_RELEASE", "1") == "0"):
+            or cfg.parallel.disaggregate is not None or not envs.HITENTER_WINDOW_RELEASE.get()):
         return num_blocks, None, None
     window = max(w for w in wins if w is not None)
     ng, nl = split_blocks(num_blocks, mcfg.num_layers - local, local, window, cfg.cache.block_size,

@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-import os
 
 import numpy as np
 import torch
+
+from hitenter import envs
 
 ALIGN = 64          # each tensor starts on a cache line (the kernels' loads never straddle one needlessly)
 HUGE = 2 << 20      # the huge page size the mapping is rounded to
 
 
 def hugepages_wanted() -> bool:
-    return os.environ.get("HITENTER_HUGEPAGES", "1") != "0" and hasattr(mmap, "MADV_HUGEPAGE")
+    return envs.HITENTER_HUGEPAGES.get() and hasattr(mmap, "MADV_HUGEPAGE")
 
 
 class WeightArena:

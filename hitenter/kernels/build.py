@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from hitenter import envs
 from hitenter.paths import hitenter_home
 
 BASE_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
@@ -37,7 +38,7 @@ def cpu_key() -> str:
 
 def find_compiler() -> str | None:
     """$CC, else cc or gcc on PATH."""
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    return envs.CC.get() or shutil.which("cc") or shutil.which("gcc")
 
 
 def build_library(name: str, main_source: Path, flags: Sequence[str], extra_sources: Sequence[Path] = ()) -> Path:

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hitenter import envs
 from hitenter.kernels.build import BuildError, build_library
 from hitenter.kernels.qm_kernels import QmKernels
 
@@ -95,7 +95,7 @@ class NativeLibrary:
         with self._lock:
             if self._tried:
                 return self._handle
-            if os.environ.get(self.env, "1") == "0":
+            if not self.switched_on():
                 self._decide(None, None, f"off ({self.env}=0)")
                 log.info("%s=0: %s off, %s", self.env, self.what, self.fallback)
                 return None
@@ -111,10 +111,18 @@ class NativeLibrary:
             self.variant = variant
             return self._decide(lib, handle, "loaded" + (f" ({variant})" if variant else ""))
 
+    def switched_on(self) -> bool:
+        """False where the library's switch (`env`, hitenter/envs.py) is 0."""
+        return envs.flag(self.env)
+
+    def chosen_variant(self) -> str:
+        """The variant the environment asks for (`variant_env`; "auto" where unset), not yet validated."""
+        return (envs.text(self.variant_env) if self.variant_env else None) or "auto"
+
     def _variant(self) -> str:
         if not self.variants:
             return ""
-        v = os.environ.get(self.variant_env, "auto")
+        v = self.chosen_variant()
         if v not in self.variants:
             raise ValueError(f"{self.variant_env}={v!r}: expected one of {sorted(self.variants)}")
         return v

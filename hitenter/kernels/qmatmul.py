@@ -25,10 +25,10 @@ call costs a few attribute reads on x/out and one 7-argument ctypes call (~3 us 
 from __future__ import annotations
 
 import ctypes
-import os
 
 import torch
 
+from hitenter import envs
 from hitenter.kernels.blocks import BlockWeight
 from hitenter.kernels.native import QMATMUL
 from hitenter.kernels.qm_kernels import QmKernels
@@ -144,7 +144,7 @@ def qmatmul(x: torch.Tensor, w: BlockWeight, out: torch.Tensor | None = None) ->
 def repack_enabled() -> bool:
     """Whether weights get repacked at load: the native library repacks here and HITENTER_REPACK != 0."""
     kern: QmKernels | None = QMATMUL()
-    return kern is not None and kern.lanes > 0 and os.environ.get("HITENTER_REPACK", "1") != "0"
+    return kern is not None and kern.lanes > 0 and envs.HITENTER_REPACK.get()
 
 
 def repacked_nbytes(w: BlockWeight) -> int:

@@ -24,12 +24,11 @@ Anything else raises ValueError naming the option.
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 import torch
 
-from hitenter import kernels
+from hitenter import envs, kernels
 
 WeightFormat = Literal["gguf", "dense", "int8", "int4"]
 QUANTIZATION_CHOICES: tuple[str, ...] = ("none", "gguf", "int8", "int4")
@@ -52,7 +51,7 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
 
 def _native_or_dense() -> WeightFormat:
     """gguf where the native kernels are loaded, else dense fp32 (the library's failure was warned once)."""
-    if kernels.native_available() or os.environ.get("HITENTER_GGUF_REFERENCE") == "1":
+    if kernels.native_available() or envs.HITENTER_GGUF_REFERENCE.get():
         return "gguf"
     return "dense"
 

@@ -55,6 +55,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import IO, Any
 
+from hitenter import envs
+
 
 class Refusal(Exception):
     """A request over a limit: the HTTP status (400, or 413 for a grammar input over its size), the message
@@ -386,7 +388,7 @@ class BodyChecker:
     def _worker(self) -> subprocess.Popen[bytes]:
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
-                env = {**os.environ, "PYTHONPATH": _SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+                env = envs.child_env(pythonpath_first=_SRC)
                 self._proc = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE,
                                               stdout=subprocess.PIPE, env=env, start_new_session=True)
             return self._proc

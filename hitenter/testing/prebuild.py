@@ -32,9 +32,9 @@ def jobs(node_ids: Iterable[str]) -> list[Job]:
     ids = list(node_ids)
     out: list[Job] = []
     for lib in LIBRARIES:
-        if os.environ.get(lib.env, "1") == "0":
+        if not lib.switched_on():
             continue
-        variant = os.environ.get(lib.variant_env, "auto") if lib.variants else ""
+        variant = lib.chosen_variant() if lib.variants else ""
         out.append((lib, variant, ""))
         out += [(lib, variant, tag) for tag in lib.instances]
         if lib is QMATMUL:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from hitenter import envs
 from hitenter.testing.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ def serve_subprocess(args: Sequence[str], startup_s: float = 120) -> Iterator[tu
     /health answers 200. Its output goes to a temporary file (a pipe nobody reads would fill up with
     access-log lines and block the server), shown if it exits early."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = envs.child_env(pythonpath_first=str(REPO))
     cmd = [sys.executable, "-m", "hitenter.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)

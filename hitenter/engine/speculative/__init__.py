@@ -10,11 +10,11 @@ is skipped where prompt lookup finds the last 4+ tokens earlier (HITENTER_DRAFT_
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
+from hitenter import envs
 from hitenter.config import SpeculativeConfig
 from hitenter.engine.speculative.adaptive import AdaptiveK
 from hitenter.engine.speculative.draft_head import draft_logits, draft_vocab_size
@@ -75,10 +75,10 @@ def build_spec_decoder(cfg: SpeculativeConfig, tokenizer: Any, vocab_size: int, 
     apply_plan(net, plan)
     runner = ModelRunner(net, caches, block_size, draft_logits(net, draft_vocab_size()))
     runner.plan = plan
-    lookup = NgramProposer() if os.environ.get("HITENTER_DRAFT_LOOKUP", "1") != "0" else None
+    lookup = NgramProposer() if envs.HITENTER_DRAFT_LOOKUP.get() else None
     return SpecDecoder(DraftModelProposer(runner, kv, lookup), k, method, adaptive_k(k))
 
 
 def adaptive_k(k_max: int) -> AdaptiveK | None:
     """The draft-length controller (HITENTER_SPEC_ADAPTIVE=0: always num_speculative_tokens)."""
-    return None if os.environ.get("HITENTER_SPEC_ADAPTIVE", "1") == "0" else AdaptiveK(k_max)
+    return AdaptiveK(k_max) if envs.HITENTER_SPEC_ADAPTIVE.get() else None

@@ -13,20 +13,18 @@ Anything else (a dense head, a biased or sharded head) keeps the model's own ``c
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
 
+from hitenter import envs
 from hitenter.kernels.blocks import BLOCK_TYPES, REPACK_ROW_BYTES, BlockWeight
 from hitenter.models.block_linear import BlockLinear
 
-DEFAULT_DRAFT_VOCAB = 32768
-
 
 def draft_vocab_size() -> int:
-    """Ids the draft's head scores: HITENTER_DRAFT_VOCAB (0: all of them), default DEFAULT_DRAFT_VOCAB."""
-    return int(os.environ.get("HITENTER_DRAFT_VOCAB", DEFAULT_DRAFT_VOCAB))
+    """Ids the draft's head scores: HITENTER_DRAFT_VOCAB (0: all of them)."""
+    return envs.HITENTER_DRAFT_VOCAB.get()
 
 
 def first_rows(w: BlockWeight, n: int) -> BlockWeight | None:
