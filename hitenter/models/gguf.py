@@ -12,6 +12,19 @@ import gguf
 import numpy as np
 
 from hitenter.errors import ModelLoadError
+from hitenter.models.gguf_checks import (
+    MAX_DIMS,
+    MAX_KEY_BYTES,
+    MAX_NAME_BYTES,
+    MIN_KV_BYTES,
+    MIN_TENSOR_INFO_BYTES,
+    TensorInfo,
+    check_count,
+    check_tensor_table,
+    decode_name,
+    need,
+    short,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -20,38 +33,115 @@ if TYPE_CHECKING:
 
 
 class FastGGUFReader(gguf.GGUFReader):
-    """gguf.GGUFReader with array fields read in one go: the stock reader makes two numpy memmap views
-    per array element (minutes of start-up for Gemma 3's 262k-token vocabulary on a busy machine); here a
-    numeric array is one view and a string array costs one struct read per string. Same fields, same
-    `contents()`; files in the other byte order take the stock path."""
+    """gguf.GGUFReader with array fields read in one go, and every header value checked before use.
+
+    Speed: the stock reader makes two numpy memmap views per array element (minutes of start-up for
+    Gemma 3's 262k-token vocabulary on a busy machine); here a numeric array is one view and a string
+    array costs one struct read per string. Same fields, same `contents()`; files in the other byte order
+    take the stock path (with the same checks).
+
+    Safety (hitenter/models/gguf_checks.py): every read is bounds-checked against the file's size; the
+    key/value and tensor counts and every array length must fit the bytes left before anything is looped
+    over; keys and tensor names are strict UTF-8, unique and short; value types are known and arrays are
+    not nested; the tensor table is checked (types, dims, block multiples, overflow, alignment, bounds,
+    overlaps) before any tensor is mapped. Every failure is a one-line ModelLoadError."""
+
+    def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> np.ndarray:
+        offset, count = int(offset), int(count)
+        if offset < 0 or count < 0:
+            raise ModelLoadError(f"a header field at byte {offset} has a negative position or size: the file is corrupt")
+        need(offset + np.dtype(dtype).itemsize * count, len(self.data), f"a header field at byte {offset}")
+        return super()._get(offset, dtype, count, override_order)
+
+    def _build_fields(self, offs: int, count: int) -> int:
+        vt = gguf.GGUFValueType
+        check_count(int(count), MIN_KV_BYTES, len(self.data) - offs, "metadata key/values")
+        for _ in range(int(count)):
+            orig = offs
+            klen = int(self._get(offs, np.uint64)[0])
+            if klen > MAX_KEY_BYTES:
+                raise ModelLoadError(f"a metadata key at byte {offs} claims {klen} bytes: the file is corrupt")
+            kv_klen, kv_kdata = self._get_str(offs)
+            key = decode_name(bytes(kv_kdata), "the metadata key")
+            if key in self.fields:
+                raise ModelLoadError(f"the metadata key {short(key)} appears twice: the file is corrupt")
+            offs += 8 + klen
+            raw_type = self._get(offs, np.uint32)
+            offs += 4
+            try:
+                size, parts, idxs, types = self._get_field_parts(offs, int(raw_type[0]))
+            except ModelLoadError as e:
+                raise ModelLoadError(f"metadata key {short(key)}: {e}") from None
+            if key == "general.alignment" and types != [vt.UINT32]:
+                raise ModelLoadError(f"metadata key 'general.alignment' is a {types[0].name}, expected UINT32")
+            self._push_field(gguf.ReaderField(orig, key, [kv_klen, kv_kdata, raw_type, *parts],
+                                              [i + 3 for i in idxs], types), skip_sum=True)
+            offs += size
+        return offs
 
     def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[int, list[Any], list[int], list[Any]]:
         vt = gguf.GGUFValueType
-        if raw_type != vt.ARRAY or self.byte_order != "I":
+        if int(raw_type) not in _VALUE_TYPES:
+            raise ModelLoadError(f"unknown value type {int(raw_type)}: the file is corrupt")
+        if raw_type != vt.ARRAY:
             return super()._get_field_parts(orig_offs, raw_type)
         raw_itype = self._get(orig_offs, np.uint32)
         alen = self._get(orig_offs + 4, np.uint64)
-        itype, n, offs = vt(int(raw_itype[0])), int(alen[0]), orig_offs + 12
+        n, offs = int(alen[0]), orig_offs + 12
+        if int(raw_itype[0]) not in _VALUE_TYPES or raw_itype[0] == vt.ARRAY:
+            raise ModelLoadError(f"an array of the unknown or nested element type {int(raw_itype[0])}: "
+                                 "the file is corrupt")
+        itype = vt(int(raw_itype[0]))
         nptype = self.gguf_scalar_to_np.get(itype)
+        check_count(n, np.dtype(nptype).itemsize if nptype is not None else 8, len(self.data) - offs,
+                    f"{itype.name} array entries")
+        if self.byte_order != "I":
+            return super()._get_field_parts(orig_offs, raw_type)
         if nptype is not None:
             arr = self._get(offs, nptype, n)
             return 12 + int(arr.nbytes), [raw_itype, alen, arr], [2], [vt.ARRAY, itype]
-        if itype != vt.STRING:
-            return super()._get_field_parts(orig_offs, raw_type)
         buf = np.asarray(self.data)   # a plain ndarray: slicing it skips memmap's per-view bookkeeping
-        mv = memoryview(buf)
+        mv, size = memoryview(buf), len(buf)
         parts: list[Any] = [raw_itype, alen]
         idxs: list[int] = []
-        for _ in range(n):
+        for i in range(n):
+            need(offs + 8, size, f"string {i} of the array")
             (k,) = struct.unpack_from("<Q", mv, offs)
+            need(offs + 8 + k, size, f"string {i} of the array ({k} bytes)")
             parts += [buf[offs:offs + 8].view(np.uint64), buf[offs + 8:offs + 8 + k]]
             idxs.append(len(parts) - 1)
             offs += 8 + k
         return offs - orig_offs, parts, idxs, [vt.ARRAY, vt.STRING]
 
+    def _build_tensor_info(self, offs: int, count: int) -> tuple[int, list[Any]]:
+        check_count(int(count), MIN_TENSOR_INFO_BYTES, len(self.data) - offs, "tensors")
+        return super()._build_tensor_info(offs, int(count))
+
+    def _get_tensor_info_field(self, orig_offs: int) -> Any:
+        nlen = int(self._get(orig_offs, np.uint64)[0])
+        if nlen > MAX_NAME_BYTES:
+            raise ModelLoadError(f"a tensor name at byte {orig_offs} claims {nlen} bytes, more than "
+                                 f"{MAX_NAME_BYTES}: the file is corrupt")
+        name = decode_name(bytes(self._get(orig_offs + 8, np.uint8, nlen)), "the tensor name")
+        n_dims = int(self._get(orig_offs + 8 + nlen, np.uint32)[0])
+        if n_dims > MAX_DIMS:
+            raise ModelLoadError(f"tensor {short(name)} has {n_dims} dims, at most {MAX_DIMS} allowed: "
+                                 "the file is corrupt")
+        return super()._get_tensor_info_field(orig_offs)
+
+    def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+        table = [TensorInfo(str(bytes(f.parts[1]), encoding="utf-8"), tuple(int(d) for d in f.parts[3]),
+                            int(f.parts[4][0]), int(f.parts[5][0])) for f in fields]
+        check_tensor_table(table, int(start_offs), int(self.alignment), len(self.data))
+        super()._build_tensors(start_offs, fields)
+
+
+_VALUE_TYPES = frozenset(int(t) for t in gguf.GGUFValueType)
+
 
 def open_gguf(path: str | os.PathLike[str]) -> gguf.GGUFReader:
-    """Open a GGUF file, turning every failure into a ModelLoadError that names the problem."""
+    """Open a GGUF file, turning every failure into a one-line ModelLoadError that names the file and the
+    problem (the header's checks: FastGGUFReader)."""
     p = Path(path)
     if not p.exists():
         raise ModelLoadError(f"model file not found: {p}")
@@ -63,8 +153,16 @@ def open_gguf(path: str | os.PathLike[str]) -> gguf.GGUFReader:
         raise ModelLoadError(f"{p} is not a GGUF file (magic bytes {magic!r}, expected b'GGUF')")
     try:
         return FastGGUFReader(str(p))
-    except Exception as e:  # the gguf package raises ValueError/IndexError/struct errors on damage
-        raise ModelLoadError(f"{p} is truncated or corrupt: {type(e).__name__}: {e}") from e
+    except ModelLoadError as e:
+        raise ModelLoadError(one_line(f"{p}: {e}")) from None
+    except Exception as e:  # the gguf package's own checks (version) and anything unforeseen
+        raise ModelLoadError(one_line(f"{p} is truncated or corrupt: {type(e).__name__}: {e}")) from e
+
+
+def one_line(message: str, limit: int = 500) -> str:
+    """`message` on one line (a hostile file's text can hold newlines), cut to `limit` characters."""
+    flat = " ".join(message.split())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
 
 
 def _field_value(field: Any) -> Any:
@@ -84,7 +182,7 @@ def read_gguf_metadata(reader_or_path: gguf.GGUFReader | str | os.PathLike[str])
         try:
             out[key] = _field_value(field)
         except Exception as e:
-            raise ModelLoadError(f"GGUF metadata key {key!r} is corrupt: {e}") from e
+            raise ModelLoadError(one_line(f"GGUF metadata key {short(key)} is corrupt: {type(e).__name__}: {e}")) from e
     return out
 
 
@@ -103,17 +201,25 @@ def model_config_from_metadata(meta: dict[str, Any], tensor_names: set[str] | No
     (hitenter/models/families).
 
     Contract: architecture comes from `general.architecture` and must be a supported family, otherwise
-    ModelLoadError names it and the supported ones. A missing required key raises ModelLoadError naming
-    the key. `tensor_names` (when given) decides tie_word_embeddings (True when there is no
-    `output.weight`) and attention_bias (True when `blk.0.attn_q.bias` exists); without it, an untied
-    head without biases is assumed.
+    ModelLoadError names it and the supported ones. A missing required key, or one of the wrong type,
+    raises ModelLoadError naming the key; so does a token list whose length is not the model's vocab_size
+    (token ids must be valid rows of the embedding and entries of the vocabulary alike). `tensor_names`
+    (when given) decides tie_word_embeddings (True when there is no `output.weight`) and attention_bias
+    (True when `blk.0.attn_q.bias` exists); without it, an untied head without biases is assumed.
     """
     from hitenter.models.families import family_for
 
     arch = meta.get("general.architecture")
     if arch is None:
         raise ModelLoadError("GGUF metadata is missing the required key 'general.architecture'")
-    return family_for(str(arch)).config(meta, tensor_names)
+    if not isinstance(arch, str):
+        raise ModelLoadError(f"GGUF metadata key 'general.architecture' must be a string, got {short(arch)}")
+    cfg = family_for(arch).config(meta, tensor_names)
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list) and len(tokens) != cfg.vocab_size:
+        raise ModelLoadError(f"the vocabulary has {len(tokens)} tokens but the model {cfg.vocab_size} "
+                             f"({arch}.vocab_size): the file is corrupt")
+    return cfg
 
 
 DEQUANT_GROUP_BYTES = 1 << 20

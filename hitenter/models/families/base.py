@@ -10,7 +10,7 @@ other names (Phi-3's fused QKV), `file_shapes` / `prepare`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,12 +25,15 @@ class Meta:
 
     values: dict[str, Any]
     arch: str
+    read: list[str] = field(default_factory=list, compare=False, repr=False)   # keys looked up, in order
 
     def get(self, key: str, default: Any = None) -> Any:
+        self.read.append(f"{self.arch}.{key}")
         return self.values.get(f"{self.arch}.{key}", default)
 
     def require(self, key: str) -> Any:
         full = f"{self.arch}.{key}"
+        self.read.append(full)
         if full not in self.values:
             raise ModelLoadError(f"GGUF metadata is missing the required key {full!r}")
         return self.values[full]
@@ -57,10 +60,18 @@ class Family:
 
     def config(self, values: dict[str, Any], names: set[str] | None) -> ModelConfig:
         """The ModelConfig of a file with this metadata (and tensor names, which decide tied heads and
-        biases; without them, untied with no biases is assumed). ModelLoadError names what is wrong."""
+        biases; without them, untied with no biases is assumed). ModelLoadError names what is wrong: a
+        missing key, a value of the wrong type or range (the key last read), a layer count beyond
+        MAX_LAYERS."""
         meta = Meta(values, self.arch)
-        base = common_fields(meta, names)
-        base.update(self.fields(meta, base, names or set()))
+        try:
+            base = common_fields(meta, names)
+            check_layer_count(meta, base["num_layers"])
+            base.update(self.fields(meta, base, names or set()))
+        except ModelLoadError:
+            raise
+        except (TypeError, ValueError, ArithmeticError, AttributeError, IndexError, KeyError) as e:
+            raise wrong_value(meta, e) from e
         try:
             return ModelConfig(**base)
         except ValueError as e:
@@ -78,6 +89,24 @@ class Family:
                 w[f"blk.{i}.attn_q.weight"] = unpermute_qk(w[f"blk.{i}.attn_q.weight"], cfg.num_heads)
                 w[f"blk.{i}.attn_k.weight"] = unpermute_qk(w[f"blk.{i}.attn_k.weight"], cfg.num_kv_heads)
         return w
+
+
+MAX_LAYERS = 4096    # far beyond any released model; a larger block_count is damage, not a model
+
+
+def check_layer_count(meta: Meta, n: int) -> None:
+    """ModelLoadError unless block_count is in 1..MAX_LAYERS, so nothing is sized by a hostile count."""
+    if not 0 < n <= MAX_LAYERS:
+        raise ModelLoadError(f"GGUF metadata key '{meta.arch}.block_count' is {n}, outside 1..{MAX_LAYERS}")
+
+
+def wrong_value(meta: Meta, e: Exception) -> ModelLoadError:
+    """The error for a value a family could not read: the key it read last, its value and the reason."""
+    key = meta.read[-1] if meta.read else f"{meta.arch}.*"
+    shown = repr(meta.values.get(key))
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    reason = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+    return ModelLoadError(f"GGUF metadata key {key!r} has a value of the wrong type or range ({shown}): {reason}")
 
 
 def common_fields(meta: Meta, names: set[str] | None) -> dict[str, Any]:
