@@ -183,7 +183,7 @@ def gemma_chat(llama_python: str, sdist_models: Path) -> None:
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from hitenter.models.registry import hitenter_home
+    from hitenter.paths import hitenter_home
 
     path = hitenter_home() / "models" / "gemma-3-270m.gguf"
     if not path.is_file():

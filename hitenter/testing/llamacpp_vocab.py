@@ -20,7 +20,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from hitenter.models.registry import hitenter_home
+from hitenter.paths import hitenter_home
 
 LLAMA_CPP_PYTHON = "0.3.36"
 VOCABS = ("command-r", "deepseek-coder", "deepseek-llm", "falcon", "gpt-2", "llama-bpe", "llama-spm", "mpt", "phi-3",

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from hitenter.engine.structured import StructuredSpec, build_grammar
+from hitenter.engine.structured import build_grammar
+from hitenter.sampling_params import StructuredSpec
 from hitenter.server.tool_parsers import ToolDelta, ToolParser, tool_parser_for
 from hitenter.server.tool_parsers.gemma4 import Gemma4ToolParser
 from hitenter.server.tool_parsers.glm import GLMToolParser

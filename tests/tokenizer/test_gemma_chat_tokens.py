@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hitenter.models.registry import hitenter_home
+from hitenter.paths import hitenter_home
 from hitenter.testing.paths import GOLDENS
 from hitenter.testing.tokenizer_checks import assert_llamacpp_entries
 from hitenter.tokenizer import Tokenizer
