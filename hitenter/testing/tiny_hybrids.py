@@ -23,6 +23,8 @@ Each family registers its writer in HYBRIDS: family name -> (general.architectur
   logit scale 1.25); SwiGLU FFN in every layer; tied.
 - granitehybrid_moe (granitehybrid): as granitehybrid with 8 experts (top-2, width feed_forward_length
   64, softmax routing) plus a shared SwiGLU expert of expert_shared_feed_forward_length 96.
+- granitehybrid_rope (granitehybrid): as granitehybrid with rope.scaling.finetuned true (Bamba's): NORM RoPE
+  (base 1e4) on the attention layers, whose attn_q / attn_k the converter permuted.
 - nemotron_h (nemotron_h): 6 layers [mamba2, ffn, attention, ffn, mamba2, ffn] from head_count_kv
   [0, 0, 2, 0, 0, 0] and feed_forward_length [0, 128, 0, 128, 0, 128]; Mamba2 as granitehybrid's;
   attention without RoPE, key_length 16; the FFN layers squared-ReLU, ungated (ffn_up, ffn_down); each
@@ -147,12 +149,12 @@ def _mamba2(f: _Writer, p: str) -> None:
     f.add(p + "ssm_out.weight", f.normal(HIDDEN, inner, std=0.1))
 
 
-def _granitehybrid(f: _Writer, moe: bool) -> None:
+def _granitehybrid(f: _Writer, moe: bool, rope: bool = False) -> None:
     kinds = ["mamba2", "attention", "mamba2", "attention"]
     n_expert, n_ff, n_ff_shexp = 8, 64, 96
     _hparams(f, len(kinds), 2 ** 20, [0 if k == "mamba2" else KV_HEADS for k in kinds], n_ff if moe else FFN)
     f.w.add_rope_freq_base(1e4)
-    f.w.add_rope_scaling_finetuned(False)
+    f.w.add_rope_scaling_finetuned(rope)
     if moe:
         f.w.add_expert_count(n_expert)
         f.w.add_expert_used_count(2)
@@ -233,6 +235,7 @@ HYBRIDS: dict[str, tuple[str, Callable[[_Writer], None]]] = {
     "lfm2moe": ("lfm2moe", lambda f: _lfm2(f, moe=True)),
     "granitehybrid": ("granitehybrid", lambda f: _granitehybrid(f, moe=False)),
     "granitehybrid_moe": ("granitehybrid", lambda f: _granitehybrid(f, moe=True)),
+    "granitehybrid_rope": ("granitehybrid", lambda f: _granitehybrid(f, moe=False, rope=True)),
     "nemotron_h": ("nemotron_h", _nemotron_h),
     "nemotron_h_moe": ("nemotron_h_moe", lambda f: _nemotron_h(f, moe=True)),
     **QWEN35_HYBRIDS,   # qwen35, qwen35moe, qwen3next (tiny_qwen35.py)

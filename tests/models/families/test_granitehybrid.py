@@ -1,5 +1,5 @@
 """Granite 4 hybrids (models/families/granitehybrid.py; the Mamba2 mixer of models/recurrent/mamba2.py),
-dense FFN and experts + shared expert, against llama.cpp's logits on the tiny GGUFs of
+dense FFN, experts + shared expert, and with RoPE (Bamba's rope.scaling.finetuned), against llama.cpp's logits on the tiny GGUFs of
 hitenter/testing/tiny_hybrids.py (goldens: scripts/make_hybrid_goldens.py; the checks and their tolerances:
 hitenter/testing/hybrid_goldens.py)."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from hitenter.testing.hybrid_goldens import check_fp32, check_invariance, check_q8_0
 
-FAMILIES = ("granitehybrid", "granitehybrid_moe")
+FAMILIES = ("granitehybrid", "granitehybrid_moe", "granitehybrid_rope")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -33,3 +33,4 @@ def test_chunked_and_batched_bits_equal_the_lone_run(family: str, tmp_path: Path
 @pytest.mark.slow
 def test_chunked_and_batched_bits_equal_on_q8_0_blocks(tmp_path: Path) -> None:
     check_invariance("granitehybrid", tmp_path, quant="Q8_0")
+
