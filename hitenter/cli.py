@@ -40,6 +40,14 @@ def _engine_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     return kw
 
 
+def _engine_options_given(a: argparse.Namespace) -> list[str]:
+    """The engine options (other than the model) set to something else than their default."""
+    from hitenter.config import option_fields
+
+    return [f.name for _, f in option_fields() if f.name != "model" and f.metadata.get("cli") is not False
+            and getattr(a, f.name, None) not in (None, f.default)]
+
+
 def _sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -50,11 +58,24 @@ def _sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 
 
+def _server_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-server", action="store_true",
+                   help="run the model in this process even when a hitenter server runs at $HITENTER_HOST "
+                        "(default 127.0.0.1:8000; it is used when no engine option beyond --model is given)")
+
+
 def _params(a: argparse.Namespace):  # type: ignore[no-untyped-def]
     from hitenter.sampling_params import SamplingParams
 
     return SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                           min_p=a.min_p, seed=a.seed, stop=a.stop)
+
+
+def _report(n: int, t0: float, first: float | None, t1: float, finish_reason: str | None, via: str = "") -> None:
+    ttft = (first - t0) if first is not None else float("nan")
+    rate = (n - 1) / (t1 - first) if first is not None and n > 1 and t1 > first else float("nan")
+    print(f"[{n} tokens, time to first token {ttft * 1000:.0f} ms, {rate:.1f} tokens/s, "
+          f"finish_reason={finish_reason}{via}]", file=sys.stderr)
 
 
 def _stream(llm, prompt: str, params) -> str:  # type: ignore[no-untyped-def]
@@ -74,27 +95,86 @@ def _stream(llm, prompt: str, params) -> str:  # type: ignore[no-untyped-def]
     out = llm.generate([prompt], params, on_output=on_output)[0]
     t1 = time.perf_counter()
     sys.stdout.write("\n")
-    ttft = (first[0] - t0) if first else float("nan")
-    rate = (n[0] - 1) / (t1 - first[0]) if first and n[0] > 1 and t1 > first[0] else float("nan")
-    print(f"[{n[0]} tokens, time to first token {ttft * 1000:.0f} ms, {rate:.1f} tokens/s, "
-          f"finish_reason={out.finish_reason}]", file=sys.stderr)
+    _report(n[0], t0, first[0] if first else None, t1, out.finish_reason)
     return out.text
 
 
+def _server_for(a: argparse.Namespace) -> Any:
+    """The running server to talk to (hitenter/remote.py), or None: run in this process. A server is
+    used only when no engine option beyond --model is given (the server's own apply) and not
+    --no-server."""
+    if a.no_server or _engine_options_given(a):
+        return None
+    from hitenter import remote
+
+    server = remote.server_address()
+    return server if remote.running(server) else None
+
+
+def _remote_stream(a: argparse.Namespace, server: Any, messages: list[dict[str, str]] | None,
+                   prompt: str | None = None) -> str:
+    """One reply streamed from ``server`` (remote.Unavailable before any text when it cannot serve it)."""
+    from hitenter import remote
+
+    sampling = remote.sampling_body(a.max_tokens, a.temperature, a.top_p, a.top_k, a.min_p, a.seed, a.stop)
+    t0 = time.perf_counter()
+    gen = remote.generate(server, remote.model_ref(a.model), sampling, messages=messages, prompt=prompt)
+    pieces: list[str] = []
+    while True:
+        try:
+            piece = next(gen)
+        except StopIteration as stop:
+            finish = stop.value
+            break
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+        pieces.append(piece)
+    sys.stdout.write("\n")
+    first = t0 + finish.ttft if finish.ttft is not None else None
+    _report(finish.tokens, t0, first, time.perf_counter(), finish.finish_reason,
+            f", via the server at {server.host}:{server.port}")
+    return "".join(pieces)
+
+
+def _fallback(server: Any, e: Exception) -> None:
+    print(f"hitenter: {e}; running the model in this process", file=sys.stderr)
+
+
 def cmd_run(a: argparse.Namespace) -> int:
+    server = _server_for(a)
+    if server is not None:
+        from hitenter.remote import RemoteError, Unavailable
+
+        messages = None if a.raw else [{"role": "user", "content": a.prompt}]
+        try:
+            _remote_stream(a, server, messages, a.prompt if a.raw else None)
+            return 0
+        except Unavailable as e:
+            _fallback(server, e)
+        except RemoteError as e:
+            raise ValueError(str(e)) from None
     from hitenter.llm import LLM
 
-    llm = LLM(a.model, **_engine_kwargs(a))
+    llm = LLM(a.model, **_run_kwargs(a))
     prompt = a.prompt if a.raw else llm.tokenizer.apply_chat_template(
         [{"role": "user", "content": a.prompt}], add_generation_prompt=True)
     _stream(llm, prompt, _params(a))
     return 0
 
 
-def cmd_chat(a: argparse.Namespace) -> int:
-    from hitenter.llm import LLM
+def _run_kwargs(a: argparse.Namespace) -> dict[str, Any]:
+    """Engine options for one conversation in this process: one sequence at a time unless asked (the KV
+    budget then holds its windows, not 64 streams' worth)."""
+    kw = _engine_kwargs(a)
+    kw.setdefault("max_num_seqs", 1)
+    return kw
 
-    llm = LLM(a.model, **_engine_kwargs(a))
+
+def cmd_chat(a: argparse.Namespace) -> int:
+    from hitenter.remote import RemoteError, Unavailable
+
+    server = _server_for(a)
+    llm = None
     messages: list[dict[str, str]] = []
     print("chat with the model; an empty line or Ctrl-D ends", file=sys.stderr)
     while True:
@@ -105,6 +185,19 @@ def cmd_chat(a: argparse.Namespace) -> int:
         if not line.strip():
             break
         messages.append({"role": "user", "content": line})
+        if server is not None:
+            try:
+                messages.append({"role": "assistant", "content": _remote_stream(a, server, messages)})
+                continue
+            except Unavailable as e:
+                _fallback(server, e)
+                server = None
+            except RemoteError as e:
+                raise ValueError(str(e)) from None
+        if llm is None:
+            from hitenter.llm import LLM
+
+            llm = LLM(a.model, **_run_kwargs(a))
         prompt = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         messages.append({"role": "assistant", "content": _stream(llm, prompt, _params(a))})
     return 0
@@ -244,10 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="plain completion, no chat template")
     _add_engine_flags(p)
     _sampling_flags(p)
+    _server_flag(p)
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("chat", help="interactive chat in the terminal")
     _add_engine_flags(p)
     _sampling_flags(p)
+    _server_flag(p)
     p.set_defaults(fn=cmd_chat)
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with the web playground")
     _add_engine_flags(p)

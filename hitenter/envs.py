@@ -145,6 +145,12 @@ HITENTER_TP_TIMEOUT_S = Float("HITENTER_TP_TIMEOUT_S", 120.0, "seconds a tensor-
 HITENTER_DISAGG_TIMEOUT_S = Float("HITENTER_DISAGG_TIMEOUT_S", 300.0, "seconds a disaggregated-prefill job may "
                                   "wait at the head of the queue before DisaggregationError", _ENGINE)
 
+_CLIENT = "Command line"
+HITENTER_HOST = Text("HITENTER_HOST", "127.0.0.1:8000", "where hitenter run / chat look for a running hitenter "
+                     "serve (host:port or http://host:port); one that answers is used (hitenter/remote.py)", _CLIENT)
+HITENTER_API_KEY = Text("HITENTER_API_KEY", None, "the --api-key of that server, sent by hitenter run / chat",
+                        _CLIENT)
+
 HITENTER_TEST_PREBUILD = Text("HITENTER_TEST_PREBUILD", None, "1 / 0: force on / off the compilation of the "
                               "native libraries before a test session's first test (tests/conftest.py; unset: "
                               "automatic)", _TESTS)
