@@ -4,11 +4,12 @@
 
        S = S * e^g;  d = (v - k S) * beta;  S = S + k^T d;  o = (q S) * scale
 
-   Two passes over S per token: (1) decay each row and accumulate k_i * row into the dv-wide k S;
-   (2) add k_i * d to each row and accumulate q_i * row into o. The sums run over the rows i in order,
-   lane j holding column j, so there is no horizontal reduction: with -ffp-contract=off every variant
-   (AVX-512, AVX2 as two 8-lane halves, the portable code) does the same operations in the same order and
-   gives the same bits, on any thread count (a head's work never depends on the other heads).
+   Two passes over S per token: (1) read only, k S and q S accumulated together (with e^g factored out:
+   k (S e^g) = (k S) e^g); then d, and o = ((q S) e^g + (q . k) d) * scale, which is q S_new; (2) S = S e^g +
+   k^T d, row by row. The sums run over the rows i in order, lane j holding column j, so there is no
+   horizontal reduction: with -ffp-contract=off every variant (AVX-512, AVX2 as two 8-lane halves, the
+   portable code) does the same operations in the same order and gives the same bits, on any thread count
+   (a head's work never depends on the other heads).
 
    Layouts (float32, contiguous): state [H, dk, dv] (updated in place), q and k [T, H, dk], v and o
    [T, H, dv], g and beta [T, H]. dv a multiple of 16 up to 256 takes the vector code, any other dv the
@@ -29,65 +30,58 @@ static inline __attribute__((always_inline)) void head_span_vec(
         const float *qt = q + (t * H + h) * dk, *kt = k + (t * H + h) * dk;
         const float *vt = v + (t * H + h) * dv;
         const float e = expf(g[t * H + h]), b = beta[t * H + h];
-        v16 acc[MAXNV], d[MAXNV];
-        for (int u = 0; u < nv; u++) acc[u] = (v16){0};
-        for (int64_t i = 0; i < dk; i++) {
-            v16u *row = (v16u *)(S + i * dv);
-            const float ki = kt[i];
-            for (int u = 0; u < nv; u++) {
-                const v16 r = row[u] * e;
-                row[u] = r;
-                acc[u] = acc[u] + r * ki;
-            }
-        }
-        for (int u = 0; u < nv; u++) {
-            d[u] = (((const v16u *)vt)[u] - acc[u]) * b;
-            acc[u] = (v16){0};
-        }
-        for (int64_t i = 0; i < dk; i++) {
-            v16u *row = (v16u *)(S + i * dv);
+        v16 ak[MAXNV], aq[MAXNV], d[MAXNV];
+        for (int u = 0; u < nv; u++) ak[u] = aq[u] = (v16){0};
+        float qk = 0.0f;
+        for (int64_t i = 0; i < dk; i++) {           /* pass 1, read only: k S and q S */
+            const v16u *row = (const v16u *)(S + i * dv);
             const float ki = kt[i], qi = qt[i];
+            qk = qk + qi * ki;
             for (int u = 0; u < nv; u++) {
-                const v16 r = row[u] + d[u] * ki;
-                row[u] = r;
-                acc[u] = acc[u] + r * qi;
+                const v16 r = row[u];
+                ak[u] = ak[u] + r * ki;
+                aq[u] = aq[u] + r * qi;
             }
         }
         v16u *ot = (v16u *)(o + (t * H + h) * dv);
-        for (int u = 0; u < nv; u++) ot[u] = acc[u] * scale;
+        for (int u = 0; u < nv; u++) {
+            d[u] = (((const v16u *)vt)[u] - ak[u] * e) * b;
+            ot[u] = (aq[u] * e + d[u] * qk) * scale;
+        }
+        for (int64_t i = 0; i < dk; i++) {           /* pass 2: S = S e + k d */
+            v16u *row = (v16u *)(S + i * dv);
+            const float ki = kt[i];
+            for (int u = 0; u < nv; u++) row[u] = row[u] * e + d[u] * ki;
+        }
     }
 }
 
 static void head_span_scalar(float *S, const float *q, const float *k, const float *v, const float *g,
                              const float *beta, float *o, int64_t T, int64_t H, int64_t dk, int64_t dv, int64_t h,
-                             float scale, float *acc, float *d) {
+                             float scale, float *ak, float *aq) {
     for (int64_t t = 0; t < T; t++) {
         const float *qt = q + (t * H + h) * dk, *kt = k + (t * H + h) * dk;
         const float *vt = v + (t * H + h) * dv;
         const float e = expf(g[t * H + h]), b = beta[t * H + h];
-        for (int64_t j = 0; j < dv; j++) acc[j] = 0.0f;
+        for (int64_t j = 0; j < dv; j++) ak[j] = aq[j] = 0.0f;
+        float qk = 0.0f;
         for (int64_t i = 0; i < dk; i++) {
-            float *row = S + i * dv;
+            const float *row = S + i * dv;
+            qk = qk + qt[i] * kt[i];
             for (int64_t j = 0; j < dv; j++) {
-                const float r = row[j] * e;
-                row[j] = r;
-                acc[j] = acc[j] + r * kt[i];
-            }
-        }
-        for (int64_t j = 0; j < dv; j++) {
-            d[j] = (vt[j] - acc[j]) * b;
-            acc[j] = 0.0f;
-        }
-        for (int64_t i = 0; i < dk; i++) {
-            float *row = S + i * dv;
-            for (int64_t j = 0; j < dv; j++) {
-                const float r = row[j] + d[j] * kt[i];
-                row[j] = r;
-                acc[j] = acc[j] + r * qt[i];
+                ak[j] = ak[j] + row[j] * kt[i];
+                aq[j] = aq[j] + row[j] * qt[i];
             }
         }
         float *ot = o + (t * H + h) * dv;
-        for (int64_t j = 0; j < dv; j++) ot[j] = acc[j] * scale;
+        for (int64_t j = 0; j < dv; j++) {
+            ak[j] = (vt[j] - ak[j] * e) * b;          /* d */
+            ot[j] = (aq[j] * e + ak[j] * qk) * scale;
+        }
+        for (int64_t i = 0; i < dk; i++) {
+            float *row = S + i * dv;
+            for (int64_t j = 0; j < dv; j++) row[j] = row[j] * e + ak[j] * kt[i];
+        }
     }
 }
 
@@ -102,8 +96,8 @@ static void head_span(float *S, const float *q, const float *k, const float *v, 
         }
         return;
     }
-    float acc[dv], d[dv];
-    head_span_scalar(S, q, k, v, g, beta, o, T, H, dk, dv, h, scale, acc, d);
+    float ak[dv], aq[dv];
+    head_span_scalar(S, q, k, v, g, beta, o, T, H, dk, dv, h, scale, ak, aq);
 }
 
 /* The span's T tokens through every head's state; heads split over nthreads. Returns 0, or -1 for bad
