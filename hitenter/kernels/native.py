@@ -269,7 +269,7 @@ SSM_SCAN = NativeLibrary(
     variants={"auto": [], "avx2": ["-mno-avx512f"], "generic": ["-mno-avx512f", "-mno-avx2", "-mno-fma"]},
     variant_env="HITENTER_SSM_SCAN_ISA",
     signatures={"causal_conv": (ctypes.c_int, [p, p, p, p, i64, i64, i64]),
-                "mamba2_scan": (ctypes.c_int, [p, p, p, p, p, p, p, i64, i64, i64, i64, i64])})
+                "mamba2_scan": (ctypes.c_int, [p, p, p, p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_int])})
 
 LIBRARIES: tuple[NativeLibrary, ...] = (QMATMUL, DECODE_ATTENTION, PROMPT_ATTENTION, RACE, DECODE_LAYER, DELTA_RULE,
                                         SSM_SCAN)

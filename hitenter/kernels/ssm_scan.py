@@ -8,7 +8,7 @@ y[t, c] = sum over k = 0 .. K-1, in that order, of u[t + k, c] * w[c, k]; the ta
 K - 1 rows (in place).
 
 `mamba2_scan(state, x, dt, da, b, c)`: per token in order, per head h reading group g = h // (H / G):
-S_h = S_h * da[h] + (x_h * dt[h]) (outer) b_g;  y_h = S_h c_g  (state [H, P, N] in place; x [n, H, P],
+S_h = S_h * da[h] + b_g (outer) (x_h * dt[h]);  y_h = c_g S_h  (state [H, N, P] in place; x [n, H, P],
 dt, da [n, H], b, c [n, G, N]; returns y [n, H, P]).
 
 The `*_reference` functions state them in torch with op shapes that never depend on n (each row's bits
@@ -57,29 +57,31 @@ def causal_conv(tail: Tensor, x: Tensor, w: Tensor) -> Tensor:
 
 
 def mamba2_scan_reference(state: Tensor, x: Tensor, dt: Tensor, da: Tensor, b: Tensor, c: Tensor) -> Tensor:
-    """y [n, H, P] of the span (module docstring); state [H, P, N] updated in place."""
+    """y [n, H, P] of the span (module docstring); state [H, N, P] updated in place."""
     per = state.shape[0] // b.shape[1]
     b, c = b.repeat_interleave(per, dim=1), c.repeat_interleave(per, dim=1)
     s = state.clone()
     ys = []
     for i in range(x.shape[0]):
         xdt = x[i] * dt[i, :, None]
-        s = s * da[i, :, None, None] + b[i, :, None, :] * xdt[:, :, None]
-        ys.append((s * c[i, :, None, :]).sum(-1))
+        s = s * da[i, :, None, None] + b[i, :, :, None] * xdt[:, None, :]
+        ys.append((s * c[i, :, :, None]).sum(1))
     state.copy_(s)
     return torch.stack(ys) if ys else x.new_zeros(x.shape)
 
 
-def mamba2_scan(state: Tensor, x: Tensor, dt: Tensor, da: Tensor, b: Tensor, c: Tensor) -> Tensor:
-    """mamba2_scan_reference's contract, on the native kernel where it is built."""
+def mamba2_scan(state: Tensor, x: Tensor, dt: Tensor, da: Tensor, b: Tensor, c: Tensor,
+                num_threads: int | None = None) -> Tensor:
+    """mamba2_scan_reference's contract, on the native kernel where it is built (heads split over
+    ``num_threads``, default torch's; a head's arithmetic is the same on any thread)."""
     lib = load()
     if lib is None or not state.is_contiguous():
         return mamba2_scan_reference(state, x, dt, da, b, c)
-    h, p, n_state = state.shape
+    h, n_state, p = state.shape
     x, dt, da, b, c = (t.float().contiguous() for t in (x, dt, da, b, c))
     y = torch.empty(x.shape, dtype=torch.float32)
     rc = lib.mamba2_scan(state.data_ptr(), x.data_ptr(), dt.data_ptr(), da.data_ptr(), b.data_ptr(), c.data_ptr(),
-                         y.data_ptr(), x.shape[0], h, p, n_state, b.shape[1])
+                         y.data_ptr(), x.shape[0], h, p, n_state, b.shape[1], num_threads or torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"mamba2_scan kernel failed ({rc})")
     return y

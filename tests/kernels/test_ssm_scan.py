@@ -25,7 +25,7 @@ def _conv_inputs(n: int, c: int = 48, k: int = 4) -> tuple[torch.Tensor, torch.T
 def _scan_inputs(n: int, h: int = 8, p: int = 4, s: int = 16, groups: int = 2) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(100 + n)
     dt = torch.nn.functional.softplus(torch.randn(n, h, generator=g))
-    return (torch.randn(h, p, s, generator=g), torch.randn(n, h, p, generator=g), dt,
+    return (torch.randn(h, s, p, generator=g), torch.randn(n, h, p, generator=g), dt,
             torch.exp(-dt * torch.rand(h, generator=g) * 4), torch.randn(n, groups, s, generator=g),
             torch.randn(n, groups, s, generator=g))
 
@@ -57,3 +57,12 @@ def test_kernels_give_a_span_cut_anywhere_the_bits_of_the_whole(native: None) ->
     s = state.clone()
     parts = [ssm_scan.mamba2_scan(s, x[i:j], dt[i:j], da[i:j], b[i:j], c[i:j]) for i, j in ((0, 9), (9, 10), (10, 30))]
     assert torch.equal(torch.cat(parts), whole)
+
+
+def test_scan_kernel_bits_do_not_depend_on_the_thread_count(native: None) -> None:
+    state, *rest = _scan_inputs(9, h=12, p=32, s=64, groups=3)
+    outs = []
+    for threads in (1, 2, 5):
+        s = state.clone()
+        outs.append((ssm_scan.mamba2_scan(s, *rest, num_threads=threads), s))
+    assert all(torch.equal(y, outs[0][0]) and torch.equal(s, outs[0][1]) for y, s in outs)

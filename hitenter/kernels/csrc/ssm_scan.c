@@ -6,14 +6,14 @@
    each product rounded then added (-ffp-contract=off: the torch reference's bits exactly); the tail
    becomes u's last K - 1 rows.
 
-   mamba2_scan: per token in order, per head h (group g = h / (H / G)), per row p of the head's state
-   S [P, N]: xdt = x[p] dt; S[p, i] = S[p, i] da + B[g, i] xdt; y[p] = sum over i = 0..N-1 in order of
-   S[p, i] C[g, i]. The state's bits equal the reference's (the same two roundings per element); y's sum
-   runs in index order (torch's reduction order may differ: agreement to float rounding). A head's work
-   never depends on the other heads or on how the tokens were cut into spans, so a row's bits depend only
-   on its sequence.
+   mamba2_scan: per head h (group g = h / (H / G); heads split over threads), per token in order, with the
+   head's state S [N, P] (row i: P contiguous floats, lanes on p): xdt = x dt; for i = 0..N-1 in order:
+   S[i] = S[i] da + B[g, i] xdt; y = y + S[i] C[g, i]. The state's bits equal the reference's (the same
+   two roundings per element); y's sum runs in index order (torch's reduction order may differ: agreement
+   to float rounding). A head's work never depends on the other heads, the thread count or how the tokens
+   were cut into spans, so a row's bits depend only on its sequence.
 
-   Layouts (float32, contiguous): tail [K - 1, C], x [n, C], w [C, K], y [n, C]; state [H, P, N],
+   Layouts (float32, contiguous): tail [K - 1, C], x [n, C], w [C, K], y [n, C]; state [H, N, P],
    xs [n, H, P], dt and da [n, H], B and C [n, G, N], ys [n, H, P]. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -39,30 +39,40 @@ int causal_conv(float *tail, const float *x, const float *w, float *y, int64_t n
     return 0;
 }
 
-int mamba2_scan(float *state, const float *xs, const float *dt, const float *da, const float *B, const float *Cm,
-                float *ys, int64_t n, int64_t H, int64_t P, int64_t N, int64_t G) {
-    if (n < 0 || H < 1 || P < 1 || N < 1 || G < 1 || H % G) return 1;
-    const int64_t per = H / G;
+/* One head's state S [N, P] through the span's tokens: lanes on p (no horizontal sums), the sum over the
+   state index i in order. */
+static void head_span(float *S, const float *xs, const float *dt, const float *da, const float *B, const float *Cm,
+                      float *ys, int64_t n, int64_t H, int64_t P, int64_t N, int64_t G, int64_t h, float *xdt) {
+    const int64_t g = h / (H / G);
     for (int64_t t = 0; t < n; t++) {
-        for (int64_t h = 0; h < H; h++) {
-            const int64_t g = h / per;
-            const float d = dt[t * H + h], a = da[t * H + h];
-            const float *b = B + (t * G + g) * N, *c = Cm + (t * G + g) * N;
-            const float *x = xs + (t * H + h) * P;
-            float *y = ys + (t * H + h) * P;
-            float *S = state + h * P * N;
+        const float d = dt[t * H + h], a = da[t * H + h];
+        const float *b = B + (t * G + g) * N, *c = Cm + (t * G + g) * N;
+        const float *x = xs + (t * H + h) * P;
+        float *y = ys + (t * H + h) * P;
+        for (int64_t p = 0; p < P; p++) {
+            xdt[p] = x[p] * d;
+            y[p] = 0.0f;
+        }
+        for (int64_t i = 0; i < N; i++) {
+            float *row = S + i * P;
+            const float bi = b[i], ci = c[i];
             for (int64_t p = 0; p < P; p++) {
-                const float xdt = x[p] * d;
-                float *row = S + p * N;
-                float acc = 0.0f;
-                for (int64_t i = 0; i < N; i++) {
-                    const float s = row[i] * a + b[i] * xdt;
-                    row[i] = s;
-                    acc = acc + s * c[i];
-                }
-                y[p] = acc;
+                const float s = row[p] * a + bi * xdt[p];
+                row[p] = s;
+                y[p] = y[p] + s * ci;
             }
         }
+    }
+}
+
+int mamba2_scan(float *state, const float *xs, const float *dt, const float *da, const float *B, const float *Cm,
+                float *ys, int64_t n, int64_t H, int64_t P, int64_t N, int64_t G, int nthreads) {
+    if (n < 0 || H < 1 || P < 1 || P > 4096 || N < 1 || G < 1 || H % G) return 1;
+    if (n == 0) return 0;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && H > 1)
+    for (int64_t h = 0; h < H; h++) {
+        float xdt[P];
+        head_span(state + h * N * P, xs, dt, da, B, Cm, ys, n, H, P, N, G, h, xdt);
     }
     return 0;
 }

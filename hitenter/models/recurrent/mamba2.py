@@ -6,15 +6,15 @@ G = ssm.group_count, Hs = ssm.time_step_rank heads of P = E / Hs, and C = E + 2 
     xBC = silu(conv(xBC) + conv_bias)               (depthwise causal conv, kernels/ssm_scan.py)
     x | B | C = xBC                                 (E = Hs x P, G x N, G x N; head h reads group h // (Hs / G))
     dt = softplus(dt + dt_bias)                     (ggml: x if x > 20 else log1p(exp(x)))
-    per token, per head h:  S_h = S_h * exp(dt_h A_h) + (x_h dt_h) (x) B_g     (S_h [P, N])
-                            y_h = S_h C_g + D_h x_h
+    per token, per head h:  S_h = S_h * exp(dt_h A_h) + B_g (x) (x_h dt_h)     (S_h [N, P])
+                            y_h = C_g S_h + D_h x_h
     y = rms_groups(y * silu(z)) * ssm_norm          (an RMS norm over each of G groups of E / G)
     out = out_proj(y)
 
 A is stored as the converter writes it, ssm_a = -exp(A_log) ([Hs, 1]); D as ssm_d [Hs, 1]. Tensors
 (llama.cpp's names under ``blk.{i}.``): ssm_in, ssm_conv1d (.weight [C, K], .bias [C] optional),
 ssm_dt.bias, ssm_a, ssm_d, ssm_norm.weight [G, E / G], ssm_out. State: ``conv`` [K - 1, C] (the tail of
-xBC before the conv) and ``ssm`` [Hs, P, N].
+xBC before the conv) and ``ssm`` [Hs, N, P] (kernels/ssm_scan.py's layout).
 
 Bit invariance: the conv and the scan run token by token on each sequence's own state (kernels/ssm_scan.py:
 the native kernel, else its torch reference); the elementwise exp / softplus / silu run on tensors of whole 64-element groups (`_whole_groups`),
@@ -80,7 +80,7 @@ class Mamba2(RecurrentMixer):
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         return {"conv": (self.taps.shape[1] - 1, self.channels),
-                "ssm": (self.heads, self.inner // self.heads, self.n_state)}
+                "ssm": (self.heads, self.n_state, self.inner // self.heads)}
 
     def forward(self, h: torch.Tensor, attn: Any, cache: StateCache) -> torch.Tensor:
         t, e, nh, g, n = h.shape[0], self.inner, self.heads, self.groups, self.n_state
