@@ -10,7 +10,9 @@ products and hitenter's native kernels round their own way, so the two sit about
 plain tiny families (the tiny llama's Q8_0 copy: 2.4% of max |logit|, qwen3moe's 18% where a rounding flips
 an expert choice): mean |diff| <= 5% of the logits' std and argmax equal at >= 90% of positions (as
 tests/models/test_formats.py bounds blocks against dense), plus max |diff| <= 10% of max |logit| for a
-model without experts.
+model without experts. A model with experts gets mean |diff| <= 10% of the std instead (measured 1.0% to
+4.3% here; a rounding that flips one expert choice moves that row's whole output, and where it flips
+depends on the CPU's kernel variant).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def check_q8_0(family: str, tmp_path: Path, experts: bool) -> None:
     agree = float((ours.argmax(-1) == ref.argmax(-1)).mean())
     print(f"{family} Q8_0: mean |diff| / std {diff.mean() / ref.std():.3f}, max |diff| / max |logit| "
           f"{diff.max() / np.abs(ref).max():.3f}, argmax equal {agree:.3f}")
-    assert diff.mean() <= 0.05 * ref.std() and agree >= 0.9, (diff.mean(), ref.std(), agree)
+    assert diff.mean() <= (0.10 if experts else 0.05) * ref.std() and agree >= 0.9, (diff.mean(), ref.std(), agree)
     if not experts:
         assert diff.max() <= 0.10 * np.abs(ref).max(), (diff.max(), np.abs(ref).max())
 
