@@ -17,15 +17,12 @@ ssm_dt.bias, ssm_a, ssm_d, ssm_norm.weight [G, E / G], ssm_out. State: ``conv`` 
 xBC before the conv) and ``ssm`` [Hs, N, P] (kernels/ssm_scan.py's layout).
 
 Bit invariance: the conv and the scan run token by token on each sequence's own state (kernels/ssm_scan.py:
-the native kernel, else its torch reference); the elementwise exp / softplus / silu run on tensors of whole 64-element groups (`_whole_groups`),
-since torch computes a tensor's tail elements past its last vector group on a scalar path whose bits can
-differ.
+the native kernel, else its torch reference); the elementwise exp / softplus / silu run through
+models/row_ops.rowwise (torch computes a tensor's tail elements on a scalar path whose bits can differ).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,23 +30,14 @@ from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
 from hitenter.kernels.ssm_scan import mamba2_scan
-from hitenter.models.layers import make_linear, pad_rows
+from hitenter.models.layers import make_linear
 from hitenter.models.recurrent.base import RecurrentMixer, StateCache, for_each_span
 from hitenter.models.recurrent.causal_conv import causal_conv
-
-GROUP = 64   # elements: a multiple of every vector loop's step (2 x 16 fp32 lanes on AVX-512)
+from hitenter.models.row_ops import rowwise
 
 
 def _dense(w: Any) -> torch.Tensor:
     return (w if isinstance(w, torch.Tensor) else w.dequantize()).float().contiguous()
-
-
-def _whole_groups(fn: Callable[[torch.Tensor], torch.Tensor], t: torch.Tensor) -> torch.Tensor:
-    """fn (elementwise) on t [n, W], computed over zero rows appended until the element count is a whole
-    number of GROUPs, so every element takes the vector path whatever n."""
-    n, width = t.shape
-    multiple = GROUP // math.gcd(width, GROUP)
-    return fn(pad_rows(t.contiguous(), multiple))[:n]
 
 
 def softplus(x: torch.Tensor) -> torch.Tensor:
@@ -86,19 +74,19 @@ class Mamba2(RecurrentMixer):
         t, e, nh, g, n = h.shape[0], self.inner, self.heads, self.groups, self.n_state
         zxbcdt = self.in_proj(h).float()
         z, xbc, dt = zxbcdt[:, :e], zxbcdt[:, e:e + self.channels], zxbcdt[:, e + self.channels:]
-        dt = _whole_groups(softplus, dt + self.dt_bias)
-        da = _whole_groups(torch.exp, dt * self.a)
+        dt = rowwise(softplus, dt + self.dt_bias)
+        da = rowwise(torch.exp, dt * self.a)
         y = torch.zeros(t, nh, e // nh)   # padding rows stay zero
 
         def run(a: int, b: int, slot: int) -> None:
             u = causal_conv(cache["conv"][slot], xbc[a:b], self.taps) + self.conv_bias
-            u = _whole_groups(F.silu, u)
+            u = rowwise(F.silu, u)
             x = u[:, :e].reshape(b - a, nh, e // nh)
             bb, cc = u[:, e:e + g * n].reshape(b - a, g, n), u[:, e + g * n:].reshape(b - a, g, n)
             ys = mamba2_scan(cache["ssm"][slot], x, dt[a:b], da[a:b], bb, cc)
             y[a:b] = ys + x * self.d[:, None]
 
         for_each_span(attn, cache, run)
-        gated = y.reshape(t, e) * _whole_groups(F.silu, z)
+        gated = y.reshape(t, e) * rowwise(F.silu, z)
         normed = F.rms_norm(gated.reshape(t, g, e // g), (e // g,), eps=self.eps) * self.norm
         return self.out_proj(normed.reshape(t, e).to(self.dtype))
