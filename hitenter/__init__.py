@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hitenter import omp_wait
+from hitenter import omp_wait, onednn_isa
 
 omp_wait.configure()   # before torch or a native kernel loads libgomp
+onednn_isa.configure()   # before torch loads oneDNN
 
 from hitenter.errors import ContextOverflowError, HitenterError, ModelLoadError, UnknownModelError  # noqa: E402
 

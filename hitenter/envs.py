@@ -160,6 +160,9 @@ GOMP_SPINCOUNT = Text("GOMP_SPINCOUNT", None, "libgomp's spin count; hitenter se
                       "or OMP_WAIT_POLICY is set (hitenter/omp_wait.py)", _OTHER)
 OMP_WAIT_POLICY = Text("OMP_WAIT_POLICY", None, "OpenMP's wait policy; when set, hitenter leaves GOMP_SPINCOUNT "
                        "alone", _OTHER)
+ONEDNN_MAX_CPU_ISA = Text("ONEDNN_MAX_CPU_ISA", None, "oneDNN's instruction-set cap; hitenter sets AVX512_CORE_BF16 "
+                           "for itself unless this is set, so bf16 GEMMs stay batch invariant on AMX CPUs "
+                           "(hitenter/onednn_isa.py)", _OTHER)
 PYTHONPATH = Text("PYTHONPATH", None, "kept, with hitenter's source tree first, for the processes hitenter "
                   "starts (tensor-parallel workers, the body-check worker)", _OTHER)
 
