@@ -73,7 +73,8 @@ class ModelConfig:
     # What a family does differently from Llama (hitenter/models/families): the defaults are Llama's.
     sliding_window: int = 0           # keys a local layer sees (its own included); 0 = every layer is global
     sliding_window_pattern: int = 0   # layer i is global when (i + 1) % pattern == 0; 0 = all local if window
-    rope_local_theta: float = 0.0     # RoPE base of the local (sliding-window) layers; 0 = rope_theta
+    swa_layers: tuple[bool, ...] = () # per layer, True = local (the file's pattern array); overrides the above
+    rope_local_theta: float = 0.0     # the local layers' own RoPE base, unscaled (no linear / YaRN); 0 = global's
     rope_scaling_factor: float = 1.0  # linear RoPE scaling: positions / factor (Gemma 3: global layers only)
     rope_dim: int = 0                 # dimensions rotated (partial rotary: the first rope_dim); 0 = head_dim
     rope_attn_factor: float = 1.0     # cos/sin multiplied by this (LongRoPE / YaRN's attention factor)
@@ -134,6 +135,8 @@ class ModelConfig:
                  f"must be in 1..{self.num_experts}, got {self.num_experts_used}")
         _require(not self.layer_types or len(self.layer_types) == self.num_layers, "layer_types",
                  f"must name all {self.num_layers} layers, got {len(self.layer_types)}")
+        _require(not self.swa_layers or len(self.swa_layers) == self.num_layers, "swa_layers",
+                 f"must name all {self.num_layers} layers, got {len(self.swa_layers)}")
 
     @property
     def attn_scale(self) -> float:
@@ -144,6 +147,8 @@ class ModelConfig:
         """Layer i's sliding window (a local layer) or None (a global layer); llama.cpp's swa pattern."""
         if self.sliding_window <= 0:
             return None
+        if self.swa_layers:
+            return self.sliding_window if self.swa_layers[i] else None
         p = self.sliding_window_pattern
         return None if p > 0 and (i + 1) % p == 0 else self.sliding_window
 

@@ -125,6 +125,7 @@ HF_CONFIG_FIXES: dict[str, dict | None] = {
     # transformers 5.24's GGUF loader fails on gpt-oss's rope.scaling.* keys (it float()s a field's first
     # part, the key name, instead of its value), so no HF comparison
     "gpt-oss": None,
+    "olmo3": None,
 }
 
 
@@ -317,9 +318,12 @@ def reference_forward(path: Path, tokens: np.ndarray, n_ctx: int, ggml_gelu: boo
         pattern = int(hp("attention.sliding_window_pattern", 6))
     softcap = float(hp("attn_logit_softcapping")) if arch == "gemma2" else None
     scale = float(hp("attention.scale", 0.0)) or hd ** -0.5
+    swa_array = hp("attention.sliding_window_pattern")   # olmo3: a per-layer bool array
     for il in range(n_layer):
         p = f"blk.{il}."
         swa = pattern is not None and il % pattern < pattern - 1
+        if isinstance(swa_array, list) and window:
+            swa = bool(swa_array[il])
         h = x if arch == "olmo2" else _rms(x, w[p + "attn_norm.weight"], eps)
         if p + "attn_qkv.weight" in w:
             qkv = h @ w[p + "attn_qkv.weight"].T
@@ -333,8 +337,10 @@ def reference_forward(path: Path, tokens: np.ndarray, n_ctx: int, ggml_gelu: boo
             q, k = _rms(q, w[p + "attn_q_norm.weight"], eps), _rms(k, w[p + "attn_k_norm.weight"], eps)
         if not (arch == "smollm3" and (il + 1) % 4 == 0):
             b = float(hp("rope.freq_base_swa", 10000.0)) if arch == "gemma3" and swa else base
-            q = _rope(q, pos, n_rot, b, neox, factors, mscale, yarn)
-            k = _rope(k, pos, n_rot, b, neox, factors, mscale, yarn)
+            # olmo2 (OLMo 3): the local layers rotate without YaRN (freq_scale 1, ext_factor 0, attn_factor 1)
+            ly, lm = (None, 1.0) if arch == "olmo2" and swa else (yarn, mscale)
+            q = _rope(q, pos, n_rot, b, neox, factors, lm, ly)
+            k = _rope(k, pos, n_rot, b, neox, factors, lm, ly)
         a = _attend(q, k, v, scale, int(window) if swa else None, softcap, w.get(p + "attn_sinks.weight"))
         a = a @ w[p + "attn_output.weight"].T + w.get(p + "attn_output.bias", 0.0)
         if arch in ("gemma2", "gemma3", "olmo2"):

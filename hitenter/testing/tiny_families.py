@@ -102,6 +102,14 @@ Families (name: general.architecture, what differs):
   ffn_down_exps.bias [8, 64]. Routing (llama.cpp SOFTMAX_WEIGHT, no renormalization): top-4 by the biased
   router logits, weights = softmax over those 4 logits. Expert: g = gate_e(y) + b, u = up_e(y) + b,
   act = min(g, 7) * sigmoid(1.702 * min(g, 7)) * (clamp(u, -7, 7) + 1), out_e = down_e(act) + b.
+- olmo3 (olmo2): OLMo 3. olmo2's layout with 4 layers, attention.sliding_window 8 and
+  attention.sliding_window_pattern the per-layer bool array [T, T, T, F] (convert writes layer_types so):
+  layers 0-2 local (a query at p sees keys p - 7 .. p), layer 3 global. RoPE YaRN as convert writes
+  Olmo3 (rope.scaling.type yarn, factor 8, original_context_length 64, yarn_attn_factor 1 + 0.1 ln 8,
+  betas 32 / 1) on the global layer only: llama.cpp's olmo2 graph rotates the local layers with
+  freq_scale 1, ext_factor 0, attn_factor 1 (plain NEOX RoPE at base 500000), the global one with ggml's
+  YaRN (see gpt-oss; the file's yarn_attn_factor is not read once ext_factor is 1, the cos/sin factor is
+  ggml's 1 + 0.1 ln 8).
 """
 
 from __future__ import annotations
@@ -123,11 +131,11 @@ from hitenter.testing.tiny_model import (
 )
 
 FAMILIES = ("llama", "llama3", "mixtral", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3",
-            "phi3_partial", "granite", "olmo2", "smollm3", "gpt-oss")
+            "phi3_partial", "granite", "olmo2", "smollm3", "gpt-oss", "olmo3")
 ARCHITECTURES = {"llama": "llama", "llama3": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
                  "qwen3moe": "qwen3moe", "gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3",
                  "phi3_partial": "phi3", "granite": "granite", "olmo2": "olmo2", "smollm3": "smollm3",
-                 "gpt-oss": "gpt-oss"}
+                 "gpt-oss": "gpt-oss", "olmo3": "olmo2"}
 
 HIDDEN, HEADS, KV_HEADS, FFN = 64, 4, 2, 128
 
@@ -140,6 +148,8 @@ PHI3_SHORT_FACTORS = [1.0, 1.1, 1.3, 1.7]
 PHI3_PARTIAL_CTX, PHI3_PARTIAL_ORIG_CTX = 4096, 256
 # gpt-oss YaRN (gpt-oss-20b's values)
 GPT_OSS_YARN = {"factor": 32.0, "original_context_length": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
+# olmo3 YaRN (OLMo 3's factor and betas; an original context of 64 so the interpolation reaches most dims)
+OLMO3_YARN = {"factor": 8.0, "original_context_length": 64, "beta_fast": 32.0, "beta_slow": 1.0}
 # granite multipliers (the embedding x 1.5 ~ the residual branches x 0.5, so the layers matter)
 GRANITE = {"attention_scale": 0.1, "embedding_scale": 1.5, "residual_scale": 0.5, "logit_scale": 1.25}
 
@@ -398,13 +408,24 @@ def _phi3(f: _Writer, partial: bool) -> None:
         f.add(p + "ffn_down.weight", f.normal(HIDDEN, FFN, std=0.1))
 
 
-def _olmo2(f: _Writer) -> None:
-    head_dim = HIDDEN // HEADS
-    f.hparams(2, 4096, FFN, 1e-6)
+def _olmo2(f: _Writer, olmo3: bool) -> None:
+    head_dim, layers = HIDDEN // HEADS, 4 if olmo3 else 2
+    f.hparams(layers, 4096, FFN, 1e-6)
     f.w.add_rope_freq_base(5e5)
+    if olmo3:   # as convert's Olmo2Model writes Olmo3ForCausalLM (rope_scaling yarn, sliding_window, layer_types)
+        w = f.w
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(OLMO3_YARN["factor"])
+        w.add_rope_scaling_orig_ctx_len(OLMO3_YARN["original_context_length"])
+        w.add_rope_scaling_yarn_attn_factor(1.0 + 0.1 * math.log(OLMO3_YARN["factor"]))
+        w.add_rope_scaling_yarn_beta_fast(OLMO3_YARN["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(OLMO3_YARN["beta_slow"])
     vocab = f.finish_metadata()
+    if olmo3:
+        f.w.add_sliding_window(8)
+        f.w.add_sliding_window_pattern([(i + 1) % 4 != 0 for i in range(layers)])
     _embeddings(f, vocab, tied=False)
-    for i in range(2):
+    for i in range(layers):
         p = f"blk.{i}."
         _attention(f, p, head_dim, permute=False)
         f.add(p + "attn_q_norm.weight", f.norm(HEADS * head_dim))
@@ -469,8 +490,8 @@ def write_tiny_family(path: str | Path, family: str, seed: int = 0, quant: str |
         _gemma(f, family)
     elif family in ("phi3", "phi3_partial"):
         _phi3(f, partial=family == "phi3_partial")
-    elif family == "olmo2":
-        _olmo2(f)
+    elif family in ("olmo2", "olmo3"):
+        _olmo2(f, olmo3=family == "olmo3")
     else:
         _gpt_oss(f)
     f.close()
