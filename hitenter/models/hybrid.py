@@ -89,7 +89,7 @@ class FFN(nn.Module):
     def forward(self, h: torch.Tensor, n_real: int) -> torch.Tensor:
         if self.moe is None:
             return self._dense(h)
-        out = self.moe(h, n_real)
+        out = self.moe(h, n_real).to(h.dtype)   # the experts compute in fp32
         if self.down is not None:
             shared = self._dense(h)
             if self.shared_gate is not None:

@@ -24,6 +24,9 @@ ssm_out [64, 64]. Every layer: attn_norm, post_attention_norm (the FFN's input n
   (expert_shared_feed_forward_length 48): ffn_gate_inp [8, 64], ffn_{gate,up}_exps [8, 32, 64],
   ffn_down_exps [8, 64, 32], ffn_{gate,up}_shexp [48, 64], ffn_down_shexp [64, 48],
   ffn_gate_inp_shexp [64]. No feed_forward_length key.
+- qwen35moe_gate_up (qwen35moe): qwen35moe's layout (random weights of its own) with each layer's gate and up
+  experts merged as llama.cpp also loads them: ffn_gate_up_exps [8, 64, 64] = per expert 32 gate rows then
+  32 up rows.
 - qwen3next (qwen3next): 4 layers from attention.recurrent_layers [true, false, true, false] (the array
   wins over the full_attention_interval 4 also written); plain NEOX RoPE, rope.dimension_count 8,
   base 1e7, no sections; value heads grouped by key head (not reordered by the converter); beta and
@@ -125,15 +128,19 @@ def _gated_deltanet(f: _Writer, p: str, layout: str) -> None:
     f.add(p + "ssm_out.weight", f.normal(HIDDEN, inner, std=0.1))
 
 
-def _ffn(f: _Writer, p: str, moe: bool) -> None:
+def _ffn(f: _Writer, p: str, moe: bool, merged: bool = False) -> None:
     if not moe:
         f.add(p + "ffn_gate.weight", f.normal(FFN, HIDDEN, std=0.15))
         f.add(p + "ffn_up.weight", f.normal(FFN, HIDDEN, std=0.15))
         f.add(p + "ffn_down.weight", f.normal(HIDDEN, FFN, std=0.1))
         return
     f.add(p + "ffn_gate_inp.weight", f.normal(N_EXPERT, HIDDEN, std=0.3))
-    f.add(p + "ffn_gate_exps.weight", f.normal(N_EXPERT, EXPERT_FFN, HIDDEN, std=0.15))
-    f.add(p + "ffn_up_exps.weight", f.normal(N_EXPERT, EXPERT_FFN, HIDDEN, std=0.15))
+    gate, up = f.normal(N_EXPERT, EXPERT_FFN, HIDDEN, std=0.15), f.normal(N_EXPERT, EXPERT_FFN, HIDDEN, std=0.15)
+    if merged:
+        f.add(p + "ffn_gate_up_exps.weight", np.concatenate([gate, up], axis=1))
+    else:
+        f.add(p + "ffn_gate_exps.weight", gate)
+        f.add(p + "ffn_up_exps.weight", up)
     f.add(p + "ffn_down_exps.weight", f.normal(N_EXPERT, HIDDEN, EXPERT_FFN, std=0.15))
     f.add(p + "ffn_gate_shexp.weight", f.normal(SHARED_FFN, HIDDEN, std=0.15))
     f.add(p + "ffn_up_shexp.weight", f.normal(SHARED_FFN, HIDDEN, std=0.15))
@@ -177,7 +184,7 @@ def _write(f: _Writer, family: str) -> None:
         else:
             _attention(f, p)
         _f32(f, p + "post_attention_norm.weight", f.norm(HIDDEN))
-        _ffn(f, p, moe)
+        _ffn(f, p, moe, merged=family == "qwen35moe_gate_up")
     if mtp:
         _mtp(f, f"blk.{len(kinds)}.")
 
@@ -185,6 +192,7 @@ def _write(f: _Writer, family: str) -> None:
 QWEN35_HYBRIDS: dict[str, tuple[str, Callable[[_Writer], None]]] = {
     "qwen35": ("qwen35", lambda f: _write(f, "qwen35")),
     "qwen35moe": ("qwen35moe", lambda f: _write(f, "qwen35moe")),
+    "qwen35moe_gate_up": ("qwen35moe", lambda f: _write(f, "qwen35moe_gate_up")),
     "qwen3next": ("qwen3next", lambda f: _write(f, "qwen3next")),
     "qwen3next_ssm_in": ("qwen3next", lambda f: _write(f, "qwen3next_ssm_in")),
 }

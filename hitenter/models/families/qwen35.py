@@ -25,6 +25,7 @@ import torch
 
 from hitenter.config import ModelConfig
 from hitenter.errors import ModelLoadError
+from hitenter.models.experts import ExpertWeight
 from hitenter.models.families.base import Family, Meta
 
 _TAKEN = ("t", "h", "w")   # the IMROPE axes that carry a text token's position (the 4th, "e", is 0)
@@ -134,14 +135,15 @@ class Qwen35(Family):
         return {**proj, p + "ssm_conv1d.weight": (conv, cfg.ssm_conv_kernel), p + "ssm_dt.bias": (hv,),
                 p + "ssm_a": (hv,), p + "ssm_norm.weight": (vd // hv,), p + "ssm_out.weight": (h, vd)}
 
-    def _ffn_shapes(self, cfg: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
+    def _ffn_shapes(self, cfg: ModelConfig, p: str, names: set[str]) -> dict[str, tuple[int, ...]]:
         h, f = cfg.hidden_size, cfg.intermediate_size
         dense = {p + "ffn_gate.weight": (f, h), p + "ffn_up.weight": (f, h), p + "ffn_down.weight": (h, f)}
         if not self.moe:
             return dense
         e, ef = cfg.num_experts, cfg.expert_intermediate_size
-        return {p + "ffn_gate_inp.weight": (e, h), p + "ffn_gate_exps.weight": (e, ef, h),
-                p + "ffn_up_exps.weight": (e, ef, h), p + "ffn_down_exps.weight": (e, h, ef),
+        gate_up = {p + "ffn_gate_up_exps.weight": (e, 2 * ef, h)} if p + "ffn_gate_up_exps.weight" in names else {
+            p + "ffn_gate_exps.weight": (e, ef, h), p + "ffn_up_exps.weight": (e, ef, h)}
+        return {p + "ffn_gate_inp.weight": (e, h), **gate_up, p + "ffn_down_exps.weight": (e, h, ef),
                 p + "ffn_gate_inp_shexp.weight": (h,),
                 **{k.replace("ffn_gate.", "ffn_gate_shexp.").replace("ffn_up.", "ffn_up_shexp.")
                    .replace("ffn_down.", "ffn_down_shexp."): v for k, v in dense.items()}}
@@ -158,15 +160,19 @@ class Qwen35(Family):
                 shapes.update(self._attention_shapes(cfg, p, names))
             else:
                 shapes.update(self._recurrent_shapes(cfg, p, names))
-            shapes.update(self._ffn_shapes(cfg, p))
+            shapes.update(self._ffn_shapes(cfg, p, names))
         return shapes
 
     def prepare(self, w: dict[str, Any], cfg: ModelConfig) -> dict[str, Any]:
-        """post_attention_norm -> ffn_norm; a fused attention attn_qkv -> attn_q / k / v; Qwen3-Next's
+        """post_attention_norm -> ffn_norm; a fused attention attn_qkv -> attn_q / k / v; merged experts
+        ffn_gate_up_exps (per expert, gate rows then up rows) -> ffn_gate_exps / ffn_up_exps; Qwen3-Next's
         ssm_ba -> ssm_beta / ssm_alpha and its older ssm_in -> attn_qkv / attn_gate (row reorders only)."""
         for i, kind in enumerate(cfg.layer_types):
             p = f"blk.{i}."
             w[p + "ffn_norm.weight"] = w.pop(p + "post_attention_norm.weight")
+            if p + "ffn_gate_up_exps.weight" in w:
+                w[p + "ffn_gate_exps.weight"], w[p + "ffn_up_exps.weight"] = split_gate_up(
+                    w.pop(p + "ffn_gate_up_exps.weight"))
             if kind == "attention" and p + "attn_qkv.weight" in w:
                 q, kv = 2 * cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
                 qkv = w.pop(p + "attn_qkv.weight")
@@ -181,6 +187,21 @@ class Qwen35(Family):
                 ba = w.pop(p + "ssm_ba.weight")
                 w[p + "ssm_beta.weight"], w[p + "ssm_alpha.weight"] = _rows(ba, beta_rows), _rows(ba, alpha_rows)
         return w
+
+
+def split_gate_up(w: Any) -> tuple[Any, Any]:
+    """Merged experts [E, 2F, H] (llama.cpp's ffn_gate_up_exps: per expert F gate rows then F up rows), as
+    the loader holds them (an ExpertWeight of blocks or fp32), split into the gate and the up experts."""
+    if isinstance(w, torch.Tensor):
+        f = w.shape[1] // 2
+        return w[:, :f].contiguous(), w[:, f:].contiguous()
+    e, f, h = w.n_expert, w.out_features // 2, w.in_features
+    if w.blocks is None:
+        return (ExpertWeight(e, f, h, dense=w.dense[:, :f].contiguous()),
+                ExpertWeight(e, f, h, dense=w.dense[:, f:].contiguous()))
+    first = (torch.arange(e)[:, None] * (2 * f) + torch.arange(f)).flatten()
+    return (ExpertWeight(e, f, h, blocks=w.blocks.index_rows(first)),
+            ExpertWeight(e, f, h, blocks=w.blocks.index_rows(first + f)))
 
 
 def _rows(w: Any, rows: torch.Tensor) -> Any:

@@ -28,7 +28,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
