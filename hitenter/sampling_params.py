@@ -48,6 +48,38 @@ class StructuredSpec:
             raise ValueError(f"{self.param}: unknown structured output kind {self.kind!r}")
 
 
+@dataclass(frozen=True)
+class ThinkingSpec:
+    """A reply's thinking section, in token ids, for the engine to find it and to close it
+    (hitenter/engine/thinking_gate.py). ``start`` / ``end``: the ids of the tags that open and close it
+    (the section counts as opened by the prompt when the prompt's last ``start`` comes after its last
+    ``end``); ``force``: the ids written to close it when the budget is spent (``end`` when empty);
+    ``budget``: how many tokens the section may take before ``force`` is written (None: no bound, the
+    section only holds back a structured constraint until it closes). Immutable and hashable."""
+
+    start: tuple[int, ...]
+    end: tuple[int, ...]
+    force: tuple[int, ...] = ()
+    budget: int | None = None
+    param: str = "thinking"          # the request field the budget came from (named in errors)
+
+    def __post_init__(self) -> None:
+        for name in ("start", "end", "force"):
+            ids = getattr(self, name)
+            if not isinstance(ids, tuple) or not all(_is_int(i) and i >= 0 for i in ids):
+                _fail(self.param, f"{name}: must be a tuple of token ids (integers >= 0), got {ids!r}")
+        if not self.start or not self.end:
+            _fail(self.param, "the thinking section needs a start and an end tag")
+        if not self.force:
+            object.__setattr__(self, "force", self.end)
+        if self.budget is not None and (not _is_int(self.budget) or self.budget < 0):
+            _fail(self.param, f"the thinking budget must be an integer >= 0 or null, got {self.budget!r}")
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return self.start + self.end + self.force
+
+
 def _fail(name: str, msg: str) -> None:
     raise ValueError(f"{name}: {msg}")
 
@@ -96,6 +128,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     structured: StructuredSpec | None = None     # structured output (StructuredSpec above)
+    thinking: ThinkingSpec | None = None         # the thinking section and its budget (ThinkingSpec above)
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, 1, None, ">= 1")
@@ -131,6 +164,8 @@ class SamplingParams:
         _check_int("min_tokens", self.min_tokens, 0, None, ">= 0")
         if self.structured is not None and not isinstance(self.structured, StructuredSpec):
             _fail("structured", f"must be a StructuredSpec or None, got {self.structured!r}")
+        if self.thinking is not None and not isinstance(self.thinking, ThinkingSpec):
+            _fail("thinking", f"must be a ThinkingSpec or None, got {self.thinking!r}")
 
     @staticmethod
     def _normalize_logit_bias(lb: object) -> dict[int, float]:
@@ -188,6 +223,9 @@ class SamplingParams:
             if tid >= vocab_size:
                 _fail("stop_token_ids",
                       f"token id {tid} is out of range: the vocabulary has ids 0..{vocab_size - 1}")
+        for tid in self.thinking.ids if self.thinking is not None else ():
+            if tid >= vocab_size:
+                _fail(self.thinking.param, f"token id {tid} is out of range: the vocabulary has ids 0..{vocab_size - 1}")
 
     def replace(self, **changes: Any) -> SamplingParams:
         """A validated copy with some fields changed."""

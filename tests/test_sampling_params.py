@@ -28,6 +28,7 @@ INVALID = [
     ("max_tokens", 0), ("max_tokens", -5), ("max_tokens", 1.0),
     ("min_tokens", -1), ("min_tokens", 0.5),
     ("structured", {"type": "json_object"}), ("structured", "json"),
+    ("thinking", {"budget": 3}), ("thinking", 3),
 ]
 
 
@@ -41,6 +42,18 @@ def test_invalid_field_rejected_with_its_name(field: str, value: object) -> None
 def test_every_field_has_an_invalid_case() -> None:
     fields = {f.name for f in dataclasses.fields(SamplingParams)}
     assert fields == {f for f, _ in INVALID}
+
+
+def test_thinking_spec_checked() -> None:
+    from hitenter.sampling_params import ThinkingSpec
+    for bad in ({"start": (), "end": (2,)}, {"start": (1,), "end": [2]}, {"start": (1,), "end": (-2,)},
+                {"start": (1,), "end": (2,), "budget": -1}, {"start": (1,), "end": (2,), "budget": 1.5}):
+        with pytest.raises(ValueError, match="^thinking: "):
+            ThinkingSpec(**bad)  # type: ignore[arg-type]
+    spec = ThinkingSpec((1,), (2,), budget=0)
+    assert spec.force == (2,)
+    with pytest.raises(ValueError, match="^thinking: token id 9 is out of range"):
+        SamplingParams(thinking=ThinkingSpec((9,), (2,))).validate_for_vocab(5)
 
 
 def test_min_tokens_above_max_tokens_accepted() -> None:

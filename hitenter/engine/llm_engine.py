@@ -32,7 +32,8 @@ from hitenter.engine.sampler import SamplingMetadata, StepSample
 from hitenter.engine.scheduler import SchedulerOutput
 from hitenter.engine.snapshot import KV_VIEW_TTL_S, EngineSnapshot, take_snapshot
 from hitenter.engine.speculative import SpecDecodeStats, spec_request_stats
-from hitenter.engine.structured import GrammarConstraint, backend_for, constraints_of
+from hitenter.engine.structured import GrammarConstraint, constraints_of
+from hitenter.engine.thinking_gate import ThinkingGate, constraint_for
 from hitenter.outputs import RequestOutput
 from hitenter.request import Request, RequestStatus
 from hitenter.sampling_params import SamplingParams
@@ -80,7 +81,7 @@ class LLMEngine:
         # The playground's hook: the raw logits row of each traced request's latest sampled step (its
         # first row when speculating), kept so sliders can re-shape it without a model run. Consumers pop.
         self.last_logits: dict[str, object] = {}
-        self._grammars: list[tuple[int, GrammarConstraint]] = []   # this step's constrained rows
+        self._grammars: list[tuple[int, GrammarConstraint | ThinkingGate]] = []   # this step's constrained rows
 
     # ---- requests (prepare / submit / request_abort / snapshot: any thread) --------------------------------
     def make_request_id(self) -> str:
@@ -103,10 +104,10 @@ class LLMEngine:
         max_tokens = self.resolve_max_tokens(len(prompt_ids), params)
         eog = frozenset() if params.ignore_eos else self.tokenizer.eog_token_ids
         reqs = make_requests(request_id, prompt_ids, params, max_tokens, eog, arrival_time)
-        if params.structured is not None:     # structured outputs: one grammar matcher per sequence
-            backend = backend_for(self.tokenizer, self.model_config.vocab_size)
+        if params.structured is not None or params.thinking is not None:
+            # structured outputs / a thinking budget: one constraint per sequence (thinking_gate.py)
             for r in reqs:
-                r.extra["grammar"] = backend.constraint(params.structured)
+                r.extra["grammar"] = constraint_for(params, prompt_ids, self.tokenizer, self.model_config.vocab_size)
         group = self.output_processor.new_group(request_id, prompt if isinstance(prompt, str) else None,
                                                 prompt_ids, params, reqs)
         return PendingRequest(group)
@@ -222,7 +223,7 @@ class LLMEngine:
         ids = ran.sample_request_ids
         reqs = [self.scheduler.requests[rid] for rid in ids]
         params = [r.sampling_params for r in reqs]
-        cons = constraints_of(reqs) if any(p.structured is not None for p in params) else []
+        cons = constraints_of(reqs) if any(p.structured is not None or p.thinking is not None for p in params) else []
         self._grammars = [(i, c) for i, c in enumerate(cons) if c is not None]   # advanced in _new_tokens
         trace = bool(self.trace_requests) and any(rid in self.trace_requests for rid in ids)
         if self.spec is not None and any(n > 1 for n in ran.num_rows):

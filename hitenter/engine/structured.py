@@ -307,7 +307,7 @@ class GrammarConstraint:
         the drafts before it (None: no mask, as plain decoding after the grammar terminated, or a
         position after a refused draft, which the verifier rejects, so never reached). The matcher
         holds the drafts it accepted until :meth:`settle`."""
-        bm = _new_bitmask(len(draft) + 1, self.vocab_size)
+        bm = new_bitmask(len(draft) + 1, self.vocab_size)
         masks: list[DraftMask | None] = []
         self._steps = 0
         for j in range(len(draft) + 1):
@@ -343,10 +343,10 @@ class DraftMask:
 
 @lru_cache(maxsize=8)
 def _bitmask(rows: int, vocab: int) -> Tensor:
-    return _new_bitmask(rows, vocab)
+    return new_bitmask(rows, vocab)
 
 
-def _new_bitmask(rows: int, vocab: int) -> Tensor:
+def new_bitmask(rows: int, vocab: int) -> Tensor:
     """A normal tensor even when first asked for under inference mode (the draft model's), so it can be
     written in place outside it too."""
     with torch.inference_mode(False):
