@@ -84,6 +84,11 @@ class ModelConfig:
     rope_yarn_beta_fast: float = 32.0
     rope_yarn_beta_slow: float = 1.0
     no_rope_interval: int = 0         # layer i has no RoPE when (i + 1) % interval == 0 (SmolLM3); 0 = none
+    # query temperature (Ministral 3, Llama 4): q x (1 + scale ln(floor((pos + offset) / floor) + 1)) after RoPE
+    attn_temperature_scale: float = 0.0   # 0 = none
+    attn_temperature_floor: int = 0
+    attn_temperature_offset: float = 0.0
+    attn_temperature_nope_only: bool = False  # only on the layers without RoPE (Llama 4)
     query_pre_attn_scalar: float = 0.0  # attention scale = this ** -0.5; 0 = head_dim
     attention_scale: float = 0.0      # the attention scale itself where a family sets it (Granite); 0 = above
     attn_logit_softcap: float = 0.0   # scores = cap * tanh(scores / cap) before the softmax; 0 = none
@@ -137,6 +142,8 @@ class ModelConfig:
                  f"must name all {self.num_layers} layers, got {len(self.layer_types)}")
         _require(not self.swa_layers or len(self.swa_layers) == self.num_layers, "swa_layers",
                  f"must name all {self.num_layers} layers, got {len(self.swa_layers)}")
+        _require(not self.attn_temperature_scale or self.attn_temperature_floor > 0, "attn_temperature_floor",
+                 f"must be > 0 with a query temperature, got {self.attn_temperature_floor}")
 
     @property
     def attn_scale(self) -> float:
@@ -156,6 +163,10 @@ class ModelConfig:
         """False for the layers a family runs without RoPE (SmolLM3: every no_rope_interval-th; all of them
         where use_rope is False)."""
         return self.use_rope and not (self.no_rope_interval and (i + 1) % self.no_rope_interval == 0)
+
+    def layer_q_temperature(self, i: int) -> bool:
+        """Whether layer i scales its queries by the position's temperature (attn_temperature_*)."""
+        return self.attn_temperature_scale != 0.0 and not (self.attn_temperature_nope_only and self.layer_has_rope(i))
 
     def is_recurrent(self, i: int) -> bool:
         """True when layer i keeps a recurrent state instead of a KV cache (a hybrid model's)."""

@@ -126,6 +126,7 @@ HF_CONFIG_FIXES: dict[str, dict | None] = {
     # part, the key name, instead of its value), so no HF comparison
     "gpt-oss": None,
     "olmo3": None,
+    "mistral3": None,
 }
 
 
@@ -314,6 +315,11 @@ def reference_forward(path: Path, tokens: np.ndarray, n_ctx: int, ggml_gelu: boo
     if hp("rope.scaling.type") == "yarn":   # llama-cpp-python's context defaults: beta_fast 32, beta_slow 1
         yarn = (1.0 / float(hp("rope.scaling.factor")), int(hp("rope.scaling.original_context_length")),
                 32.0, 1.0)
+        if (log_mul := hp("rope.scaling.yarn_log_multiplier")):   # llama_context: get_mscale(f, 1) / get_mscale(f, m)
+            mscale = mscale / (1 + 0.1 * float(log_mul) * math.log(float(hp("rope.scaling.factor"))))
+    temp_beta = float(hp("attention.temperature_scale", 0.0))   # mistral3: q x (1 + beta ln(floor(pos / n) + 1))
+    temp = (1 + temp_beta * np.log(np.floor(pos / int(hp("rope.scaling.original_context_length", 1))) + 1)
+            if temp_beta else None)
     if arch == "gemma3":
         pattern = int(hp("attention.sliding_window_pattern", 6))
     softcap = float(hp("attn_logit_softcapping")) if arch == "gemma2" else None
@@ -341,6 +347,8 @@ def reference_forward(path: Path, tokens: np.ndarray, n_ctx: int, ggml_gelu: boo
             ly, lm = (None, 1.0) if arch == "olmo2" and swa else (yarn, mscale)
             q = _rope(q, pos, n_rot, b, neox, factors, lm, ly)
             k = _rope(k, pos, n_rot, b, neox, factors, lm, ly)
+        if temp is not None:
+            q = q * temp[:, None, None]
         a = _attend(q, k, v, scale, int(window) if swa else None, softcap, w.get(p + "attn_sinks.weight"))
         a = a @ w[p + "attn_output.weight"].T + w.get(p + "attn_output.bias", 0.0)
         if arch in ("gemma2", "gemma3", "olmo2"):

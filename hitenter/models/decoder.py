@@ -48,6 +48,7 @@ from hitenter.models.layers import (
     pad_rows,
     yarn_freq_factors,
 )
+from hitenter.models.query_temperature import row_positions, temperature
 from hitenter.models.row_invariance import attention_row_multiple
 from hitenter.models.shard import TensorParallel, rank_shard, row_parallel, tp_shard
 from hitenter.models.sink_attention import sink_attention
@@ -100,6 +101,8 @@ class DecoderLayer(nn.Module):
         self.cfg, self.tp, self.index = cfg, tp, i
         self.window = cfg.layer_window(i)
         self.has_rope = cfg.layer_has_rope(i)
+        self.q_temperature = ((cfg.attn_temperature_scale, cfg.attn_temperature_floor, cfg.attn_temperature_offset)
+                              if cfg.layer_q_temperature(i) else None)
         pre, post = cfg.norm_placement != "post", cfg.norm_placement != "pre"
         self.attn_norm = _norm(w, p + "attn_norm.weight", cfg, dtype, pre)
         self.ffn_norm = _norm(w, p + "ffn_norm.weight", cfg, dtype, pre)
@@ -182,6 +185,8 @@ class DecoderLayer(nn.Module):
         attn = attn.for_window(self.window)   # a local layer: its own block tables where the step has them
         q, k, v = self.qkv_heads(x, rope, cos_sin)
         t = q.shape[0]
+        if self.q_temperature is not None:   # Ministral 3, Llama 4's NoPE layers: the position's temperature
+            q = q * temperature(row_positions(attn, t), *self.q_temperature).to(q.dtype)
         write_kv(kv_cache, k[:n_real], v[:n_real], attn.slot_mapping)
         if self.sinks is not None:
             o = sink_attention(q[:n_real], kv_cache, attn, self.scale, self.window, self.sinks).view(n_real, -1)

@@ -110,6 +110,12 @@ Families (name: general.architecture, what differs):
   freq_scale 1, ext_factor 0, attn_factor 1 (plain NEOX RoPE at base 500000), the global one with ggml's
   YaRN (see gpt-oss; the file's yarn_attn_factor is not read once ext_factor is 1, the cos/sin factor is
   ggml's 1 + 0.1 ln 8).
+- mistral3 (mistral3): Ministral 3. 2 layers, tied, permuted, NORM, base 1e6; YaRN factor 16,
+  original_context_length 16, betas 32 / 1 and rope.scaling.yarn_log_multiplier 1 (mscale_all_dim):
+  llama.cpp sets yarn_attn_factor = get_mscale(16, 1) / get_mscale(16, 1) / (1 + 0.1 ln 16) and ggml's
+  YaRN multiplies it back by 1 + 0.1 ln 16: cos/sin x 1. attention.temperature_scale 0.1
+  (llama_4_scaling_beta): after RoPE, q x (1 + 0.1 ln(floor(pos / 16) + 1)) (floor = the YaRN original
+  context): 1 at positions 0..15, 1 + 0.1 ln 2 at 16..31, 1 + 0.1 ln 3 at 32..39.
 """
 
 from __future__ import annotations
@@ -131,11 +137,11 @@ from hitenter.testing.tiny_model import (
 )
 
 FAMILIES = ("llama", "llama3", "mixtral", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3",
-            "phi3_partial", "granite", "olmo2", "smollm3", "gpt-oss", "olmo3")
+            "phi3_partial", "granite", "olmo2", "smollm3", "gpt-oss", "olmo3", "mistral3")
 ARCHITECTURES = {"llama": "llama", "llama3": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
                  "qwen3moe": "qwen3moe", "gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3",
                  "phi3_partial": "phi3", "granite": "granite", "olmo2": "olmo2", "smollm3": "smollm3",
-                 "gpt-oss": "gpt-oss", "olmo3": "olmo2"}
+                 "gpt-oss": "gpt-oss", "olmo3": "olmo2", "mistral3": "mistral3"}
 
 HIDDEN, HEADS, KV_HEADS, FFN = 64, 4, 2, 128
 
@@ -150,6 +156,10 @@ PHI3_PARTIAL_CTX, PHI3_PARTIAL_ORIG_CTX = 4096, 256
 GPT_OSS_YARN = {"factor": 32.0, "original_context_length": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
 # olmo3 YaRN (OLMo 3's factor and betas; an original context of 64 so the interpolation reaches most dims)
 OLMO3_YARN = {"factor": 8.0, "original_context_length": 64, "beta_fast": 32.0, "beta_slow": 1.0}
+# mistral3 (Ministral 3's betas, log multiplier and temperature beta; an original context of 16 so the
+# temperature steps at positions 16 and 32 and the interpolation reaches most dims)
+MISTRAL3 = {"factor": 16.0, "original_context_length": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+            "log_multiplier": 1.0, "temperature_scale": 0.1}
 # granite multipliers (the embedding x 1.5 ~ the residual branches x 0.5, so the layers matter)
 GRANITE = {"attention_scale": 0.1, "embedding_scale": 1.5, "residual_scale": 0.5, "logit_scale": 1.25}
 
@@ -435,6 +445,32 @@ def _olmo2(f: _Writer, olmo3: bool) -> None:
         f.add(p + "post_ffw_norm.weight", f.norm(HIDDEN))
 
 
+def _mistral3(f: _Writer) -> None:
+    """convert's Ministral3Model (LlamaModel: Q/K permuted, NORM rope) with YaRN, the log multiplier and the
+    temperature scale."""
+    head_dim, layers, m = HIDDEN // HEADS, 2, MISTRAL3
+    w = f.w
+    f.hparams(layers, 4096, FFN, 1e-5)
+    w.add_rope_freq_base(1e6)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(m["factor"])
+    w.add_rope_scaling_orig_ctx_len(m["original_context_length"])
+    w.add_rope_scaling_yarn_beta_fast(m["beta_fast"])
+    w.add_rope_scaling_yarn_beta_slow(m["beta_slow"])
+    vocab = f.finish_metadata()
+    w.add_vocab_size(vocab)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_scaling_yarn_log_mul(m["log_multiplier"])
+    w.add_attn_temperature_scale(m["temperature_scale"])
+    _embeddings(f, vocab, tied=True)
+    for i in range(layers):
+        p = f"blk.{i}."
+        f.add(p + "attn_norm.weight", f.norm(HIDDEN))
+        _attention(f, p, head_dim, permute=True, q_std=0.25)
+        f.add(p + "ffn_norm.weight", f.norm(HIDDEN))
+        _gated_ffn(f, p)
+
+
 def _gpt_oss(f: _Writer) -> None:
     head_dim, layers, n_expert, n_ff = HIDDEN // HEADS, 2, 8, 64
     w = f.w
@@ -492,6 +528,8 @@ def write_tiny_family(path: str | Path, family: str, seed: int = 0, quant: str |
         _phi3(f, partial=family == "phi3_partial")
     elif family in ("olmo2", "olmo3"):
         _olmo2(f, olmo3=family == "olmo3")
+    elif family == "mistral3":
+        _mistral3(f)
     else:
         _gpt_oss(f)
     f.close()

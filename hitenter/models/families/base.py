@@ -169,15 +169,21 @@ def linear_rope_factor(meta: Meta, allowed: tuple[str, ...] = ()) -> float:
 
 def yarn_fields(meta: Meta) -> dict[str, Any]:
     """YaRN scaling (rope.scaling.type "yarn"): its factor, original context and betas (llama.cpp's
-    defaults 32 / 1), and the attention factor 1 + 0.1 ln(factor) that ggml multiplies cos/sin by."""
+    defaults 32 / 1), and the attention factor cos/sin are multiplied by: ggml's 1 + 0.1 ln(factor), or
+    with `rope.scaling.yarn_log_multiplier` m (Ministral 3's mscale_all_dim) llama.cpp's
+    (1 + 0.1 ln f) / (1 + 0.1 m ln f) (llama_context: get_mscale(f, 1) / get_mscale(f, m))."""
     if meta.get("rope.scaling.type") != "yarn":
         return {}
     factor = float(meta.get("rope.scaling.factor", 1.0)) or 1.0
+    attn_factor = 1.0 + 0.1 * math.log(factor) if factor > 1.0 else 1.0
+    log_mul = float(meta.get("rope.scaling.yarn_log_multiplier", 0.0) or 0.0)
+    if log_mul and factor > 1.0:
+        attn_factor /= 1.0 + 0.1 * log_mul * math.log(factor)
     return {"rope_yarn_factor": factor,
             "rope_yarn_original_context": int(meta.require("rope.scaling.original_context_length")),
             "rope_yarn_beta_fast": float(meta.get("rope.scaling.yarn_beta_fast", 32.0)),
             "rope_yarn_beta_slow": float(meta.get("rope.scaling.yarn_beta_slow", 1.0)),
-            "rope_attn_factor": 1.0 + 0.1 * math.log(factor)}
+            "rope_attn_factor": attn_factor}
 
 
 def experts_fields(meta: Meta, ffn: int) -> dict[str, Any]:
