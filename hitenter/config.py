@@ -96,7 +96,8 @@ class ModelConfig:
     logit_scale: float = 1.0          # logits multiplied by this (Granite: 1 / its logit_scale)
     embedding_scale: float = 1.0      # token embeddings multiplied by this (Gemma: sqrt(hidden); Granite)
     residual_scale: float = 1.0       # each block's output multiplied by this before its residual add
-    norm_placement: str = "pre"       # "pre": x + f(norm(x)); "sandwich": x + norm(f(norm(x))); "post": x + norm(f(x))
+    norm_placement: str = "pre"       # "pre": x + f(norm(x)); "sandwich": x + norm(f(norm(x))); "post": x + norm(f(x));
+                                      # "post_residual": norm(x + f(x)) (BERT)
     qk_norm: str = "none"             # "head": RMSNorm of each Q/K head (Qwen3, Gemma); "full": of the whole Q/K
     activation: str = "silu"          # the gated FFN's activation: "silu" (SwiGLU), "gelu_tanh" (GeGLU) or
                                       # "swiglu_oai" (gpt-oss: clamped, x sigmoid(1.702 x) (u + 1)), or
@@ -123,6 +124,10 @@ class ModelConfig:
     use_rope: bool = True             # False: no layer rotates Q/K (Nemotron-H; Granite 4's hybrids)
     expert_weights_scale: float = 0.0  # the routed experts' weights times this (0 or 1: unscaled)
     leading_dense_layers: int = 0     # an MoE model's first layers with a dense FFN (leading_dense_block_count)
+    # Embedding and reranking models (hitenter/models/encoder.py, models/pooling.py)
+    causal: bool = True               # False: bidirectional attention, no KV cache ({arch}.attention.causal)
+    pooling: str = ""                 # {arch}.pooling_type: "none", "mean", "cls", "last", "rank"; "" = unstated
+    norm_type: str = "rms"            # "rms" (RMSNorm) or "layer" (LayerNorm with a bias: BERT)
 
     def __post_init__(self) -> None:
         for f in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -130,7 +135,9 @@ class ModelConfig:
             _require(getattr(self, f) > 0, f, f"must be > 0, got {getattr(self, f)}")
         _require(self.num_heads % self.num_kv_heads == 0, "num_kv_heads",
                  f"{self.num_heads} heads are not a multiple of {self.num_kv_heads} KV heads")
-        _check_choice(self, "norm_placement", ("pre", "sandwich", "post"))
+        _check_choice(self, "norm_placement", ("pre", "sandwich", "post", "post_residual"))
+        _check_choice(self, "pooling", ("", "none", "mean", "cls", "last", "rank"))
+        _check_choice(self, "norm_type", ("rms", "layer"))
         _check_choice(self, "qk_norm", ("none", "head", "full"))
         _check_choice(self, "activation", ("silu", "gelu_tanh", "swiglu_oai", "relu2"))
         _check_choice(self, "expert_gating", ("softmax", "softmax_weight", "sigmoid"))

@@ -1,5 +1,6 @@
-"""The blocks every decoder family is built from (hitenter/models/decoder.py): RMSNorm, RoPE, linear
-layers by weight layout, the embedding and LM head, row padding.
+"""The blocks every decoder family is built from (hitenter/models/decoder.py; the encoders of
+hitenter/models/encoder.py too): RMSNorm, LayerNorm, RoPE, linear layers by weight layout, the embedding and
+LM head, row padding.
 
 Weights: dense tensors run as `Linear` (models/linear.py), GGUF blocks as `BlockLinear` /
 `BlockEmbedding` (models/block_linear.py, the native qmatmul), int8/int4 layouts by hitenter/quant.
@@ -85,6 +86,19 @@ class RMSNorm(nn.Module):
         # the fused op: in fp32 bitwise the HF recipe; in bf16 it rounds once at the end instead of
         # before the weight multiply (no bf16 golden depends on that order). Row-wise either way.
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with a bias (BERT; llama.cpp's LLM_NORM): (x - mean) / sqrt(var + eps) * weight + bias."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = _param(weight, dtype)
+        self.bias = None if bias is None else _param(bias, dtype)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
 
 
 class Rope(nn.Module):

@@ -1,4 +1,5 @@
-"""load_model(path) -> (model, config): GGUF file -> decoder.CausalLM of its family, in one of the weight formats.
+"""load_model(path) -> (model, config): GGUF file -> decoder.CausalLM of its family (encoder.EncoderModel for a
+bidirectional one), in one of the weight formats, with the file's pooling (models/pooling.py) as `model.pooler`.
 
 The format follows `dtype` / `quantization` (hitenter/models/formats.py): by default ("auto") the
 GGUF's own blocks (hitenter/kernels BlockWeight, run by qmatmul with fp32 activations; dense fp32 where
@@ -27,11 +28,13 @@ from hitenter.kernels import BLOCK_TYPES, block_weight_from_gguf
 from hitenter.kernels.arena import drop_mapped_pages
 from hitenter.models.block_linear import own_block_bytes
 from hitenter.models.decoder import CausalLM
+from hitenter.models.encoder import EncoderModel
 from hitenter.models.families import family_for
 from hitenter.models.formats import resolve_format
 from hitenter.models.hybrid import HybridLM
 from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
 from hitenter.models.moe import ExpertWeight, expert_weights
+from hitenter.models.pooling import Pooler, head_shapes
 from hitenter.models.shard import TensorParallel
 from hitenter.quant.weights import quantize_weights
 
@@ -59,10 +62,16 @@ def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "auto",
     cfg, weights = load_weights_from(reader, "none" if fmt == "dense" else fmt)
     if tp is not None:
         check_shardable(cfg)
-    if cfg.layer_types:   # a hybrid model: attention and recurrent layers (models/hybrid.py)
-        model: Any = HybridLM(cfg, weights, act_dtype, batch_invariant, fmt, max_model_len)
+    if not cfg.causal:   # an encoder (bert, nomic-bert, gemma-embedding): bidirectional, pooled
+        if tp is not None:
+            raise ModelLoadError(f"tensor parallelism is not supported for {cfg.architecture} encoders")
+        model: Any = EncoderModel(cfg, weights, act_dtype, fmt)
+    elif cfg.layer_types:   # a hybrid model: attention and recurrent layers (models/hybrid.py)
+        model = HybridLM(cfg, weights, act_dtype, batch_invariant, fmt, max_model_len)
     else:
         model = CausalLM(cfg, weights, act_dtype, tp, batch_invariant, fmt, max_model_len)
+    if cfg.causal:   # a decoder's embeddings: the file's pooling and heads (Qwen3-Embedding, -Reranker)
+        model.pooler = Pooler(cfg, weights)
     own_block_bytes(model)
     # the build read the whole map (copies into the arena); what still views it (an untied embedding
     # table) faults back in only the rows it looks up
@@ -98,15 +107,16 @@ def load_weights_from(reader: Any, quantization: str = "none") -> tuple[ModelCon
     meta = read_gguf_metadata(reader)
     names = {t.name for t in reader.tensors}
     cfg = model_config_from_metadata(meta, names)
-    shapes = expected_shapes(cfg, names)
+    shapes = {**expected_shapes(cfg, names), **head_shapes(cfg, names)}
     missing = sorted(set(shapes) - names)
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         raise ModelLoadError(f"{path}: missing tensor(s) {', '.join(missing[:5])}{more}")
     weights = block_weights(reader, set(shapes)) if quantization == "gguf" else load_tensors(reader, set(shapes))
-    for name, shape in shapes.items():
-        if _shape(weights[name]) != shape:
-            raise ModelLoadError(f"{path}: tensor {name!r} has shape {_shape(weights[name])}, expected {shape}")
+    for name, shape in shapes.items():   # -1: any size (a classifier's outputs, a dense head's width)
+        got = _shape(weights[name])
+        if len(got) != len(shape) or any(s not in (-1, g) for s, g in zip(shape, got, strict=True)):
+            raise ModelLoadError(f"{path}: tensor {name!r} has shape {got}, expected {shape}")
     out: dict[str, Any] = dict(weights)
     if quantization in ("int8", "int4"):
         out = quantize_weights(reader, out, quantization)

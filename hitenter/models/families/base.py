@@ -133,8 +133,24 @@ def common_fields(meta: Meta, names: set[str] | None) -> dict[str, Any]:
         name=str(meta.values.get("general.name", "")),
         rope_dim=0 if rope_dim == head_dim else rope_dim,
         rope_scaling_factor=linear_rope_factor(meta),
+        causal=bool(meta.get("attention.causal", True)),
+        pooling=pooling_name(meta),
         **yarn_fields(meta),
     )
+
+
+POOLING_TYPES = ("none", "mean", "cls", "last", "rank")    # llama.cpp's llama_pooling_type 0..4
+
+
+def pooling_name(meta: Meta) -> str:
+    """`{arch}.pooling_type` by name ("" where the file does not say); ModelLoadError for an unknown one."""
+    value = meta.get("pooling_type")
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < len(POOLING_TYPES):
+        raise ModelLoadError(f"GGUF metadata key '{meta.arch}.pooling_type' is {value!r}; llama.cpp's pooling "
+                             f"types are 0..4 ({', '.join(POOLING_TYPES)})")
+    return POOLING_TYPES[value]
 
 
 def largest(value: Any) -> int:
