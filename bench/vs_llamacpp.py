@@ -67,7 +67,7 @@ def hitenter_rates(path: str, fmt: str, decode: int, prefills: list[int]) -> dic
         2 if fmt == "bf16" else 4) * N_CTX
     llm = LLM(path, enable_prefix_caching=False, max_num_batched_tokens=max(prefills), max_model_len=N_CTX,
               kv_cache_memory=kv_bytes, **FORMATS[fmt])
-    kv = sum(t.numel() * t.element_size() for t in llm.engine.parts.runner.kv_caches)
+    kv = sum(getattr(t, "nbytes", 0) for t in llm.engine.parts.runner.kv_caches)   # KV tensors and state caches
     out: dict[str, object] = {"rss_after_load": rss_bytes(), "kv_bytes": kv}
     for n in prefills:
         best = 0.0

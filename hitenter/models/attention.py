@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -240,6 +241,12 @@ def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int,
     width = row_width(dtype, config.head_dim)
     return [zeros_on_demand((2, kvh, num_blocks if config.layer_window(i) is None else nl, block_size, width),
                             dtype) for i in range(config.num_layers) if layers is None or layers[i]]
+
+
+def kv_tensors(caches: list[Any]) -> list[torch.Tensor]:
+    """The attention layers' KV tensors among a runner's caches (a hybrid model's list also holds its recurrent
+    layers' state caches and empty placeholders for FFN-only layers, models/hybrid.py)."""
+    return [c for c in caches if isinstance(c, torch.Tensor) and c.dim() == 5]
 
 
 def write_kv(kv_cache_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:

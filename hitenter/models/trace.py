@@ -37,9 +37,10 @@ class Trace:
 
 
 def traceable(model: object) -> bool:
-    """True for the engine's transformer (decoder.CausalLM, single process); False e.g. for the trigram toy."""
+    """True for the engine's transformer (decoder.CausalLM, single process); False e.g. for the trigram toy
+    and for hybrid models (models/hybrid.py), whose recurrent layers have no attention to draw."""
     return all(hasattr(model, a) for a in ("embed", "layers", "norm", "rope", "compute_logits")) \
-        and getattr(model, "tp", None) is None
+        and getattr(model, "tp", None) is None and not getattr(getattr(model, "config", None), "layer_types", ())
 
 
 def _layer_rope(model: torch.nn.Module, layer: torch.nn.Module) -> torch.nn.Module | None:

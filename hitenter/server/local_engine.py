@@ -55,10 +55,11 @@ def _metadata(path: str | None) -> dict[str, Any]:
 
 def model_info(llm: Any) -> ModelInfo:
     """The static facts of an LLMEngine."""
+    from hitenter.models.attention import kv_tensors
     from hitenter.models.kv_dtype import value_bytes
 
     c, parts = llm.model_config, llm.parts
-    caches = getattr(llm.runner, "kv_caches", None)
+    caches = kv_tensors(getattr(llm.runner, "kv_caches", None) or [])
     path = parts.model_path if parts.model_path and os.path.isfile(parts.model_path) else None
     return ModelInfo(
         architecture=c.architecture, vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_layers=c.num_layers,

@@ -78,7 +78,9 @@ class Traces:
     def model_of(self, name: str | None) -> Any:
         model = self.pg.engine_of(name).inspector.model()
         if not traceable(model):
-            raise HTTPException(400, f"model {name!r}: not a transformer that can be traced (the trigram toy?)")
+            raise HTTPException(400, f"model {name!r}: its layers cannot be traced (the trigram toy has none; a hybrid "
+                                     "model's recurrent layers have no attention map): the inside panels need a "
+                                     "transformer")
         return model
 
     def get(self, trace_id: str) -> tuple[str, Trace, Any]:

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from hitenter.engine.sampler import TokenLogprobs, token_logprobs
-from hitenter.models.attention import AttentionMetadata, allocate_kv_caches
+from hitenter.models.attention import AttentionMetadata, allocate_kv_caches, kv_tensors
 
 MAX_SCORE_TOKENS = 4096        # tokens sharing one scratch cache (a longer prompt gets one of its own)
 SLICE_TOKENS = 512             # tokens per forward when run between engine steps
@@ -35,7 +35,7 @@ Job = Generator[None, None, Any]
 
 def _model_and_cache_shape(engine: Any) -> tuple[Any, int, torch.dtype, int]:
     runner = engine.runner
-    caches = getattr(runner, "kv_caches", None)
+    caches = kv_tensors(getattr(runner, "kv_caches", None) or [])
     if not caches or not hasattr(runner, "model"):
         raise ValueError("prompt: prompt scoring/embeddings are not available with tensor-parallel or "
                          "disaggregated engines")
@@ -59,7 +59,11 @@ def _group_forwards(engine: Any, prompts: list[list[int]], slice_tokens: int) ->
     """Hidden states of prompts sharing one scratch cache, ``slice_tokens`` rows per forward."""
     model, kvh, dtype, bs = _model_and_cache_shape(engine)
     nblocks = [math.ceil(len(p) / bs) for p in prompts]
-    caches = allocate_kv_caches(engine.model_config, sum(nblocks), bs, dtype, num_kv_heads=kvh)
+    if hasattr(model, "allocate_caches"):   # a hybrid model: prompt i's recurrent state in slot i, from zero
+        caches = model.allocate_caches(sum(nblocks), bs, dtype, len(prompts))
+        model.restore_states(caches, [(-1, i) for i in range(len(prompts))])
+    else:
+        caches = allocate_kv_caches(engine.model_config, sum(nblocks), bs, dtype, num_kv_heads=kvh)
     starts = [sum(nblocks[:i]) for i in range(len(prompts))]
     tables = [list(range(s, s + n)) for s, n in zip(starts, nblocks, strict=True)]
     done = [0] * len(prompts)
@@ -73,7 +77,8 @@ def _group_forwards(engine: Any, prompts: list[list[int]], slice_tokens: int) ->
                 budget -= n
             if budget == 0:
                 break
-        hidden, qsl = _forward(model, caches, [(prompts[i], tables[i], s, n) for i, s, n in rows], bs)
+        hidden, qsl = _forward(model, caches, [(prompts[i], tables[i], s, n) for i, s, n in rows], bs,
+                               [i for i, _, _ in rows])
         for k, (i, _, n) in enumerate(rows):
             parts[i].append(hidden[qsl[k]:qsl[k + 1]])
             done[i] += n
@@ -82,9 +87,10 @@ def _group_forwards(engine: Any, prompts: list[list[int]], slice_tokens: int) ->
 
 
 @torch.inference_mode()
-def _forward(model: Any, caches: list[Tensor], rows: list[tuple[list[int], list[int], int, int]],
-             bs: int) -> tuple[Tensor, list[int]]:
-    """One forward of (prompt, block table, first position, count) rows on the scratch caches."""
+def _forward(model: Any, caches: list[Any], rows: list[tuple[list[int], list[int], int, int]],
+             bs: int, state_slots: list[int] | None = None) -> tuple[Tensor, list[int]]:
+    """One forward of (prompt, block table, first position, count) rows on the scratch caches (a hybrid
+    model's rows read and update their prompt's state slot, ``state_slots``)."""
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -97,7 +103,8 @@ def _forward(model: Any, caches: list[Tensor], rows: list[tuple[list[int], list[
     meta = AttentionMetadata(query_start_loc=qsl, seq_lens=[s + n for _, _, s, n in rows],
                              block_tables=[t for _, t, _, _ in rows],
                              slot_mapping=torch.tensor(slots, dtype=torch.long), block_size=bs,
-                             kernel_from=[len(p) - 1 for p, _, _, _ in rows], workspace={})
+                             kernel_from=[len(p) - 1 for p, _, _, _ in rows], workspace={},
+                             state_slots=state_slots)
     hidden = model(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), meta, caches)
     return hidden, qsl
 
