@@ -2,7 +2,7 @@
 taken from the llama.cpp source vendored in the llama-cpp-python sdist (tests and golden scripts only).
 
 - `VOCABS`: the vocabularies of the families hitenter's tokenizers cover (byte-level BPE pre-tokenizers in
-  bpe.PRE_TYPES, SentencePiece). Together they are ~45 MB, too big for the repository: they live in
+  bpe.PRE_TYPES, SentencePiece, WordPiece). Together they are ~45 MB, too big for the repository: they live in
   `vocab_dir()` (`hitenter_home()/llamacpp-vocab/<version>`), and the expected ids are committed as goldens
   (scripts/make_llamacpp_vocab_goldens.py).
 - `ensure_vocabs(sdist=None)` puts them there: from a local sdist tarball when given, else from
@@ -23,7 +23,7 @@ from pathlib import Path
 from hitenter.paths import hitenter_home
 
 LLAMA_CPP_PYTHON = "0.3.36"
-VOCABS = ("command-r", "deepseek-coder", "deepseek-llm", "falcon", "gpt-2", "llama-bpe", "llama-spm", "mpt", "phi-3",
+VOCABS = ("bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gpt-2", "llama-bpe", "llama-spm", "mpt", "phi-3",
           "qwen2", "qwen35", "refact", "starcoder")
 _SEPARATOR = "\n__ggml_vocab_test__\n"
 _SUFFIXES = (".gguf", ".gguf.inp", ".gguf.out")

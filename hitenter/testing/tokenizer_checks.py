@@ -12,7 +12,8 @@ from hitenter.tokenizer import Tokenizer
 def assert_vocab_facts(tok: Tokenizer, golden: dict[str, Any]) -> None:
     """Vocab size, BOS / EOS / add_bos, end-of-generation ids and special tokens as llama.cpp reports them."""
     assert tok.vocab_size == golden["n_vocab"]
-    assert (tok.bos_token_id, tok.eos_token_id, tok.add_bos) == (golden["bos"], golden["eos"], golden["add_bos"])
+    eos = -1 if tok.eos_token_id is None else tok.eos_token_id     # llama.cpp's LLAMA_TOKEN_NULL: none
+    assert (tok.bos_token_id, eos, tok.add_bos) == (golden["bos"], golden["eos"], golden["add_bos"])
     assert tok.eog_token_ids == frozenset(golden["eog"])
     assert [i for i in range(tok.vocab_size) if tok.is_special(i)] == golden["special"]
 
