@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import re
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hitenter.sampling_params import ThinkingSpec
 from hitenter.server.reasoning import ReasoningFormat, ReasoningParser, reasoning_parser_for
+from hitenter.server.reasoning.harmony import HarmonyReasoningParser
 from hitenter.server.tool_parsers import ToolDelta, ToolParser, tool_parser_for
 from hitenter.server.tool_parsers.hermes import HermesToolParser
 
@@ -50,6 +53,27 @@ class ChatFormat:
             kw["reasoning_effort"] = effort
         return kw
 
+    def thinking_on(self, template_vars: dict[str, Any]) -> bool:
+        """Whether a prompt rendered with these template variables lets the reply think."""
+        return self.reasoning is not None and template_vars.get("enable_thinking", True) is not False
+
+    def thinking_spec(self, tokenizer: Any, budget: int | None, gated: bool) -> ThinkingSpec | None:
+        """The reply's thinking section in token ids, for the engine (None when nothing is to be done):
+        ``budget`` tokens at most (None: unbounded), ``gated``: a forced call's grammar waits for the
+        section to close. Harmony's analysis message is closed by ``<|end|>``, and its budget writes the
+        final channel's header after it; with a grammar, the section ends at the next message's
+        ``<|start|>assistant``, where the call's ``<|channel|>`` header follows."""
+        r = self.reasoning
+        if r is None or (budget is None and not gated):
+            return None
+
+        def ids(text: str) -> tuple[int, ...]:
+            return tuple(tokenizer.encode(text, add_bos=False))
+        if r.cls is HarmonyReasoningParser:
+            end = ids("<|end|><|start|>assistant") if gated else ids("<|end|>")
+            return ThinkingSpec(ids(r.start), end, end if gated else ids(r.cls.end_tag), budget)
+        return ThinkingSpec(ids(r.start), ids(r.end), budget=budget)
+
     def with_reasoning(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Messages whose ``reasoning_content`` is also under each name the template reads it by."""
         out = []
@@ -62,24 +86,32 @@ class ChatFormat:
         return out
 
 
-_CACHE: dict[int, tuple[Any, ChatFormat]] = {}
-_LOCK = threading.Lock()
+_CACHE: dict[int, tuple[weakref.ref[Any], ChatFormat]] = {}
+_LOCK = threading.RLock()      # reentrant: a collected tokenizer's callback may run inside it
 
 
 def chat_format_of(tokenizer: Any) -> ChatFormat:
-    """The chat format of a tokenizer's model (its vocabulary read once)."""
+    """The chat format of a tokenizer's model (its vocabulary read once; the entry goes with the
+    tokenizer, so a model the server unloads leaves nothing here)."""
     template = getattr(tokenizer, "chat_template", None) or ""
     key = id(tokenizer)
     with _LOCK:
         hit = _CACHE.get(key)
-        if hit is not None and hit[0] is tokenizer and hit[1].template == template:
+        if hit is not None and hit[0]() is tokenizer and hit[1].template == template:
             return hit[1]
     vocab = {tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)} if hasattr(tokenizer, "id_to_piece") else set()
     fmt = ChatFormat(reasoning_parser_for(template, vocab), tool_parser_for(template) if template else HermesToolParser,
                      template, tuple(sorted(set(_READS.findall(template)))))
     with _LOCK:
-        _CACHE[key] = (tokenizer, fmt)
+        _CACHE[key] = (weakref.ref(tokenizer, lambda _: _forget(key)), fmt)
     return fmt
+
+
+def _forget(key: int) -> None:
+    with _LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None and hit[0]() is None:
+            del _CACHE[key]
 
 
 @dataclass

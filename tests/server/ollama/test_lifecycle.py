@@ -6,10 +6,12 @@ models are tiny random GGUFs (hitenter/testing/tiny_model.py) in a temporary HIT
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import random
 import threading
 import time
+import weakref
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -39,20 +41,33 @@ def tiny_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 
 class Loads:
-    """The server's loader, counting what it loads."""
+    """The server's loader, noting what it loads (weakly: an unloaded model must be freed)."""
 
     def __init__(self) -> None:
         self.load = engine_loader({}, None)
-        self.loaded: list[ServedModel] = []
+        self.loaded: list[weakref.ref[ServedModel]] = []
+        self.tokenizers: list[weakref.ref[Any]] = []
+        self.names: list[str] = []
 
     def __call__(self, name: str, ref: str) -> ServedModel:
         m = self.load(name, ref)
-        self.loaded.append(m)
+        self.loaded.append(weakref.ref(m))
+        self.tokenizers.append(weakref.ref(m.tokenizer))
+        self.names.append(name)
         return m
 
-    @property
-    def names(self) -> list[str]:
-        return [m.name for m in self.loaded]
+    def model(self, i: int) -> ServedModel:
+        m = self.loaded[i]()
+        assert m is not None, f"load {i} ({self.names[i]}) was freed"
+        return m
+
+    def freed(self, i: int) -> bool:
+        """Load ``i`` is unloaded and gone: its engine, model and tokenizer collected."""
+        gc.collect()
+        return self.loaded[i]() is None and self.tokenizers[i]() is None
+
+    def resident(self) -> list[bool]:
+        return [not self.freed(i) for i in range(len(self.loaded))]
 
 
 def _server(tiny_qwen2_path: Path, loads: Loads, **lifecycle: Any) -> Any:
@@ -121,19 +136,19 @@ def test_keep_alive_zero_unloads_at_once_and_ps_says_until_when(tiny_qwen2_path:
         r = client.chat(path, messages=HI, options=SHORT, keep_alive=0)
         assert r.done and r.message.content
         assert _resident(client) == ["tiny:latest"]               # unloaded as its request ended
-        assert wait_until(lambda: not loads.loaded[0].client.is_alive)   # its engine is shut down
+        assert wait_until(lambda: loads.freed(0))                 # its engine, weights and tokenizer are freed
         t0 = time.time()
         assert client.chat(path, keep_alive="10m").done_reason == "load"
         ps = {m.model: m for m in client.ps().models}
         assert set(ps) == {"tiny:latest", f"{path}:latest"} and len(loads.loaded) == 2
-        entry, info = ps[f"{path}:latest"], loads.loaded[1].client.info
+        entry, info = ps[f"{path}:latest"], loads.model(1).client.info
         assert entry.size == info.file_size + info.num_blocks * info.block_size * info.kv_bytes_per_token
         assert entry.size > Path(path).stat().st_size
         expires = datetime.fromisoformat(str(entry.expires_at)).timestamp()
         assert t0 + 590 < expires < time.time() + 610
         assert str(ps["tiny:latest"].expires_at).startswith("9999")     # started with the server: stays
         assert client.generate(path, keep_alive=0).done_reason == "unload"
-        assert _resident(client) == ["tiny:latest"] and not loads.loaded[1].client.is_alive
+        assert _resident(client) == ["tiny:latest"] and wait_until(lambda: loads.freed(1))
         assert client.generate("tiny", keep_alive=0).done_reason == "unload"
         assert _resident(client) == ["tiny:latest"]
         with pytest.raises(ollama.ResponseError) as ei:
@@ -153,7 +168,7 @@ def test_three_models_in_turn_evict_the_least_recently_used(tiny_qwen2_path: Pat
         assert client.generate(b, "hello", options=SHORT).response                # a goes now
         assert _resident(client) == sorted(["tiny:latest", f"{b}:latest", f"{c}:latest"])
         assert loads.names == [a, b, c, b]
-        assert [m.client.is_alive for m in loads.loaded] == [False, False, True, True]
+        assert wait_until(lambda: loads.resident() == [False, False, True, True])
 
 
 def test_refusals_are_clear(tiny_qwen2_path: Path, tiny_files: list[Path], tmp_path: Path) -> None:
@@ -213,7 +228,6 @@ def test_sixteen_clients_over_two_models_that_keep_swapping(tiny_qwen2_path: Pat
         assert len(loads.loaded) >= 3, loads.names          # they swapped (at least once back and forth)
         client = ollama.Client(host=srv.url)
         assert wait_until(lambda: len(client.ps().models) == 1, 10)    # every keep_alive (<= 5 s) ran out
-        alive = [m for m in loads.loaded if m.client.is_alive]
-        assert alive == [], [m.name for m in alive]
+        assert wait_until(lambda: not any(loads.resident()))     # every unloaded engine freed
         assert client.chat(names[0], messages=HI, options=SHORT).done   # and it loads once more
 
