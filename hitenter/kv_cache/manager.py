@@ -1,4 +1,4 @@
-"""KVCacheManager: the scheduler's only door to the KV cache.
+"""KVCacheManager: the scheduler's only door to the KV cache, and the coordinator of its cache groups.
 
 Per request it keeps a block table (block ids, in token order) and the chained hashes of the table's
 leading blocks that are full of verified tokens. Contracts:
@@ -13,17 +13,15 @@ leading blocks that are full of verified tokens. Contracts:
 - Ownership: every block's ref_cnt equals the number of live tables holding it; a block appears at
   most once in a table; when all requests are gone every block is free (``check_invariants``).
 
-Sliding-window layers (``local_window``, ``num_local_blocks``): a second layer group, the local layers,
-with its own pool and tables (hitenter/kv_cache/window_group.py) that release the blocks their window left.
-Every call above covers both groups; a prefix hit is shortened to the longest one whose local blocks in the
-window are still cached, and allocation fits both groups or neither. ``block_table`` is the global group's,
-``local_block_table`` the local one's (None without a local group).
-
-Recurrent layers (``num_state_slots``, hybrid models): a third group, the state slots (hitenter/kv_cache/
-state_group.py): a running request owns one live slot; snapshots of states at block boundaries are keyed by
-the same hash chain. A prefix hit is shortened to the deepest block whose state has a snapshot; allocation
-fits the blocks and a slot or neither; ``state_step`` plans a step's restore and saves, and
-``cache_blocks`` registers the saves that verified tokens cover.
+Cache groups (hitenter/kv_cache/cache_group.py): the manager keeps the global group itself (the full-attention
+layers' block tables and hash chain) and coordinates the others in ``groups``, calling each the same way:
+a prefix hit is cut to what every group can serve, an allocation fits every group or none, verified
+tokens, trims, frees and resets reach every group. The groups a model has:
+- sliding-window layers (``local_window``, ``num_local_blocks``): ``local``, their own pool and tables that
+  release the blocks the window left (window_group.py); ``local_block_table`` is its table;
+- recurrent layers of a hybrid model (``num_state_slots``): ``state``, a live state slot per running
+  request and state snapshots keyed by the block-hash chain (state_group.py); ``state_step`` plans a
+  step's restore and saves.
 
 Events (``KVEvent``) go to ``on_event`` (a public, settable attribute) and to every ``subscribe``d
 listener, synchronously, after the state change.
@@ -34,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hitenter.kv_cache.block_pool import BlockPool
+from hitenter.kv_cache.cache_group import CacheGroup
 from hitenter.kv_cache.events import BlockState, KVEvent, KVEventKind, PrefixCacheStats
 from hitenter.kv_cache.hashing import BlockHash, hash_block_tokens
 from hitenter.kv_cache.state_group import StateGroup, StateStep
@@ -55,6 +54,7 @@ class KVCacheManager:
         self.local: WindowGroup | None = None if not local_window else WindowGroup(
             num_blocks if num_local_blocks is None else num_local_blocks, block_size, local_window,
             enable_prefix_caching)
+        self.groups: list[CacheGroup] = [g for g in (self.local, self.state) if g is not None]
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
@@ -93,8 +93,8 @@ class KVCacheManager:
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks held by live requests, 0.0..1.0 (with a local group: the fuller group's)."""
-        return self.pool.usage if self.local is None else max(self.pool.usage, self.local.pool.usage)
+        """Fraction of blocks (or state slots) held by live requests, 0.0..1.0: the fullest group's."""
+        return max([self.pool.usage] + [g.usage for g in self.groups])
 
     def block_table(self, request_id: str) -> list[int]:
         """A copy of the request's block table ([] when it holds none)."""
@@ -142,13 +142,14 @@ class KVCacheManager:
                 break
             hits.append(bid)
             parent = h
-        if self.local is not None:
-            hashes = [self.pool.blocks[b].block_hash for b in hits]
-            while hits and self.local.hit_blocks(hashes, self._chunks(request)) is None:
-                hits.pop()
-                hashes.pop()
-        if self.state is not None:   # the recurrent layers resume only where a state was snapshotted
-            del hits[self.state.hit_depth([self.pool.blocks[b].block_hash for b in hits]):]   # type: ignore[misc]
+        hashes: list[BlockHash] = [self.pool.blocks[b].block_hash for b in hits]   # type: ignore[misc]
+        n = len(hits)
+        while self.groups:   # every group must serve the hit: cut it until all of them can
+            cut = min(g.cut_hit(hashes[:n], self._chunks(request)) for g in self.groups)
+            if cut == n:
+                break
+            n = cut
+        del hits[n:]
         return hits, len(hits) * bs
 
     def _chunks(self, request: Request):  # noqa: ANN202 -- a block index -> its tokens
@@ -176,20 +177,10 @@ class KVCacheManager:
         reclaim = sum(1 for b in hits if self.pool.blocks[b].ref_cnt == 0)  # hits leaving the free queue
         if num_new + reclaim > self.pool.num_free_blocks:
             return None
-        lg = self.local
-        if lg is not None:
-            lhits = lg.hit_blocks([self.pool.blocks[b].block_hash for b in hits],  # type: ignore[misc]
-                                  self._chunks(request)) if hits else []
-            if lhits is None:
-                raise ValueError(f"request {rid!r}: prefix hits whose local blocks are not cached")
-            lp = lg.pool
-            l_new = lg.num_new(rid, self.num_blocks_needed(total), len(hits))
-            l_reclaim = sum(1 for b in lhits if lp.blocks[b].ref_cnt == 0)
-            l_back = sum(1 for b in lg.releasable(rid, request.num_computed_tokens) if lp.blocks[b].ref_cnt == 1)
-            if l_new + l_reclaim > lp.num_free_blocks + l_back:
-                return None
-        if self.state is not None and not self.state.admit(rid, self.pool.blocks[hits[-1]].block_hash if hits else None):
-            return None   # no state slot free (and no snapshot to evict): nothing changed
+        hit_hashes: list[BlockHash] = [self.pool.blocks[b].block_hash for b in hits]   # type: ignore[misc]
+        chunk, computed = self._chunks(request), request.num_computed_tokens
+        if not all(g.fits(rid, self.num_blocks_needed(total), hit_hashes, chunk, computed) for g in self.groups):
+            return None
         if self.enable_prefix_caching and not table and request.status is RequestStatus.WAITING:
             st = self.prefix_cache_stats   # counted once per admission; not for a preempted request's re-hits
             st.requests += 1
@@ -208,23 +199,23 @@ class KVCacheManager:
             self._hashes[rid] = []
         table.extend(new)
         self._emit("alloc", rid, new)
-        if lg is not None:
-            lg.grow(rid, len(table), lhits, len(hits), request.num_computed_tokens)
+        for g in self.groups:
+            g.allocate(rid, len(table), hit_hashes, chunk, computed)
         return new
 
     def cache_blocks(self, request: Request, num_verified_tokens: int) -> None:
         """Register the request's blocks that are now full of verified (computed) tokens.
 
         Call with the request's verified token count (e.g. ``num_computed_tokens`` after a step);
-        drafted or otherwise unconfirmed tokens must not be counted. Idempotent. With a local group it
-        then releases the local blocks that no row from ``num_verified_tokens`` on can read.
+        drafted or otherwise unconfirmed tokens must not be counted. Idempotent. Then every group hears of
+        the verified tokens (a local group releases what no later row reads; the state group registers the
+        snapshots they cover).
         """
         self._cache_blocks(request, num_verified_tokens)
-        if self.local is not None:
-            self.local.release(request.request_id, num_verified_tokens)
-        if self.state is not None:
-            self.state.commit(request.request_id, self._hashes.get(request.request_id, []), num_verified_tokens,
-                              request.num_prompt_tokens)
+        rid = request.request_id
+        for g in self.groups:
+            g.verified(rid, self._hashes.get(rid, []), self._chunks(request), num_verified_tokens,
+                       request.num_prompt_tokens)
 
     def state_step(self, request: Request, num_new_tokens: int) -> StateStep | None:
         """The recurrent state's work for the request's next ``num_new_tokens`` rows (from its computed
@@ -255,18 +246,14 @@ class KVCacheManager:
                 new_cached.append(table[i])
             hashes.append(h)
         self._emit("cache", rid, new_cached)
-        if self.local is not None:
-            self.local.cache(rid, hashes, self._chunks(request))
 
     def free(self, request: Request) -> None:
         """Release all of the request's blocks, tail first. Unknown / blockless requests are a no-op."""
         rid = request.request_id
         table = self._tables.pop(rid, None)
         self._hashes.pop(rid, None)
-        if self.local is not None:
-            self.local.free(rid)
-        if self.state is not None:
-            self.state.free(rid)
+        for g in self.groups:
+            g.free(rid)
         if not table:
             return
         order = table[::-1]
@@ -282,8 +269,8 @@ class KVCacheManager:
         if not table:
             return
         keep = max(self.num_blocks_needed(num_tokens), len(self._hashes.get(rid, ())))
-        if self.local is not None:
-            self.local.trim(rid, keep)
+        for g in self.groups:
+            g.trim(rid, keep)
         if keep >= len(table):
             return
         order = table[keep:][::-1]
@@ -293,13 +280,12 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached hash; only possible when no request holds blocks. Returns success."""
-        if self.local is not None and self.local.pool.num_free_blocks != self.local.pool.num_blocks:
+        if not all(g.resettable() for g in self.groups):
             return False
         ok = self.pool.reset_prefix_cache()
-        if ok and self.local is not None:
-            self.local.pool.reset_prefix_cache()
-        if ok and self.state is not None:
-            self.state.reset()
+        if ok:
+            for g in self.groups:
+                g.reset()
         return ok
 
     # ---- introspection ---------------------------------------------------------------------------------
@@ -316,15 +302,8 @@ class KVCacheManager:
     def check_invariants(self) -> None:
         """Raise AssertionError if ownership, ref counts, free queue or hashes disagree."""
         self.pool.check_invariants()
-        if self.state is not None:
-            self.state.check_invariants()
-            if set(self.state.live) - set(self._tables):
-                raise AssertionError("a state slot is held by a request that holds no blocks")
-        if self.local is not None:
-            self.local.check_invariants()
-            for rid, table in self._tables.items():
-                if len(self.local.tables.get(rid, ())) != len(table):
-                    raise AssertionError(f"request {rid!r}: local table length != global table length")
+        for g in self.groups:
+            g.check_invariants(self._tables)
         holders = [0] * self.pool.num_blocks
         for rid, table in self._tables.items():
             if len(set(table)) != len(table):

@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from hitenter.kv_cache.cache_group import CacheGroup, Chunk
 from hitenter.kv_cache.hashing import BlockHash
 
 ZERO = -1   # restore source meaning "start from a zero state"
@@ -52,7 +53,7 @@ class StateStep:
     saves: list[tuple[int, int]] = field(default_factory=list)   # (rows of this step done, destination slot)
 
 
-class StateGroup:
+class StateGroup(CacheGroup):
     """Slots for live states and prefix snapshots; ``interval`` blocks between periodic snapshots."""
 
     def __init__(self, num_slots: int, block_size: int, interval: int = 32) -> None:
@@ -113,7 +114,29 @@ class StateGroup:
                 return k
         return 0
 
-    # ---- the scheduler's calls ---------------------------------------------------------------------------
+    # ---- the coordinator's calls (cache_group.py) ------------------------------------------------------
+    def cut_hit(self, hashes: list[BlockHash], chunk: Chunk) -> int:
+        return self.hit_depth(hashes)
+
+    def fits(self, rid: str, total_blocks: int, hashes: list[BlockHash], chunk: Chunk, num_computed: int) -> bool:
+        if rid in self.live:
+            return True
+        src = self._by_hash.get(hashes[-1]) if hashes else None
+        return len(self._free) + len(self._lru) - (src in self._lru) >= 1   # the restored snapshot stays
+
+    def allocate(self, rid: str, total_blocks: int, hashes: list[BlockHash], chunk: Chunk,
+                 num_computed: int) -> None:
+        if not self.admit(rid, hashes[-1] if hashes else None):
+            raise RuntimeError(f"request {rid!r}: no state slot although fits() said so")
+
+    def verified(self, rid: str, hashes: list[BlockHash], chunk: Chunk, num_verified: int, num_prompt: int) -> None:
+        self.commit(rid, hashes, num_verified, num_prompt)
+
+    @property
+    def usage(self) -> float:
+        return len(self.live) / self.num_slots
+
+    # ---- slots of a request ------------------------------------------------------------------------------
     def admit(self, rid: str, hit_hash: BlockHash | None) -> bool:
         """Give ``rid`` its live slot (no-op when it has one); False when no slot can be had (no change)."""
         if rid in self.live:
@@ -216,14 +239,16 @@ class StateGroup:
         if rollback is not None:
             self._release(rollback)
 
-    def reset(self) -> bool:
-        """Drop every unpinned snapshot (the prefix cache's reset). Returns True."""
+    def reset(self) -> None:
+        """Drop every unpinned snapshot (the prefix cache's reset)."""
         for slot in list(self._lru):
             self._drop_snapshot(slot)
-        return True
 
-    def check_invariants(self) -> None:
-        """Raise AssertionError unless each slot is exactly one of free / live / pending / snapshot."""
+    def check_invariants(self, tables: dict[str, list[int]] | None = None) -> None:
+        """Raise AssertionError unless each slot is exactly one of free / live / pending / snapshot (and, given
+        the coordinator's live tables, only requests holding blocks hold a live slot)."""
+        if tables is not None and set(self.live) - set(tables):
+            raise AssertionError("a state slot is held by a request that holds no blocks")
         seen: list[int] = list(self._free) + list(self.live.values())
         seen += [s for saves in (*self._pending.values(), *self._scratch.values()) for _, s in saves]
         seen += list(self._rollback.values())

@@ -20,16 +20,16 @@ Contracts:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from hitenter.kv_cache.block_pool import BlockPool
+from hitenter.kv_cache.cache_group import CacheGroup, Chunk
 from hitenter.kv_cache.hashing import BlockHash
 
 PLACEHOLDER = 0
-Chunk = Callable[[int], Sequence[int]]   # block index -> its token ids
 
 
-class WindowGroup:
+class WindowGroup(CacheGroup):
     """The local layers' pool and per-request tables (same length as the global tables)."""
 
     def __init__(self, num_blocks: int, block_size: int, window: int, enable_caching: bool) -> None:
@@ -62,6 +62,46 @@ class WindowGroup:
             out.append(bid)
         return out
 
+    # ---- the coordinator's calls (cache_group.py) ------------------------------------------------------
+    def cut_hit(self, hashes: list[BlockHash], chunk: Chunk) -> int:
+        n = len(hashes)
+        while n and self.hit_blocks(hashes[:n], chunk) is None:
+            n -= 1
+        return n
+
+    def _hits(self, rid: str, hashes: list[BlockHash], chunk: Chunk) -> list[int]:
+        lhits = self.hit_blocks(hashes, chunk) if hashes else []
+        if lhits is None:
+            raise ValueError(f"request {rid!r}: prefix hits whose local blocks are not cached")
+        return lhits
+
+    def fits(self, rid: str, total_blocks: int, hashes: list[BlockHash], chunk: Chunk, num_computed: int) -> bool:
+        lhits, lp = self._hits(rid, hashes, chunk), self.pool
+        new = self.num_new(rid, total_blocks, len(hashes))
+        reclaim = sum(1 for b in lhits if lp.blocks[b].ref_cnt == 0)
+        back = sum(1 for b in self.releasable(rid, num_computed) if lp.blocks[b].ref_cnt == 1)
+        return new + reclaim <= lp.num_free_blocks + back
+
+    def allocate(self, rid: str, total_blocks: int, hashes: list[BlockHash], chunk: Chunk,
+                 num_computed: int) -> None:
+        self.grow(rid, total_blocks, self._hits(rid, hashes, chunk), len(hashes), num_computed)
+
+    def verified(self, rid: str, hashes: list[BlockHash], chunk: Chunk, num_verified: int, num_prompt: int) -> None:
+        """Register the newly verified full blocks, then release what no row from ``num_verified`` on reads."""
+        self.cache(rid, hashes, chunk)
+        self.release(rid, num_verified)
+
+    def resettable(self) -> bool:
+        return self.pool.num_free_blocks == self.pool.num_blocks
+
+    def reset(self) -> None:
+        self.pool.reset_prefix_cache()
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    # ---- the group's own bookkeeping ---------------------------------------------------------------------
     def releasable(self, rid: str, num_computed: int) -> list[int]:
         """Owned entries wholly before the window of position ``num_computed`` (not released yet)."""
         table = self.tables.get(rid)
@@ -129,7 +169,12 @@ class WindowGroup:
         if owned:
             self.pool.free_blocks(owned[::-1])
 
-    def check_invariants(self) -> None:
+    def check_invariants(self, tables: dict[str, list[int]] | None = None) -> None:
+        """Raise AssertionError unless ref counts match the owned entries (and, given the coordinator's
+        live tables, every local table is as long as its global one)."""
+        for rid, table in (tables or {}).items():
+            if len(self.tables.get(rid, ())) != len(table):
+                raise AssertionError(f"request {rid!r}: local table length != global table length")
         self.pool.check_invariants()
         holders = [0] * self.pool.num_blocks
         for rid in self.tables:
