@@ -2,13 +2,16 @@
 
 Contracts:
 - `render_chat_template(template, messages, add_generation_prompt=True, **kwargs) -> str` gives the same text
-  as transformers' `apply_chat_template(..., tokenize=False)`: an `ImmutableSandboxedEnvironment` with
+  as transformers' `apply_chat_template(..., tokenize=False)`: an `ImmutableSandboxedEnvironment` (limited) with
   `trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension, a `{% generation %}` block that just
   renders its body, `raise_exception`, `strftime_now` and transformers' `tojson` filter; variables are
   `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, `tools`, `documents` plus any kwargs.
 - Bad input raises ValueError with a clear message: messages not a list, a message not a mapping, a missing or
   non-string role, missing content (allowed only alongside `tool_calls`), no template, or a template that
   calls `raise_exception` / fails to render.
+- The template is a stranger's code: it compiles and renders under the limits of
+  hitenter/tokenizer/template_limits.py (source size, time, steps, call depth, output size); going over one
+  is a ValueError naming it, never a hang.
 - `render_chat_segments(...)` renders the same text split into (text, is_markup) pieces, so that message
   content can be tokenized as plain text: a user's `<|im_end|>` never becomes the control token.
 """
@@ -26,7 +29,8 @@ from typing import Any
 import jinja2
 import jinja2.ext
 from jinja2 import nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from hitenter.tokenizer.template_limits import LimitedEnvironment, TemplateLimitError, render_limited
 
 
 class _GenerationBlock(jinja2.ext.Extension):
@@ -55,16 +59,22 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=16)
 def compile_chat_template(template: str) -> jinja2.Template:
-    """Compile (and cache) a chat template; a syntax error raises ValueError."""
-    env = ImmutableSandboxedEnvironment(
+    """Compile (and cache) a chat template in the limited sandbox (hitenter/tokenizer/template_limits.py);
+    a syntax error, an oversized source or one Jinja cannot parse raises ValueError."""
+    env = LimitedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.finish_setup()
     try:
         return env.from_string(template)
     except jinja2.TemplateSyntaxError as e:
         raise ValueError(f"the model's chat template is not valid Jinja (line {e.lineno}): {e.message}") from e
+    except TemplateLimitError as e:
+        raise ValueError(f"the model's chat template cannot be used: {e}") from e
+    except (RecursionError, MemoryError, SyntaxError) as e:   # nesting deeper than Jinja's parser takes
+        raise ValueError(f"the model's chat template cannot be compiled: {type(e).__name__}") from e
 
 
 def validate_messages(messages: Any) -> list[dict[str, Any]]:
@@ -102,11 +112,13 @@ def render_chat_template(template: str | None, messages: Any, add_generation_pro
     kwargs.setdefault("tools", None)
     kwargs.setdefault("documents", None)
     try:
-        return compiled.render(messages=msgs, add_generation_prompt=add_generation_prompt,
-                               bos_token=bos_token, eos_token=eos_token, **kwargs)
+        return render_limited(compiled, messages=msgs, add_generation_prompt=add_generation_prompt,
+                              bos_token=bos_token, eos_token=eos_token, **kwargs)
+    except TemplateLimitError as e:
+        raise ValueError(f"the model's chat template went over its limits: {e}") from e
     except jinja2.exceptions.TemplateError as e:
         raise ValueError(f"the chat template rejected these messages: {e}") from e
-    except (TypeError, KeyError, AttributeError, IndexError) as e:
+    except Exception as e:   # the template's own arithmetic, recursion or lookups failing on this input
         raise ValueError(f"the chat template could not render these messages: {type(e).__name__}: {e}") from e
 
 
