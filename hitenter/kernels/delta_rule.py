@@ -16,7 +16,8 @@ native kernel (``csrc/delta_rule.c``: per head, the state kept in cache while th
 through it; AVX-512, AVX2 or portable vector code) where it is built, else the reference (one warning
 when it cannot be built). Both update ``state`` in place and return ``o [T, H, dv]``; the two agree to
 float rounding (tested), and each alone gives a row the same bits however its sequence's tokens were
-cut into spans.
+cut into spans. :func:`delta_rule_rows` takes one token of each of N sequences (generation rows) in one
+call, each row the bits of its one-token span on the same path.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch import Tensor
 
 from hitenter.kernels.native import DELTA_RULE
 
-__all__ = ["delta_rule", "delta_rule_reference"]
+__all__ = ["delta_rule", "delta_rule_reference", "delta_rule_rows"]
 
 load = DELTA_RULE
 
@@ -76,4 +77,31 @@ def delta_rule(state: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: 
                         beta.data_ptr(), out.data_ptr(), t, h, dk, dv, scale, num_threads or torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"delta_rule kernel failed ({rc})")
+    return out
+
+
+def delta_rule_rows(states: Tensor, slots: list[int], q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                    scale: float, num_threads: int | None = None) -> Tensor:
+    """One token of each of N sequences: row r's state is ``states[slots[r]]`` (``states [S, H, dk, dv]``,
+    float32, updated in place; the slots distinct); q, k ``[N, H, dk]``, v ``[N, H, dv]``, g, beta ``[N, H]``.
+    Returns ``o [N, H, dv]``, row r bit-equal to :func:`delta_rule` (or, without the kernel,
+    :func:`delta_rule_reference`) on that row alone."""
+    n = q.shape[0]
+    if len(slots) != n or len(set(slots)) != n:
+        raise ValueError(f"delta rule rows: {len(slots)} slots (distinct: {len(set(slots))}) for {n} rows")
+    lib = load()
+    if lib is None or not states.is_contiguous() or n == 0:
+        return torch.cat([delta_rule_reference(states[s], q[r:r + 1], k[r:r + 1], v[r:r + 1], g[r:r + 1],
+                                               beta[r:r + 1], scale) for r, s in enumerate(slots)]) if n else \
+            torch.empty(v.shape, dtype=torch.float32)
+    _check(states[0], q, k, v, g, beta)
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    idx = torch.tensor(slots, dtype=torch.int64)
+    out = torch.empty(v.shape, dtype=torch.float32)
+    h, dk, dv = states.shape[1:]
+    rc = lib.delta_rule_rows(states.data_ptr(), idx.data_ptr(), h * dk * dv, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                             g.data_ptr(), beta.data_ptr(), out.data_ptr(), n, h, dk, dv, scale,
+                             num_threads or torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"delta_rule_rows kernel failed ({rc})")
     return out

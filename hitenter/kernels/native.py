@@ -259,7 +259,9 @@ DELTA_RULE = NativeLibrary(
     fallback="the torch reference runs instead (slower)", flags=["-ffp-contract=off"],
     variants={"auto": [], "avx2": ["-mno-avx512f"], "generic": ["-mno-avx512f", "-mno-avx2", "-mno-fma"]},
     variant_env="HITENTER_DELTA_RULE_ISA",
-    signatures={"delta_rule": (ctypes.c_int, [p, p, p, p, p, p, p, i64, i64, i64, i64, f32, ctypes.c_int])})
+    signatures={"delta_rule": (ctypes.c_int, [p, p, p, p, p, p, p, i64, i64, i64, i64, f32, ctypes.c_int]),
+                "delta_rule_rows": (ctypes.c_int, [p, p, i64, p, p, p, p, p, p, i64, i64, i64, i64, f32,
+                                                   ctypes.c_int])})
 
 # the causal conv and Mamba2's selective scan over a sequence's span (kernels/ssm_scan.py); -ffp-contract=off:
 # the conv and the scan's state bit-equal to the torch reference. HITENTER_SSM_SCAN_ISA forces a variant.

@@ -95,3 +95,23 @@ def test_bad_shapes_are_refused() -> None:
         dr.delta_rule(state, q[:, :3], k, v, g, beta, 0.25)
     with pytest.raises(ValueError, match="must be"):
         dr.delta_rule(state, q, k, v, g[:1], beta, 0.25)
+
+
+@pytest.mark.parametrize("path", ["native", "reference"])
+def test_rows_of_several_sequences_give_each_its_lone_bits(native: None, path: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """delta_rule_rows: row r through states[slots[r]], bit-equal to a one-token delta_rule call on that state
+    (the kernel or, without it, the reference); the other slots untouched."""
+    if path == "reference":
+        monkeypatch.setattr(dr, "load", lambda: None)
+    one = dr.delta_rule if path == "native" else dr.delta_rule_reference
+    _, q, k, v, g, beta = _inputs(5, 16, 64, 64, seed=4)
+    states = torch.randn(8, 16, 64, 64, generator=torch.Generator().manual_seed(9))
+    slots = [6, 1, 3, 0, 7]
+    want, alone = states.clone(), []
+    for r, s in enumerate(slots):
+        alone.append(one(want[s], q[r:r + 1], k[r:r + 1], v[r:r + 1], g[r:r + 1], beta[r:r + 1], 0.125))
+    got = dr.delta_rule_rows(states, slots, q, k, v, g, beta, 0.125)
+    assert torch.equal(got, torch.cat(alone)) and torch.equal(states, want)
+    with pytest.raises(ValueError, match="distinct"):
+        dr.delta_rule_rows(states, [1, 1, 2, 3, 4], q, k, v, g, beta, 0.125)

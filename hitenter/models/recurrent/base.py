@@ -15,7 +15,7 @@ prompt and generation rows).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
@@ -55,15 +55,18 @@ class StateCache:
 Span = Callable[[int, int, int], None]   # (first row, end row, slot): run the recurrence on rows [a, b)
 
 
-def for_each_span(attn: Any, cache: StateCache, run: Span) -> None:
+def for_each_span(attn: Any, cache: StateCache, run: Span, skip: Collection[int] = ()) -> None:
     """Call ``run(a, b, slot)`` for each sequence of the step, in order, its rows cut where a save is due; after
     the span that ends at a save, copy the live slot into the save's slot. Padding rows (past the last
-    sequence's rows) are never passed."""
+    sequence's rows) are never passed, nor the sequences in ``skip`` (indices a mixer handles itself, e.g.
+    the `single_rows` it updates in one batched call)."""
     saves: dict[int, list[tuple[int, int]]] = {}
     for seq, rows, dst in attn.state_saves or ():
         saves.setdefault(seq, []).append((rows, dst))
     qsl = attn.query_start_loc
     for i, slot in enumerate(attn.state_slots):
+        if i in skip:
+            continue
         a, b = qsl[i], qsl[i + 1]
         start = a
         for rows, dst in sorted(saves.get(i, ())):
@@ -73,6 +76,14 @@ def for_each_span(attn: Any, cache: StateCache, run: Span) -> None:
             cache.copy(slot, dst)
         if b > start:
             run(start, b, slot)
+
+
+def single_rows(attn: Any) -> list[int]:
+    """The sequences of the step with exactly one row and no save due (generation rows): a mixer may update
+    them together, one row each, as long as each row gets the arithmetic its one-row span would."""
+    saved = {seq for seq, _, _ in attn.state_saves or ()}
+    qsl = attn.query_start_loc
+    return [i for i in range(len(attn.state_slots)) if qsl[i + 1] - qsl[i] == 1 and i not in saved]
 
 
 class RecurrentMixer(nn.Module):

@@ -20,7 +20,9 @@ For the normed rows h of a sequence, token by token:
 State per sequence (float32): ``conv`` [K - 1, C], the last K - 1 rows of x (zeros before the first token),
 and ``ssm`` [Hv, dk, dv]. Projections run on all rows at once; the conv (K shifted products summed in
 tap order over [tail ; the span's rows]) and the delta rule run per sequence span, token by token (narrow
-elementwise ops through models/row_ops.py), so a row's bits depend only on its sequence's tokens (the conv: models/recurrent/causal_conv.py).
+elementwise ops through models/row_ops.py), so a row's bits depend only on its sequence's tokens (the conv:
+models/recurrent/causal_conv.py). Generation rows of several sequences (one row each, no save due) go
+through the conv and the delta rule together, each with its one-row span's arithmetic.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ import torch
 from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
-from hitenter.kernels.delta_rule import delta_rule
+from hitenter.kernels.delta_rule import delta_rule, delta_rule_rows
 from hitenter.models.layers import fused_linear, make_linear
-from hitenter.models.recurrent.base import RecurrentMixer, StateCache, for_each_span
+from hitenter.models.recurrent.base import RecurrentMixer, StateCache, for_each_span, single_rows
 from hitenter.models.recurrent.causal_conv import causal_conv
 from hitenter.models.row_ops import rowwise
 
@@ -77,6 +79,27 @@ class GatedDeltaNet(RecurrentMixer):
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         return {"conv": (self.taps - 1, self.channels), "ssm": (self.hv, self.dk, self.dv)}
 
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The conv output's rows [n, C] -> silu -> q, k (l2-normed, repeated to value heads), v."""
+        c = rowwise(F.silu, x)
+        kd = self.hk * self.dk
+        q = l2_norm(c[:, :kd].reshape(-1, self.hk, self.dk), self.eps)[:, self.key_head]
+        k = l2_norm(c[:, kd:2 * kd].reshape(-1, self.hk, self.dk), self.eps)[:, self.key_head]
+        return q, k, c[:, 2 * kd:].reshape(-1, self.hv, self.dv)
+
+    def _single_rows(self, rows: list[int], slots: list[int], x: torch.Tensor, g: torch.Tensor,
+                     beta: torch.Tensor, cache: StateCache, o: torch.Tensor) -> None:
+        """Generation rows of several sequences at once, each with its one-row span's arithmetic: the conv as
+        causal_conv's tap-ordered sum over [tail ; row], the delta rule by delta_rule_rows."""
+        tails = cache["conv"][slots]                                   # [N, K - 1, C]
+        u = torch.cat([tails, x[rows][:, None]], 1)                    # [N, K, C]
+        y = u[:, 0] * self.conv_w[:, 0]
+        for i in range(1, self.taps):
+            y = y + u[:, i] * self.conv_w[:, i]
+        cache["conv"][slots] = u[:, 1:]
+        q, k, v = self._qkv(y)
+        o[rows] = delta_rule_rows(cache["ssm"], slots, q, k, v, g[rows], beta[rows], self.scale)
+
     def forward(self, h: torch.Tensor, attn: Any, cache: StateCache) -> torch.Tensor:
         t = h.shape[0]
         xz = self.in_proj(h).float()
@@ -87,14 +110,13 @@ class GatedDeltaNet(RecurrentMixer):
         o = torch.zeros(t, self.hv, self.dv)
 
         def run(a: int, b: int, slot: int) -> None:
-            c = rowwise(F.silu, causal_conv(cache["conv"][slot], x[a:b], self.conv_w))
-            kd = self.hk * self.dk
-            q = l2_norm(c[:, :kd].reshape(-1, self.hk, self.dk), self.eps)[:, self.key_head]
-            k = l2_norm(c[:, kd:2 * kd].reshape(-1, self.hk, self.dk), self.eps)[:, self.key_head]
-            v = c[:, 2 * kd:].reshape(-1, self.hv, self.dv)
-            o[a:b] = delta_rule(cache["ssm"][slot], q, k, v, g[a:b].contiguous(), beta[a:b].contiguous(),
-                                self.scale)
+            q, k, v = self._qkv(causal_conv(cache["conv"][slot], x[a:b], self.conv_w))
+            o[a:b] = delta_rule(cache["ssm"][slot], q, k, v, g[a:b].contiguous(), beta[a:b].contiguous(), self.scale)
 
-        for_each_span(attn, cache, run)
+        singles = single_rows(attn) if self.taps > 1 else []
+        if len(singles) > 1:
+            qsl = attn.query_start_loc
+            self._single_rows([qsl[i] for i in singles], [attn.state_slots[i] for i in singles], x, g, beta, cache, o)
+        for_each_span(attn, cache, run, skip=set(singles) if len(singles) > 1 else ())
         y = F.rms_norm(o, (self.dv,), self.norm_w, self.eps) * rowwise(F.silu, z).reshape(t, self.hv, self.dv)
         return self.out_proj(y.reshape(t, -1).to(self.dtype))
