@@ -5,12 +5,14 @@ Each file is run by llama-cpp-python 0.3.36 (llama.cpp 0c1e570, CPU, F32 weights
 file's own pooling (`Llama(path, embedding=True)`, pooling_type unspecified): every sequence decoded on its
 own (memory cleared before each), `llama_get_embeddings_seq` read for `n` floats (n_embd, or the classifier's
 n_cls_out for rank pooling), not normalized. The sequences are random token ids (seeded) of lengths
-LENGTHS, plus, for the WordPiece families, llama.cpp's tokenization of TEXTS (add_special=true,
-parse_special=false) and of its rerank prompts for (QUERY, doc) pairs (server-common.cpp format_prompt_rerank:
-BOS, query, EOS where add_eos, SEP where add_sep, document, EOS where add_eos).
+LENGTHS; llama.cpp's tokens of its rerank prompts for the (QUERY, doc) pairs of tiny_encoders (server-common.cpp
+format_prompt_rerank: the file's `rerank` chat template with {query} / {document} replaced, tokenized with
+special tokens parsed and none added; else BOS, query, EOS where add_eos, SEP where add_sep, document, EOS
+where add_eos) and their pooled outputs; for the WordPiece families, llama.cpp's tokenization of tiny_encoders.TEXTS
+(add_special=true, parse_special=false).
 
-npz keys: seed, gguf_sha256, ids (flat int32), lengths, pooled [len(lengths), n], and for WordPiece files
-text_ids / text_lengths (per TEXTS) and rerank_ids / rerank_lengths (per DOCS).
+npz keys: seed, gguf_sha256, ids (flat int32), lengths, pooled [len(lengths), n], rerank_ids /
+rerank_lengths / rerank_pooled (per DOCS), and for WordPiece files text_ids / text_lengths (per TEXTS).
 
 Regenerate (from the repo root, with the project venv):
     .venv/bin/python scripts/make_encoder_goldens.py --llama-python /work/venvs/llamacpp/bin/python [family ...]
@@ -28,10 +30,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LENGTHS = (1, 2, 7, 16, 33, 60)
-TEXTS = ["Hello world!", "what is the capital of France?", "The cats sat on the mat.",
-         "  paris,berlin (germany) ", "playing fishing runs xyz-42", "Qqq zzz"]
-QUERY = "what is the capital of france?"
-DOCS = ["paris is the capital of france.", "berlin is the capital of germany.", "the cat sat on the mat."]
 
 
 # ---- worker: runs inside the llama-cpp-python venv -----------------------------------------------------
@@ -56,18 +54,31 @@ def _worker(path: str, seqs: list[list[int]], texts: list[str], query: str, docs
     vocab = llama_cpp.llama_model_get_vocab(llm.model)
     if llama_cpp.llama_vocab_type(vocab) == llama_cpp.LLAMA_VOCAB_TYPE_WPM:
         out["text_ids"] = [llm.tokenize(t.encode(), add_bos=True, special=False) for t in texts]
-        bos, sep = llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_sep(vocab)
-        eos = llama_cpp.llama_vocab_eos(vocab)
+    template = llama_cpp.llama_model_chat_template(llm.model, b"rerank")
+    rerank = []
+    for d in docs:
+        if template:
+            prompt = template.decode().replace("{query}", query).replace("{document}", d)
+            rerank.append(llm.tokenize(prompt.encode(), add_bos=False, special=True))
+            continue
+        bos, sep, eos = (llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_sep(vocab),
+                         llama_cpp.llama_vocab_eos(vocab))
         eos = eos if eos != -1 else sep
         add_eos = llama_cpp.llama_vocab_get_add_eos(vocab)
-        q = llm.tokenize(query.encode(), add_bos=False, special=False)
-        rerank = []
-        for d in docs:
-            ids = ([bos] if llama_cpp.llama_vocab_get_add_bos(vocab) else []) + q + ([eos] if add_eos else [])
-            ids += ([sep] if llama_cpp.llama_vocab_get_add_sep(vocab) else [])
-            ids += llm.tokenize(d.encode(), add_bos=False, special=False) + ([eos] if add_eos else [])
-            rerank.append(ids)
-        out["rerank_ids"] = rerank
+        ids = ([bos] if llama_cpp.llama_vocab_get_add_bos(vocab) else [])
+        ids += llm.tokenize(query.encode(), add_bos=False, special=False) + ([eos] if add_eos else [])
+        ids += [sep] if llama_cpp.llama_vocab_get_add_sep(vocab) else []
+        ids += llm.tokenize(d.encode(), add_bos=False, special=False) + ([eos] if add_eos else [])
+        rerank.append(ids)
+    out["rerank_ids"] = rerank
+    out["rerank_pooled"] = []
+    for s in rerank:
+        llm._batch.reset()
+        llm._batch.add_sequence(s, 0, True)
+        llm._ctx.kv_cache_clear()
+        llm._ctx.decode(llm._batch)
+        ptr = llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0)
+        out["rerank_pooled"].append([float(ptr[i]) for i in range(n)])
     return out
 
 
@@ -91,7 +102,7 @@ def main() -> None:
 
     from hitenter.models.gguf import open_gguf, read_gguf_metadata
     from hitenter.testing.paths import GOLDENS
-    from hitenter.testing.tiny_encoders import ENCODERS, write_tiny_encoder
+    from hitenter.testing.tiny_encoders import DOCS, ENCODERS, QUERY, TEXTS, write_tiny_encoder
 
     out_dir = GOLDENS / "encoders"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -114,6 +125,7 @@ def main() -> None:
                 if key in res:
                     data[key] = np.array([t for s in res[key] for t in s], np.int32)
                     data[key.replace("_ids", "_lengths")] = np.array([len(s) for s in res[key]], np.int32)
+            data["rerank_pooled"] = np.array(res["rerank_pooled"], np.float32)
             np.savez(out_dir / f"{fam}.npz", **data)
             print(f"{fam}: pooled {data['pooled'].shape}")
 

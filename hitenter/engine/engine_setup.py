@@ -185,6 +185,8 @@ def _runner(cfg: EngineConfig, path: str, net: torch.nn.Module, mcfg: ModelConfi
 
     bs, tp = cfg.cache.block_size, cfg.parallel.tensor_parallel_size
     kv_dtype = kv_dtype or dtype
+    if not mcfg.causal:   # an encoder (models/encoder.py) keeps no KV: it runs only as pooling jobs
+        return ModelRunner(net, [], bs)
     if num_slots:   # a hybrid model (models/hybrid.py): KV for its attention layers, states for the others
         return ModelRunner(net, net.allocate_caches(num_blocks, bs, kv_dtype, num_slots), bs)
     kv_caches = allocate_kv_caches(mcfg, num_blocks, bs, kv_dtype, num_local_blocks=num_local_blocks) if tp == 1 else []

@@ -95,7 +95,12 @@ class LLMEngine:
 
     def prepare_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams,
                         arrival_time: float | None = None) -> PendingRequest:
-        """Validate and tokenize (once). Raises ValueError / ContextOverflowError; touches no engine state."""
+        """Validate and tokenize (once). Raises ValueError / ContextOverflowError (ValueError for any request
+        to an encoder, which only embeds); touches no engine state."""
+        if not self.model_config.causal:
+            raise ValueError(f"model: this is an embedding model ({self.model_config.architecture}, pooling "
+                             f"{self.model_config.pooling or 'none'}); it does not generate text: use "
+                             "/v1/embeddings (or /v1/rerank for a reranker)")
         request_id = request_id or self.make_request_id()
         prompt_ids = self.encode_prompt(prompt)
         if not prompt_ids:

@@ -205,6 +205,10 @@ class EncoderModel(nn.Module):
         ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long)
         return self.pooler(self(ids, lengths), lengths)
 
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """An encoder has no LM head: ValueError (the engine refuses generation before it gets here)."""
+        raise ValueError(f"model: {self.config.architecture} is an embedding model; it does not generate text")
+
     def weight_bytes(self) -> int:
         """Resident bytes of the weights (each storage counted once)."""
         return int(weight_bytes(self)) + sum(t.numel() * t.element_size() for t in (

@@ -7,7 +7,9 @@ behind one EngineClient per served model (hitenter/server/engine_client.py):
 - Ollama: /api/chat, /api/generate (serving_ollama), /api/tags, /api/show, /api/ps, /api/version,
   /api/embed, /api/embeddings (serving_ollama_models), /api/pull, /api/delete (serving_ollama_pull);
 - vLLM's /tokenize, /detokenize, /tokenizer_info (serving_tokenize); /health and /metrics
-  (serving_admin); the playground (playground*.py).
+  (serving_admin); the playground (playground*.py);
+- reranking: /v1/rerank, /rerank, /v2/rerank (llama-server's, Jina's, Cohere's, TEI's shapes) and vLLM's
+  /score, /v1/score (serving_rerank).
 
 This module assembles the app: clients, guards (body limit, framing, errors, CORS), and ``--api-key``
 on every router that runs the model, tokenizes or shows requests (only the static page and /health
@@ -34,6 +36,7 @@ from hitenter.server import (
     serving_ollama,
     serving_ollama_models,
     serving_ollama_pull,
+    serving_rerank,
     serving_responses,
     serving_tokenize,
 )
@@ -59,10 +62,10 @@ __all__ = ["ServedModel", "create_app", "model_name", "serve"]
 Served = LLMEngine | AsyncLLMEngine | EngineClient
 API_ROUTERS = [serving_completion.router, serving_chat.router, serving_embedding.router, serving_models.router,
                serving_tokenize.router, serving_responses.router, serving_messages.router, serving_ollama.router,
-               serving_ollama_models.router, serving_ollama_pull.router]
+               serving_ollama_models.router, serving_ollama_pull.router, serving_rerank.router]
 
 
-BOUNDED_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize")   # the API bodies body_limits bounds
+BOUNDED_PATHS = ("/v1/", "/v2/", "/api/", "/tokenize", "/detokenize", "/rerank", "/score")   # the API bodies body_limits bounds
 
 
 def _served(name: str | None, e: Served, max_queued: int | None) -> ServedModel:

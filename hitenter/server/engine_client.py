@@ -51,6 +51,10 @@ class ModelInfo:
     toy: bool = False                # the playground's trigram model (no transformer, no chat template)
     layer_types: tuple[str, ...] = ()   # a hybrid model's token mixer per layer (ModelConfig.layer_types)
     state_bytes_per_sequence: int = 0   # what its recurrent layers hold per sequence, whatever its length
+    pooling: str = "mean"            # how an input becomes one vector (models/pooling.py); "rank": a reranker
+    encoder: bool = False            # an embedding-only model (bidirectional, no text generation)
+    embedding_size: int = 0          # the size of one pooled vector (a reranker: its scores)
+    pooling_from_file: bool = False  # the file states its pooling (an embedding model: Matryoshka truncation)
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)   # GGUF key/values
 
 
@@ -127,7 +131,11 @@ class EngineClient(Protocol):
         ...
 
     async def embed(self, prompts: list[list[int]]) -> list[list[float]]:
-        """Mean-pooled, L2-normalized final hidden states of each prompt."""
+        """Each prompt's vector by the model's pooling (``info.pooling``), L2-normalized."""
+        ...
+
+    async def pool(self, prompts: list[list[int]]) -> list[list[float]]:
+        """Each prompt's pooled output as the model computes it, not normalized (a reranker: its scores)."""
         ...
 
     def snapshot(self) -> EngineSnapshot: ...

@@ -145,6 +145,9 @@ async def chat_ids(state: ServerState, m: ServedModel, messages: list[dict[str, 
     """Token ids of a conversation: message content stays text (see Tokenizer.apply_chat_template).
     ``continue_final``: cut right after the final (assistant) message's content, so the model continues
     it (the template's closing markup after it is dropped); ``template_kw``: e.g. ``tools``."""
+    if m.client.info.encoder:     # before the template: an encoder file has none, and generates nothing
+        raise APIError(400, f"model: {m.name} is an embedding model ({m.client.info.architecture}); it does not "
+                       "generate text: use /v1/embeddings (or /v1/rerank for a reranker)", "model")
     check_chars(m, sum(len(x.get("content") or "") for x in messages), param)
     problem = _role_problem(m, messages, param)
     if problem is not None:

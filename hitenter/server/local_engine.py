@@ -4,8 +4,8 @@ the engine's attributes; everything else goes through the protocol.
 
 - ``add`` runs ``AsyncLLMEngine.add_request`` (validation, tokenizing, grammar compilation) in a worker
   thread, so the event loop never waits on it; a caller cancelled mid-add aborts what got added.
-- ``score`` / ``embed`` are jobs on the engine's own thread between its steps (engine_jobs.py), one
-  forward of at most ``min(max_num_batched_tokens, SLICE_TOKENS)`` tokens per step.
+- ``score`` / ``embed`` / ``pool`` are jobs on the engine's own thread between its steps (engine_jobs.py,
+  pooling_jobs.py), one forward of at most ``min(max_num_batched_tokens, SLICE_TOKENS)`` tokens per step.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from hitenter.outputs import RequestOutput
 from hitenter.sampling_params import SamplingParams
 from hitenter.server.engine_client import Handle, ModelInfo
 from hitenter.server.engine_jobs import EngineJobs
-from hitenter.server.prompt_logprobs import SLICE_TOKENS, PromptScores, embed_job, score_job
+from hitenter.server.pooling_jobs import pool_job
+from hitenter.server.prompt_logprobs import SLICE_TOKENS, PromptScores, score_job
 
 _SCALAR_META = 64            # GGUF arrays longer than this (the vocabulary) are left out of ModelInfo.metadata
 
@@ -70,7 +71,17 @@ def model_info(llm: Any) -> ModelInfo:
         max_num_batched_tokens=int(parts.scheduler_config.max_num_batched_tokens),
         parameter_count=_parameter_count(c), path=path, file_size=Path(path).stat().st_size if path else 0,
         toy=hasattr(parts.model, "lookup"), metadata=_metadata(path), layer_types=tuple(c.layer_types),
-        state_bytes_per_sequence=int(getattr(parts.model, "state_bytes_per_slot", lambda: 0)()))
+        state_bytes_per_sequence=int(getattr(parts.model, "state_bytes_per_slot", lambda: 0)()),
+        **_pooling_info(c, parts.model))
+
+
+def _pooling_info(c: Any, model: Any) -> dict[str, Any]:
+    """ModelInfo's pooling fields: the model's pooling, whether it only embeds, its pooled vector's size."""
+    from hitenter.models.pooling import effective_pooling
+
+    pooler = getattr(model, "pooler", None)
+    return {"pooling": effective_pooling(c), "encoder": not c.causal, "pooling_from_file": bool(c.pooling),
+            "embedding_size": int(pooler.out_features) if pooler is not None else c.hidden_size}
 
 
 class LocalEngineClient:
@@ -146,7 +157,10 @@ class LocalEngineClient:
         return await self._run(score_job(self._llm, prompts, k, self._slice))   # type: ignore[no-any-return]
 
     async def embed(self, prompts: list[list[int]]) -> list[list[float]]:
-        return await self._run(embed_job(self._llm, prompts, self._slice))     # type: ignore[no-any-return]
+        return await self._run(pool_job(self._llm, prompts, self._slice, normalize=True))  # type: ignore[no-any-return]
+
+    async def pool(self, prompts: list[list[int]]) -> list[list[float]]:
+        return await self._run(pool_job(self._llm, prompts, self._slice, normalize=False))  # type: ignore[no-any-return]
 
     async def _run(self, job: Any) -> Any:
         if not self.is_alive:

@@ -1,6 +1,10 @@
-"""POST /v1/embeddings: **mean pooling** of the final normed hidden states over each input's tokens,
-L2-normalized; engine work scheduled between its steps (EngineClient.embed). ``encoding_format``
-``float`` or ``base64`` (the float32 little-endian bytes; the openai client asks for it by default)."""
+"""POST /v1/embeddings: each input's vector by the model's own pooling (the file's ``pooling_type``: mean,
+cls or last, then its dense heads; a decoder whose file says nothing: mean), L2-normalized; engine work
+scheduled between its steps (EngineClient.embed). ``encoding_format`` ``float`` or ``base64`` (the float32
+little-endian bytes; the openai client asks for it by default). ``dimensions`` (Matryoshka): the first
+``dimensions`` values renormalized, for models whose file states their pooling (embedding models); others
+allow only their own size. A model with pooling none (one vector per token) or rank (a reranker: scores,
+/v1/rerank) is refused with a 400, as llama-server does."""
 
 from __future__ import annotations
 
@@ -47,11 +51,35 @@ def embed_inputs(m: ServedModel, x: str | list[Any], param: str = "input") -> li
     return out
 
 
-async def embed(m: ServedModel, prompts: list[list[int]], param: str = "input") -> list[list[float]]:
+def check_embedding_model(m: ServedModel, dimensions: int | None) -> None:
+    """A 400 unless the model gives one vector per input, and ``dimensions`` (when given) is one it allows."""
+    info = m.client.info
+    if info.pooling in ("none", "rank"):
+        what = ("a reranker (pooling rank): it scores query-document pairs, use /v1/rerank"
+                if info.pooling == "rank" else "pooling none: one vector per token, none per input")
+        raise APIError(400, f"model: {m.name} has no embeddings to give: {what}", "model")
+    size = info.embedding_size or info.hidden_size
+    if dimensions is None or dimensions == size:
+        return
+    if not info.pooling_from_file:
+        raise APIError(400, f"dimensions: the embedding size is the model's hidden size ({size}); omit it",
+                       "dimensions")
+    if dimensions > size:
+        raise APIError(400, f"dimensions: at most the model's embedding size ({size})", "dimensions")
+
+
+async def embed(m: ServedModel, prompts: list[list[int]], param: str = "input",
+                dimensions: int | None = None) -> list[list[float]]:
+    """L2-normalized vectors of the prompts; with ``dimensions``, their first values renormalized."""
     try:
-        return await m.client.embed(prompts)
+        vecs = await m.client.embed(prompts)
     except ValueError as e:
         raise APIError(400, str(e), param) from e
+    if dimensions is None or dimensions >= len(vecs[0]):
+        return vecs
+    cut = np.asarray(vecs, dtype=np.float64)[:, :dimensions]
+    norms = np.linalg.norm(cut, axis=1, keepdims=True)
+    return (cut / np.where(norms > 0, norms, 1.0)).tolist()   # type: ignore[no-any-return]
 
 
 def b64(vec: list[float]) -> str:
@@ -62,12 +90,9 @@ def b64(vec: list[float]) -> str:
 async def embeddings(req: EmbeddingRequest, state: State) -> dict[str, Any]:
     check_known_fields(req)
     m = await state.model_for(req.model)
-    size = m.client.info.hidden_size
-    if req.dimensions is not None and req.dimensions != size:
-        raise APIError(400, f"dimensions: the embedding size is the model's hidden size ({size}); omit it",
-                       "dimensions")
+    check_embedding_model(m, req.dimensions)
     prompts = embed_inputs(m, req.input)
-    vecs: list[Any] = await embed(m, prompts)
+    vecs: list[Any] = await embed(m, prompts, dimensions=req.dimensions)
     if req.encoding_format == "base64":
         vecs = [b64(v) for v in vecs]
     n = sum(map(len, prompts))

@@ -6,7 +6,7 @@ ones with their size (weights file plus reserved KV cache) and when an idle one 
 listed as ``<name>:latest``, their details read from the GGUF header (architecture,
 parameter count from the shapes, the file type as the quantization level); ``digest`` is the file's
 sha256 when the model cache recorded one (``NAME.gguf.sha256``), else a sha256 of its path, size and
-mtime (an identity, not a content hash). Embeddings are the /v1 ones (mean pooling, L2-normalized,
+mtime (an identity, not a content hash). Embeddings are the /v1 ones (the model's pooling, L2-normalized,
 also for /api/embeddings where Ollama's are not normalized). An input longer than the window is a
 400, unless ``truncate: true`` is sent, which cuts it to the window (Ollama cuts by default: never
 silently here).
@@ -25,7 +25,7 @@ from fastapi import APIRouter
 from hitenter.server.api_error import APIError, error_responses
 from hitenter.server.generation import ServedModel, State, check_chars
 from hitenter.server.model_manager import FOREVER_AT, expires_at
-from hitenter.server.serving_embedding import embed
+from hitenter.server.serving_embedding import check_embedding_model, embed
 from hitenter.server.serving_ollama import (
     NS,
     EmbeddingsRequest,
@@ -186,12 +186,10 @@ def _inputs(m: ServedModel, texts: list[str], truncate: bool | None, param: str,
 async def embed_route(req: EmbedRequest, state: State) -> dict[str, Any]:
     t0 = time.monotonic()
     m = await model_of(state, req.model, req.keep_alive)
-    if req.dimensions is not None and req.dimensions != m.client.info.hidden_size:
-        raise APIError(400, f"dimensions: the embedding size is the model's hidden size "
-                       f"({m.client.info.hidden_size}); omit it", "dimensions")
+    check_embedding_model(m, req.dimensions)
     texts = [req.input] if isinstance(req.input, str) else list(req.input)
     prompts = _inputs(m, texts, req.truncate, "input", _window(m, req.options))
-    vecs = await embed(m, prompts)
+    vecs = await embed(m, prompts, dimensions=req.dimensions)
     took = int((time.monotonic() - t0) * NS)
     return {"model": req.model, "embeddings": vecs, "total_duration": took, "load_duration": 0,
             "prompt_eval_count": sum(map(len, prompts))}
@@ -202,6 +200,7 @@ async def embeddings_route(req: EmbeddingsRequest, state: State) -> dict[str, An
     m = await model_of(state, req.model, req.keep_alive)
     if not req.prompt:
         return {"embedding": []}               # Ollama's answer to an empty prompt (a load)
+    check_embedding_model(m, None)
     prompts = _inputs(m, [req.prompt], False, "prompt", _window(m, req.options))
     return {"embedding": (await embed(m, prompts, "prompt"))[0]}
 

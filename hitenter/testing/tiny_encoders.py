@@ -24,8 +24,8 @@ projections in `quant`). Families (name: general.architecture, pooling_type):
 - qwen3_embed (qwen3, last): Qwen3-Embedding-shaped: tiny_families' qwen3 layout (2 layers, head_dim 32,
   QK-norm, tied), pooling_type last.
 - qwen3_rank (qwen3, rank): Qwen3-Reranker-shaped: qwen3_embed plus cls.output.weight [2, 64] (the "yes" and
-  "no" rows of the head, as convert writes them), classifier.output_labels ["yes", "no"]: score =
-  softmax(cls.output(x[last]))[0].
+  "no" rows of the head, as convert writes them), classifier.output_labels ["yes", "no"], and a rerank
+  prompt template (tokenizer.chat_template.rerank, RERANK_TEMPLATE): score = softmax(cls.output(x[last]))[0].
 """
 
 from __future__ import annotations
@@ -46,7 +46,15 @@ POOLING = {"bert": gguf.PoolingType.CLS, "bert_rank": gguf.PoolingType.RANK, "no
            "gemma-embedding": gguf.PoolingType.MEAN, "qwen3_embed": gguf.PoolingType.LAST,
            "qwen3_rank": gguf.PoolingType.RANK}
 HIDDEN, HEADS, FFN, CONTEXT = 64, 4, 128, 128
+# Qwen3-Reranker's template in the shape convert writes it (tokenizer.chat_template.rerank), shortened
+RERANK_TEMPLATE = ("<|im_start|>system\nJudge: yes or no.<|im_end|>\n<|im_start|>user\n<Query>: {query}\n"
+                   "<Document>: {document}<|im_end|>\n<|im_start|>assistant\n")
 
+# the texts the goldens tokenize with llama.cpp, and the rerank query and documents they score
+TEXTS = ["Hello world!", "what is the capital of France?", "The cats sat on the mat.",
+         "  paris,berlin (germany) ", "playing fishing runs xyz-42", "Qqq zzz"]
+QUERY = "what is the capital of france?"
+DOCS = ["paris is the capital of france.", "berlin is the capital of germany.", "the cat sat on the mat."]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "hello", "world", "is", "what", "how", "many", "good",
          "bad", "query", "document", "paris", "capital", "of", "france", "berlin", "germany", "it", "run",
@@ -176,6 +184,8 @@ def _qwen3(f: _Writer, family: str) -> None:
     if family == "qwen3_rank":
         w.add_classifier_output_labels(["yes", "no"])
     vocab = f.finish_metadata()
+    if family == "qwen3_rank":
+        w.add_string("tokenizer.chat_template.rerank", RERANK_TEMPLATE)
     f.add("token_embd.weight", f.normal(vocab, HIDDEN, std=0.5))
     f.add("output_norm.weight", f.norm(HIDDEN))
     for i in range(2):

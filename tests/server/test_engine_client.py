@@ -169,7 +169,7 @@ def test_scores_and_embeddings_under_load_equal_idle(server: LiveServer, engine:
     last = [(-1, 0)]
     unsubscribe = engine.subscribe(lambda ev: last.__setitem__(0, (ev.step_id, ev.num_running)))
     monkeypatch.setattr(local_engine, "score_job", _sliced(local_engine.score_job, slices, last))
-    monkeypatch.setattr(local_engine, "embed_job", _sliced(local_engine.embed_job, slices, last))
+    monkeypatch.setattr(local_engine, "pool_job", _sliced(local_engine.pool_job, slices, last))
     got: dict[str, Any] = {}
 
     def load(s: int) -> None:
