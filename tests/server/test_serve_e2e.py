@@ -26,8 +26,12 @@ def served_subprocess(tiny_llama_path: Path) -> Iterator[str]:
 def test_hitenter_serve_subprocess(served_subprocess: str) -> None:
     url = served_subprocess
     client = openai.OpenAI(base_url=url + "/v1", api_key="k-123", max_retries=0, timeout=60)
-    # the playground's trigram toy model is served beside the main model by default
-    assert [m.id for m in client.models.list().data] == ["tiny-sub", "trigram"]
+    # the playground's trigram toy model is served beside the main model by default; then the pulled
+    # known models a request would load
+    from hitenter.models.registry import KNOWN_MODELS
+
+    ids = [m.id for m in client.models.list().data]
+    assert ids[:2] == ["tiny-sub", "trigram"] and set(ids[2:]) <= set(KNOWN_MODELS), ids
     r = client.chat.completions.create(model="tiny-sub", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert r.choices[0].finish_reason in ("stop", "length") and r.usage is not None
     bad = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
