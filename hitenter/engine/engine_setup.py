@@ -94,16 +94,17 @@ def _check_hybrid(cfg: EngineConfig) -> None:
 
 
 def state_slots(cfg: EngineConfig, bytes_per_slot: int) -> int:
-    """State slots of a hybrid model: one live slot per running sequence plus snapshots of the prefix cache,
-    as many as fit a twentieth of RAM (at least 4, at most 2 per sequence + 8), plus the scratch slots of
-    speculative verification (one per draft token of every sequence)."""
+    """State slots of a hybrid model: one live slot per running sequence (and the scratch slots of speculative
+    verification, one per draft token of every sequence) plus snapshots of the prefix cache: at least 4, at
+    most 2 per sequence + 8, as many as fit a quarter of ``kv_cache_memory`` (the states are counted in it)
+    or, by default, a twentieth of RAM."""
     live = cfg.scheduler.max_num_seqs
     if cfg.speculative.speculative_method is not None:
         live *= 1 + (cfg.speculative.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS)
     if not cfg.cache.enable_prefix_caching:
         return live
-    room = total_ram_bytes() // 20 // max(bytes_per_slot, 1)
-    return live + max(4, min(2 * live + 8, room))
+    share = cfg.cache.kv_cache_memory // 4 if cfg.cache.kv_cache_memory else total_ram_bytes() // 20
+    return live + max(4, min(2 * live + 8, share // max(bytes_per_slot, 1)))
 
 
 def _load(cfg: EngineConfig, dtype: torch.dtype) -> tuple[str, torch.nn.Module, ModelConfig, Any]:
@@ -139,8 +140,11 @@ def kv_cache_torch_dtype(cfg: EngineConfig, dtype: torch.dtype) -> torch.dtype:
     return resolve_kv_dtype(cfg.cache.kv_cache_dtype, dtype, cfg.load.dtype)
 
 
-def _num_blocks(cfg: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype, max_model_len: int) -> int:
-    """Blocks in the budget; `dtype`: the KV cache's element type (its bytes per token)."""
+def _num_blocks(cfg: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype, max_model_len: int,
+                state_bytes: int = 0) -> int:
+    """Blocks in the budget; `dtype`: the KV cache's element type (its bytes per token). A hybrid model's
+    state slots (`state_bytes`) are taken from a ``kv_cache_memory`` the user set, and added beside the
+    default budget."""
     from hitenter.models.kv_dtype import check_head_dim, value_bytes
 
     check_head_dim(dtype, mcfg.head_dim)   # q8_0 refuses head dims not a power-of-two number of blocks, at load
@@ -149,13 +153,15 @@ def _num_blocks(cfg: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype, max_mo
     per_block = per_token * bs
     budget = cfg.cache.kv_cache_memory or default_kv_cache_memory(per_token, max_model_len,
                                                                   cfg.scheduler.max_num_seqs)
-    num_blocks = budget // per_block
+    states = f" after {state_bytes} bytes of recurrent state slots" if cfg.cache.kv_cache_memory and state_bytes else ""
+    num_blocks = max(budget - (state_bytes if cfg.cache.kv_cache_memory else 0), 0) // per_block
     need = -(-max_model_len // bs)
     if num_blocks < need:
         raise ValueError(
-            f"kv_cache_memory: {budget} bytes hold {num_blocks} blocks of {bs} tokens "
+            f"kv_cache_memory: {budget} bytes hold {num_blocks} blocks of {bs} tokens{states} "
             f"({per_token} bytes per token), but one max_model_len={max_model_len} request needs "
-            f"{need} blocks = {need * per_block} bytes; raise kv_cache_memory or lower max_model_len")
+            f"{need} blocks = {need * per_block} bytes; raise kv_cache_memory or lower max_model_len"
+            + (" or max_num_seqs" if states else ""))
     return num_blocks
 
 
@@ -255,7 +261,14 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         raise ValueError(f"max_model_len: {max_model_len} exceeds the model's context length {mcfg.context_length}")
     sched_cfg = dataclasses.replace(cfg.scheduler, max_model_len=max_model_len)
     kv_dtype = kv_cache_torch_dtype(cfg, dtype)
-    num_blocks = _num_blocks(cfg, mcfg, kv_dtype, max_model_len)
+    num_slots = per_slot = 0
+    if mcfg.layer_types:   # recurrent layers: their state slots beside the KV blocks, in the same budget
+        _check_hybrid(cfg)
+        per_slot = net.state_bytes_per_slot()
+        num_slots = state_slots(cfg, per_slot)
+        log.info("recurrent state: %d slots of %.2f MB (%d running + snapshots), %.1f MB",
+                 num_slots, per_slot / 1e6, sched_cfg.max_num_seqs, num_slots * per_slot / 1e6)
+    num_blocks = _num_blocks(cfg, mcfg, kv_dtype, max_model_len, num_slots * per_slot)
     decode_kernel.load()   # build / load the fused attention kernel at start-up, not on the first request
     draft_blocks = num_blocks   # a draft model's cache keeps the one-table token count (it stops drafting when full)
     num_blocks, num_local, window = _window_groups(cfg, mcfg, num_blocks, sched_cfg)
@@ -269,13 +282,6 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
                  "the local layers release their blocks outside the window:" if window else "releasing the "
                  "blocks outside the local layers' windows would leave", held / 1e6, 100 * (1 - held / now),
                  f"; {num_blocks} global and {num_local} local blocks" if window else "")
-    num_slots = 0
-    if mcfg.layer_types:   # recurrent layers: their state slots beside the KV blocks
-        _check_hybrid(cfg)
-        per_slot = net.state_bytes_per_slot()
-        num_slots = state_slots(cfg, per_slot)
-        log.info("recurrent state: %d slots of %.2f MB (%d running + snapshots), %.1f MB",
-                 num_slots, per_slot / 1e6, sched_cfg.max_num_seqs, num_slots * per_slot / 1e6)
     runner = _runner(cfg, path, net, mcfg, dtype, num_blocks, sched_cfg, kv_dtype, num_local, num_slots)
     attn_caches = [c for c in runner.kv_caches if isinstance(c, torch.Tensor) and c.numel()]
     plan = build_plan(runner.model, attn_caches, dtype, cfg.load.batch_invariant)

@@ -121,7 +121,9 @@ def test_preemption_recomputes_the_same_tokens(hybrid_path: Path) -> None:
     big = LLM(str(hybrid_path), enable_prefix_caching=False)
     ref = [o.outputs[0] for o in big.generate(prompts, params)]
     per_block = sum(c[:, :, 0].nbytes for c in big.engine.runner.kv_caches if isinstance(c, torch.Tensor) and c.dim() == 5)
-    small = LLM(str(hybrid_path), enable_prefix_caching=False, max_model_len=128, kv_cache_memory=10 * per_block)
+    states = 8 * big.engine.parts.model.state_bytes_per_slot()   # 8 running sequences' slots, in the budget
+    small = LLM(str(hybrid_path), enable_prefix_caching=False, max_model_len=128, max_num_seqs=8,
+                kv_cache_memory=10 * per_block + states)
     outs = [o.outputs[0] for o in small.generate(prompts, params)]
     assert small.engine.scheduler.stats.num_preemptions > 0
     for a, b in zip(ref, outs, strict=True):
@@ -139,3 +141,18 @@ def test_ngram_speculation_gives_the_same_greedy_tokens(hybrid_path: Path) -> No
     got = spec.generate([prompt, prompt[:40]], [sp, sp])
     assert got[0].outputs[0].token_ids == ref
     _free(spec)
+
+
+def test_state_slots_are_counted_in_the_kv_budget(hybrid_path: Path) -> None:
+    import torch
+
+    probe = LLM(str(hybrid_path), max_model_len=128, max_num_seqs=4)
+    per_block = sum(c[:, :, 0].nbytes for c in probe.engine.runner.kv_caches if isinstance(c, torch.Tensor) and c.dim() == 5)
+    per_slot = probe.engine.parts.model.state_bytes_per_slot()
+    budget = 40 * per_block + 16 * per_slot
+    llm = LLM(str(hybrid_path), max_model_len=128, max_num_seqs=4, kv_cache_memory=budget)
+    slots = llm.engine.kv_manager.state.num_slots
+    assert slots >= 4 + 4
+    assert llm.engine.parts.num_blocks * per_block + slots * per_slot <= budget
+    with pytest.raises(ValueError, match="recurrent state"):
+        LLM(str(hybrid_path), max_model_len=128, max_num_seqs=64, kv_cache_memory=8 * per_block + 8 * per_slot)
