@@ -71,7 +71,7 @@ class GenerateStream:
             "type": "step", "step_id": ev.step_id, "t_start": ev.t_start - self.t0, "t_end": ev.t_end - self.t0,
             "t_model": ev.t_model, "batch": [[w.request_id, w.kind, w.start, w.num_tokens] for w in ev.work],
             "num_running": ev.num_running, "num_waiting": ev.num_waiting, "preempted": ev.preempted,
-            "mine": mine, "kv": self.insp.kv_map(live=True), "block_table": self.insp.block_table(rid), "freed": False,
+            "mine": mine, "block_table": self.insp.block_table(rid), "freed": False,
             "kv_events": [e.to_dict() for e in ev.kv_events]}
         for e in ev.kv_events:            # finished this step: its table is in the "free" event (tail first)
             if e.kind == "free" and e.request_id == rid:

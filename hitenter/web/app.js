@@ -15,12 +15,13 @@ import { renderFast } from "./fast.js";
 import { renderCheat } from "./cheat.js";
 import { renderDrills, countWords } from "./drills.js";
 import { orderIdle } from "./order.js";
+import { renderAnswer, dockWhenHidden } from "./answer.js";
 
 const $ = (id) => document.getElementById(id);
 const body = (id) => $(id).querySelector(".body");
 const S = { models: [], eng: { kv: null, steps: [], preempted: [] }, es: null, run: null, prev: null, branch: null,
   tri: null, triSel: null, abort: null, sel: null, sampling: { temperature: 0.8, top_k: -1, top_p: 1, min_p: 0 },
-  trace: null, story: 0, fast: null, sliders: {}, measureCtl: { n: 8, measure: null } };
+  trace: null, story: 0, fast: null, sliders: {}, measureCtl: { n: 8, measure: null }, draws: { visible: 0, full: 0 } };
 window.playground = S;                       // for the curious (and the tests): the page's whole state
 
 const model = () => $("model").value;
@@ -43,38 +44,65 @@ const pinNote = (run, i) => (S.sel === null || S.sel === undefined) && document.
   ? " (pinned: the first token after your prompt, the same step the logits and softmax steps show)" : "";
 const chatOn = () => $("chat").checked && !info().trigram;
 
-let pending = false;
+// Drawing is batched per animation frame: the panels on screen (the story's stage, or the dashboard panels in
+// view) every frame; the others at most every FULL_MS and once when a request ends, so a streamed token
+// costs the page a frame's work, not 22 panels.
+const FULL_MS = 500;
+let pending = false, lastFull = 0, fullTimer = null;
+const onScreen = new Set();
+const shown = (id) => (document.body.dataset.view === "story" ? Boolean($(id).closest("#story-panels")) : onScreen.has(id));
 function render() {
   if (pending) return;
   pending = true;
   requestAnimationFrame(() => {
     pending = false;
-    const run = S.run;
+    const wait = FULL_MS - (performance.now() - lastFull);
+    if (wait <= 0) { draw(true); return; }
+    draw(false);
+    if (!fullTimer) fullTimer = setTimeout(() => { fullTimer = null; draw(true); }, wait);
+  });
+}
+
+function draw(all) {
+  if (all) lastFull = performance.now();
+  S.draws[all ? "full" : "visible"] += 1;
+  const on = (id) => all || shown(id);
+  const run = S.run;
+  renderAnswer($("answer"), $("answer-dock"), run, performance.now());
+  if (on("p-tokens")) {
     if (run && run.prompt_ids) renderTokens(body("p-tokens"), { ...run, max_model_len: run.maxModelLen, template_used: run.templateUsed });
     else if (run && run.overflow && run.error && run.error.pieces) renderTokens(body("p-tokens"), { ...run.error,
       pieces: run.error.pieces.slice(0, 300), count: run.error.pieces.length, max_model_len: run.error.n_ctx });
-    if (run) {
-      renderLoop(body("p-loop"), run, pick);
-      renderStop(body("p-stop"), run, info().eog);
-      renderTimeline(body("p-timeline"), run);
-      renderRequestKV(S.kvNodes.req, run);
-      renderBranch(body("p-branch"), run, S.branch);
-      renderInspector(body("p-inspector"), run);
-      const si = selIndex(run), tok = run.tokens[si];
-      if (tok && tok.trace && !S.reshaped) {
-        renderDistribution(S.distNode, { candidates: tok.trace.pieces, stages: tok.trace.stages, entropy: null },
-          { chosen: tok.piece.id, step: si, greedy: tok.trace.draw && tok.trace.draw.method === "greedy",
-            label: `step ${si}: as the engine sampled it${pinNote(run, si)}`, context: contextOf(run, si) });
-      }
-      if (tok && tok.trace) renderDice(body("p-dice").querySelector(".dice"), tok, si);
+  }
+  if (run) {
+    if (on("p-loop")) renderLoop(body("p-loop"), run, pick);
+    if (on("p-stop")) renderStop(body("p-stop"), run, info().eog);
+    if (on("p-timeline")) renderTimeline(body("p-timeline"), run);
+    if (on("p-kv")) renderRequestKV(S.kvNodes.req, run);
+    if (on("p-branch")) renderBranch(body("p-branch"), run, S.branch);
+    if (on("p-inspector")) renderInspector(body("p-inspector"), run);
+    const si = selIndex(run), tok = run.tokens[si];
+    if (tok && tok.trace && !S.reshaped && on("p-dist")) {
+      renderDistribution(S.distNode, { candidates: tok.trace.pieces, stages: tok.trace.stages, entropy: null },
+        { chosen: tok.piece.id, step: si, greedy: tok.trace.draw && tok.trace.draw.method === "greedy",
+          label: `step ${si}: as the engine sampled it${pinNote(run, si)}`, context: contextOf(run, si) });
     }
-    renderTrigram(body("p-trigram"), S.tri, S.triSel, (i) => { S.triSel = i; render(); });
-    renderBlockMap(S.kvNodes.map, S.eng, run && run.rid);
-    const ran = run && run.error && S.prev && !S.prev.error && S.prev.model === run.model ? S.prev : run;   // a refusal ran nothing
-    renderFast(body("p-fast"), S.fast, ran, S.eng, S.measured, S.measureCtl);
-    renderCheat(body("p-cheat"), S, info());
-    $("window-note").textContent = windowNote(info());
-  });
+    if (tok && tok.trace && on("p-dice")) renderDice(body("p-dice").querySelector(".dice"), tok, si);
+  }
+  if (on("p-trigram")) renderTrigram(body("p-trigram"), S.tri, S.triSel, (i) => { S.triSel = i; render(); });
+  if (on("p-kv")) renderBlockMap(S.kvNodes.map, S.eng, run && run.rid);
+  const ran = run && run.error && S.prev && !S.prev.error && S.prev.model === run.model ? S.prev : run;   // a refusal ran nothing
+  if (on("p-fast")) renderFast(body("p-fast"), S.fast, ran, S.eng, S.measured, S.measureCtl);
+  if (on("p-cheat")) renderCheat(body("p-cheat"), S, info());
+  $("window-note").textContent = windowNote(info());
+}
+
+// Until the first token arrives the answer box counts the wait on the page's clock (said so); nothing else is drawn.
+function tickWaiting(run) {
+  const t = setInterval(() => {
+    if (S.run !== run || run.tokens.length || run.finish || run.error || !S.abort) { clearInterval(t); return; }
+    renderAnswer($("answer"), $("answer-dock"), run, performance.now());
+  }, 100);
 }
 
 async function go(run, reqBody, { keep = false, path = "/generate" } = {}) {
@@ -83,8 +111,10 @@ async function go(run, reqBody, { keep = false, path = "/generate" } = {}) {
   S.abort = ctrl;
   if (!keep) { S.prev = S.run; S.run = run; S.sel = null; S.reshaped = false; S.branch = null; }
   run.bodies.push(reqBody);
+  run.sentAt = performance.now();
   $("btn-pause").disabled = false;
   status("running…");
+  tickWaiting(run);
   try {
     await streamPost(path, reqBody, (ev) => {
       consume(run, ev);
@@ -101,28 +131,33 @@ async function go(run, reqBody, { keep = false, path = "/generate" } = {}) {
       render();
     }
   } finally {
+    draw(true);                    // every panel current before the page says the request is over
     if (S.abort === ctrl) { S.abort = null; $("btn-pause").disabled = true; }
-    refineSelected();
   }
 }
 
-function start(p = params()) {
-  const text = $("prompt").value;
+// Enter: one request, timed alone. What the other panels need of the same prompt (its user tokens, the traced
+// forward of the inside panels, the trigram toy's run, the sliders' re-shape) is asked for after it ends, one
+// at a time, so that none of it shares the CPU with the request being timed.
+async function start(p = params()) {
+  const text = $("prompt").value, chat = $("chat").checked;
   const run = newRun(model(), "stream", p, text);
-  const done = go(run, { model: run.model, text, chat: chatOn(), params: p });
   S.modelName = run.model;
-  userTokens(run);
-  traceNow(S, { model: run.model, text, chat: $("chat").checked }).then(() => renderInside(S));
   if (info().trigram) { S.tri = run; S.triSel = null; }
+  await go(run, { model: run.model, text, chat: chatOn(), params: p });
+  if (S.run !== run) return;
+  await refineSelected();
+  await userTokens(run);
+  if (S.run !== run) return;
+  await traceNow(S, { model: run.model, text, chat });
+  await renderInside(S);
   const tri = S.models.find((m) => m.trigram);
-  if ($("with_trigram").checked && tri && tri.name !== run.model) {
-    S.tri = newRun(tri.name, "stream", p, text);
+  if ($("with_trigram").checked && tri && tri.name !== run.model && S.run === run) {
+    const triRun = S.tri = newRun(tri.name, "stream", p, text);
     S.triSel = null;
-    const triRun = S.tri;
-    streamPost("/generate", { model: tri.name, text, chat: false, params: p }, (ev) => { consume(triRun, ev); render(); })
+    await streamPost("/generate", { model: tri.name, text, chat: false, params: p }, (ev) => { consume(triRun, ev); render(); })
       .catch((e) => status(`trigram: ${e.message}`));
   }
-  return done;
 }
 
 // Step mode: the Enter request itself (same prompt, seed and sliders as set now) with max_tokens = n for the
@@ -145,6 +180,7 @@ async function step() {
   const req = { model: run.model, text: run.promptText, chat: chatOn(), params: { ...p, max_tokens: n } };
   S.sel = null; S.reshaped = false;
   await go(run, req, { keep: true });
+  refineSelected();
   const same = before.every((id, i) => run.tokens[i] && run.tokens[i].piece.id === id);
   run.stepInfo = { n, seed: p.seed, same, changed };
   status(`step ${run.tokens.length}: the Enter request with max_tokens = ${n} (seed ${p.seed}): ${run.cached ?? 0} tokens from the prefix cache`
@@ -248,7 +284,7 @@ async function overflow() {
 
 // Characters per token of the user's own text (no template): its own /tokenize, without the chat template.
 function userTokens(run) {
-  postJSON("/tokenize", { model: run.model, text: run.promptText, chat: false })
+  return postJSON("/tokenize", { model: run.model, text: run.promptText, chat: false })
     .then((t) => { run.userTokens = { chars: run.promptText.length, tokens: t.count, words: countWords(run.promptText) }; render(); renderDrills(body("p-drill-words"), S); })
     .catch(() => {});
 }
@@ -399,6 +435,12 @@ async function init() {
   $("btn-pause").addEventListener("click", pause);
   $("btn-replay").addEventListener("click", replay);
   document.addEventListener("mouseover", linkHover);
+  const io = new IntersectionObserver((entries) => {
+    entries.forEach((e) => (e.isIntersecting ? onScreen.add(e.target.id) : onScreen.delete(e.target.id)));
+    render();
+  });
+  document.querySelectorAll("main > section.panel").forEach((sec) => io.observe(sec));
+  dockWhenHidden($("answer"), $("answer-dock"));
   connect();
   inside(S, { $, body, render, reselect: () => { S.reshaped = false; render(); refineSelected(); } });
   getJSON(`/fast?model=${encodeURIComponent(model())}`).then((f) => { S.fast = f; render(); }).catch((e) => status(e.message));

@@ -3,6 +3,7 @@
 // its GGUF file, the KV cache per token scaled to the vLLM paper's 13B model and a 1M-token window,
 // attention over keys in tiles, speculative decoding's accepted drafts, and a line on disaggregation.
 import { el, clear, bytes, live } from "./util.js";
+import { answerStats } from "./answer.js";
 
 // OPT-13B, the vLLM paper's model: 40 layers, hidden 5120 (40 heads of 128), fp16 K and V.
 const OPT13B = { layers: 40, kvDim: 5120, elem: 2 };
@@ -44,7 +45,8 @@ export function renderFast(body, f, run, eng, m = null, ctl = { n: 8, measure: n
   const ctx = steps.length ? steps[steps.length - 1].cached_tokens : 0;
   const perTok = f.weight_bytes + ctx * f.kv_bytes_per_token;
   const ceiling = f.bandwidth / Math.max(1, perTok);
-  const itl = run && run.itl && run.itl.length ? run.itl.reduce((a, b) => a + b, 0) / run.itl.length : null;
+  const rs = run ? answerStats(run) : null;      // the engine's step timestamps of the page's last run
+  const tps = rs && rs.decodeTps;
   const tiles = Math.max(1, Math.ceil(ctx / f.key_tile));
   const accepted = steps.map((s) => s.accepted || 1);
   const batches = eng ? eng.steps.filter((s) => s.batch.length).slice(-40).map((s) => s.batch.length) : [];
@@ -65,7 +67,8 @@ export function renderFast(body, f, run, eng, m = null, ctl = { n: 8, measure: n
     row("bandwidth", `a decode step reads ${bytes(perTok)} (the weights + ${ctx} cached tokens × ${bytes(f.kv_bytes_per_token)} of K/V); `
       + `${(f.bandwidth / 1e9).toFixed(1)} GB/s measured here → at most `, el("b", { id: "fast-ceiling" }, `${ceiling.toFixed(0)} tokens/s`),
     " for one request",
-    itl ? el("span", { id: "fast-itl", dataset: { tps: 1 / itl } }, `; this run: ${(1 / itl).toFixed(0)} tokens/s, ${((100 / itl) / ceiling).toFixed(0)}% of the ceiling`)
+    tps ? el("span", { id: "fast-itl", dataset: { tps, wallTps: rs.tps ?? "" } }, `; this run's decode steps: ${tps.toFixed(0)} tokens/s, `
+      + `${((100 * tps) / ceiling).toFixed(0)}% of the ceiling (${rs.tps ? rs.tps.toFixed(0) : "–"} tokens/s counting the engine loop between steps)`)
       : "; press Enter to compare with a run", m && m.alone && m.alone.tokens_per_s ? `; measured batch 1: ${m.alone.tokens_per_s.toFixed(0)} tokens/s` : ""),
     row("model size", el("span", { id: "fast-size" }, `${(f.parameter_count / 1e6).toFixed(0)}M weights: fp32 ${bytes(sz.fp32)} · bf16 ${bytes(sz.bf16)}`
       + (sz.file ? ` · ${f.file || "its GGUF"} ${bytes(sz.file)} (${sz.bitsPerWeight.toFixed(1)} bits per weight)` : "")),

@@ -19,8 +19,11 @@ export function renderTimeline(body, run) {
   const prefills = steps.filter((s) => s.mine.kind === "prefill");
   const firstTok = steps.find((s) => s.mine.sampled !== null && s.mine.sampled !== undefined);
   const decodes = steps.filter((s) => s.mine.kind === "decode").map((s) => s.t_end - s.t_start);
-  const itl = run.itl || [];
-  const meanItl = itl.length ? itl.reduce((a, b) => a + b, 0) / itl.length : null;
+  // between tokens: consecutive sampling steps' ends on the engine's clock (so the page's own work and round
+  // trips are not in it); the decode steps' own durations are the model's part of that
+  const ends = steps.filter((s) => s.token).map((s) => s.t_end);
+  const gaps = ends.slice(1).map((t, i) => t - ends[i]);
+  const meanItl = gaps.length ? gaps.reduce((a, b) => a + b, 0) / gaps.length : null;
   const meanDecode = decodes.length ? decodes.reduce((a, b) => a + b, 0) / decodes.length : null;
   clear(body, live("EngineEvent t_start / t_end of every step that ran this request"),
     el("div", { class: "legend" }, el("span", {}, el("i", { style: { background: "var(--prefill)" } }), "prefill"),
@@ -30,7 +33,9 @@ export function renderTimeline(body, run) {
     el("p", { id: "ttft" }, `time to first token: ${ms(run.ttft)} (waiting + ${prefills.length} prefill step${prefills.length === 1 ? "" : "s"}`
       + `${prefills.length > 1 ? ": the long prompt was chunked" : ""})`),
     run.cached ? el("p", { class: "note" }, `${run.cached} prompt tokens were already in the prefix cache and were not recomputed.`) : null,
-    el("p", { id: "tbt", dataset: { mean: meanItl ?? "" } }, `time between tokens: ${ms(meanItl)} on average `
-      + `(decode steps themselves: ${ms(meanDecode)})`),
-    el("p", { class: "note" }, "Prefill reads the whole prompt in parallel; each decode step computes one token. Relative times, this machine."));
+    el("p", { id: "tbt", dataset: { mean: meanItl ?? "", decode: meanDecode ?? "" } }, `time between tokens: ${ms(meanItl)} on average `
+      + `(decode steps themselves: ${ms(meanDecode)}; the rest is the engine loop between steps)`),
+    el("p", { class: "note" }, "Prefill reads the whole prompt in parallel; each decode step computes one token. Every time here is "
+      + "the engine's own step timestamps (t_start, t_end from the request's arrival), not the page's clock; the page asks for "
+      + "nothing else while this request runs. Relative times, this machine."));
 }
