@@ -89,6 +89,13 @@ class ModelConfig:
     attn_temperature_floor: int = 0
     attn_temperature_offset: float = 0.0
     attn_temperature_nope_only: bool = False  # only on the layers without RoPE (Llama 4)
+    # Llama 4: chunked local attention on the RoPE layers (a query sees the keys of its own chunk of this many
+    # positions, up to itself; 0 = none), q and k RMS-normed without a weight after RoPE on those layers, and
+    # experts on every moe_layer_step-th layer (layer i when (i + 1) % step == 0; 0 = every layer)
+    attention_chunk: int = 0
+    qk_l2_norm: bool = False
+    moe_layer_step: int = 0
+    expert_weights_on_input: bool = False  # each routed expert's input times its weight, not its output (Llama 4)
     query_pre_attn_scalar: float = 0.0  # attention scale = this ** -0.5; 0 = head_dim
     attention_scale: float = 0.0      # the attention scale itself where a family sets it (Granite); 0 = above
     attn_logit_softcap: float = 0.0   # scores = cap * tanh(scores / cap) before the softmax; 0 = none
@@ -170,6 +177,15 @@ class ModelConfig:
         """False for the layers a family runs without RoPE (SmolLM3: every no_rope_interval-th; all of them
         where use_rope is False)."""
         return self.use_rope and not (self.no_rope_interval and (i + 1) % self.no_rope_interval == 0)
+
+    def layer_chunk(self, i: int) -> int | None:
+        """Layer i's attention chunk (Llama 4's RoPE layers) or None."""
+        return self.attention_chunk if self.attention_chunk > 0 and self.layer_has_rope(i) else None
+
+    def layer_has_experts(self, i: int) -> bool:
+        """Whether layer i's FFN is the mixture of experts (every layer of an MoE model, or every
+        moe_layer_step-th)."""
+        return self.num_experts > 0 and (self.moe_layer_step <= 0 or (i + 1) % self.moe_layer_step == 0)
 
     def layer_q_temperature(self, i: int) -> bool:
         """Whether layer i scales its queries by the position's temperature (attn_temperature_*)."""

@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests/goldens/families"
 N_TOKENS, LONG_TOKENS, LONG_LAST = 40, 8300, 16
 PHI3_SHORT_ROWS = HF_ROWS = slice(32, 40)
+LONG_FAMILIES = ("llama3", "llama4")   # also a long_tokens run (llama4: past its 8192 chunk and temperature floor)
 
 
 def golden_tokens(vocab: int, seed: int = 0, n: int = N_TOKENS) -> np.ndarray:
@@ -127,6 +128,7 @@ HF_CONFIG_FIXES: dict[str, dict | None] = {
     "gpt-oss": None,
     "olmo3": None,
     "mistral3": None,
+    "llama4": None,
 }
 
 
@@ -217,7 +219,7 @@ def _rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool, f
 
 
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int | None,
-            softcap: float | None, sinks: np.ndarray | None = None) -> np.ndarray:
+            softcap: float | None, sinks: np.ndarray | None = None, chunk: int | None = None) -> np.ndarray:
     """q [T, H, D], k/v [T, KV, D]: causal (and sliding: key j masked when i - j >= window) attention,
     256 queries at a time; sinks [H]: an extra logit per head in the softmax's denominator only."""
     t, h, _ = q.shape
@@ -230,7 +232,7 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: i
         s = np.einsum("ihd,jhd->hij", q[i[:, 0]], k[:j.shape[1]]) * scale
         if softcap:
             s = softcap * np.tanh(s / softcap)
-        masked = (j > i) | ((i - j >= window) if window else False)
+        masked = (j > i) | ((i - j >= window) if window else False) | ((j < i // chunk * chunk) if chunk else False)
         s = np.where(masked[None], -np.inf, s)
         m = s.max(-1, keepdims=True)
         if sinks is not None:
@@ -241,7 +243,7 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: i
     return out.reshape(t, -1)
 
 
-def _moe(y: np.ndarray, w: dict, p: str, n_used: int, oai: bool = False) -> np.ndarray:
+def _moe(y: np.ndarray, w: dict, p: str, n_used: int, oai: bool = False, llama4: bool = False) -> np.ndarray:
     """llama.cpp's build_moe_ffn. Default (SOFTMAX gating, norm_w): p = softmax(router logits), top-k by p,
     weights p_top / sum(p_top), SiLU-gated experts. oai (gpt-oss: SOFTMAX_WEIGHT, no norm_w): top-k by the
     biased logits, weights softmax(logits_top), biased experts with swiglu_oai."""
@@ -254,12 +256,17 @@ def _moe(y: np.ndarray, w: dict, p: str, n_used: int, oai: bool = False) -> np.n
             top = np.argsort(-logits[t], kind="stable")[:n_used]
             wt = np.exp(logits[t, top] - logits[t, top].max())
             wt /= wt.sum()
+        elif llama4:   # top-k by the logits, weights sigmoid(logit) on the expert's input
+            top = np.argsort(-logits[t], kind="stable")[:n_used]
+            wt = 1 / (1 + np.exp(-logits[t, top]))
         else:
             top = np.argsort(-probs[t], kind="stable")[:n_used]
             wt = probs[t, top] / probs[t, top].sum()
         for e, we in zip(top, wt, strict=True):
-            g = w[p + "ffn_gate_exps.weight"][e] @ y[t]
-            u = w[p + "ffn_up_exps.weight"][e] @ y[t]
+            yt = y[t] * we if llama4 else y[t]
+            we = 1.0 if llama4 else we
+            g = w[p + "ffn_gate_exps.weight"][e] @ yt
+            u = w[p + "ffn_up_exps.weight"][e] @ yt
             if oai:
                 g = np.minimum(g + w[p + "ffn_gate_exps.bias"][e], 7.0)
                 u = np.clip(u + w[p + "ffn_up_exps.bias"][e], -7.0, 7.0)
@@ -320,6 +327,8 @@ def reference_forward(path: Path, tokens: np.ndarray, n_ctx: int, ggml_gelu: boo
     temp_beta = float(hp("attention.temperature_scale", 0.0))   # mistral3: q x (1 + beta ln(floor(pos / n) + 1))
     temp = (1 + temp_beta * np.log(np.floor(pos / int(hp("rope.scaling.original_context_length", 1))) + 1)
             if temp_beta else None)
+    if arch == "llama4":   # llama.cpp's hard-coded chunk 8192, NoPE every 4th layer with 1 + 0.1 ln(...)
+        temp = 1 + 0.1 * np.log(np.floor((pos + 1) / 8192) + 1)
     if arch == "gemma3":
         pattern = int(hp("attention.sliding_window_pattern", 6))
     softcap = float(hp("attn_logit_softcapping")) if arch == "gemma2" else None
@@ -341,15 +350,19 @@ def reference_forward(path: Path, tokens: np.ndarray, n_ctx: int, ggml_gelu: boo
         q, k, v = q.reshape(t, n_head, hd), k.reshape(t, n_kv, hd), v.reshape(t, n_kv, hd)
         if arch in ("qwen3", "qwen3moe", "gemma3"):
             q, k = _rms(q, w[p + "attn_q_norm.weight"], eps), _rms(k, w[p + "attn_k_norm.weight"], eps)
-        if not (arch == "smollm3" and (il + 1) % 4 == 0):
+        nope = arch in ("smollm3", "llama4") and (il + 1) % 4 == 0
+        if not nope:
             b = float(hp("rope.freq_base_swa", 10000.0)) if arch == "gemma3" and swa else base
             # olmo2 (OLMo 3): the local layers rotate without YaRN (freq_scale 1, ext_factor 0, attn_factor 1)
             ly, lm = (None, 1.0) if arch == "olmo2" and swa else (yarn, mscale)
             q = _rope(q, pos, n_rot, b, neox, factors, lm, ly)
             k = _rope(k, pos, n_rot, b, neox, factors, lm, ly)
-        if temp is not None:
+        if arch == "llama4" and not nope:   # L2 norm (rms without weight) after RoPE
+            q, k = _rms(q, None, eps), _rms(k, None, eps)
+        if temp is not None and (arch != "llama4" or nope):
             q = q * temp[:, None, None]
-        a = _attend(q, k, v, scale, int(window) if swa else None, softcap, w.get(p + "attn_sinks.weight"))
+        chunk = 8192 if arch == "llama4" and not nope else None
+        a = _attend(q, k, v, scale, int(window) if swa else None, softcap, w.get(p + "attn_sinks.weight"), chunk)
         a = a @ w[p + "attn_output.weight"].T + w.get(p + "attn_output.bias", 0.0)
         if arch in ("gemma2", "gemma3", "olmo2"):
             a = _rms(a, w[p + "post_attention_norm.weight"], eps)
@@ -359,7 +372,10 @@ def reference_forward(path: Path, tokens: np.ndarray, n_ctx: int, ggml_gelu: boo
         else:   # gpt-oss names its FFN input norm post_attention_norm
             y = _rms(x, w[p + ("post_attention_norm" if arch == "gpt-oss" else "ffn_norm") + ".weight"], eps)
         if p + "ffn_gate_inp.weight" in w:
-            m = _moe(y, w, p, n_used, oai=arch == "gpt-oss")
+            m = _moe(y, w, p, n_used, oai=arch == "gpt-oss", llama4=arch == "llama4")
+            if p + "ffn_up_shexp.weight" in w:
+                g, u = y @ w[p + "ffn_gate_shexp.weight"].T, y @ w[p + "ffn_up_shexp.weight"].T
+                m = m + (g / (1 + np.exp(-g)) * u) @ w[p + "ffn_down_shexp.weight"].T
         elif arch == "phi3":
             gu = y @ w[p + "ffn_up.weight"].T
             g, u = np.split(gu, 2, axis=-1)
@@ -398,7 +414,7 @@ def make(family: str, llama_python: str, hf_python: str | None, seed: int = 0) -
         n_ctx = PHI3_PARTIAL_CTX if family == "phi3_partial" else 256
         runs = [{"tokens": tokens.tolist(), "n_ctx": n_ctx, "rows": [0, N_TOKENS]}]
         long_tokens = golden_tokens(vocab, seed, LONG_TOKENS)
-        if family == "llama3":
+        if family in LONG_FAMILIES:
             runs.append({"tokens": long_tokens.tolist(), "n_ctx": LONG_TOKENS + 20,
                          "rows": [LONG_TOKENS - LONG_LAST, LONG_TOKENS]})
         if family == "phi3_partial":
@@ -411,7 +427,7 @@ def make(family: str, llama_python: str, hf_python: str | None, seed: int = 0) -
         if family in ("gemma2", "gemma3"):
             extra["ref64_exact_gelu_max_rel_diff"] = np.float64(_rel(logits, reference_forward(
                 path, tokens, n_ctx, ggml_gelu=False)))
-        if family == "llama3":
+        if family in LONG_FAMILIES:
             long_ref = reference_forward(path, long_tokens, LONG_TOKENS + 20)[-LONG_LAST:]
             extra.update(long_tokens=long_tokens.astype(np.int16), long_logits=outs[1],
                          long_positions=np.arange(LONG_TOKENS - LONG_LAST, LONG_TOKENS, dtype=np.int32),

@@ -38,6 +38,7 @@ from torch.nn import functional as F
 from hitenter.config import ModelConfig
 from hitenter.models import layer_routing
 from hitenter.models.attention import KEY_TILE, AttentionMetadata, paged_attention, write_kv
+from hitenter.models.chunked_attention import chunk_view
 from hitenter.models.layers import (
     RMSNorm,
     Rope,
@@ -77,7 +78,8 @@ def _experts(cfg: ModelConfig, w: dict[str, Any], p: str) -> nn.Module:
                   gating=cfg.expert_gating, act=act, router_bias=w.get(p + "ffn_gate_inp.bias"),
                   expert_bias=None if all(b is None for b in biases) else biases,
                   selection_bias=w.get(p + "exp_probs_b.bias"),
-                  weights_scale=cfg.expert_weights_scale if cfg.expert_weights_scale not in (0.0, 1.0) else None)
+                  weights_scale=cfg.expert_weights_scale if cfg.expert_weights_scale not in (0.0, 1.0) else None,
+                  weights_on_input=cfg.expert_weights_on_input)
 
 
 def _row_linear(weight: Any, bias: torch.Tensor | None, dtype: torch.dtype, tp: TensorParallel | None,
@@ -101,6 +103,8 @@ class DecoderLayer(nn.Module):
         self.cfg, self.tp, self.index = cfg, tp, i
         self.window = cfg.layer_window(i)
         self.has_rope = cfg.layer_has_rope(i)
+        self.chunk = cfg.layer_chunk(i)                     # Llama 4's chunked attention (RoPE layers)
+        self.qk_l2 = cfg.qk_l2_norm and self.has_rope       # Llama 4: q, k RMS-normed after RoPE
         self.q_temperature = ((cfg.attn_temperature_scale, cfg.attn_temperature_floor, cfg.attn_temperature_offset)
                               if cfg.layer_q_temperature(i) else None)
         pre, post = cfg.norm_placement != "post", cfg.norm_placement != "pre"
@@ -130,8 +134,13 @@ class DecoderLayer(nn.Module):
         sinks = w.get(p + "attn_sinks.weight")   # gpt-oss: a logit per head in every softmax's denominator
         self.sinks = None if sinks is None else sinks.float().contiguous()
         self.moe: nn.Module | None = None
-        if cfg.num_experts:
+        self.shared_gate_up: nn.Module | None = None   # a shared expert beside the routed ones (Llama 4)
+        if cfg.layer_has_experts(i):
             self.moe = _experts(cfg, w, p)
+            if p + "ffn_up_shexp.weight" in w:
+                self.shared_gate_up = fused_linear([w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"]],
+                                                   None, dtype)
+                self.shared_down = make_linear(w[p + "ffn_down_shexp.weight"], None, dtype)
         else:
             self.gate_up = fused_linear([rows("ffn_gate.weight", f0, f), rows("ffn_up.weight", f0, f)], None, dtype)
             self.down = _row_linear(w[p + "ffn_down.weight"], None, dtype, tp,
@@ -162,13 +171,21 @@ class DecoderLayer(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None and cos_sin is not None:
             q, k = rope.rotate(q, cos_sin), rope.rotate(k, cos_sin)
+        if self.qk_l2:   # ggml_rms_norm over each head, no weight
+            eps = self.cfg.rms_norm_eps
+            q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + eps)
+            k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + eps)
         return q, k, qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, d)
 
     def ffn(self, h: torch.Tensor, n_real: int | None = None) -> torch.Tensor:
         """The FFN on normed rows h: gated (SwiGLU / GeGLU) or the mixture of experts (which routes only
         the first n_real rows: padding rows come back zero)."""
         if self.moe is not None:
-            return self.moe(h, n_real)
+            out = self.moe(h, n_real)
+            if self.shared_gate_up is not None:
+                sg, su = self.shared_gate_up(h).chunk(2, dim=-1)
+                out = out + self.shared_down(F.silu(sg) * su)
+            return out
         gate, up = self.gate_up(h).chunk(2, dim=-1)
         act = F.gelu(gate, approximate="tanh") if self.cfg.activation == "gelu_tanh" else F.silu(gate)
         return self.down(act * up)
@@ -183,6 +200,8 @@ class DecoderLayer(nn.Module):
     def forward_torch(self, x: torch.Tensor, rope: Rope | None, cos_sin: CosSin | None, attn: AttentionMetadata,
                       kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
         attn = attn.for_window(self.window)   # a local layer: its own block tables where the step has them
+        if self.chunk:
+            attn = chunk_view(attn, self.chunk)
         q, k, v = self.qkv_heads(x, rope, cos_sin)
         t = q.shape[0]
         if self.q_temperature is not None:   # Ministral 3, Llama 4's NoPE layers: the position's temperature

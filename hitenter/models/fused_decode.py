@@ -170,8 +170,11 @@ def fused_layer(layer: Any, kv_cache: torch.Tensor) -> FusedLayer | None:
     if lib is None:
         return None
     cfg = layer.cfg
-    if layer.softcap or layer.sinks is not None or getattr(layer, "q_temperature", None) is not None:
-        # soft-capped scores, attention sinks, a query temperature: the torch layer
+    if (layer.softcap or layer.sinks is not None or getattr(layer, "q_temperature", None) is not None
+            or getattr(layer, "chunk", None) or getattr(layer, "qk_l2", False)
+            or getattr(layer, "shared_gate_up", None) is not None):
+        # soft-capped scores, attention sinks, a query temperature, chunked attention, Llama 4's QK norm or
+        # shared expert: the torch layer
         layer.__dict__["_fused"] = False
         return None
     dense = layer.moe is None

@@ -13,7 +13,8 @@ sum when norm_topk (summed in order, clamped at 2^-14 as llama.cpp does), times 
 y = sum over ranks k = 0..K-1, in that order, of w_k * (down_e(glu(gate_e x + bg, up_e x + bu)) + bd),
 glu one of silu (SwiGLU), gelu (tanh GeGLU), relu, swiglu_oai (gpt-oss: alpha 1.702, limit 7); the
 expert biases (gpt-oss) are optional. Ungated experts (no gate projection, Nemotron-H's): down_e(act(up_e x))
-with act relu2 (relu(u)^2).
+with act relu2 (relu(u)^2). `weights_on_input` (Llama 4, llama.cpp's weight_before_ffn): the top-k chosen on
+the logits, and each chosen expert's input multiplied by its weight instead of its output.
 
 Grouped execution: the rows routed to each active expert are gathered and run through one qmatmul per
 projection (gate+up one call once owned, down one); each (row, rank) result is scaled by its weight and
@@ -102,7 +103,8 @@ class MoEFFN(nn.Module):
     def __init__(self, router: torch.Tensor, gate: ExpertWeight | None, up: ExpertWeight, down: ExpertWeight,
                  top_k: int, norm_topk: bool, gating: str = "softmax", act: str = "silu",
                  router_bias: torch.Tensor | None = None, selection_bias: torch.Tensor | None = None,
-                 weights_scale: float | None = None, expert_bias: Biases | None = None) -> None:
+                 weights_scale: float | None = None, expert_bias: Biases | None = None,
+                 weights_on_input: bool = False) -> None:
         super().__init__()
         _check(gate, up, down, router, top_k, gating, act)
         self.n_expert, self.hidden = router.shape
@@ -111,6 +113,7 @@ class MoEFFN(nn.Module):
         self.glu = GLUS[act] if gate is not None else None
         self.act = None if gate is not None else UNGATED[act]
         self.weights_scale = weights_scale
+        self.weights_on_input = weights_on_input
         # stored [H, E]: x @ router_t (an NN GEMM) is 2x faster than F.linear at 8 rows, row invariant alike
         self.router_t = nn.Parameter(router.float().t().contiguous(), requires_grad=False)
         self.router_bias, self.selection_bias = _frozen(router_bias), _frozen(selection_bias)
@@ -138,6 +141,8 @@ class MoEFFN(nn.Module):
         probs = {"softmax": lambda: torch.softmax(logits, dim=-1), "sigmoid": lambda: torch.sigmoid(logits),
                  "softmax_weight": lambda: logits}[self.gating]()[:n]
         select = probs if self.selection_bias is None else probs + self.selection_bias
+        if self.weights_on_input:   # Llama 4: chosen on the logits (sigmoid's saturated ties kept apart)
+            select = logits[:n]
         # a stable descending sort: equal scores keep index order, so a tie goes to the lower expert
         idx = torch.sort(select, dim=-1, descending=True, stable=True).indices[:, :self.top_k]
         w = probs.gather(1, idx)
@@ -183,7 +188,10 @@ class MoEFFN(nn.Module):
         same operations per row as `_grouped`, so the same bits)."""
         acc = None
         for e, wk in zip(idx[0].tolist(), w[0].tolist(), strict=True):
-            o = self.expert_ffn(e, x).mul_(wk)   # wk: the fp32 weight as a Python float, the same product
+            if self.weights_on_input:
+                o = self.expert_ffn(e, x * wk)
+            else:
+                o = self.expert_ffn(e, x).mul_(wk)   # wk: the fp32 weight as a Python float, the same product
             acc = o if acc is None else acc.add_(o)
         return acc
 
@@ -201,8 +209,11 @@ class MoEFFN(nn.Module):
                 continue
             sel = order[start:start + c]
             start += c
-            ye = self.expert_ffn(e, x.index_select(0, sel // k))
-            slots.index_copy_(0, sel, ye.mul_(w_flat.index_select(0, sel)))
+            xe, we = x.index_select(0, sel // k), w_flat.index_select(0, sel)
+            if self.weights_on_input:
+                slots.index_copy_(0, sel, self.expert_ffn(e, xe * we))
+            else:
+                slots.index_copy_(0, sel, self.expert_ffn(e, xe).mul_(we))
         y = slots.view(n, k, self.hidden)
         acc = y[:, 0].clone()
         for r in range(1, k):   # rank order, as llama.cpp adds the views

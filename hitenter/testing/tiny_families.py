@@ -116,6 +116,15 @@ Families (name: general.architecture, what differs):
   YaRN multiplies it back by 1 + 0.1 ln 16: cos/sin x 1. attention.temperature_scale 0.1
   (llama_4_scaling_beta): after RoPE, q x (1 + 0.1 ln(floor(pos / 16) + 1)) (floor = the YaRN original
   context): 1 at positions 0..15, 1 + 0.1 ln 2 at 16..31, 1 + 0.1 ln 3 at 32..39.
+- llama4 (llama4): Llama 4 text. 4 layers, untied, base 500000, NORM rope on Q/K as stored (HF's Llama 4
+  rows are interleaved already: convert does not permute), no sliding_window key, so llama.cpp's defaults:
+  layers 0-2 RoPE + chunked attention (chunk 8192: a query at p sees keys floor(p / 8192) * 8192 .. p)
+  + q, k = rms(q), rms(k) per head without weight after RoPE (4 experts != 128); layer 3 NoPE, every
+  key, q x (1 + 0.1 ln(floor((p + 1) / 8192) + 1)). interleave_moe_layer_step 2: layers 1 and 3 have
+  4 experts (expert_feed_forward_length 64), top-1 by the router logit, weight sigmoid(logit) applied to
+  the expert's input, plus a shared expert ffn_{gate,up,down}_shexp (64 wide) added; layers 0 and 2 a
+  dense SwiGLU of 128. The chunk and the temperature matter only past position 8190: the golden's
+  long_tokens run (8300 tokens, logits at 8284..8299) covers them.
 """
 
 from __future__ import annotations
@@ -137,11 +146,11 @@ from hitenter.testing.tiny_model import (
 )
 
 FAMILIES = ("llama", "llama3", "mixtral", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3",
-            "phi3_partial", "granite", "olmo2", "smollm3", "gpt-oss", "olmo3", "mistral3")
+            "phi3_partial", "granite", "olmo2", "smollm3", "gpt-oss", "olmo3", "mistral3", "llama4")
 ARCHITECTURES = {"llama": "llama", "llama3": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
                  "qwen3moe": "qwen3moe", "gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3",
                  "phi3_partial": "phi3", "granite": "granite", "olmo2": "olmo2", "smollm3": "smollm3",
-                 "gpt-oss": "gpt-oss", "olmo3": "olmo2", "mistral3": "mistral3"}
+                 "gpt-oss": "gpt-oss", "olmo3": "olmo2", "mistral3": "mistral3", "llama4": "llama4"}
 
 HIDDEN, HEADS, KV_HEADS, FFN = 64, 4, 2, 128
 
@@ -471,6 +480,35 @@ def _mistral3(f: _Writer) -> None:
         _gated_ffn(f, p)
 
 
+def _llama4(f: _Writer) -> None:
+    """convert's Llama4Model: Q/K as HF stores them (already interleaved for NORM rope: undo_permute False),
+    experts on every 2nd layer with a shared expert, no sliding_window key (llama.cpp's chunked default)."""
+    head_dim, layers, n_expert, n_ff_exp = HIDDEN // HEADS, 4, 4, 64
+    w = f.w
+    f.hparams(layers, 16384, FFN, 1e-5)
+    w.add_rope_freq_base(5e5)
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(1)
+    vocab = f.finish_metadata()
+    w.add_vocab_size(vocab)
+    w.add_rope_dimension_count(head_dim)
+    w.add_interleave_moe_layer_step(2)
+    w.add_expert_feed_forward_length(n_ff_exp)
+    _embeddings(f, vocab, tied=False)
+    for i in range(layers):
+        p = f"blk.{i}."
+        f.add(p + "attn_norm.weight", f.norm(HIDDEN))
+        _attention(f, p, head_dim, permute=False, q_std=0.25)
+        f.add(p + "ffn_norm.weight", f.norm(HIDDEN))
+        if (i + 1) % 2 == 0:
+            _experts(f, p, n_expert, n_ff_exp)
+            f.add(p + "ffn_gate_shexp.weight", f.normal(n_ff_exp, HIDDEN, std=0.15))
+            f.add(p + "ffn_up_shexp.weight", f.normal(n_ff_exp, HIDDEN, std=0.15))
+            f.add(p + "ffn_down_shexp.weight", f.normal(HIDDEN, n_ff_exp, std=0.1))
+        else:
+            _gated_ffn(f, p)
+
+
 def _gpt_oss(f: _Writer) -> None:
     head_dim, layers, n_expert, n_ff = HIDDEN // HEADS, 2, 8, 64
     w = f.w
@@ -530,6 +568,8 @@ def write_tiny_family(path: str | Path, family: str, seed: int = 0, quant: str |
         _olmo2(f, olmo3=family == "olmo3")
     elif family == "mistral3":
         _mistral3(f)
+    elif family == "llama4":
+        _llama4(f)
     else:
         _gpt_oss(f)
     f.close()

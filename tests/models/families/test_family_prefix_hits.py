@@ -52,3 +52,35 @@ def test_after_a_prefix_hit_the_engine_gives_llama_cpps_distribution(family: str
             worst = max(worst, abs(t.logprob - want[t.token_id]) / np.abs(ref).max())
     print(f"{family} after a prefix hit: max |logprob diff| / max |logit| = {worst:.1e}")
     assert worst <= 2 * TOL
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel_from", [None, 8290], ids=["gemm", "decode-rows"])
+def test_llama4_past_its_chunk_and_temperature_floor_matches_llama_cpp(kernel_from: int | None,
+                                                                         tmp_path: Path) -> None:
+    """llama4 at positions 8284..8299: the RoPE layers' queries past 8192 see only their own chunk, the NoPE
+    layer's queries from position 8191 on are scaled by 1 + 0.1 ln 2 (llama.cpp's long golden run); the
+    rows from `kernel_from` on take the generation path (the decode kernel over the chunk's view)."""
+    if "llama4" not in FAMILIES:
+        pytest.skip("no llama4 tiny family")
+    import torch
+
+    from hitenter.models.loader import load_model
+    from hitenter.testing.model_runs import sequence_logits
+
+    with np.load(GOLDENS / "families" / "llama4.npz") as z:
+        gold = {k: z[k] for k in z.files}
+    path = write_tiny_family(tmp_path / "llama4.gguf", "llama4", seed=int(gold["seed"]))
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == str(gold["gguf_sha256"])
+    model = load_model(path, dtype="float32")[0]
+    tokens = gold["long_tokens"].astype(np.int64).tolist()
+    n = len(tokens)
+    with torch.no_grad():
+        out = sequence_logits(model, tokens, kernel_from=n if kernel_from is None else kernel_from,
+                              chunks=tuple(range(1024, n, 1024)))
+    ref = gold["long_logits"]
+    ours = out[-len(ref):].double().numpy()
+    worst = float(np.abs(ours - ref).max() / np.abs(ref).max())
+    agree = int((ours.argmax(-1) == ref.argmax(-1)).sum())
+    print(f"llama4 positions {n - len(ref)}..{n - 1}: argmax {agree}/{len(ref)}, max rel {worst:.1e}")
+    assert agree >= len(ref) - 1 and worst <= TOL
