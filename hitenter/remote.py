@@ -1,8 +1,8 @@
 """``hitenter run`` / ``chat`` through a running ``hitenter serve``, as ``ollama run`` talks to its server.
 
 The server is looked for at ``$HITENTER_HOST`` (``host:port`` or a URL; default 127.0.0.1:8000, where
-``hitenter serve`` listens): a GET /health answered 200 within ``PROBE_SECONDS`` means one runs there. A
-refused connection answers at once, so a machine with no server loses nothing. The generation is the
+``hitenter serve`` listens): a connection within ``PROBE_SECONDS`` and a GET /health answered 200 means
+one runs there. A refused connection answers at once, so a machine with no server loses nothing. The generation is the
 OpenAI streaming surface (/v1/chat/completions, or /v1/completions for a raw prompt) read with the
 standard library only: nothing heavy is imported on this path (no torch, no HTTP client package).
 
@@ -26,7 +26,8 @@ from urllib.parse import urlsplit
 from hitenter import envs
 
 DEFAULT_HOST = "127.0.0.1:8000"
-PROBE_SECONDS = 0.3
+PROBE_SECONDS = 0.3           # to connect: a refused connection answers at once
+ANSWER_SECONDS = 10.0         # for /health once connected
 READ_SECONDS = 600.0
 
 
@@ -65,10 +66,14 @@ def server_address(host: str | None = None, api_key: str | None = None) -> Serve
     return Server(parts.hostname, parts.port or 8000, api_key or envs.HITENTER_API_KEY.get() or None)
 
 
-def running(server: Server, timeout: float = PROBE_SECONDS) -> bool:
-    """Whether a server answers /health there now."""
+def running(server: Server, timeout: float = PROBE_SECONDS, answer: float = ANSWER_SECONDS) -> bool:
+    """Whether a server answers /health there: a connection within ``timeout`` (nothing listening is
+    refused at once), then its answer within ``answer`` (a busy server may take a moment)."""
     conn = server.connection(timeout)
     try:
+        conn.connect()
+        assert conn.sock is not None
+        conn.sock.settimeout(answer)
         conn.request("GET", "/health")
         return conn.getresponse().status == 200
     except (OSError, http.client.HTTPException):
