@@ -43,6 +43,7 @@ from hitenter.models.layers import (
     RMSNorm,
     Rope,
     embed_and_head,
+    finish_logits,
     fused_linear,
     has_dense_gemms,
     make_linear,
@@ -299,11 +300,7 @@ class CausalLM(nn.Module):
         logits = self.head(self._pad(hidden.to(self.dtype)))[:n].float()
         if self.tp is not None:
             logits = self.tp.gather_logits(logits)
-        cfg = self.config
-        if cfg.logit_scale != 1.0:
-            logits = logits * cfg.logit_scale
-        cap = cfg.final_logit_softcap
-        return torch.tanh(logits / cap) * cap if cap > 0 else logits
+        return finish_logits(self.config, logits)
 
     def weight_bytes(self) -> int:
         """Resident bytes of the weights (each storage counted once; the tied head shares the embedding's)."""

@@ -32,9 +32,24 @@ from torch import nn
 from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
-from hitenter.models.attention import KEY_TILE, AttentionMetadata, allocate_kv_caches, paged_attention, write_kv
+from hitenter.models.attention import (
+    KEY_TILE,
+    AttentionMetadata,
+    allocate_kv_caches,
+    paged_attention,
+    write_kv,
+)
 from hitenter.models.decoder import _experts, rope_factors
-from hitenter.models.layers import RMSNorm, Rope, embed_and_head, fused_linear, has_dense_gemms, make_linear, pad_rows
+from hitenter.models.layers import (
+    RMSNorm,
+    Rope,
+    embed_and_head,
+    finish_logits,
+    fused_linear,
+    has_dense_gemms,
+    make_linear,
+    pad_rows,
+)
 from hitenter.models.recurrent.base import RecurrentMixer, StateCache
 from hitenter.models.recurrent.kinds import MIXERS
 from hitenter.models.row_invariance import attention_row_multiple
@@ -254,12 +269,7 @@ class HybridLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits `[N, V]`, scaled and soft-capped as the family says."""
         n = hidden.shape[0]
-        logits = self.head(self._pad(hidden.to(self.dtype)))[:n].float()
-        cfg = self.config
-        if cfg.logit_scale != 1.0:
-            logits = logits * cfg.logit_scale
-        cap = cfg.final_logit_softcap
-        return torch.tanh(logits / cap) * cap if cap > 0 else logits
+        return finish_logits(self.config, self.head(self._pad(hidden.to(self.dtype)))[:n].float())
 
     def weight_bytes(self) -> int:
         return weight_bytes(self)

@@ -172,6 +172,14 @@ def yarn_freq_factors(rope_dim: int, theta: float, factor: float, original_conte
     return (1.0 / ((1.0 - r) / factor + r)).float()
 
 
+def finish_logits(cfg: ModelConfig, logits: torch.Tensor) -> torch.Tensor:
+    """fp32 logits as the family scales them: times ``logit_scale``, then the final soft-cap where it has one."""
+    if cfg.logit_scale != 1.0:
+        logits = logits * cfg.logit_scale
+    cap = cfg.final_logit_softcap
+    return torch.tanh(logits / cap) * cap if cap > 0 else logits
+
+
 def embed_and_head(cfg: ModelConfig, w: dict[str, Any], dtype: torch.dtype,
                    tp: TensorParallel | None) -> tuple[nn.Module, nn.Module]:
     """The token embedding and the LM head modules, by the tables' layout.

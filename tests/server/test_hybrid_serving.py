@@ -5,7 +5,6 @@ served from a state snapshot (usage's cached tokens), and nothing answers 5xx.""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest

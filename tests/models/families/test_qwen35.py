@@ -1,4 +1,5 @@
-"""Qwen3.5 / 3.6 (qwen35, qwen35moe) and Qwen3-Next (qwen3next, also in its older fused-ssm_in layout):
+"""Qwen3.5 / 3.6 (qwen35, also at real head sizes: qwen35_wide; qwen35moe, also with merged gate_up experts)
+and Qwen3-Next (qwen3next, also in its older fused-ssm_in layout):
 models/families/qwen35.py and the Gated DeltaNet mixer (models/recurrent/gated_deltanet.py) against
 llama.cpp's logits on the tiny GGUFs of hitenter/testing/tiny_qwen35.py (goldens:
 scripts/make_hybrid_goldens.py; the checks and their tolerances: hitenter/testing/hybrid_goldens.py), on the
@@ -32,8 +33,8 @@ from hitenter.testing.hybrid_goldens import (
 from hitenter.testing.model_runs import Runner
 from hitenter.testing.tiny_hybrids import write_tiny_hybrid
 
-FAMILIES = ("qwen35", "qwen35moe", "qwen35moe_gate_up", "qwen3next", "qwen3next_ssm_in")
-FAST = ("qwen35", "qwen3next")   # the fast lane's; the others run in the full suite (a few seconds each)
+FAMILIES = ("qwen35", "qwen35_wide", "qwen35moe", "qwen35moe_gate_up", "qwen3next", "qwen3next_ssm_in")
+FAST = ("qwen35", "qwen35_wide", "qwen3next")   # the fast lane's; the others run in the full suite (a few seconds each)
 
 
 def _lanes(families: tuple[str, ...] | list[str]) -> list[object]:
@@ -60,7 +61,7 @@ def test_fp32_logits_match_llama_cpp(family: str, delta_rule_path: str, tmp_path
 @pytest.mark.parametrize("family", [f if f == "qwen35" else pytest.param(f, marks=pytest.mark.slow)
                                     for f in FAMILIES if f != "qwen35moe_gate_up"])
 def test_q8_0_blocks_match_llama_cpp_within_block_rounding(family: str, tmp_path: Path) -> None:
-    check_q8_0(family, tmp_path, experts=family != "qwen35")
+    check_q8_0(family, tmp_path, experts=family not in ("qwen35", "qwen35_wide"))
 
 
 def test_merged_gate_up_experts_split_into_the_same_values_on_blocks_and_dense() -> None:
