@@ -19,6 +19,9 @@ ssm_out [64, 64]. Every layer: attn_norm, post_attention_norm (the FFN's input n
   nextn.enorm / hnorm / shared_head_norm [64]) that the main forward pass never runs; SwiGLU FFN 128;
   rope.freq_base 1e7, rope.dimension_count 16 (the first 16 of 32 dims), rope.dimension_sections
   [3, 3, 2, 0] (every rotated pair on a text axis); tied.
+- qwen35_wide (qwen35): qwen35's trunk (no MTP) with real Qwen3.5 head sizes: attention head_dim 256,
+  rope.dimension_count 64, sections [11, 11, 10, 0]; Gated DeltaNet 8 key heads, 16 value heads, state 128
+  (attn_qkv [4096, 64], attn_gate [2048, 64], ssm_out [64, 2048]).
 - qwen35moe (qwen35moe): 4 layers as qwen35's trunk, no MTP, untied; in every layer 8 experts of
   expert_feed_forward_length 32, top-2 (expert_used_count), and the shared expert
   (expert_shared_feed_forward_length 48): ffn_gate_inp [8, 64], ffn_{gate,up}_exps [8, 32, 64],
@@ -40,23 +43,44 @@ ssm_out [64, 64]. Every layer: attn_norm, post_attention_norm (the FFN's input n
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from hitenter.testing.tiny_families import HEADS, HIDDEN, KV_HEADS, _Writer
 from hitenter.testing.tiny_model import add_weight
 
-HEAD_DIM = 32
-GDN = {"conv": 4, "key_heads": 2, "value_heads": 4, "state": 16}
-GDN["inner"] = GDN["value_heads"] * GDN["state"]
 FFN, N_EXPERT, EXPERT_FFN, SHARED_FFN = 128, 8, 32, 48
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The head sizes of one tiny file: attention head_dim, rotated dims, IMROPE sections; Gated DeltaNet key
+    heads, value heads, state (= key = value head) size, conv taps."""
+
+    head_dim: int = 32
+    rope_dim: int = 16
+    sections: tuple[int, ...] = (3, 3, 2, 0)
+    key_heads: int = 2
+    value_heads: int = 4
+    state: int = 16
+    conv: int = 4
+
+    @property
+    def inner(self) -> int:
+        return self.value_heads * self.state
+
+
+TINY = Shape()
+NEXT = Shape(rope_dim=8)
+WIDE = Shape(head_dim=256, rope_dim=64, sections=(11, 11, 10, 0), key_heads=8, value_heads=16, state=128)
 
 
 def _f32(f: _Writer, name: str, arr: np.ndarray) -> None:
     add_weight(f.w, name, arr, None, f.rng)
 
 
-def _metadata(f: _Writer, layers: int, moe: bool, next_rope: bool) -> None:
+def _metadata(f: _Writer, s: Shape, layers: int, moe: bool, next_rope: bool) -> None:
     w = f.w
     w.add_block_count(layers)
     w.add_context_length(4096)
@@ -65,18 +89,18 @@ def _metadata(f: _Writer, layers: int, moe: bool, next_rope: bool) -> None:
         w.add_feed_forward_length(FFN)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
-    w.add_key_length(HEAD_DIM)
-    w.add_value_length(HEAD_DIM)
+    w.add_key_length(s.head_dim)
+    w.add_value_length(s.head_dim)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(1e7)
-    w.add_rope_dimension_count(8 if next_rope else 16)
+    w.add_rope_dimension_count(s.rope_dim)
     if not next_rope:
-        w.add_rope_dimension_sections([3, 3, 2, 0])
-    w.add_ssm_conv_kernel(GDN["conv"])
-    w.add_ssm_state_size(GDN["state"])
-    w.add_ssm_group_count(GDN["key_heads"])
-    w.add_ssm_time_step_rank(GDN["value_heads"])
-    w.add_ssm_inner_size(GDN["inner"])
+        w.add_rope_dimension_sections(list(s.sections))
+    w.add_ssm_conv_kernel(s.conv)
+    w.add_ssm_state_size(s.state)
+    w.add_ssm_group_count(s.key_heads)
+    w.add_ssm_time_step_rank(s.value_heads)
+    w.add_ssm_inner_size(s.inner)
     w.add_full_attention_interval(4)
     if moe:
         w.add_expert_count(N_EXPERT)
@@ -85,19 +109,19 @@ def _metadata(f: _Writer, layers: int, moe: bool, next_rope: bool) -> None:
         w.add_expert_shared_feed_forward_length(SHARED_FFN)
 
 
-def _attention(f: _Writer, p: str) -> None:
-    f.add(p + "attn_q.weight", f.normal(2 * HEADS * HEAD_DIM, HIDDEN, std=0.2))
-    f.add(p + "attn_k.weight", f.normal(KV_HEADS * HEAD_DIM, HIDDEN, std=0.2))
-    f.add(p + "attn_v.weight", f.normal(KV_HEADS * HEAD_DIM, HIDDEN, std=0.2))
-    f.add(p + "attn_output.weight", f.normal(HIDDEN, HEADS * HEAD_DIM, std=0.1))
-    _f32(f, p + "attn_q_norm.weight", f.norm(HEAD_DIM))
-    _f32(f, p + "attn_k_norm.weight", f.norm(HEAD_DIM))
+def _attention(f: _Writer, p: str, s: Shape) -> None:
+    f.add(p + "attn_q.weight", f.normal(2 * HEADS * s.head_dim, HIDDEN, std=0.2))
+    f.add(p + "attn_k.weight", f.normal(KV_HEADS * s.head_dim, HIDDEN, std=0.2))
+    f.add(p + "attn_v.weight", f.normal(KV_HEADS * s.head_dim, HIDDEN, std=0.2))
+    f.add(p + "attn_output.weight", f.normal(HIDDEN, HEADS * s.head_dim, std=0.1))
+    _f32(f, p + "attn_q_norm.weight", f.norm(s.head_dim))
+    _f32(f, p + "attn_k_norm.weight", f.norm(s.head_dim))
 
 
-def _gated_deltanet(f: _Writer, p: str, layout: str) -> None:
+def _gated_deltanet(f: _Writer, p: str, layout: str, s: Shape) -> None:
     """layout "qwen35" (attn_qkv, attn_gate, ssm_beta, ssm_alpha), "qwen3next" (ssm_ba fused per key head)
     or "ssm_in" (ssm_ba, and q, k, v, z fused per key head in ssm_in)."""
-    hk, hv, ds, inner = GDN["key_heads"], GDN["value_heads"], GDN["state"], GDN["inner"]
+    hk, hv, ds, inner = s.key_heads, s.value_heads, s.state, s.inner
     r, channels = hv // hk, 2 * hk * ds + inner
     # k's rows and taps near q's (cosine ~0.9): random q, k of 16 dims are often near orthogonal, and where
     # q . k ~ 0 the gated norm of a one-term output flips sign under any rounding (an ill-conditioned test)
@@ -112,8 +136,8 @@ def _gated_deltanet(f: _Writer, p: str, layout: str) -> None:
     else:
         f.add(p + "attn_qkv.weight", qkv)
         f.add(p + "attn_gate.weight", z)
-    taps = f.normal(channels, GDN["conv"], std=0.5)
-    taps[hk * ds:2 * hk * ds] = taps[:hk * ds] + f.normal(hk * ds, GDN["conv"], std=0.2)
+    taps = f.normal(channels, s.conv, std=0.5)
+    taps[hk * ds:2 * hk * ds] = taps[:hk * ds] + f.normal(hk * ds, s.conv, std=0.2)
     _f32(f, p + "ssm_conv1d.weight", taps)
     _f32(f, p + "ssm_dt.bias", (f.normal(hv, std=0.5) - 0.5).astype(np.float32))
     _f32(f, p + "ssm_a", (-f.rng.uniform(0.02, 0.3, hv)).astype(np.float32))
@@ -148,11 +172,11 @@ def _ffn(f: _Writer, p: str, moe: bool, merged: bool = False) -> None:
     _f32(f, p + "ffn_gate_inp_shexp.weight", f.normal(HIDDEN, std=0.3))
 
 
-def _mtp(f: _Writer, p: str) -> None:
+def _mtp(f: _Writer, p: str, s: Shape) -> None:
     """An MTP block (convert's _QwenMtpMixin): a full-attention layer plus the nextn tensors."""
     _f32(f, p + "attn_norm.weight", f.norm(HIDDEN))
     _f32(f, p + "post_attention_norm.weight", f.norm(HIDDEN))
-    _attention(f, p)
+    _attention(f, p, s)
     _ffn(f, p, moe=False)
     f.add(p + "nextn.eh_proj.weight", f.normal(HIDDEN, 2 * HIDDEN, std=0.1))
     for name in ("enorm", "hnorm", "shared_head_norm"):
@@ -160,11 +184,12 @@ def _mtp(f: _Writer, p: str) -> None:
 
 
 def _write(f: _Writer, family: str) -> None:
-    moe = family != "qwen35"
+    moe = family not in ("qwen35", "qwen35_wide")
     nxt = family.startswith("qwen3next")
     kinds = ["gdn", "attention", "gdn", "attention"] if nxt else ["gdn", "gdn", "gdn", "attention"]
     mtp = family == "qwen35"
-    _metadata(f, len(kinds) + mtp, moe, nxt)
+    s = WIDE if family == "qwen35_wide" else NEXT if nxt else TINY
+    _metadata(f, s, len(kinds) + mtp, moe, nxt)
     if mtp:
         f.w.add_nextn_predict_layers(1)
     if nxt:
@@ -180,17 +205,18 @@ def _write(f: _Writer, family: str) -> None:
         p = f"blk.{i}."
         _f32(f, p + "attn_norm.weight", f.norm(HIDDEN))
         if kind == "gdn":
-            _gated_deltanet(f, p, layout)
+            _gated_deltanet(f, p, layout, s)
         else:
-            _attention(f, p)
+            _attention(f, p, s)
         _f32(f, p + "post_attention_norm.weight", f.norm(HIDDEN))
         _ffn(f, p, moe, merged=family == "qwen35moe_gate_up")
     if mtp:
-        _mtp(f, f"blk.{len(kinds)}.")
+        _mtp(f, f"blk.{len(kinds)}.", s)
 
 
 QWEN35_HYBRIDS: dict[str, tuple[str, Callable[[_Writer], None]]] = {
     "qwen35": ("qwen35", lambda f: _write(f, "qwen35")),
+    "qwen35_wide": ("qwen35", lambda f: _write(f, "qwen35_wide")),
     "qwen35moe": ("qwen35moe", lambda f: _write(f, "qwen35moe")),
     "qwen35moe_gate_up": ("qwen35moe", lambda f: _write(f, "qwen35moe_gate_up")),
     "qwen3next": ("qwen3next", lambda f: _write(f, "qwen3next")),
