@@ -7,6 +7,12 @@ vector loop or in the scalar tail depends on T, so the same row could round diff
 batch (a shared expert's sigmoid gate, [40, 1] against [16, 1], does). `rowwise` pads each row to a
 multiple of LANES columns (a multiple of two vectors of every ISA torch builds: 2 x 16 fp32 lanes on
 AVX-512), so every element takes the vector loop at the same lane whatever T.
+
+Limit: torch also splits a tensor of more than its grain (32,768 elements) among threads, at
+ceil(numel / threads) elements, and each thread's share ends in its own scalar tail. With a thread count
+whose shares are not whole multiples of two vectors (5 or 7 threads on [n, 6144] rows do this; 1, 2, 3, 4
+and 8 do not), large tensors can still round a row differently at different T, here and in every other
+elementwise op of the models.
 """
 
 from __future__ import annotations
