@@ -203,6 +203,16 @@ def cmd_chat(a: argparse.Namespace) -> int:
     return 0
 
 
+def _reasoning_budget(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -2
+    if n < -1:
+        raise argparse.ArgumentTypeError(f"must be -1 (unbounded) or an integer >= 0, got {text!r}")
+    return n
+
+
 def cmd_serve(a: argparse.Namespace) -> int:
     from hitenter.server.api import serve
 
@@ -211,7 +221,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
           max_queued_requests=a.max_queued_requests, extra_models=extra, max_body_bytes=a.max_body_bytes,
           header_timeout=a.header_timeout, metrics_public=a.metrics_public,
           allow_special_tokens_in_content=a.allow_special_tokens_in_content, allowed_origins=a.allowed_origins,
-          limits=_limits(a), lifecycle=_lifecycle(a), **_engine_kwargs(a))
+          limits=_limits(a), lifecycle=_lifecycle(a), reasoning_budget=a.reasoning_budget, **_engine_kwargs(a))
     return 0
 
 
@@ -262,6 +272,10 @@ def _server_guard_flags(p: argparse.ArgumentParser) -> None:
                    help="seconds a client has to send a request's headers before 408 and close (default 10)")
     p.add_argument("--metrics-public", action="store_true",
                    help="serve /metrics without the --api-key (default: behind it)")
+    p.add_argument("--reasoning-budget", type=_reasoning_budget, default=-1, metavar="N",
+                   help="thinking tokens a reply may take before the model's end tag is written for it, when the "
+                        "request gives no budget (Anthropic budget_tokens, vLLM's thinking_token_budget); "
+                        "-1 unbounded (default), 0 closes the thinking section as it opens")
     p.add_argument("--allow-special-tokens-in-content", action="store_true",
                    help="trusted callers only: special-token text in chat messages becomes control tokens")
     p.add_argument("--allowed-origins", action="append", default=None, metavar="ORIGIN",

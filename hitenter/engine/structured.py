@@ -229,10 +229,14 @@ def build_grammar(spec: StructuredSpec) -> Any:
         raise ValueError(f"{p}: invalid {spec.kind}: {e}") from e
 
 
+_LEAD = "[ \\n]? [ \\n]?"      # the blank line a model writes after its thinking, before the first call
+
+
 def _tool_call_grammar(value: dict[str, Any], param: str) -> Any:
     """Tool calls in a model's own markup: ``value["variants"]`` holds one call form per allowed function,
     either ``{"prefix", "schema", "suffix"}`` (literal text around JSON arguments following the schema)
-    or ``{"ebnf"}`` (a whole call); one call, or with ``parallel`` several joined by ``value["sep"]``."""
+    or ``{"ebnf"}`` (a whole call); one call, or with ``parallel`` several joined by ``value["sep"]``;
+    up to two spaces or newlines before the first."""
     xgr = _xgr()
     forms = []
     for v in value["variants"]:
@@ -244,12 +248,9 @@ def _tool_call_grammar(value: dict[str, Any], param: str) -> Any:
                                         *([xgr.Grammar.from_ebnf(f"root ::= {json.dumps(v['suffix'])}")]
                                           if v.get("suffix") else [])))
     call = forms[0] if len(forms) == 1 else xgr.Grammar.union(*forms)
-    if not value.get("parallel"):
-        return call
-    sep = json.dumps(value.get("sep", ""))
-    text = str(call)
-    return xgr.Grammar.from_ebnf(text.replace("root ::=", "call ::=", 1) + f"\nroot ::= call ({sep} call)*"
-                                 if value.get("sep") else text.replace("root ::=", "call ::=", 1) + "\nroot ::= call+")
+    text = str(call).replace("root ::=", "call ::=", 1)
+    rest = "" if not value.get("parallel") else f" ({json.dumps(value['sep'])} call)*" if value.get("sep") else " call*"
+    return xgr.Grammar.from_ebnf(f"{text}\nroot ::= {_LEAD} call{rest}")
 
 
 class GrammarConstraint:

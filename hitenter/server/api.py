@@ -86,7 +86,7 @@ def create_app(engine: Served, served_model_name: str | None = None, api_key: st
                playground: bool = True, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics_public: bool = False,
                allow_special_tokens_in_content: bool = False, allowed_origins: list[str] | None = None,
                limits: L.Limits | None = None, pull: Puller | None = None, lifecycle: Lifecycle | None = None,
-               loader: Loader | None = None) -> FastAPI:
+               loader: Loader | None = None, reasoning_budget: int = -1) -> FastAPI:
     """The app. ``max_queued_requests``, when given, is set on every engine; ``playground`` mounts
     the web playground (its API under /playground/api, the page at /) when it is installed;
     ``allowed_origins``: the browser origins allowed cross-origin calls (CORS; none by default);
@@ -94,7 +94,10 @@ def create_app(engine: Served, served_model_name: str | None = None, api_key: st
     ``pull``: what /api/pull runs, ``(name, progress)`` (hitenter.models.registry.pull when None);
     ``loader``: loads a model a request names that is not resident, ``(name, file) -> ServedModel``
     (None: only the models given here are served); ``lifecycle``: keep-alive and the resident limits
-    (hitenter/server/model_manager.py)."""
+    (hitenter/server/model_manager.py); ``reasoning_budget``: the thinking tokens a reply may take when the
+    request gives no budget (-1: unbounded; 0: the section closes as it opens)."""
+    if not isinstance(reasoning_budget, int) or reasoning_budget < -1:
+        raise ValueError(f"reasoning_budget: must be -1 (unbounded) or an integer >= 0, got {reasoning_budget!r}")
     L.configure(limits or L.Limits())
     models = {m.name: m for m in [_served(served_model_name, engine, max_queued_requests)]}
     for name, e in (extra_engines or {}).items():
@@ -104,7 +107,7 @@ def create_app(engine: Served, served_model_name: str | None = None, api_key: st
         _ = m.max_prompt_chars     # now, not on the first request's event loop (Qwen's 151k vocabulary: ~1 s)
         manager.add(m)
     state = ServerState(manager, ServerMetrics(list(models)), allow_special_tokens_in_content, pull=pull,
-                        default_name=next(iter(models)))
+                        default_name=next(iter(models)), reasoning_budget=reasoning_budget)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -229,7 +232,8 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, a
           extra_models: list[str] | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
           header_timeout: float = DEFAULT_HEADER_TIMEOUT, metrics_public: bool = False,
           allow_special_tokens_in_content: bool = False, allowed_origins: list[str] | None = None,
-          limits: L.Limits | None = None, lifecycle: Lifecycle | None = None, **engine_kwargs: Any) -> None:
+          limits: L.Limits | None = None, lifecycle: Lifecycle | None = None, reasoning_budget: int = -1,
+          **engine_kwargs: Any) -> None:
     import uvicorn
 
     engine = LLMEngine(model, **engine_kwargs)
@@ -238,5 +242,5 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, a
                      max_body_bytes=max_body_bytes, metrics_public=metrics_public,
                      allow_special_tokens_in_content=allow_special_tokens_in_content,
                      allowed_origins=allowed_origins, limits=limits, lifecycle=lifecycle,
-                     loader=engine_loader(engine_kwargs, max_queued_requests))
+                     loader=engine_loader(engine_kwargs, max_queued_requests), reasoning_budget=reasoning_budget)
     uvicorn.Server(uvicorn_config(app, host, port, header_timeout, log_level="info")).run()

@@ -58,6 +58,7 @@ class ServerState:
     stores: dict[str, Any] = field(default_factory=dict)   # per-surface state (the Responses store)
     pull: Puller | None = None             # fetches a known model into the cache (None: the registry's pull)
     default_name: str = ""                 # the model a request that names none gets (the first started)
+    reasoning_budget: int = -1             # --reasoning-budget: thinking tokens per reply (-1: unbounded)
 
     @property
     def models(self) -> dict[str, ServedModel]:

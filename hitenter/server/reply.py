@@ -4,7 +4,8 @@ generate, OpenAI Responses and Anthropic Messages build their bodies and streams
 ``Reply.of(out, plan)``: a finished RequestOutput split into reasoning, content and tool calls, with
 its finish and token counts. ``reply_events(src, plan)``: a stream of ``Piece`` (content or reasoning
 text safe to send now, the logprobs of the tokens it came from), ``CallPiece`` (a tool call's name,
-then its argument text) ending in one ``Done`` (the Reply); text that may still become markup is held
+then its argument text), ``CallDone`` (a call complete, as soon as its block closed) ending in one
+``Done`` (the Reply); text that may still become markup is held
 back (chat_format.ReplyParser over the model's reasoning and tool-call parsers).
 
 OpenAI's request schemas (/v1/completions, /v1/chat/completions) and vLLM's (/tokenize, /detokenize).
@@ -43,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hitenter.outputs import PositionLogprobs, RequestOutput
-from hitenter.sampling_params import SamplingParams, StructuredSpec
+from hitenter.sampling_params import SamplingParams, StructuredSpec, ThinkingSpec
 from hitenter.server import field_limits as limits
 from hitenter.server.api_error import APIError
 from hitenter.server.chat_format import ChatFormat, ReplyParser, Thought, chat_format_of
@@ -66,6 +67,7 @@ class ToolPlan:
     fmt: ChatFormat | None = None                    # set by bind(): the model's chat format
     tail: str = ""                                   # ... and the end of the prompt's text
     token_texts: Any = None                          # ... and its token ids -> their texts (counting)
+    thinking: ThinkingSpec | None = None             # ... and its thinking section for the engine (budget, gate)
 
     @property
     def parses(self) -> bool:
@@ -155,22 +157,37 @@ def plan_tools(tools: list[dict[str, Any]], choice: Any, parallel: bool | None, 
     return plan
 
 
-def bind(plan: ToolPlan, tokenizer: Any, prompt_ids: list[int]) -> ToolPlan:
+def bind(plan: ToolPlan, tokenizer: Any, prompt_ids: list[int], think: bool = False,
+         budget: int | None = None) -> ToolPlan:
     """``plan`` for one prompt of a model: its chat format, and the prompt's end (which tells whether
-    the template opened the thinking section)."""
+    the template opened the thinking section). ``think``: the prompt lets the reply think; then the
+    section is bounded by ``budget`` tokens (None: unbounded) and a forced call's grammar waits for
+    it to close (as vLLM applies structured outputs after the reasoning ends)."""
     tail = tokenizer.decode(prompt_ids[-16:]) if prompt_ids else ""
+    fmt = chat_format_of(tokenizer)
+    thinking = fmt.thinking_spec(tokenizer, budget, plan.structured is not None) if think else None
 
     def token_texts(ids: list[int]) -> list[str]:
         dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
         return [dec.decode(tokenizer.token_bytes(t)) for t in ids]
-    return dataclasses.replace(plan, fmt=chat_format_of(tokenizer), tail=tail, token_texts=token_texts)
+    return dataclasses.replace(plan, fmt=fmt, tail=tail, token_texts=token_texts, thinking=thinking)
 
 
 def reply_params(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
-    """``params`` decoding special tokens where the model's reasoning or call markup is made of them."""
+    """``params`` decoding special tokens where the model's reasoning or call markup is made of them,
+    with the plan's thinking section (its budget, the gate of a forced call)."""
     if plan.needs_special and params.skip_special_tokens:
-        return params.replace(skip_special_tokens=False)
+        params = params.replace(skip_special_tokens=False)
+    if plan.thinking is not None:
+        params = params.replace(thinking=plan.thinking)
     return params
+
+
+def thinking_budget(server_budget: int, requested: int | None) -> int | None:
+    """A reply's thinking budget: the request's, else the server's (``--reasoning-budget``; -1: none)."""
+    if requested is not None:
+        return requested
+    return server_budget if server_budget >= 0 else None
 
 
 def parse_tool_calls(text: str, parallel: bool = True,
@@ -278,20 +295,60 @@ class CallPiece:
 
 
 @dataclass
+class CallDone:
+    call: dict[str, Any]                      # a call complete: {"id", "type", "function": {name, arguments}}
+    index: int
+
+
+@dataclass
 class Done:
     reply: Reply
 
 
-def _pieces(outs: list[Any], logprobs: list[PositionLogprobs]) -> list[Piece | CallPiece]:
-    """Parser outputs as events; the step's logprobs ride on its first piece (or an empty one)."""
-    events: list[Piece | CallPiece] = []
+Event = Piece | CallPiece | CallDone
+
+
+class _Calls:
+    """Marks where each call of a reply is complete: a call is done once its block closed (the parser
+    holds it in ``calls``) and the next event is not one of its pieces."""
+
+    def __init__(self, rp: ReplyParser) -> None:
+        self.rp, self.open, self.sent = rp, None, 0      # the call being streamed, calls marked done
+
+    def before(self, event: Event) -> list[CallDone]:
+        """The calls complete before ``event``: all of them, except the one ``event`` is a piece of."""
+        if not isinstance(event, CallPiece):
+            return self.flush()
+        if event.delta.index == self.open:
+            return []
+        self.open = event.delta.index
+        return self.flush(event.delta.index)
+
+    def flush(self, upto: int | None = None) -> list[CallDone]:
+        calls = self.rp.calls
+        end = len(calls) if upto is None else min(upto, len(calls))
+        out = [CallDone(calls[i], i) for i in range(self.sent, end)]
+        self.sent = max(self.sent, end)
+        return out
+
+
+def _pieces(outs: list[Any], logprobs: list[PositionLogprobs], calls: _Calls) -> list[Event]:
+    """Parser outputs as events, each call's CallDone right after its last piece; the step's logprobs
+    ride on its first piece (or an empty one)."""
+    events: list[Event] = []
     for o in outs:
+        e: Event
         if isinstance(o, ToolDelta):
-            events.append(CallPiece(o))
+            e = CallPiece(o)
         elif isinstance(o, Thought):
-            events.append(Piece(o.text, reasoning=True))
+            e = Piece(o.text, reasoning=True)
         elif o:
-            events.append(Piece(o))
+            e = Piece(o)
+        else:
+            continue
+        events += calls.before(e)
+        events.append(e)
+    events += calls.flush()
     if logprobs:
         first = next((e for e in events if isinstance(e, Piece)), None)
         if first is None:
@@ -301,10 +358,12 @@ def _pieces(outs: list[Any], logprobs: list[PositionLogprobs]) -> list[Piece | C
     return events
 
 
-async def reply_events(src: Source, plan: ToolPlan) -> AsyncIterator[Piece | CallPiece | Done]:
-    """Pieces of the reply as they become safe to send, then Done. A step's tokens count as
-    reasoning tokens while its text went to the thinking section."""
+async def reply_events(src: Source, plan: ToolPlan) -> AsyncIterator[Event | Done]:
+    """Pieces of the reply as they become safe to send (a call's ``CallDone`` as soon as it is
+    complete), then Done. A step's tokens count as reasoning tokens while its text went to the
+    thinking section."""
     rp = plan.reply_parser()
+    calls = _Calls(rp)
     thinking = 0
     async for _, out in src:
         c = out.outputs[0]
@@ -312,10 +371,10 @@ async def reply_events(src: Source, plan: ToolPlan) -> AsyncIterator[Piece | Cal
         outs = rp.feed(c.delta_text)
         if before or rp.in_thought or any(isinstance(o, Thought) for o in outs):
             thinking += len(c.delta_token_ids)
-        for e in _pieces(outs, list(c.delta_logprobs or [])):
+        for e in _pieces(outs, list(c.delta_logprobs or []), calls):
             yield e
         if out.finished:
-            for e in _pieces(rp.finish(), []):
+            for e in _pieces(rp.finish(), [], calls):
                 yield e
             yield Done(Reply.of(out, plan, rp, thinking))
             return

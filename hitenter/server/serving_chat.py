@@ -51,6 +51,7 @@ from hitenter.server.reply import (
     message_tool_fields,
     plan_tools,
     reply_params,
+    thinking_budget,
 )
 from hitenter.server.schema_types import (
     Bias,
@@ -292,6 +293,7 @@ class ChatExtras(BaseModel):
     echo: Bool = False
     reasoning_effort: ReasoningEffort | None = None          # OpenAI's; "none" turns thinking off
     chat_template_kwargs: dict[str, Any] | None = None       # vLLM / llama-server: template variables
+    thinking_token_budget: NonNegInt | None = None           # vLLM's: tokens the thinking section may take
 
     def thinking_kwargs(self, template_vars: Any) -> dict[str, Any]:
         """The template variables that switch thinking (chat_format.ChatFormat), then the client's own."""
@@ -400,11 +402,12 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, state: 
     plan = chat_plan(req, m.tokenizer.chat_template)
     fmt = chat_format_of(m.tokenizer)
     params = prepare_params(req, sampling_params(req.to_sampling_params), plan)
+    think_vars = req.thinking_kwargs(fmt.template_kwargs)
     prompt = await chat_ids(state, m, fmt.with_reasoning(req.message_dicts()), req.add_generation_prompt,
                             continue_final=req.continue_final_message,
-                            **{**req.thinking_kwargs(fmt.template_kwargs),
-                               **({} if plan is NO_TOOLS else plan.template_kwargs())})
-    plan = bind(plan, m.tokenizer, prompt)
+                            **{**think_vars, **({} if plan is NO_TOOLS else plan.template_kwargs())})
+    plan = bind(plan, m.tokenizer, prompt, fmt.thinking_on(think_vars),
+                thinking_budget(state.reasoning_budget, req.thinking_token_budget))
     params = reply_params(params, plan)
     scores = await scores_for(m, req, [prompt])
     handles = await submit(m, [prompt], params, "messages")

@@ -9,8 +9,9 @@ Content: a ``text`` block (unless the reply is only tool calls), then a ``tool_u
 (``input`` an object, id ``toolu_...``). ``stop_reason``: ``tool_use`` when it called, ``max_tokens`` when
 the budget ran out, ``stop_sequence`` (with ``stop_sequence`` set) when one matched, else ``end_turn``.
 The stream is the documented sequence: ``message_start``, ``ping``, per block ``content_block_start``,
-``content_block_delta``s (``text_delta``, or one ``input_json_delta`` with the whole input),
-``content_block_stop``, then ``message_delta`` (stop reason, output tokens) and ``message_stop``.
+``content_block_delta``s (``thinking_delta``, ``text_delta``, or one ``input_json_delta`` with the whole
+input of a call, sent as soon as the call is complete), ``content_block_stop``, then ``message_delta``
+(stop reason, output tokens) and ``message_stop``.
 
 Anthropic Messages' request bodies (POST /v1/messages, /v1/messages/count_tokens) and their content
 blocks, turned into the chat template's messages.
@@ -20,7 +21,8 @@ or text blocks; ``is_error`` kept in the text). ``cache_control`` is accepted on
 system prompt and has no effect (the prefix cache is automatic here). ``thinking`` blocks of earlier
 turns go back to the template as the turn's reasoning; ``thinking: {type: enabled}`` asks for the
 reply's thinking (``thinking`` blocks, ``thinking_delta`` events; their ``signature`` is empty: nothing
-here signs them). Images, documents, server tools and MCP servers are refused (400). ``output_config.format`` (a JSON schema) constrains
+here signs them); its ``budget_tokens`` (below ``max_tokens``) bounds the section: the engine writes
+the model's end tag when it is spent (hitenter/engine/thinking_gate.py). Images, documents, server tools and MCP servers are refused (400). ``output_config.format`` (a JSON schema) constrains
 the reply (structured outputs). ``temperature`` is 0..1 as Anthropic documents it (default 1; newer
 SDKs no longer send sampling fields, older ones and plain HTTP do), ``metadata.user_id`` is metadata.
 """
@@ -54,7 +56,7 @@ from hitenter.server.generation import (
 )
 from hitenter.server.reply import (
     NO_TOOLS,
-    CallPiece,
+    CallDone,
     Done,
     Piece,
     Reply,
@@ -64,6 +66,7 @@ from hitenter.server.reply import (
     plan_tools,
     reply_events,
     reply_params,
+    thinking_budget,
     with_tools,
 )
 from hitenter.server.schema_types import STRICT, Bool, NonEmpty, PositiveInt, TopP
@@ -279,56 +282,63 @@ def body(model: str, r: Reply, thinking: bool = False) -> dict[str, Any]:
 
 async def stream_events(src: Source, model: str, plan: ToolPlan, prompt_tokens: int,
                         thinking: bool = False) -> AsyncIterator[dict[str, Any]]:
-    """The documented event sequence of one message (see the module docstring); with ``thinking`` a
-    ``thinking`` block (``thinking_delta`` events) comes first."""
+    """The documented event sequence of one message (see the module docstring): with ``thinking`` a
+    ``thinking`` block (``thinking_delta`` events) first, then ``text_delta`` events, and each
+    ``tool_use`` block as soon as its call is complete (its whole input in one ``input_json_delta``)."""
     start = message(new_id("msg", "_"), model, [], {"stop_reason": None, "stop_sequence": None}, usage(None, prompt_tokens))
     yield {"type": "message_start", "message": start}
     yield {"type": "ping"}
-    opened, index, thought = False, 0, False
+    blocks = _Blocks()
     async for e in reply_events(src, plan):
-        if isinstance(e, CallPiece):
-            continue                                # tool_use blocks go out whole, at the end
-        if isinstance(e, Piece):
-            if not e.text or (e.reasoning and not thinking):
-                continue
-            if e.reasoning:
-                if not thought:
-                    thought = True
-                    yield {"type": "content_block_start", "index": index,
-                           "content_block": {"type": "thinking", "thinking": "", "signature": ""}}
-                yield {"type": "content_block_delta", "index": index, "delta": {"type": "thinking_delta",
-                                                                                "thinking": e.text}}
-                continue
-            if thought and not opened:
-                yield {"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta",
-                                                                                "signature": ""}}
-                yield {"type": "content_block_stop", "index": index}
-                index += 1
-            if not opened:
-                opened = True
-                yield {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
-            yield {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": e.text}}
-            continue
-        assert isinstance(e, Done)
-        r = e.reply
-        if thought and not opened:
-            yield {"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta", "signature": ""}}
-            yield {"type": "content_block_stop", "index": index}
-            index += 1
-        if opened or not r.calls:
-            if not opened:
-                yield {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
-            yield {"type": "content_block_stop", "index": index}
-            index += 1
-        for call in r.calls:
-            block = tool_use(call)
-            yield {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}}
-            yield {"type": "content_block_delta", "index": index,
-                   "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}}
-            yield {"type": "content_block_stop", "index": index}
-            index += 1
-        yield {"type": "message_delta", "delta": stop_fields(r), "usage": {"output_tokens": r.completion_tokens}}
-        yield {"type": "message_stop"}
+        if isinstance(e, CallDone):
+            block = tool_use(e.call)
+            for x in blocks.open("tool_use", {**block, "input": {}}):
+                yield x
+            yield blocks.delta({"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)})
+            for x in blocks.close():
+                yield x
+        elif isinstance(e, Piece) and e.text and (thinking or not e.reasoning):
+            kind = "thinking" if e.reasoning else "text"
+            for x in blocks.open(kind, {"type": "thinking", "thinking": "", "signature": ""} if e.reasoning
+                                 else {"type": "text", "text": ""}):
+                yield x
+            yield blocks.delta({"type": "thinking_delta", "thinking": e.text} if e.reasoning
+                               else {"type": "text_delta", "text": e.text})
+        elif isinstance(e, Done):
+            r = e.reply
+            for x in blocks.close():
+                yield x
+            if not blocks.any_text and not r.calls:     # an empty answer is one empty text block
+                for x in [*blocks.open("text", {"type": "text", "text": ""}), *blocks.close()]:
+                    yield x
+            yield {"type": "message_delta", "delta": stop_fields(r), "usage": {"output_tokens": r.completion_tokens}}
+            yield {"type": "message_stop"}
+
+
+class _Blocks:
+    """The content blocks of a message stream: one open at a time, numbered in order."""
+
+    def __init__(self) -> None:
+        self.index, self.kind, self.any_text = 0, None, False
+
+    def open(self, kind: str, block: dict[str, Any]) -> list[dict[str, Any]]:
+        if self.kind == kind and kind != "tool_use":
+            return []
+        out = self.close()
+        self.kind = kind
+        self.any_text |= kind == "text"
+        return out + [{"type": "content_block_start", "index": self.index, "content_block": block}]
+
+    def delta(self, delta: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "content_block_delta", "index": self.index, "delta": delta}
+
+    def close(self) -> list[dict[str, Any]]:
+        if self.kind is None:
+            return []
+        out = [self.delta({"type": "signature_delta", "signature": ""})] if self.kind == "thinking" else []
+        out.append({"type": "content_block_stop", "index": self.index})
+        self.index, self.kind = self.index + 1, None
+        return out
 
 
 router = APIRouter(responses=error_responses(400, 404, 413, 429))
@@ -355,6 +365,15 @@ def thinking_on(m: ServedModel, req: MessagesRequest | CountTokensRequest) -> bo
     return on
 
 
+def _budget(state: ServerState, req: MessagesRequest, thinking: bool) -> int | None:
+    """``thinking.budget_tokens`` (below ``max_tokens``, as Anthropic requires), else the server's budget."""
+    asked = req.thinking.budget_tokens if thinking and req.thinking is not None else None
+    if asked is not None and asked >= req.max_tokens:
+        raise APIError(400, f"thinking.budget_tokens: must be less than max_tokens ({req.max_tokens}), got {asked}",
+                       "thinking.budget_tokens")
+    return thinking_budget(state.reasoning_budget, asked)
+
+
 async def _prompt(state: ServerState, m: ServedModel, req: MessagesRequest | CountTokensRequest,
                   plan: ToolPlan) -> list[int]:
     fmt = chat_format_of(m.tokenizer)
@@ -372,7 +391,8 @@ async def messages(req: MessagesRequest, request: Request, state: State) -> Resp
     kw: dict[str, Any] = {"temperature": 1.0 if req.temperature is None else req.temperature,
                           "max_tokens": req.max_tokens, "stop": req.stop_sequences, "structured": spec}
     kw |= {k: v for k, v in (("top_p", req.top_p), ("top_k", req.top_k)) if v is not None}
-    plan, thinking = bind(plan, m.tokenizer, prompt), thinking_on(m, req)
+    thinking = thinking_on(m, req)
+    plan = bind(plan, m.tokenizer, prompt, thinking, _budget(state, req, thinking))
     params = reply_params(sampling_params(lambda: SamplingParams(**kw)), plan)
     handles = await submit(m, [prompt], params, "messages")
     return await respond(request, state, m, handles, req.stream,

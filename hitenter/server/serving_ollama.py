@@ -68,6 +68,7 @@ from hitenter.server.keep_alive import parse_keep_alive
 from hitenter.server.model_manager import DEFAULT, UnknownModel
 from hitenter.server.reply import (
     NO_TOOLS,
+    CallDone,
     CallPiece,
     Done,
     Piece,
@@ -79,6 +80,7 @@ from hitenter.server.reply import (
     plan_tools,
     reply_events,
     reply_params,
+    thinking_budget,
     with_tools,
 )
 from hitenter.server.schema_types import (
@@ -252,9 +254,10 @@ def stats(reply: Reply, t0: float) -> dict[str, Any]:
             "eval_count": reply.completion_tokens, "eval_duration": _ns(last - first)}
 
 
-def tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def tool_calls(calls: list[dict[str, Any]], first: int = 0) -> list[dict[str, Any]]:
+    """Calls in Ollama's form; ``first``: the index of the first (a stream sends them one by one)."""
     return [{"id": c["id"], "function": {"index": i, "name": c["function"]["name"], "arguments": call_arguments(c)}}
-            for i, c in enumerate(calls)]
+            for i, c in enumerate(calls, first)]
 
 
 def logprobs(positions: list[PositionLogprobs], token_bytes: Any) -> list[dict[str, Any]]:
@@ -270,6 +273,11 @@ def _head(model: str) -> dict[str, Any]:
 
 def _done_fields(reply: Reply, t0: float) -> dict[str, Any]:
     return {"done": True, "done_reason": "length" if reply.truncated else "stop", **stats(reply, t0)}
+
+
+def _thinking(state: ServerState, m: ServedModel, think_vars: dict[str, Any]) -> tuple[bool, int | None]:
+    """Whether the prompt lets the reply think, and the server's budget for it (Ollama has no per-request one)."""
+    return chat_format_of(m.tokenizer).thinking_on(think_vars), thinking_budget(state.reasoning_budget, None)
 
 
 def think_kwargs(m: ServedModel, think: bool | str | None) -> dict[str, Any]:
@@ -309,11 +317,15 @@ def generate_body(model: str, reply: Reply, t0: float, token_bytes: Any = None) 
 
 async def chat_stream(src: Source, model: str, plan: ToolPlan, t0: float,
                       token_bytes: Any = None) -> AsyncIterator[dict[str, Any]]:
-    """One object per text piece (``message.content`` a delta), the tool calls in one object, then the
-    final one (``done``, statistics) with empty content."""
+    """One object per text piece (``message.content`` a delta), one per tool call as soon as it is
+    complete (Ollama sends calls whole), then the final one (``done``, statistics) with empty content."""
     async for ev in reply_events(src, plan):
         if isinstance(ev, CallPiece):
-            continue                                # Ollama sends calls whole, at the end
+            continue                                # Ollama sends calls whole
+        if isinstance(ev, CallDone):
+            yield {**_head(model), "message": {"role": "assistant", "content": "",
+                                               "tool_calls": tool_calls([ev.call], ev.index)}, "done": False}
+            continue
         if isinstance(ev, Piece):
             msg = {"role": "assistant", "content": "", "thinking": ev.text} if ev.reasoning else \
                 {"role": "assistant", "content": ev.text}
@@ -323,9 +335,6 @@ async def chat_stream(src: Source, model: str, plan: ToolPlan, t0: float,
             yield chunk
             continue
         assert isinstance(ev, Done)
-        if ev.reply.calls:
-            yield {**_head(model), "message": {"role": "assistant", "content": "",
-                                               "tool_calls": tool_calls(ev.reply.calls)}, "done": False}
         yield {**_head(model), "message": {"role": "assistant", "content": ""}, **_done_fields(ev.reply, t0)}
 
 
@@ -333,7 +342,7 @@ async def generate_stream(src: Source, model: str, plan: ToolPlan, t0: float,
                           token_bytes: Any = None) -> AsyncIterator[dict[str, Any]]:
     """One object per text piece (``response`` a delta), then the final one with ``context``."""
     async for ev in reply_events(src, plan):
-        if isinstance(ev, CallPiece):
+        if isinstance(ev, CallPiece | CallDone):
             continue
         if isinstance(ev, Piece):
             chunk = {**_head(model), "response": "", "thinking": ev.text, "done": False} if ev.reasoning else \
@@ -483,9 +492,10 @@ async def chat(req: ChatRequest, request: Request, state: State) -> Response:
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
     plan = plan_tools(tools, None, None, m.tokenizer.chat_template) if tools else NO_TOOLS
     spec = with_tools(_format_spec(req.format), plan)
+    think_vars = think_kwargs(m, req.think)
     prompt = await chat_ids(state, m, chat_format_of(m.tokenizer).with_reasoning(chat_messages(req)), True,
-                            **{**think_kwargs(m, req.think), **plan.template_kwargs()})
-    plan = bind(plan, m.tokenizer, prompt)
+                            **{**think_vars, **plan.template_kwargs()})
+    plan = bind(plan, m.tokenizer, prompt, *_thinking(state, m, think_vars))
     params = reply_params(_params(m, req, prompt, spec, "messages"), plan)
     handles = await submit(m, [prompt], params, "messages")
     tb = m.tokenizer.token_bytes if req.logprobs else None
@@ -528,7 +538,8 @@ async def generate(req: GenerateRequest, request: Request, state: State) -> Resp
     if req.think not in (None, False) and (req.raw or req.suffix):
         raise APIError(400, "think: not with raw or suffix (no chat template renders the prompt)", "think")
     prompt = await generate_ids(state, m, req)
-    plan = bind(NO_TOOLS, m.tokenizer, prompt) if not (req.raw or req.suffix) else NO_TOOLS
+    plan = bind(NO_TOOLS, m.tokenizer, prompt, *_thinking(state, m, think_kwargs(m, req.think))) \
+        if not (req.raw or req.suffix) else NO_TOOLS
     params = reply_params(_params(m, req, prompt, _format_spec(req.format), "prompt"), plan)
     handles = await submit(m, [prompt], params, "prompt")
     tb = m.tokenizer.token_bytes if req.logprobs else None

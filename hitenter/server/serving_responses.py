@@ -13,8 +13,10 @@ Output items: one ``message`` (``output_text`` part) unless the reply is only to
 with its ``sequence_number``: ``response.created``, ``response.in_progress``; for the message
 ``response.output_item.added``, ``response.content_part.added``, ``response.output_text.delta``...,
 ``response.output_text.done``, ``response.content_part.done``, ``response.output_item.done``; for each
-call ``response.output_item.added``, ``response.function_call_arguments.delta`` / ``.done``,
-``response.output_item.done``; then ``response.completed`` (or ``response.incomplete``) with the whole
+call ``response.output_item.added`` as soon as its name is parsed, ``response.function_call_arguments.delta``
+as its arguments are written (per format: JSON formats when the call block closes, the XML formats
+parameter by parameter), ``.done`` and ``response.output_item.done`` when it is complete. One item is
+open at a time: text after a call opens a second message item. Then ``response.completed`` (or ``response.incomplete``) with the whole
 response, whose items carry the same ids as the events did.
 
 The Responses API's memory (``store: true``, the default): the last ``MAX_STORED`` responses, each with
@@ -33,8 +35,10 @@ earlier call of the model) and ``function_call_output`` (its result). ``instruct
 system message (not carried to a later response, as OpenAI does). ``reasoning.effort`` switches the
 model's thinking through its template; the reply's thinking is a ``reasoning`` output item (its text
 in ``content``, streamed as ``response.reasoning_text.delta``) and counts in
-``output_tokens_details.reasoning_tokens``; a stored response's thinking goes back to the template.
-Images, files, reasoning items in the input, built-in tools, background runs and ``truncation: "auto"`` are refused (400); ``user``,
+``output_tokens_details.reasoning_tokens``; a stored response's thinking goes back to the template, and
+so do ``reasoning`` items in the input (as Codex sends them back; ``include:
+["reasoning.encrypted_content"]`` puts the text in ``encrypted_content`` too, unencrypted).
+Images, files, built-in tools, background runs and ``truncation: "auto"`` are refused (400); ``user``,
 ``safety_identifier``, ``prompt_cache_key`` and ``metadata`` are metadata (no effect on generation).
 """
 
@@ -70,6 +74,7 @@ from hitenter.server.generation import (
     submit,
 )
 from hitenter.server.reply import (
+    CallDone,
     CallPiece,
     Done,
     Piece,
@@ -81,13 +86,15 @@ from hitenter.server.reply import (
     plan_tools,
     reply_events,
     reply_params,
+    thinking_budget,
     with_tools,
 )
 from hitenter.server.schema_types import Bool, NLogprobs, PositiveInt, Temperature, TopP
 from hitenter.server.schema_types import Nested as _Nested
 from hitenter.server.serving_chat import chat_logprobs
+from hitenter.server.tool_parsers import ToolDelta
 
-INCLUDE = frozenset({"message.output_text.logprobs"})
+INCLUDE = frozenset({"message.output_text.logprobs", "reasoning.encrypted_content"})
 
 
 class TextPart(_Nested):
@@ -128,15 +135,39 @@ class FunctionCallOutputItem(_Nested):
         return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
 
 
+class ReasoningPart(_Nested):
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ReasoningInputItem(_Nested):
+    """An earlier reply's thinking, sent back (Codex does, with ``store`` false): its ``content`` text,
+    else its ``encrypted_content`` (this server's is the text itself: nothing here encrypts), else its
+    summary. It goes to the template as the next assistant turn's reasoning."""
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[ReasoningPart] = []
+    content: list[ReasoningPart] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        if self.content:
+            return "".join(p.text for p in self.content)
+        return self.encrypted_content or "\n\n".join(p.text for p in self.summary)
+
+
 def _kind(v: Any) -> str | None:
     t = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", None)
-    return t if t in ("message", "function_call", "function_call_output") else None
+    return t if t in ("message", "function_call", "function_call_output", "reasoning") else None
 
 
 InputItem = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-                      | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+                      | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+                      | Annotated[ReasoningInputItem, Tag("reasoning")],
                       Discriminator(_kind, custom_error_type="unsupported_item", custom_error_message=(
-                          "unsupported input item: give a message, function_call or function_call_output"))]
+                          "unsupported input item: give a message, reasoning, function_call or function_call_output"))]
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningInputItem
 
 
 class FunctionTool(_Nested):
@@ -213,7 +244,7 @@ class ResponsesRequest(_Nested):
         if bad:
             raise APIError(400, f"include: unsupported {bad}; supported: {sorted(INCLUDE)}", "include")
 
-    def items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem]:
+    def items(self) -> list[Item]:
         if isinstance(self.input, str):
             return [MessageItem(role="user", content=self.input)]
         return list(self.input)
@@ -228,11 +259,17 @@ class ResponsesRequest(_Nested):
         return "message.output_text.logprobs" in (self.include or ()) or self.top_logprobs is not None
 
 
-def template_messages(items: list[MessageItem | FunctionCallItem | FunctionCallOutputItem]) -> list[dict[str, Any]]:
+def template_messages(items: list[Item]) -> list[dict[str, Any]]:
     """Input items as the chat template's messages: developer -> system; function calls join the
-    assistant turn before them (or open one); outputs become ``tool`` messages."""
+    assistant turn before them (or open one); outputs become ``tool`` messages; a reasoning item is the
+    ``reasoning_content`` of the assistant turn its next item makes or joins (chat_format.with_reasoning
+    hands it to the template under the names it reads); one followed by no assistant item is dropped."""
     out: list[dict[str, Any]] = []
+    thought: str | None = None
     for item in items:
+        if isinstance(item, ReasoningInputItem):
+            thought = item.text() if thought is None else thought + item.text()
+            continue
         if isinstance(item, MessageItem):
             role = "system" if item.role == "developer" else item.role
             out.append({"role": role, "content": item.text()})
@@ -243,6 +280,9 @@ def template_messages(items: list[MessageItem | FunctionCallItem | FunctionCallO
             out[-1].setdefault("tool_calls", []).append(call)
         else:
             out.append({"role": "tool", "content": item.text(), "tool_call_id": item.call_id})
+        if thought is not None and out[-1]["role"] == "assistant" and "reasoning_content" not in out[-1]:
+            out[-1]["reasoning_content"] = thought
+        thought = None
     for msg in out:
         if "tool_calls" in msg:
             msg.update(message_tool_fields(msg["tool_calls"], None, "input"))   # arguments as objects (400 if not JSON)
@@ -318,12 +358,16 @@ def status_of(r: Reply) -> str:
     return "incomplete" if r.truncated else "completed"
 
 
-def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
-    return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+def reasoning_item(item_id: str, text: str, encrypted: bool = False) -> dict[str, Any]:
+    """A reasoning output item; ``encrypted`` (``include: ["reasoning.encrypted_content"]``): its
+    ``encrypted_content`` too, which here is the text itself (nothing encrypts it; a client that keeps no
+    store sends it back, and it goes back to the template)."""
+    item = {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+    return {**item, "encrypted_content": text} if encrypted else item
 
 
-def output_items(r: Reply, lps: Logprobs) -> list[dict[str, Any]]:
-    items = [reasoning_item(new_id("rs", "_"), r.reasoning)] if r.reasoning else []
+def output_items(r: Reply, lps: Logprobs, encrypted: bool = False) -> list[dict[str, Any]]:
+    items = [reasoning_item(new_id("rs", "_"), r.reasoning, encrypted)] if r.reasoning else []
     if r.content or not r.calls:
         items.append(message_item(new_id("msg", "_"), status_of(r), [text_part(r.content, lps(r.logprobs or []))]))
     items += [call_item(c, new_id("fc", "_"), "completed") for c in r.calls]
@@ -338,76 +382,116 @@ class _Events:
         return {"type": kind, "sequence_number": next(self.seq), **fields}
 
 
-async def stream_events(src: Source, plan: ToolPlan, base: Base, lps: Logprobs) -> AsyncIterator[dict[str, Any]]:
-    """The documented event sequence of one response (see the module docstring)."""
-    ev, msg_id = _Events(), new_id("msg", "_")
+async def stream_events(src: Source, plan: ToolPlan, base: Base, lps: Logprobs,
+                        encrypted: bool = False) -> AsyncIterator[dict[str, Any]]:
+    """The documented event sequence of one response (see the module docstring): output items one after
+    another (each done before the next is added): the reasoning item, the message, each function call
+    as its name is known, its ``function_call_arguments.delta`` events as its arguments are written."""
+    ev = _Events()
     yield ev("response.created", response=base("in_progress", [], None, None))
     yield ev("response.in_progress", response=base("in_progress", [], None, None))
-    text, text_lps, opened = "", [], False
-    thought, rs_id, at = "", new_id("rs", "_"), 0          # at: the message item's output index
-
-    def opening() -> list[dict[str, Any]]:
-        return [ev("response.output_item.added", output_index=at, item=message_item(msg_id, "in_progress", [])),
-                ev("response.content_part.added", item_id=msg_id, output_index=at, content_index=0,
-                   part=text_part("", []))]
-
-    def thought_done() -> list[dict[str, Any]]:
-        return [ev("response.reasoning_text.done", item_id=rs_id, output_index=0, content_index=0, text=thought),
-                ev("response.output_item.done", output_index=0, item=reasoning_item(rs_id, thought))]
-
+    out, r = _Output(ev, lps, encrypted), None
     async for e in reply_events(src, plan):
-        if isinstance(e, CallPiece):
-            continue                                # function_call items go out whole, at the end
-        if isinstance(e, Piece) and e.reasoning and e.text and not opened:
-            if not thought:
-                yield ev("response.output_item.added", output_index=0, item={**reasoning_item(rs_id, ""), "content": []})
-            thought += e.text
-            yield ev("response.reasoning_text.delta", item_id=rs_id, output_index=0, content_index=0, delta=e.text)
-            continue
+        if isinstance(e, Done):
+            r = e.reply
+        for x in out.events(e):
+            yield x
+    assert r is not None
+    status = status_of(r)
+    yield ev(f"response.{status}", response=base(status, out.items, usage(r), r))
+
+
+class _Output:
+    """A response's output items as they stream (one open at a time)."""
+
+    def __init__(self, ev: _Events, lps: Logprobs, encrypted: bool) -> None:
+        self.ev, self.lps, self.encrypted = ev, lps, encrypted
+        self.items: list[dict[str, Any]] = []
+        self.kind: str | None = None               # the open item: reasoning | message | function_call
+        self.id, self.body, self.body_lps = "", "", []
+        self.call: dict[str, Any] = {}
+
+    @property
+    def at(self) -> int:
+        return len(self.items)
+
+    def events(self, e: Any) -> list[dict[str, Any]]:
+        """The stream events of one reply event."""
         if isinstance(e, Piece):
-            if not e.text or e.reasoning:
-                continue
-            if thought and at == 0:
-                at = 1
-                for x in thought_done():
-                    yield x
-            if not opened:
-                opened = True
-                for x in opening():
-                    yield x
-            piece_lps = lps(e.logprobs)
-            text, text_lps = text + e.text, text_lps + piece_lps
-            yield ev("response.output_text.delta", item_id=msg_id, output_index=at, content_index=0, delta=e.text,
-                     logprobs=piece_lps)
-            continue
-        assert isinstance(e, Done)
-        r, items = e.reply, []
-        if thought:
-            if at == 0:
-                at = 1
-                for x in thought_done():
-                    yield x
-            items.append(reasoning_item(rs_id, thought))
-        if opened or not r.calls:
-            if not opened:
-                for x in opening():
-                    yield x
-            part = text_part(text, text_lps)
-            yield ev("response.output_text.done", item_id=msg_id, output_index=at, content_index=0, text=text,
-                     logprobs=text_lps)
-            yield ev("response.content_part.done", item_id=msg_id, output_index=at, content_index=0, part=part)
-            items.append(message_item(msg_id, status_of(r), [part]))
-            yield ev("response.output_item.done", output_index=at, item=items[-1])
-        for call in r.calls:
-            i, item_id, args = len(items), new_id("fc", "_"), call["function"]["arguments"]
-            yield ev("response.output_item.added", output_index=i, item=call_item(call, item_id, "in_progress", ""))
-            yield ev("response.function_call_arguments.delta", item_id=item_id, output_index=i, delta=args)
-            yield ev("response.function_call_arguments.done", item_id=item_id, output_index=i, arguments=args,
-                     name=call["function"]["name"])
-            items.append(call_item(call, item_id, "completed"))
-            yield ev("response.output_item.done", output_index=i, item=items[-1])
-        status = status_of(r)
-        yield ev(f"response.{status}", response=base(status, items, usage(r), r))
+            return [] if not e.text else self.reasoning(e.text) if e.reasoning else self.text(e.text, e.logprobs)
+        if isinstance(e, CallPiece):
+            return self.call_piece(e.delta)
+        if isinstance(e, CallDone):
+            return self.call_done(e.call)
+        status = status_of(e.reply)
+        out = self.close(status)
+        if not any(i["type"] in ("message", "function_call") for i in self.items):   # an empty answer
+            out += self.text("", []) + self.close(status)
+        return out
+
+    def _open(self, kind: str, item: dict[str, Any]) -> list[dict[str, Any]]:
+        if self.kind == kind and kind != "function_call":
+            return []
+        out = self.close("completed")
+        self.kind, self.id, self.body, self.body_lps = kind, item["id"], "", []
+        return out + [self.ev("response.output_item.added", output_index=self.at, item=item)]
+
+    def reasoning(self, text: str) -> list[dict[str, Any]]:
+        out = self._open("reasoning", {**reasoning_item(new_id("rs", "_"), ""), "content": []})
+        self.body += text
+        return out + [self.ev("response.reasoning_text.delta", item_id=self.id, output_index=self.at, content_index=0,
+                              delta=text)]
+
+    def text(self, text: str, logprobs: list[Any]) -> list[dict[str, Any]]:
+        out = []
+        if self.kind != "message":
+            out = self._open("message", message_item(new_id("msg", "_"), "in_progress", []))
+            out.append(self.ev("response.content_part.added", item_id=self.id, output_index=self.at, content_index=0,
+                               part=text_part("", [])))
+        if not text:
+            return out
+        piece_lps = self.lps(logprobs)
+        self.body, self.body_lps = self.body + text, self.body_lps + piece_lps
+        return out + [self.ev("response.output_text.delta", item_id=self.id, output_index=self.at, content_index=0,
+                              delta=text, logprobs=piece_lps)]
+
+    def call_piece(self, d: Any) -> list[dict[str, Any]]:
+        out = []
+        if d.name is not None:
+            self.call = {"id": d.id, "type": "function", "function": {"name": d.name, "arguments": ""}}
+            out = self._open("function_call", call_item(self.call, new_id("fc", "_"), "in_progress", ""))
+        if d.arguments:
+            self.body += d.arguments
+            out.append(self.ev("response.function_call_arguments.delta", item_id=self.id, output_index=self.at,
+                               delta=d.arguments))
+        return out
+
+    def call_done(self, call: dict[str, Any]) -> list[dict[str, Any]]:
+        out = [] if self.kind == "function_call" and self.call.get("id") == call["id"] else \
+            self.call_piece(ToolDelta(0, call["id"], call["function"]["name"], call["function"]["arguments"]))
+        self.call = call
+        return out + self.close("completed")
+
+    def close(self, status: str) -> list[dict[str, Any]]:
+        kind, i, self.kind = self.kind, self.at, None
+        if kind == "reasoning":
+            item = reasoning_item(self.id, self.body, self.encrypted)
+            out = [self.ev("response.reasoning_text.done", item_id=self.id, output_index=i, content_index=0,
+                           text=self.body)]
+        elif kind == "message":
+            part = text_part(self.body, self.body_lps)
+            item = message_item(self.id, status, [part])
+            out = [self.ev("response.output_text.done", item_id=self.id, output_index=i, content_index=0,
+                           text=self.body, logprobs=self.body_lps),
+                   self.ev("response.content_part.done", item_id=self.id, output_index=i, content_index=0, part=part)]
+        elif kind == "function_call":
+            item = call_item(self.call, self.id, "completed")
+            out = [self.ev("response.function_call_arguments.done", item_id=self.id, output_index=i,
+                           arguments=item["arguments"], name=item["name"])]
+        else:
+            return []
+        self.items.append(item)
+        return out + [self.ev("response.output_item.done", output_index=i, item=item)]
 
 
 router = APIRouter(responses=error_responses(400, 404, 413, 429))
@@ -473,9 +557,10 @@ async def create_response(req: ResponsesRequest, request: Request, state: State)
     spec = with_tools(text_spec(req.text), plan)
     fmt = chat_format_of(m.tokenizer)
     think, effort = req.reasoning.think() if req.reasoning else (None, None)
+    think_vars = fmt.template_kwargs(think, effort)
     prompt = await chat_ids(state, m, fmt.with_reasoning(system + history + new), True, param="input",
-                            **{**fmt.template_kwargs(think, effort), **plan.template_kwargs()})
-    plan = bind(plan, m.tokenizer, prompt)
+                            **{**think_vars, **plan.template_kwargs()})
+    plan = bind(plan, m.tokenizer, prompt, fmt.thinking_on(think_vars), thinking_budget(state.reasoning_budget, None))
     k = (req.top_logprobs or 0) if req.wants_logprobs() else None
     params = sampling_params(lambda: SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature, top_p=1.0 if req.top_p is None else req.top_p,
@@ -492,13 +577,13 @@ async def create_response(req: ResponsesRequest, request: Request, state: State)
             store.put(body, history + new + reply_messages(r))
         return body
 
-    lps = logprobs_fn(m.tokenizer.token_bytes, k)
+    lps, enc = logprobs_fn(m.tokenizer.token_bytes, k), "reasoning.encrypted_content" in (req.include or ())
 
     def build(outs: list[Any]) -> dict[str, Any]:
         r = Reply.of(outs[0], plan)
-        return base(status_of(r), output_items(r, lps), usage(r), r)
+        return base(status_of(r), output_items(r, lps, enc), usage(r), r)
 
-    return await respond(request, state, m, handles, req.stream, lambda src: stream_events(src, plan, base, lps),
+    return await respond(request, state, m, handles, req.stream, lambda src: stream_events(src, plan, base, lps, enc),
                          build, NAMED_SSE_OPENAI)
 
 

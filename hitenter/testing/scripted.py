@@ -8,8 +8,10 @@ end-of-generation set).
   tokens, and the family's real chat template (tests/data/templates/). No family GGUF is needed.
 - ``ScriptedClient(tokenizer, script)``: ``script(prompt_text, params)`` is the reply's text; it is
   encoded with special tokens parsed (a marker is its one token), then emitted one token per step.
-  A request with a structured constraint (a forced tool call) runs its tokens through the real
-  grammar and fails loudly when the grammar refuses one: the script must be writable under it.
+  A request with a structured constraint (a forced tool call) or a thinking section for the engine
+  runs its tokens through the engine's own constraint (thinking_gate.constraint_for) and fails loudly
+  when it refuses one: the script must be writable under it. Where a thinking budget forces the end
+  tag, the forced tokens are emitted instead and the script resumes after its own end tag.
 """
 
 from __future__ import annotations
@@ -17,14 +19,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hitenter.engine.scheduler import SchedulerStats
 from hitenter.engine.snapshot import EngineSnapshot
-from hitenter.engine.structured import backend_for
+from hitenter.engine.structured import new_bitmask
+from hitenter.engine.thinking_gate import ThinkingGate, constraint_for
 from hitenter.outputs import CompletionOutput, RequestMetricsSnapshot, RequestOutput
 from hitenter.sampling_params import SamplingParams
 from hitenter.server.engine_client import Handle, ModelInfo
@@ -105,6 +108,30 @@ def family_tokenizer(family: str) -> Tokenizer:
 Script = Callable[[str, SamplingParams], str]
 
 
+def _allows(gate: Any, token: int) -> bool:
+    bm = new_bitmask(1, gate.vocab_size)
+    gate.fill(bm, 0)
+    return bool((int(bm[0, token // 32]) >> (token % 32)) & 1)
+
+
+def _gated(script: list[int], gate: Any, params: SamplingParams) -> Iterator[int]:
+    """The script's tokens as a model under a thinking budget writes them: where the engine forces the
+    end tag, the forced tokens come instead, and the script resumes after its own end tag (its
+    remaining thoughts are never written)."""
+    i = 0
+    while i < len(script):
+        want = gate.forced() if isinstance(gate, ThinkingGate) else None
+        if want is None or script[i] == want:
+            yield script[i]
+            i += 1
+            continue
+        end = params.thinking.end if params.thinking is not None else ()
+        j = next((k + len(end) for k in range(i, len(script)) if tuple(script[k:k + len(end)]) == end), i)
+        i = j
+        while (want := gate.forced()) is not None:
+            yield want
+
+
 def _info(vocab_size: int) -> ModelInfo:
     return ModelInfo("scripted", vocab_size, 64, 1, 1, 1, 64, 8192, 8192, 16, 1024, 0, 2048, 0, None)
 
@@ -146,13 +173,15 @@ class ScriptedClient:
     def _outputs(self, rid: str, prompt_ids: list[int], params: SamplingParams, reply: list[int]) -> list[RequestOutput]:
         tok = self._tokenizer
         detok = IncrementalDetokenizer(tok.token_bytes, tok.is_special, params)
-        grammar = backend_for(tok, tok.vocab_size).constraint(params.structured) if params.structured else None
+        gate = constraint_for(params, prompt_ids, tok, tok.vocab_size)
         outs, ids, text, t0 = [], [], "", time.monotonic()
         limit = params.max_tokens if params.max_tokens is not None else len(reply) + 1
         finish, stop_reason = None, None
-        for t in reply + [tok.eos_token_id]:
-            if grammar is not None and not grammar.terminated:
-                assert grammar.matcher.accept_token(t), f"the forced grammar refuses token {t} {tok.token_bytes(t)!r}"
+        for t in _gated(reply + [tok.eos_token_id], gate, params):
+            if gate is not None and not gate.terminated:
+                assert _allows(gate, t), f"the constraint refuses token {t} {tok.token_bytes(t)!r}"
+            if gate is not None:
+                gate.advance([t])
             ids.append(t)
             if t in tok.eog_token_ids and not params.ignore_eos:
                 finish, delta = "stop", detok.flush()
@@ -286,14 +315,15 @@ REPLIES: dict[str, FamilyReplies] = {
 
 def family_script(family: str) -> Script:
     """The family's reply to a prompt: the final answer once the tool result is in the prompt, the call
-    when tools were offered (the forced form under a forced-call grammar), else the answer."""
+    when tools were offered (under a forced-call grammar: the call alone, or its thinking then the
+    call where the engine lets the reply think first), else the answer."""
     r = REPLIES[family]
 
     def script(prompt: str, params: SamplingParams) -> str:
         if RESULT in prompt:
             return r.final
-        if params.structured is not None:
-            return r.forced
+        if params.structured is not None:     # a forced call: after thinking where the engine lets it think
+            return r.call.lstrip() if params.thinking is not None and r.thought else r.forced
         return r.call if "get_weather" in prompt else r.answer
     return script
 

@@ -156,3 +156,21 @@ def test_forced_grammar_compiles(cls: type[ToolParser], parallel: bool) -> None:
     fns = [t["function"] for t in TOOLS] + [{"name": "other", "parameters": {"type": "object", "properties": {}}}]
     value = {"variants": cls(TOOLS).grammar(fns), "parallel": parallel, "sep": cls.sep}
     assert build_grammar(StructuredSpec("tool_calls", json.dumps(value), "tool_choice")) is not None
+
+
+@pytest.mark.parametrize(("cls", "text"), [
+    (HermesToolParser, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'),
+    (GraniteToolParser, '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]'),
+])
+def test_json_call_streams_as_written(cls: type[ToolParser], text: str) -> None:
+    """The name goes out before the block ends, the arguments member by member (vLLM streams the JSON as
+    it grows); the pieces add up to the parsed call."""
+    p, seen = cls(TOOLS), []
+    for i, ch in enumerate(text):
+        seen += [(i, e) for e in p.feed(ch) if isinstance(e, ToolDelta)]
+    seen += [(len(text), e) for e in p.finish() if isinstance(e, ToolDelta)]
+    first_args = text.index('"city"')
+    assert seen[0][1].name == "get_weather" and seen[0][0] <= first_args + 1
+    args = [(i, e.arguments) for i, e in seen if e.arguments]
+    assert len(args) >= 3 and args[0][0] < text.index('"days"') + 2
+    assert "".join(a for _, a in args) == p.calls[0]["function"]["arguments"] == '{"city": "Paris", "days": 3}'

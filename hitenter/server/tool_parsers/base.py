@@ -67,6 +67,15 @@ def typed_value(raw: str, name: str, fn: dict[str, Any] | None) -> Any:
         return raw
 
 
+def _closed(prefix: str) -> str:
+    """Streamed arguments made whole: an object prefix (``json_object(..., closed=False)``) closed."""
+    try:
+        json.loads(prefix)
+        return prefix
+    except (json.JSONDecodeError, RecursionError):
+        return prefix + "}" if prefix.startswith("{") else prefix
+
+
 class ToolParser:
     name = "base"
     needs_special = False
@@ -179,14 +188,14 @@ class ToolParser:
             if cur is None:
                 self._say(out, block if bare else self._as_text(block, closed), hold=False)
                 return
-            parsed = [(cur.name, cur.args)]        # already sent: the call stands as streamed
+            parsed = [(cur.name, _closed(cur.args))]     # already sent: the call stands as streamed
         for k, (name, args) in enumerate(parsed):
             if not self._wanted():
                 break
             if k == 0 and cur is not None:          # its name (and part of its arguments) went out
                 call_id, name = cur.id, cur.name
                 if not args.startswith(cur.args):
-                    args = cur.args                     # the call stands as streamed
+                    args = _closed(cur.args)            # the call stands as streamed
                 if len(args) > len(cur.args):
                     out.append(ToolDelta(cur.index, arguments=args[len(cur.args):]))
             else:

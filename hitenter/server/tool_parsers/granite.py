@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from hitenter.server.tool_parsers.base import ParsedCall, ToolParser
-from hitenter.server.tool_parsers.json_calls import calls_of, json_values, unfence
+from hitenter.server.tool_parsers.json_calls import calls_of, json_values, stream_call, unfence
 
 
 class GraniteToolParser(ToolParser):
@@ -15,6 +15,11 @@ class GraniteToolParser(ToolParser):
     needs_special = True
     open, close = "<|tool_call|>", None
     sep = ""
+
+    def stream_block(self, block: str) -> tuple[str | None, str]:
+        """The list's first call as it is written (json_calls.stream_call)."""
+        text = block.lstrip()
+        return stream_call(text[1:]) if text.startswith("[") else (None, "")
 
     def parse_block(self, block: str, closed: bool) -> list[ParsedCall] | None:
         return calls_of(json_values(unfence(block)))

@@ -1,6 +1,7 @@
 """Hermes / Qwen2.5 / Qwen3 / SmolLM3: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``.
 A reply that is nothing but one such object (small models drop the tags; fenced or not) naming a
-tool of the request is a call too. A call is sent when its block closes."""
+tool of the request is a call too. Inside a block, the name is sent once written and the arguments
+as their members are (json_calls.stream_call); a bare reply is sent when it ends."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ import json
 from typing import Any
 
 from hitenter.server.tool_parsers.base import ParsedCall, ToolParser
-from hitenter.server.tool_parsers.json_calls import as_call, calls_of, json_values, loads, unfence
+from hitenter.server.tool_parsers.json_calls import (
+    as_call,
+    calls_of,
+    json_values,
+    loads,
+    stream_call,
+    unfence,
+)
 
 
 class HermesToolParser(ToolParser):
@@ -18,6 +26,9 @@ class HermesToolParser(ToolParser):
 
     def parse_block(self, block: str, closed: bool) -> list[ParsedCall] | None:
         return calls_of(json_values(unfence(block)))
+
+    def stream_block(self, block: str) -> tuple[str | None, str]:
+        return (None, "") if self.bare else stream_call(block)
 
     def parse_bare(self, text: str) -> list[ParsedCall] | None:
         call = as_call(loads(unfence(text)), set(self.tools))

@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-from hitenter.server.tool_parsers.base import ParsedCall
+from hitenter.server.tool_parsers.base import ParsedCall, json_object
 
 _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
 
@@ -62,3 +62,74 @@ def calls_of(values: list[Any] | None, names: set[str] | None = None) -> list[Pa
 
 def unfence(text: str) -> str:
     return _FENCE.sub("", text.strip()).strip()
+
+
+_DEC = json.JSONDecoder()
+_WS = " \t\r\n"
+
+
+def _skip(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _WS:
+        i += 1
+    return i
+
+
+def _members(text: str, i: int) -> tuple[list[tuple[str, Any]], int | None, bool]:
+    """The members of the JSON object opening at ``text[i]`` that are certain (each value followed by
+    ``,`` or ``}``: a number may still grow), where the object ends (None: not yet), and whether the
+    text read so far is well formed."""
+    pairs: list[tuple[str, Any]] = []
+    i = _skip(text, i + 1)
+    while i < len(text):
+        if text[i] == "}" and not pairs:
+            return pairs, i + 1, True
+        if text[i] != '"':
+            return pairs, None, False
+        try:
+            key, j = _DEC.raw_decode(text, i)
+        except (json.JSONDecodeError, RecursionError) as e:
+            return pairs, None, _unfinished(e, text)
+        j = _skip(text, j)
+        if j >= len(text) or text[j] != ":":
+            return pairs, None, j >= len(text)
+        k = _skip(text, j + 1)
+        try:
+            value, k = _DEC.raw_decode(text, k)
+        except (json.JSONDecodeError, RecursionError) as e:
+            return pairs, None, k >= len(text) or _unfinished(e, text)
+        k = _skip(text, k)
+        if k >= len(text):
+            return pairs, None, True
+        if text[k] not in ",}" or any(key == p for p, _ in pairs):
+            return pairs, None, False
+        pairs.append((key, value))
+        if text[k] == "}":
+            return pairs, k + 1, True
+        i = _skip(text, k + 1)
+    return pairs, None, True
+
+
+def _unfinished(e: Exception, text: str) -> bool:
+    """Whether a JSON error is the text ending early (a value still being written), not a wrong character."""
+    return isinstance(e, json.JSONDecodeError) and (e.msg.startswith("Unterminated") or e.pos >= len(text))
+
+
+def stream_call(block: str) -> tuple[str | None, str]:
+    """(name, the arguments' certain prefix) of a ``{"name": ..., "arguments": {...}}`` call still being
+    written: nothing until the name (first) is complete and the arguments object has begun, well formed
+    so far; then the object's complete members in ``json.dumps``'s form, so the prefix grows into the
+    parsed call's arguments. A block that goes wrong before that stays text."""
+    text = block.lstrip()
+    if not text.startswith("{"):
+        return None, ""
+    top, _, ok = _members(text, 0)
+    if not ok or not top or top[0][0] != "name" or not isinstance(top[0][1], str):
+        return None, ""
+    m = re.match(r'\{\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"(arguments|parameters)"\s*:\s*', text)
+    if m is None or not text[m.end():].startswith("{"):
+        return None, ""
+    first = _skip(text, m.end() + 1)
+    if first >= len(text) or text[first] not in '"}':      # not yet a member nor the end: undecided
+        return None, ""
+    pairs, _, ok = _members(text, m.end())
+    return (top[0][1], json_object(pairs, closed=False)) if ok else (None, "")

@@ -33,12 +33,12 @@ def test_thinking_blocks(served: tuple[str, Any, anthropic.Anthropic]) -> None:
     msgs = [{"role": "user", "content": "Hi"}]
     if not r.thought:
         with pytest.raises(anthropic.BadRequestError):
-            ac.messages.create(model="m", max_tokens=200, messages=msgs, thinking=THINK)  # type: ignore[arg-type]
+            ac.messages.create(model="m", max_tokens=2000, messages=msgs, thinking=THINK)  # type: ignore[arg-type]
         return
-    out = ac.messages.create(model="m", max_tokens=200, messages=msgs, thinking=THINK)  # type: ignore[arg-type]
+    out = ac.messages.create(model="m", max_tokens=2000, messages=msgs, thinking=THINK)  # type: ignore[arg-type]
     assert [b.type for b in out.content] == ["thinking", "text"]
     assert (out.content[0].thinking, out.content[1].text) == (r.thought, r.text)  # type: ignore[union-attr]
-    with ac.messages.stream(model="m", max_tokens=200, messages=msgs, thinking=THINK) as s:  # type: ignore[arg-type]
+    with ac.messages.stream(model="m", max_tokens=2000, messages=msgs, thinking=THINK) as s:  # type: ignore[arg-type]
         deltas = [e.delta.thinking for e in s if e.type == "content_block_delta" and e.delta.type == "thinking_delta"]
         final = s.get_final_message()
     assert "".join(deltas) == r.thought

@@ -98,3 +98,5 @@ def test_forced_call_in_own_format(served: tuple[str, Any, openai.OpenAI], choic
     assert ch.finish_reason == "tool_calls"
     assert json.loads(ch.message.tool_calls[0].function.arguments) == {"city": "Paris"}
     assert client.params[-1].structured is not None and client.params[-1].structured.kind == "tool_calls"
+    # thinking on (the default): the grammar waits for the thinking section to close (thinking_gate.py)
+    assert (ch.message.model_extra or {}).get("reasoning_content", "") == REPLIES[family].thought
