@@ -1,0 +1,123 @@
+"""Reading a llama.cpp mmproj GGUF (the projector file beside a text model): its `clip.*` metadata as an
+MmprojConfig and its tensors by llama.cpp's names (tools/mtmd/clip-impl.h: v.patch_embd, v.position_embd,
+v.blk.N.{ln1,attn_q,attn_k,attn_v,attn_out,ln2,ffn_up,ffn_down}, v.post_ln, mm.*).
+
+Contract: read_mmproj(path) -> (MmprojConfig, {name: fp32 tensor in torch order}); a file that is not a
+vision mmproj, names a projector this package does not run, or lacks a needed key or tensor is a
+ModelLoadError naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hitenter.errors import ModelLoadError
+from hitenter.models.gguf import load_tensors, open_gguf, read_gguf_metadata
+
+SUPPORTED_PROJECTORS: tuple[str, ...] = ("gemma3",)
+GEMMA3_DEFAULT_MERGE = 4   # clip.cpp: patches per side pooled by 4 unless the file says otherwise
+
+
+@dataclass(frozen=True)
+class MmprojConfig:
+    """The vision tower's shape and preprocessing as the file states them (llama.cpp's clip_hparams)."""
+    projector: str
+    image_size: int
+    patch_size: int
+    hidden: int
+    ffn: int
+    layers: int
+    heads: int
+    eps: float
+    projection_dim: int
+    image_mean: tuple[float, float, float]
+    image_std: tuple[float, float, float]
+    merge: int
+    activation: str   # "gelu" (tanh form), "gelu_quick" or "silu"
+
+    @property
+    def patches_per_side(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def tokens_per_image(self) -> int:
+        return (self.patches_per_side // self.merge) ** 2
+
+
+def _need(meta: dict[str, Any], key: str, path: Path) -> Any:
+    if key not in meta:
+        raise ModelLoadError(f"{path}: the mmproj file lacks the metadata key {key!r}")
+    return meta[key]
+
+
+def _activation(meta: dict[str, Any], path: Path) -> str:
+    gelu, silu = bool(meta.get("clip.use_gelu", False)), bool(meta.get("clip.use_silu", False))
+    if gelu and silu:
+        raise ModelLoadError(f"{path}: clip.use_gelu and clip.use_silu are both set")
+    return "gelu" if gelu else "silu" if silu else "gelu_quick"
+
+
+def _triple(meta: dict[str, Any], key: str, path: Path) -> tuple[float, float, float]:
+    v = _need(meta, key, path)
+    if not isinstance(v, list) or len(v) < 3:
+        raise ModelLoadError(f"{path}: {key} must hold 3 numbers")
+    return (float(v[0]), float(v[1]), float(v[2]))
+
+
+def mmproj_config(meta: dict[str, Any], path: Path) -> MmprojConfig:
+    """The MmprojConfig of a file's metadata; refuses audio-only files and projectors outside
+    SUPPORTED_PROJECTORS."""
+    if not meta.get("clip.has_vision_encoder", False):
+        raise ModelLoadError(f"{path}: the mmproj file has no vision encoder (clip.has_vision_encoder)")
+    projector = str(meta.get("clip.vision.projector_type") or _need(meta, "clip.projector_type", path))
+    if projector not in SUPPORTED_PROJECTORS:
+        raise ModelLoadError(f"{path}: the vision projector {projector!r} is not supported "
+                             f"(supported: {', '.join(SUPPORTED_PROJECTORS)})")
+    cfg = MmprojConfig(
+        projector=projector,
+        image_size=int(_need(meta, "clip.vision.image_size", path)),
+        patch_size=int(_need(meta, "clip.vision.patch_size", path)),
+        hidden=int(_need(meta, "clip.vision.embedding_length", path)),
+        ffn=int(_need(meta, "clip.vision.feed_forward_length", path)),
+        layers=int(_need(meta, "clip.vision.block_count", path)),
+        heads=int(_need(meta, "clip.vision.attention.head_count", path)),
+        eps=float(meta.get("clip.vision.attention.layer_norm_epsilon", 1e-6)),
+        projection_dim=int(_need(meta, "clip.vision.projection_dim", path)),
+        image_mean=_triple(meta, "clip.vision.image_mean", path),
+        image_std=_triple(meta, "clip.vision.image_std", path),
+        merge=int(meta.get("clip.vision.projector.scale_factor", GEMMA3_DEFAULT_MERGE)),
+        activation=_activation(meta, path),
+    )
+    _check_shape(cfg, path)
+    return cfg
+
+
+def _check_shape(cfg: MmprojConfig, path: Path) -> None:
+    positive = {k: getattr(cfg, k) for k in ("image_size", "patch_size", "hidden", "ffn", "heads",
+                                             "projection_dim", "merge")}
+    bad = [k for k, v in positive.items() if v <= 0]
+    if bad:
+        raise ModelLoadError(f"{path}: mmproj values must be positive: {', '.join(bad)}")
+    if cfg.image_size % cfg.patch_size or cfg.patches_per_side % cfg.merge:
+        raise ModelLoadError(f"{path}: image_size {cfg.image_size} is not patch_size {cfg.patch_size} x a "
+                             f"multiple of the merge factor {cfg.merge}")
+    if cfg.hidden % cfg.heads:
+        raise ModelLoadError(f"{path}: vision embedding_length {cfg.hidden} is not a multiple of head_count")
+    if cfg.image_size > 4096:
+        raise ModelLoadError(f"{path}: vision image_size {cfg.image_size} is over 4096")
+    if any(s == 0 for s in cfg.image_std):
+        raise ModelLoadError(f"{path}: clip.vision.image_std holds a zero")
+
+
+def read_mmproj(path: str | os.PathLike[str]) -> tuple[MmprojConfig, dict[str, torch.Tensor]]:
+    """The config and fp32 tensors (torch order) of the mmproj file at `path`."""
+    p = Path(path)
+    reader = open_gguf(p)
+    meta = read_gguf_metadata(reader)
+    cfg = mmproj_config(meta, p)
+    return cfg, load_tensors(reader)

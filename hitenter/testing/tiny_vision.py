@@ -1,0 +1,83 @@
+"""A tiny random Gemma 3 mmproj GGUF (tests only), with the names and metadata llama.cpp's converter writes
+for a Gemma 3 vision tower (conversion/gemma.py Gemma3VisionModel, MmprojModel): clip.projector_type gemma3,
+clip.use_gelu, SigLIP tensors v.*, projector mm.soft_emb_norm (stored as 1 + w) and mm.input_projection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+
+def write_tiny_gemma3_mmproj(path: str | Path, seed: int = 0, text_hidden: int = 64, hidden: int = 32,
+                             ffn: int = 48, layers: int = 2, heads: int = 2, image_size: int = 64,
+                             patch_size: int = 4, merge: int | None = None,
+                             mean: tuple[float, float, float] = (0.5, 0.5, 0.5),
+                             std: tuple[float, float, float] = (0.5, 0.5, 0.5)) -> Path:
+    """Write a random Gemma 3 mmproj to `path` (F32 tensors; `merge` None leaves the scale factor key out,
+    so readers take Gemma 3's default 4); return it. The output width is `text_hidden`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_type(gguf.GGUFType.MMPROJ)
+    w.add_name("tiny-gemma3-mmproj")
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_clip_has_vision_encoder(True)
+    w.add_clip_projector_type(gguf.VisionProjectorType.GEMMA3)
+    w.add_vision_projection_dim(text_hidden)
+    w.add_vision_image_size(image_size)
+    w.add_vision_patch_size(patch_size)
+    w.add_vision_embedding_length(hidden)
+    w.add_vision_feed_forward_length(ffn)
+    w.add_vision_block_count(layers)
+    w.add_vision_head_count(heads)
+    w.add_vision_image_mean(list(mean))
+    w.add_vision_image_std(list(std))
+    w.add_vision_attention_layernorm_eps(1e-6)
+    w.add_vision_use_gelu(True)
+    if merge is not None:
+        w.add_vision_projector_scale_factor(merge)
+
+    def normal(*shape: int, std: float) -> np.ndarray:
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    def ln(prefix: str, n: int) -> None:
+        w.add_tensor(prefix + ".weight", (1.0 + rng.standard_normal(n) * 0.1).astype(np.float32))
+        w.add_tensor(prefix + ".bias", normal(n, std=0.05))
+
+    n_patches = (image_size // patch_size) ** 2
+    w.add_tensor("v.patch_embd.weight", normal(hidden, 3, patch_size, patch_size, std=0.2))
+    w.add_tensor("v.patch_embd.bias", normal(hidden, std=0.05))
+    w.add_tensor("v.position_embd.weight", normal(n_patches, hidden, std=0.2))
+    for i in range(layers):
+        p = f"v.blk.{i}."
+        ln(p + "ln1", hidden)
+        ln(p + "ln2", hidden)
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            w.add_tensor(p + name + ".weight", normal(hidden, hidden, std=0.25))
+            w.add_tensor(p + name + ".bias", normal(hidden, std=0.05))
+        w.add_tensor(p + "ffn_up.weight", normal(ffn, hidden, std=0.2))
+        w.add_tensor(p + "ffn_up.bias", normal(ffn, std=0.05))
+        w.add_tensor(p + "ffn_down.weight", normal(hidden, ffn, std=0.2))
+        w.add_tensor(p + "ffn_down.bias", normal(hidden, std=0.05))
+    ln("v.post_ln", hidden)
+    w.add_tensor("mm.soft_emb_norm.weight", (1.0 + rng.standard_normal(hidden) * 0.1).astype(np.float32))
+    w.add_tensor("mm.input_projection.weight", normal(hidden, text_hidden, std=0.2))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def sample_image(width: int = 48, height: int = 40, seed: int = 0) -> np.ndarray:
+    """A deterministic [height, width, 3] uint8 image with smooth gradients and noise (not square, so the
+    aspect-preserving resize and padding are exercised)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    base = np.stack([255 * x / max(width - 1, 1), 255 * y / max(height - 1, 1),
+                     127 + 120 * np.sin((x + y) / 5.0)], axis=-1)
+    noisy = base + rng.normal(0, 20, base.shape)
+    return np.clip(noisy, 0, 255).astype(np.uint8)
