@@ -24,6 +24,7 @@ from hitenter.engine.events import EngineEvent
 from hitenter.engine.logits_processors import BatchState, default_chain
 from hitenter.engine.sampler import reshape_distribution, run_chain
 from hitenter.sampling_params import SamplingParams
+from hitenter.server.chat_format import chat_format_of
 from hitenter.server.engine_client import EngineClient
 from hitenter.server.playground_models import (
     BurstBody,
@@ -53,7 +54,8 @@ def _info_routes(router: APIRouter, pg: Playground) -> None:
                         "max_model_len": i.max_model_len, "context_length": i.context_length, "block_size": i.block_size, "num_blocks": i.num_blocks,
                         "kv_bytes_per_token": i.kv_bytes_per_token, "trigram": i.toy,
                         "layer_types": list(i.layer_types), "state_bytes_per_sequence": i.state_bytes_per_sequence,
-                        "eog": [piece(tok, t) for t in sorted(tok.eog_token_ids)]})
+                        "eog": [piece(tok, t) for t in sorted(tok.eog_token_ids)],
+                        "thinks": not i.toy and chat_format_of(tok).thinks})
         return out
 
     @router.post("/tokenize", openapi_extra=body_doc(PromptBody))

@@ -45,6 +45,7 @@ class PromptBody(_Body):
     text: str = Field("", max_length=MAX_TEXT_CHARS)
     chat: Bool = True
     prompt_ids: list[TokenId] | None = Field(None, max_length=MAX_PROMPT_IDS)
+    think: Bool | None = None      # a thinking model's template switch (enable_thinking); None: its default (on)
 
 
 class Params(_Body):

@@ -13,6 +13,7 @@ from fastapi import HTTPException
 
 from hitenter.engine.events import EngineEvent
 from hitenter.sampling_params import SamplingParams
+from hitenter.server.chat_format import chat_format_of
 from hitenter.server.engine_client import EngineClient
 from hitenter.server.playground_models import Params, PromptBody
 
@@ -39,7 +40,8 @@ class Playground:
             return list(body.prompt_ids), False
         if body.chat and not client.info.toy:   # the trigram toy never saw a chat template
             try:
-                ids = tok.apply_chat_template([{"role": "user", "content": body.text}], tokenize=True)
+                ids = tok.apply_chat_template([{"role": "user", "content": body.text}], tokenize=True,
+                                              **chat_format_of(tok).template_kwargs(body.think, None))
                 return list(ids), True
             except Exception:          # no chat template in this model: the raw text it is
                 pass

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from hitenter.sampling_params import SamplingParams
+from hitenter.server.chat_format import chat_format_of
 
 MAX_LOGIT_ROWS = 256      # cached logits rows (one per traced step) kept for the sliders
 
@@ -46,6 +47,19 @@ def entropy_bits(logits: torch.Tensor) -> float:
     return float(-(p[p > 0] * torch.log2(p[p > 0])).sum())
 
 
+def thinking_split(tok: Any, out: Any, text: str) -> dict[str, str]:
+    """A thinking model's reply so far as its two stages, ``thinking`` and ``answer`` (the model's reasoning
+    parser over the text; markers made of control tokens read with them); {} for a model without thinking."""
+    fmt = chat_format_of(tok) if getattr(tok, "chat_template", None) else None
+    if fmt is None or fmt.reasoning is None:
+        return {}
+    parser = fmt.reasoning.parser(tok.decode(out.prompt_token_ids[-16:], skip_special_tokens=False))
+    if parser.needs_special:
+        text = tok.decode(out.outputs[0].token_ids, skip_special_tokens=False)
+    thinking, answer = parser.split(text)
+    return {"thinking": thinking, "answer": answer}
+
+
 def _output_event(tok: Any, out: Any, params: SamplingParams, t0: float) -> dict[str, Any]:
     """A RequestOutput as the page needs it, with the text still held back for a possible stop string."""
     c = out.outputs[0]
@@ -55,6 +69,7 @@ def _output_event(tok: Any, out: Any, params: SamplingParams, t0: float) -> dict
                           "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
                           "num_cached_tokens": out.num_cached_tokens, "finished": out.finished,
                           "logprobs": [{"chosen": p.chosen, "top": p.top} for p in (c.delta_logprobs or [])]}
+    ev.update(thinking_split(tok, out, c.text))
     m = out.metrics
     if m is not None:
         ev.update(ttft=m.time_to_first_token, itl=m.inter_token_latencies, num_preemptions=m.num_preemptions)

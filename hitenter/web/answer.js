@@ -46,13 +46,19 @@ export function renderAnswer(node, dock, run, now) {
   stat("answer-tps", "tokens/s", st.tps ? st.tps.toFixed(1) : "–"),
   stat("answer-kv", "KV cache", `${st.kvTokens} tokens · ${st.kvBlocks} blocks · ${bytes(st.kvBytes)}`),
   el("span", { class: "note" }, state === "waiting" ? "the prompt is being read (prefill)…" : `${st.tokens} tokens · ${state}`));
+  // a thinking model's reply in two stages: what it thinks (its reasoning section), then what it answers
+  const staged = typeof run.thinking === "string";
+  const said = staged ? run.answer : run.text;
   const text = run.error ? el("span", { class: "err" }, `rejected: ${run.error.error}`)
-    : [run.text, run.heldBack ? el("span", { class: "held" }, run.heldBack) : null, run.finish ? null : el("span", { class: "caret" }, "▍")];
-  clear(node, stats, el("div", { class: "answer-text", id: "answer-text", dataset: { chars: run.text.length } }, text));
+    : [said, run.heldBack ? el("span", { class: "held" }, run.heldBack) : null, run.finish ? null : el("span", { class: "caret" }, "▍")];
+  const thinking = staged ? el("div", { class: "answer-thinking", id: "answer-thinking", dataset: { chars: run.thinking.length } },
+    el("small", {}, "thinking: what the model thinks (not its answer)"), run.thinking) : null;
+  clear(node, stats, thinking, staged ? el("span", { class: "answer-stage" }, "answer") : null,
+    el("div", { class: "answer-text", id: "answer-text", dataset: { chars: said.length, staged } }, text));
   node.dataset.rid = run.rid || "";
   node.hidden = false;
-  const tail = run.text.length > 160 ? `…${run.text.slice(-160)}` : run.text;
-  dock.dataset.tail = run.text.slice(-160);
+  const tail = said.length > 160 ? `…${said.slice(-160)}` : said;
+  dock.dataset.tail = said.slice(-160);
   clear(dock, el("div", { class: "dockstats" }, el("b", {}, "answer"),
     el("span", { class: "note" }, ` · TTFT ${ttft} · ${st.tps ? st.tps.toFixed(1) : "–"} tok/s · KV ${st.kvTokens} tokens · ${state}`)),
   el("div", { class: "docktext" }, run.error ? "rejected" : tail.replace(/\n/g, " ↵ ")));

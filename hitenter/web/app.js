@@ -43,6 +43,8 @@ function selIndex(run) {
 const pinNote = (run, i) => (S.sel === null || S.sel === undefined) && document.body.dataset.view === "story"
   ? " (pinned: the first token after your prompt, the same step the logits and softmax steps show)" : "";
 const chatOn = () => $("chat").checked && !info().trigram;
+// a thinking model's template switch (sent only where the model has one and the chat template is on)
+const thinkOn = () => (chatOn() && info().thinks ? $("think").checked : undefined);
 
 // Drawing is batched per animation frame: the panels on screen (the story's stage, or the dashboard panels in
 // view) every frame; the others at most every FULL_MS and once when a request ends, so a streamed token
@@ -144,7 +146,7 @@ async function start(p = params()) {
   const run = newRun(model(), "stream", p, text);
   S.modelName = run.model;
   if (info().trigram) { S.tri = run; S.triSel = null; }
-  await go(run, { model: run.model, text, chat: chatOn(), params: p });
+  await go(run, { model: run.model, text, chat: chatOn(), think: thinkOn(), params: p });
   if (S.run !== run) return;
   await refineSelected();
   await userTokens(run);
@@ -177,7 +179,7 @@ async function step() {
   run.mode = "step";
   run.params = p;
   const n = Math.min(before.length + 1, p.max_tokens);
-  const req = { model: run.model, text: run.promptText, chat: chatOn(), params: { ...p, max_tokens: n } };
+  const req = { model: run.model, text: run.promptText, chat: chatOn(), think: thinkOn(), params: { ...p, max_tokens: n } };
   S.sel = null; S.reshaped = false;
   await go(run, req, { keep: true });
   refineSelected();
@@ -362,7 +364,7 @@ async function preview() {
   const r = S.run;
   if (S.abort || !model() || (r && r.prompt_ids && r.model === model() && r.promptText === $("prompt").value)) return;
   try {
-    const t = await postJSON("/tokenize", { model: model(), text: $("prompt").value, chat: $("chat").checked });
+    const t = await postJSON("/tokenize", { model: model(), text: $("prompt").value, chat: $("chat").checked, think: thinkOn() });
     if (S.abort) return;
     const u = $("chat").checked && t.template_used ? await postJSON("/tokenize", { model: model(), text: $("prompt").value, chat: false }) : t;
     if (!S.abort) renderTokens(body("p-tokens"), { ...t, userTokens: { chars: $("prompt").value.length, tokens: u.count,
@@ -428,6 +430,10 @@ async function init() {
   $("prompt").addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(() => { preview(); renderDrills(body("p-drill-words"), S); }, 250);
     markStale(S, "the prompt changed"); });
   $("chat").addEventListener("change", () => { preview(); markStale(S, "the chat template setting changed"); });
+  const thinkSwitch = () => { $("think-wrap").hidden = !info().thinks; };
+  thinkSwitch();
+  $("model").addEventListener("change", thinkSwitch);
+  $("think").addEventListener("change", () => { preview(); markStale(S, "the thinking switch changed"); });
   $("model").addEventListener("change", () => { connect(); preview(); markStale(S, "the model changed");
     S.measured = null; orderIdle(body("p-order"), model, "the model changed: compare again on this one"); renderDrills(null, S);
     getJSON(`/fast?model=${encodeURIComponent(model())}`).then((f) => { S.fast = f; render(); }); });
