@@ -214,6 +214,7 @@ def _reasoning_budget(text: str) -> int:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
+    limits, lifecycle, engine_kwargs = _limits(a), _lifecycle(a), _engine_kwargs(a)   # bad values: before loading
     from hitenter.server.api import serve
 
     extra = ["trigram"] if a.extra_model is None else [m for m in a.extra_model if m != "none"]
@@ -221,13 +222,13 @@ def cmd_serve(a: argparse.Namespace) -> int:
           max_queued_requests=a.max_queued_requests, extra_models=extra, max_body_bytes=a.max_body_bytes,
           header_timeout=a.header_timeout, metrics_public=a.metrics_public,
           allow_special_tokens_in_content=a.allow_special_tokens_in_content, allowed_origins=a.allowed_origins,
-          limits=_limits(a), lifecycle=_lifecycle(a), reasoning_budget=a.reasoning_budget, **_engine_kwargs(a))
+          limits=limits, lifecycle=lifecycle, reasoning_budget=a.reasoning_budget, **engine_kwargs)
     return 0
 
 
 def _lifecycle(a: argparse.Namespace) -> object:
     from hitenter.server.keep_alive import parse_keep_alive
-    from hitenter.server.model_manager import Lifecycle
+    from hitenter.server.lifecycle import Lifecycle
 
     try:
         keep = parse_keep_alive(a.keep_alive, bare_seconds=True)

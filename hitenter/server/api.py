@@ -52,10 +52,11 @@ from hitenter.server.api_error import (
 from hitenter.server.engine_client import EngineClient
 from hitenter.server.generation import Puller, ServedModel, ServerState
 from hitenter.server.http import DEFAULT_HEADER_TIMEOUT, StaticOr405, add_cors, uvicorn_config
+from hitenter.server.lifecycle import Lifecycle
 from hitenter.server.local_engine import LocalEngineClient
 from hitenter.server.metrics import ServerMetrics
 from hitenter.server.model_catalog import Catalog
-from hitenter.server.model_manager import LeaseScope, Lifecycle, Loader, ModelManager
+from hitenter.server.model_manager import LeaseScope, Loader, ModelManager
 from hitenter.server.schema_types import TOKEN_ID_LIMIT
 
 __all__ = ["ServedModel", "create_app", "model_name", "serve"]

@@ -1,16 +1,17 @@
-"""The models a server holds (``ModelManager``), as Ollama's scheduler holds them:
+"""The models a server holds (``ModelManager``), as Ollama's scheduler holds them; its options are a
+``Lifecycle`` (hitenter/server/lifecycle.py).
 
-- a request naming a model that is not resident loads it (one load at a time, off the event loop) from
+- A request naming a model that is not resident loads it (one load at a time, off the event loop) from
   the server's Catalog (hitenter/server/model_catalog.py) through its ``Loader``; requests for a model
-  being loaded wait for that load, and while a load waits for models in use to finish, new requests
-  for those models queue behind it (first come, first served: no model starves). The models the server started with stay loaded (the playground draws
-  them) and count against the limits below;
-- every request holds a lease on its model from the moment it names it until its response has been
+  being loaded wait for that load. While a load waits for models in use to finish, new requests for
+  those models queue behind it (first come, first served: no model starves). The models the server
+  started with stay loaded (the playground draws them) and count against the limits below.
+- Every request holds a lease on its model from the moment it names it until its response has been
   sent (``LeaseScope``, an ASGI middleware, gives each HTTP request its scope). A model in use is never
-  unloaded; an idle one unloads when its keep-alive runs out (that of the latest request to start on it: its ``keep_alive``
-  when it gave one, else the server's default ``Lifecycle.keep_alive``, as Ollama does); ``keep_alive`` 0 unloads it as soon as
-  its last request ends;
-- at most ``max_loaded_models`` models, and ``max_loaded_memory`` bytes of them (weights file plus the
+  unloaded; an idle one unloads when its keep-alive runs out: that of the latest request to start on
+  it, its ``keep_alive`` when it gave one, else the server's default (as Ollama does). ``keep_alive`` 0
+  unloads it as soon as its last request ends.
+- At most ``max_loaded_models`` models, and ``max_loaded_memory`` bytes of them (weights file plus the
   KV cache reserved for it), are resident: a load first unloads idle models, least recently used first;
   when only models in use stand in the way it waits for them (up to ``wait_seconds``), then is refused
   (503 with Retry-After). A model that could never fit is refused at once (503, saying why).
@@ -24,7 +25,6 @@ import asyncio
 import contextvars
 import gc
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hitenter.errors import HitenterError
 from hitenter.server.api_error import APIError
+from hitenter.server.lifecycle import Lifecycle
 from hitenter.server.model_catalog import Catalog
 from hitenter.server.served_model import ServedModel
 
@@ -47,30 +48,6 @@ FOREVER_AT = "9999-12-31T23:59:59Z"
 
 class UnknownModel(LookupError):
     """No resident model and nothing in the catalog has this name."""
-
-
-@dataclass(frozen=True)
-class Lifecycle:
-    keep_alive: float | None = 300.0          # seconds an idle model loaded on demand stays; None: forever
-    max_loaded_models: int = 3                # Ollama's default on a CPU
-    max_loaded_memory: int | None = None      # bytes of resident models; None: 3/4 of physical memory
-    wait_seconds: float = 120.0               # how long a load waits for models in use to become idle
-
-    def __post_init__(self) -> None:
-        if self.max_loaded_models < 1:
-            raise ValueError("max_loaded_models: at least 1")
-        if self.max_loaded_memory is not None and self.max_loaded_memory < 1:
-            raise ValueError("max_loaded_memory: a positive number of bytes")
-        if self.keep_alive is not None and self.keep_alive < 0:
-            raise ValueError("keep_alive: seconds >= 0, or None for forever")
-
-    def memory_limit(self) -> int:
-        if self.max_loaded_memory is not None:
-            return self.max_loaded_memory
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
-        except (ValueError, OSError, AttributeError):
-            return 6 << 30
 
 
 def model_bytes(m: ServedModel) -> int:

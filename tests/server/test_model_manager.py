@@ -13,8 +13,9 @@ import pytest
 
 from hitenter.server.api_error import APIError
 from hitenter.server.engine_client import ModelInfo
+from hitenter.server.lifecycle import Lifecycle
 from hitenter.server.model_catalog import Catalog
-from hitenter.server.model_manager import _LEASES, DEFAULT, Lease, Lifecycle, ModelManager, UnknownModel
+from hitenter.server.model_manager import _LEASES, DEFAULT, Lease, ModelManager, UnknownModel
 from hitenter.server.served_model import ServedModel
 
 MB = 1 << 20

@@ -23,8 +23,8 @@ import pytest
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.models import registry
 from hitenter.server.api import create_app, engine_loader
+from hitenter.server.lifecycle import Lifecycle
 from hitenter.server.local_engine import model_info
-from hitenter.server.model_manager import Lifecycle
 from hitenter.server.served_model import ServedModel
 from hitenter.testing.fake_wheels import fake_wheel, register_fake_model
 from hitenter.testing.live_server import live_server, wait_until
