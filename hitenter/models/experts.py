@@ -30,6 +30,7 @@ from torch import nn
 from hitenter.errors import ModelLoadError
 from hitenter.kernels import BLOCK_TYPES, BlockWeight, qmatmul
 from hitenter.models.block_linear import BlockLinear
+from hitenter.models.gguf import SUPPORTED_TENSOR_TYPES
 from hitenter.models.linear import Linear
 
 Weight = BlockWeight | torch.Tensor
@@ -72,7 +73,7 @@ def dense_experts(t: torch.Tensor) -> ExpertWeight:
 def expert_weights(reader: gguf.GGUFReader, name: str, dense: bool = False) -> ExpertWeight:
     """The 3-D expert tensor `name` of an open GGUF (ggml ne [in, out, E]): block types as the file's
     bytes (a view of the map), others (or all, with `dense`) dequantized to fp32. ModelLoadError when
-    it is missing, not 3-D or past the end of the file."""
+    it is missing, not 3-D, past the end of the file or of a type the loader does not read."""
     t = next((t for t in reader.tensors if t.name == name), None)
     if t is None:
         raise ModelLoadError(f"missing expert tensor {name!r}")
@@ -87,6 +88,8 @@ def expert_weights(reader: gguf.GGUFReader, name: str, dense: bool = False) -> E
         with warnings.catch_warnings():   # a read-only map viewed by torch: never written, copied at ownership
             warnings.simplefilter("ignore", UserWarning)
             return ExpertWeight(e, n, k, blocks=BlockWeight(torch.from_numpy(raw), qtype, (e * n, k)))
+    if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
+        raise ModelLoadError(f"expert tensor {name!r} uses the unsupported GGML type {t.tensor_type.name}")
     arr = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(e, n, k)
     return ExpertWeight(e, n, k, dense=torch.from_numpy(np.array(arr, dtype=np.float32, order="C")))
 
