@@ -7,6 +7,7 @@ from typing import Any
 
 from hitenter.config import EngineConfig
 from hitenter.engine.llm_engine import LLMEngine
+from hitenter.models.vision.content import image_parts
 from hitenter.outputs import RequestOutput
 from hitenter.sampling_params import SamplingParams
 
@@ -88,9 +89,17 @@ class LLM:
     def chat(self, conversations: list[Message] | Sequence[list[Message]],
              params: SamplingParams | Sequence[SamplingParams] | None = None,
              add_generation_prompt: bool = True, **kwargs: Any) -> list[RequestOutput]:
-        """Apply the model's chat template to each conversation, then generate."""
+        """Apply the model's chat template to each conversation, then generate. A message holding an image
+        (an image_url / image / input_image part, or Ollama's `images`) is a ValueError: images are not
+        taken by this engine's models yet, and a chat template would drop them silently."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # type: ignore[list-item]
+        for c, conversation in enumerate(conversations):
+            found = image_parts(list(conversation))
+            if found:
+                where, kind = found[0]
+                raise ValueError(f"conversation {c}, {where}: an image ({kind}), but the model has no "
+                                 "vision encoder loaded: images are not supported for it")
         prompts = [self.tokenizer.apply_chat_template(list(c), add_generation_prompt=add_generation_prompt)
                    for c in conversations]
         return self.generate(prompts, params, **kwargs)
