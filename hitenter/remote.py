@@ -137,6 +137,9 @@ def _refusal(resp: http.client.HTTPResponse) -> None:
         message = raw.decode("utf-8", "replace")[:300]
     if resp.status in (404, 503):
         raise Unavailable(f"the server answered {resp.status}: {message}")
+    if resp.status == 401:
+        raise RemoteError(f"the server asks for its --api-key ({message}): set HITENTER_API_KEY, or run "
+                          "with --no-server")
     raise RemoteError(f"the server refused the request ({resp.status}): {message}")
 
 

@@ -62,6 +62,16 @@ def test_a_refusal_is_the_servers_message(server: LiveServer, monkeypatch: pytes
     assert "rc: 2" in r.stderr and "the server refused the request (400)" in r.stderr and "max_tokens" in r.stderr
 
 
+def test_a_server_with_a_key(tiny_qwen2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = create_app(LLMEngine(str(tiny_qwen2_path)), "tiny", playground=False, api_key="k-1")
+    with live_server(app) as srv:
+        r = _cli(srv, "run", "hi", "--max-tokens", "2", monkeypatch=monkeypatch)
+        assert "rc: 2" in r.stderr and "set HITENTER_API_KEY" in r.stderr, r.stderr
+        monkeypatch.setenv("HITENTER_API_KEY", "k-1")
+        r = _cli(srv, "run", "hi", "--max-tokens", "2", monkeypatch=monkeypatch)
+        assert "rc: 0" in r.stderr and "[2 tokens" in r.stderr and "torch imported: False" in r.stderr, r.stderr
+
+
 @pytest.mark.slow
 def test_engine_options_or_an_unknown_model_run_in_this_process(server: LiveServer, tiny_llama_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
