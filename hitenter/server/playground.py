@@ -26,6 +26,7 @@ from hitenter.engine.sampler import reshape_distribution, run_chain
 from hitenter.sampling_params import SamplingParams
 from hitenter.server.chat_format import chat_format_of
 from hitenter.server.engine_client import EngineClient
+from hitenter.server.playground_arithmetic import arithmetic_routes
 from hitenter.server.playground_models import (
     BurstBody,
     DeterminismBody,
@@ -219,6 +220,7 @@ def make_playground_router(engines: dict[str, EngineClient] | dict[str, AsyncLLM
         name: LocalEngineClient(e) if isinstance(e, AsyncLLMEngine) else e for name, e in engines.items()}
     router = APIRouter(prefix="/playground/api")
     pg = Playground(clients)
-    for add in (_info_routes, _sampling_routes, _events_route, _batch_routes, trace_routes):
+    for add in (_info_routes, _sampling_routes, _events_route, _batch_routes):
         add(router, pg)
+    arithmetic_routes(router, trace_routes(router, pg))
     return router

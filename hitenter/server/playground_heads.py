@@ -68,3 +68,41 @@ def layer_parts(model: Any, tr: Trace, i: int) -> dict[str, Any]:
                      "error": float((out.float()[0] - tr.hidden[li + 1, i]).abs().max()),
                      "scale": float(tr.hidden[li + 1, i].abs().max())})
     return {"index": i, "layers": rows}
+
+
+HEAD_KINDS = ("previous-token", "first-token sink", "self", "content")
+
+
+def head_kinds(attentions: torch.Tensor) -> dict[str, Any]:
+    """What each head does, measured on one trace's probabilities ``attentions`` [L, H, T, T]: for every query
+    q >= 2, the weight it puts on the token just before it, on the first token (the sink that soaks up
+    spare attention), on itself, and on the rest (earlier content); a head's kind is the largest of the four
+    means over the queries. Returns the kinds [L][H] and the four shares [L][H][4] in HEAD_KINDS order."""
+    a = attentions.float()
+    t = a.shape[-1]
+    if t < 3:
+        return {"kinds": [["content"] * a.shape[1] for _ in range(a.shape[0])], "shares": None, "queries": 0}
+    q = torch.arange(2, t)
+    prev, sink, self_ = a[:, :, q, q - 1], a[:, :, q, 0], a[:, :, q, q]
+    rest = (1 - prev - sink - self_).clamp_min(0)
+    shares = torch.stack([prev, sink, self_, rest], -1).mean(2)                 # [L, H, 4]
+    kinds = [[HEAD_KINDS[int(k)] for k in row] for row in shares.argmax(-1)]
+    return {"kinds": kinds, "shares": (shares * 1e3).round().div(1e3).tolist(), "queries": t - 2}
+
+
+def strongest_content_head(attentions: torch.Tensor, kinds: list[list[str]], i: int) -> dict[str, Any] | None:
+    """Query ``i``'s strongest look at one earlier token (not the first token, not itself) among the content
+    heads (all heads if there are none), so the view opens on a head that reads meaning, not on a
+    previous-token or sink head: layer, head, key, weight and the head's kind."""
+    rows = attentions[:, :, i, : i + 1].float()
+    if i < 2:
+        return None
+    inner = rows[:, :, 1:i].clone()                                             # keys 1 .. i-1
+    content = torch.tensor([[k == "content" for k in row] for row in kinds])
+    if content.any():
+        inner[~content] = -1
+    flat = int(inner.reshape(-1).argmax())
+    layer, rest = divmod(flat, inner.shape[1] * inner.shape[2])
+    head, k = divmod(rest, inner.shape[2])
+    return {"layer": layer, "head": head, "k": k + 1, "p": float(rows[layer, head, k + 1]),
+            "kind": kinds[layer][head]}

@@ -17,6 +17,7 @@ MAX_BURST = 32                 # burst: concurrent requests
 MAX_OTHERS = 16                # determinism: requests beside the measured one
 MAX_TRACE_TOKENS = 96          # trace: prompt (+ generated) tokens; attention is [layers, heads, T, T]
 MAX_TRACE_NEW = 8              # trace: greedy tokens generated after the prompt
+MAX_ARITHMETIC_STEPS = 16     # determinism arithmetic: answer steps compared
 MAX_MEASURE_N = 16             # measure: requests in the batched run
 MAX_MEASURE_TOKENS = 64        # measure: tokens each request decodes
 
@@ -84,6 +85,12 @@ class DeterminismBody(GenerateBody):
     others: Annotated[int, Interval(ge=1, le=MAX_OTHERS), Strict(), _NUM] = 4
 
 
+class ArithmeticBody(PromptBody):
+    answer: list[TokenId] = Field(min_length=1, max_length=MAX_ARITHMETIC_STEPS)     # the answer's token ids
+    others: Annotated[int, Interval(ge=1, le=MAX_OTHERS), Strict(), _NUM] = 4
+    near_tie: Bool = True
+
+
 class MeasureBody(PromptBody):
     n: Annotated[int, Interval(ge=2, le=MAX_MEASURE_N), Strict(), _NUM] = 8
     tokens: Annotated[int, Interval(ge=2, le=MAX_MEASURE_TOKENS), Strict(), _NUM] = 16
@@ -106,8 +113,8 @@ class HeadQuery(TraceQuery):
 
 class CompareBody(_Body):
     model: str | None = None
-    a: str = Field("I went to the bank to deposit money", max_length=400)
-    b: str = Field("I sat by the river bank", max_length=400)
+    a: str = Field("I deposited my money at the bank", max_length=400)     # the clue before the word: a causal
+    b: str = Field("we sat on the river bank", max_length=400)            # model reads only what came before
     word: str = Field("bank", min_length=1, max_length=40)
 
 

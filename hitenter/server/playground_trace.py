@@ -5,7 +5,8 @@ engine's scheduler and KV cache: requests that are not traced are not held up by
 POST /trace makes one (prompt <= MAX_TRACE_TOKENS tokens) and returns its id and summaries; the other
 routes read a kept trace (the last MAX_TRACES) by id: /trace/attention (one layer, all heads),
 /trace/embedding, /trace/lens (residual norms and the logit lens), /trace/logits, /trace/heads (one query's
-row in every layer and head), /trace/head (q·k/√d and the value mix of one head) and /trace/parts (attention's
+row in every layer and head), /trace/head (q·k/√d and the value mix of one head), /trace/ffn (the norm and feed-forward block of one
+token at one layer, playground_ffn.py) and /trace/parts (attention's
 and the MLP's additions to the residual stream, playground_heads.py); /trace/rope, /trace/compare and /trace/order (word order against positions)
 need only a model; /fast is the "making it faster" panel's facts about the served model.
 """
@@ -32,7 +33,8 @@ from hitenter.models.trace import (
     trace_with_generation,
     traceable,
 )
-from hitenter.server.playground_heads import head_row, layer_parts
+from hitenter.server.playground_ffn import ffn_view
+from hitenter.server.playground_heads import head_kinds, head_row, layer_parts, strongest_content_head
 from hitenter.server.playground_models import (
     MAX_TRACE_TOKENS,
     CompareBody,
@@ -159,20 +161,17 @@ def _make_routes(router: APIRouter, T: Traces) -> None:
 
     @router.post("/trace/heads", openapi_extra=body_doc(TraceQuery))
     async def heads(request: Request) -> dict[str, Any]:
-        """One query token's attention row in every layer and head (the thumbnail grid), and its strongest
-        head: the most weight on one earlier token other than itself and the first (the attention sink)."""
+        """One query token's attention row in every layer and head (the thumbnail grid), what each head does
+        (previous-token, first-token sink, self or content: playground_heads.head_kinds, measured over this
+        trace), and the query's strongest content head: its most weight on one earlier token (not the first
+        token, not itself) among the content heads."""
         q = await parse(request, TraceQuery)
         _, tr, _ = T.get(q.trace_id)
         i = _index(tr, q.index)
         rows = tr.attentions[:, :, i, : i + 1].float()          # [layers, heads, i + 1]
-        inner = rows[:, :, 1:i] if i > 1 else rows[:, :, :0]
-        best = None
-        if inner.numel():
-            flat = int(inner.reshape(-1).argmax())
-            layer, rest = divmod(flat, inner.shape[1] * inner.shape[2])
-            head, k = divmod(rest, inner.shape[2])
-            best = {"layer": layer, "head": head, "k": k + 1, "p": float(inner[layer, head, k])}
-        return {"index": i, "probs": (rows * 1e3).round().div(1e3).tolist(), "strongest": best}
+        kinds = head_kinds(tr.attentions)
+        return {"index": i, "probs": (rows * 1e3).round().div(1e3).tolist(), **kinds,
+                "strongest": strongest_content_head(tr.attentions, kinds["kinds"], i)}
 
     @router.post("/trace/head", openapi_extra=body_doc(HeadQuery))
     async def head(request: Request) -> dict[str, Any]:
@@ -195,6 +194,20 @@ def _make_routes(router: APIRouter, T: Traces) -> None:
         model, i = T.model_of(name), _index(tr, q.index)
         async with T.one_at_a_time:
             return await asyncio.to_thread(layer_parts, model, tr, i)
+
+    @router.post("/trace/ffn", openapi_extra=body_doc(TraceQuery))
+    async def ffn(request: Request) -> dict[str, Any]:
+        """One token at one layer: the norm before the feed-forward block and the block's neurons (playground_ffn)."""
+        q = await parse(request, TraceQuery)
+        name, tr, _ = T.get(q.trace_id)
+        model, i = T.model_of(name), _index(tr, q.index)
+        if q.layer >= len(model.layers):
+            raise HTTPException(400, f"layer: {q.layer} >= {len(model.layers)} layers")
+        try:
+            async with T.one_at_a_time:
+                return await asyncio.to_thread(ffn_view, model, tr, q.layer, i)
+        except ValueError as e:
+            raise HTTPException(400, str(e)) from e
 
     @router.post("/trace/logits", openapi_extra=body_doc(TraceQuery))
     async def logits(request: Request) -> dict[str, Any]:
@@ -290,7 +303,9 @@ def _model_routes(router: APIRouter, T: Traces) -> None:
                     "accepted_per_position": list(spec.num_accepted_tokens_per_pos)}}
 
 
-def trace_routes(router: APIRouter, pg: Playground) -> None:
+def trace_routes(router: APIRouter, pg: Playground) -> Traces:
+    """The traced-forward routes; returns their shared state (for routes that trace too)."""
     T = Traces(pg)
     _make_routes(router, T)
     _model_routes(router, T)
+    return T

@@ -16,6 +16,7 @@ import { renderCheat } from "./cheat.js";
 import { renderDrills, countWords } from "./drills.js";
 import { orderIdle } from "./order.js";
 import { renderAnswer, dockWhenHidden } from "./answer.js";
+import { renderArithmetic } from "./arithmetic.js";
 
 const $ = (id) => document.getElementById(id);
 const body = (id) => $(id).querySelector(".body");
@@ -417,9 +418,17 @@ async function init() {
   S.measureCtl.measure = measure;
   orderIdle(body("p-order"), model);
   determinismPanel(body("p-determinism"), async (n, out) => {
-    clear(out, el("p", { class: "note" }, "running…"));
-    renderDeterminism(out, await postJSON("/determinism", { model: model(), text: $("prompt").value, chat: $("chat").checked,
-      params: { ...params(), temperature: S.sampling.temperature || 0.8 }, others: n }));
+    const T = S.sampling.temperature, req = { model: model(), text: $("prompt").value, chat: $("chat").checked };
+    clear(out, el("p", { class: "note" }, `running at your temperature ${T}${T === 0 ? " (greedy)" : ""}…`));
+    try {
+      const r = await postJSON("/determinism", { ...req, params: { ...params(), temperature: T }, others: n });
+      const arith = el("div", { id: "det-arith-out" }, el("p", { class: "note" }, "comparing the arithmetic…"));
+      renderDeterminism(out, r, T);
+      out.append(arith);
+      const pieces = new Map(r.alone.pieces.map((p) => [p.id, p.text]));
+      const a = await postJSON("/determinism/arithmetic", { ...req, answer: r.alone.ids.slice(0, 16), others: n });
+      renderArithmetic(arith, a, (id) => pieces.get(id) ?? String(id));
+    } catch (e) { clear(out, el("p", { class: "err", id: "det-error" }, e.message)); }
   });
   ["p-loop", "p-branch", "p-timeline", "p-stop", "p-inspector"].forEach((id) => clear(body(id), live("waiting for a request"),
     el("p", { class: "note" }, "Press Enter.")));

@@ -6,6 +6,11 @@ import { postJSON } from "./api.js";
 import { traceTokens, lineChart } from "./inside.js";
 
 const attnSeq = sequencer();
+// What a head does (the server measures it on the trace: playground_heads.head_kinds), its letter and colour class.
+const KIND = { "previous-token": { letter: "P", cls: "prev" }, "first-token sink": { letter: "S", cls: "sink" },
+  self: { letter: "=", cls: "self" }, content: { letter: "C", cls: "content" } };
+const shareText = (sh) => `on average ${(100 * sh[0]).toFixed(0)}% on the token before, ${(100 * sh[1]).toFixed(0)}% on the first token, `
+  + `${(100 * sh[2]).toFixed(0)}% on itself, ${(100 * sh[3]).toFixed(0)}% on earlier content`;
 const gridSeq = sequencer();
 
 // Every layer × head for one query token: each cell shaded by the most weight it puts on one earlier token other
@@ -26,8 +31,8 @@ async function headGrid(node, tr, A, open) {
   const best = h.strongest;
   clear(node, el("p", { class: "note" }, `every layer (rows) × head (columns) for “${visible(tr.pieces[q].text)}”: darker = more weight on one `
     + "earlier token (not itself, not the first token, which soaks up spare attention). Click a cell to open it. ",
-  best ? el("button", { id: "attn-jump", dataset: { layer: best.layer, head: best.head, k: best.k },
-    onclick: () => open(best.layer, best.head) }, `jump to its strongest head (layer ${best.layer + 1}, head ${best.head}: `
+  best ? el("button", { id: "attn-jump", dataset: { layer: best.layer, head: best.head, k: best.k, kind: best.kind },
+    onclick: () => open(best.layer, best.head) }, `jump to its strongest ${best.kind} head (layer ${best.layer + 1}, head ${best.head}: `
       + `${(100 * best.p).toFixed(0)}% on “${visible(tr.pieces[best.k].text)}”)`) : null),
   el("div", { class: "hgrid", id: "attn-grid", dataset: { q, layers: h.probs.length, heads: h.probs[0].length },
     style: { gridTemplateColumns: `repeat(${h.probs[0].length}, 12px)` } }, cells));
@@ -130,10 +135,20 @@ export async function renderAttention(body, S) {
     onchange: () => { A.layer = Number(layer.value); renderAttention(body, S); } });
   const gridNode = el("div", { id: "attn-grid-wrap" });
   const open = (l, hd) => { A.layer = l; A.head = hd; renderAttention(body, S); };
+  const kinds = A.heads && A.heads.kinds ? A.heads.kinds[A.layer] : null;
+  const shares = A.heads && A.heads.shares ? A.heads.shares[A.layer] : null;
   const heads = el("div", { class: "heads", id: "attn-heads" }, Array.from({ length: tr.heads }, (_, h) => el("button", {
-    class: h === A.head ? "on" : "", dataset: { head: h }, onclick: () => { A.head = h; renderAttention(body, S); } }, h)));
+    class: `${h === A.head ? "on" : ""} kind-${kinds ? KIND[kinds[h]].cls : ""}`, dataset: { head: h, kind: kinds ? kinds[h] : "" },
+    title: kinds ? `head ${h}: ${kinds[h]} head${shares ? ` (${shareText(shares[h])})` : ""}` : `head ${h}`,
+    onclick: () => { A.head = h; renderAttention(body, S); } }, h, kinds ? el("small", {}, KIND[kinds[h]].letter) : null)));
+  const kindNote = kinds ? el("p", { class: "note", id: "attn-kind", dataset: { kind: kinds[A.head], layer: A.layer, head: A.head } },
+    el("b", {}, `head ${A.head} of layer ${A.layer + 1} is a ${kinds[A.head]} head`), shares ? ` (${shareText(shares[A.head])})` : "",
+    `. Heads are labelled by what they do, measured on this trace's ${A.heads.queries} queries: `,
+    Object.entries(KIND).map(([k, v]) => `${v.letter} ${k}`).join(" · "),
+    ". A content head is where one token gathers meaning from another; previous-token and sink heads are plumbing.") : null;
   clear(body, live("softmax(QKᵀ/√d + causal mask) of the engine's model, in fp32"),
     el("div", { class: "controls" }, el("label", { id: "attn-layer-label" }, `layer ${A.layer + 1} of ${tr.layers}`, layer), el("span", {}, "head"), heads),
+    kindNote,
     el("p", { class: "note" }, `Each row is one token asking “which earlier tokens matter to me?”; its ${probs.length} weights sum to 1. `
       + `The upper triangle is masked: a token never sees the future. ${tr.heads} heads per layer look for different things`
       + (tr.kv_heads < tr.heads ? ` (${tr.kv_heads} key/value heads shared between them: grouped-query attention).` : ".")),
@@ -147,20 +162,34 @@ export async function renderAttention(body, S) {
   await headGrid(gridNode, tr, A, open);
 }
 
-// The article's example: "bank" near "deposit money" vs "river". Same embedding row; different context.
-export async function renderCompare(body, model) {
+// The article's example: the same word after two different clues ("deposited my money at the bank", "we sat on
+// the river bank"). The clue comes before the word: a causal model reads only what came before it.
+export const BANK_PAIR = ["I deposited my money at the bank", "we sat on the river bank"];
+
+// The earlier tokens a word looked at most (not the first token, which soaks up spare attention, nor itself).
+export function topLooks(lk, n = 2) {
+  return lk.probs.map((p, k) => [p, k]).filter(([, k]) => k > 0 && k < lk.at).sort((x, y) => y[0] - x[0]).slice(0, n)
+    .map(([p, k]) => ({ k, p, text: lk.pieces[k].text.trim() }));
+}
+
+export async function renderCompare(body, model, a = BANK_PAIR[0], b = BANK_PAIR[1], word = "bank") {
   clear(body, el("p", { class: "note" }, "comparing…"));
   let r;
   try {
-    r = await postJSON("/trace/compare", { model });
+    r = await postJSON("/trace/compare", { model, a, b, word });
   } catch (e) {
-    clear(body, el("p", { class: "note", id: "compare-error" }, `this model cannot run the comparison: ${e.message}`));
+    clear(body, el("p", { class: "note", id: "compare-error" }, `this model cannot run the comparison: ${e.message.replace(/^[^{]*\{"detail":"?|"?\}$/g, "")}`));
     return;
   }
   const last = r.cos[r.cos.length - 1];
-  clear(body, el("p", { id: "compare", dataset: { first: r.cos[0], last } },
-    el("b", {}, `“${r.word}” in two sentences: `), `cosine of its two hidden vectors is ${r.cos[0].toFixed(3)} at the embedding `
-      + `(the same row), ${last.toFixed(3)} after the last layer: attention has mixed in “deposit money” in one and “river” in the other.`),
+  const looks = r.looks.map((lk) => topLooks(lk));
+  const said = (l) => l.map((x) => `“${x.text}” ${(100 * x.p).toFixed(0)}%`).join(", ");
+  clear(body, el("p", { id: "compare", dataset: { first: r.cos[0], last, looksA: JSON.stringify(looks[0].map((x) => x.k)),
+    looksB: JSON.stringify(looks[1].map((x) => x.k)) } },
+  el("b", {}, `“${r.word}” after two different clues: `), `cosine of its two hidden vectors is ${r.cos[0].toFixed(3)} at the embedding `
+      + `(the same row), ${last.toFixed(3)} after the last layer. The clue comes before the word, because a causal model reads only `
+      + `what came before it. In the last layer (mean over heads) “${r.word}” looked most at ${said(looks[0])} in the first sentence `
+      + `and ${said(looks[1])} in the second.`),
   lineChart(r.cos.map((y, l) => [l, y]), { label: "layer", yMin: Math.max(0, Math.min(...r.cos) - 0.05), yMax: 1, h: 100 }),
   r.looks.map((lk) => el("div", {}, el("p", { class: "note" }, `last layer, mean over heads: where “${r.word}” looks`),
     traceTokens({ pieces: lk.pieces, num_prompt: lk.pieces.length }, { sel: lk.at, weights: lk.probs }))));

@@ -121,15 +121,17 @@ export function determinismPanel(body, run) {
   const out = el("div", { id: "det-out" });
   clear(body, live("two real requests: alone, then batched with N others"),
     el("p", {}, el("button", { id: "btn-det", onclick: () => run(Number(n.value), out) }, "Run alone vs among N others"), " N = ", n),
-    el("p", { class: "note" }, "Same prompt, same seed. Batch-invariant kernels should make the tokens and logprobs identical; differences are outlined in red."),
+    el("p", { class: "note" }, "Same prompt, same seed, your temperature (0 included). This server's batch-invariant kernels make the tokens "
+      + "and logprobs identical; differences are outlined in red. Below, the same steps in a plain arithmetic show why other servers differ."),
     out);
 }
 
-export function renderDeterminism(node, r) {
+export function renderDeterminism(node, r, temperature = null) {
   const rowOf = (v, other) => el("div", { class: "row" }, v.pieces.map((p, i) => tokenChip(p, {
     class: other.ids[i] !== p.id || other.logprobs[i] !== v.logprobs[i] ? "diff" : "",
     title: `logprob ${v.logprobs[i]}` })));
   clear(node, el("p", { id: "det-result", dataset: { sameIds: r.same_ids, sameLogprobs: r.same_logprobs } },
+    temperature === null ? "" : `temperature ${temperature}${temperature === 0 ? " (greedy)" : ""}, seed as set: `,
     r.same_ids && r.same_logprobs ? el("span", { class: "ok" }, "identical tokens and logprobs, bit for bit")
       : el("span", { class: "err" }, `differs: ids ${r.same_ids ? "same" : "differ"}, logprobs ${r.same_logprobs ? "same" : "differ"}`)),
   el("b", {}, "alone"), rowOf(r.alone, r.loaded), el("b", {}, `among ${r.others} others`), rowOf(r.loaded, r.alone));

@@ -3,6 +3,7 @@
 import { el, clear, visible, pct, live, tokenChip, sequencer } from "./util.js";
 import { postJSON } from "./api.js";
 import { traceTokens } from "./inside.js";
+import { renderFfn } from "./ffn.js";
 
 const lensSeq = sequencer();
 const partsSeq = sequencer();
@@ -30,6 +31,7 @@ export async function renderResidual(body, S, index = null) {
   if (!r) return;
   const max = Math.max(...r.norms);
   const partsNode = el("div", { id: "resid-parts-wrap" });
+  const ffnNode = el("div", { id: "ffn-wrap" });
   const bars = el("div", { class: "normbars", id: "resid-norms", dataset: { norms: JSON.stringify(r.norms) } },
     r.norms.map((n, l) => el("div", { title: `${l === 0 ? "embedding" : `after layer ${l}`}: |x| = ${n.toFixed(2)}`,
       style: { height: `${(100 * n) / max}%` } })));
@@ -45,8 +47,9 @@ export async function renderResidual(body, S, index = null) {
     el("p", {}, el("b", {}, "logit lens: "), "if we stopped after layer L and read the stream out as a prediction:"),
     el("div", { class: "scrollx lens" }, el("table", { id: "lens", dataset: { index: i } },
       el("tr", {}, el("th", {}, "stop at"), el("th", {}, "1st"), el("th", {}, "2nd"), el("th", {}, "3rd")), rows)),
-    el("p", { class: "note" }, "Early layers mostly echo the input; the answer forms in the last few."), partsNode);
+    el("p", { class: "note" }, "Early layers mostly echo the input; the answer forms in the last few."), partsNode, ffnNode);
   await parts(partsNode, tr, i);
+  await renderFfn(ffnNode, tr, i, S);
 }
 
 export async function renderLogits(body, S, temperature = null) {

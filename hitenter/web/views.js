@@ -3,7 +3,7 @@
 import { el, clear, live } from "./util.js";
 import { postJSON } from "./api.js";
 import { renderEmbedding, renderRope } from "./inside.js";
-import { renderAttention, renderCompare } from "./attention.js";
+import { renderAttention, renderCompare, BANK_PAIR } from "./attention.js";
 import { renderResidual, renderLogits } from "./residual.js";
 import { storyMode, dashFlow } from "./story.js";
 import { renderDrills } from "./drills.js";
@@ -88,9 +88,11 @@ export function inside(S, helpers) {
   H = helpers;
   const attnBody = H.body("p-attn");
   const compareOut = el("div", { id: "compare-out" });
-  clear(attnBody, el("div", { class: "attn" }), el("p", {},
-    el("button", { id: "btn-compare", onclick: () => renderCompare(compareOut, S.modelName || H.$("model").value) },
-      "Compare “bank”"), " I went to the bank to deposit money · I sat by the river bank"), compareOut);
+  const pa = el("input", { id: "compare-a", value: BANK_PAIR[0], size: 30 }), pb = el("input", { id: "compare-b", value: BANK_PAIR[1], size: 30 });
+  const word = el("input", { id: "compare-word", value: "bank", size: 6 });
+  clear(attnBody, el("div", { class: "attn" }), el("p", { class: "controls" },
+    el("button", { id: "btn-compare", onclick: () => renderCompare(compareOut, S.modelName || H.$("model").value, pa.value, pb.value, word.value) },
+      "Compare the word"), word, "in", pa, "and", pb), compareOut);
   traceMissing(S);
   bar = dashFlow(H.$("dash-flow"), S);
   story = storyMode(H.$("story"), S, (step) => {

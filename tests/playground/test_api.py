@@ -155,8 +155,19 @@ def test_word_order_and_the_heads_grid(client) -> None:
     h = c.post("/playground/api/trace/heads", json={"trace_id": s["trace_id"], "index": q}).json()
     ref = trace_forward(eng.runner.model, [p["id"] for p in s["pieces"]])
     torch.testing.assert_close(torch.tensor(h["probs"]), ref.attentions[:, :, q, : q + 1], atol=1e-3, rtol=0)
+    # each head labelled by what it does over this trace's queries q >= 2: the token before, the first token,
+    # itself, or earlier content (the largest mean share); the default view is the strongest content head
+    a, qs = ref.attentions, torch.arange(2, len(s["pieces"]))
+    prev, first, own = a[:, :, qs, qs - 1], a[:, :, qs, 0], a[:, :, qs, qs]
+    shares = torch.stack([prev, first, own, 1 - prev - first - own], -1).mean(2)
+    names = ["previous-token", "first-token sink", "self", "content"]
+    assert h["kinds"] == [[names[int(k)] for k in row] for row in shares.argmax(-1)]
     best = h["strongest"]
-    inner = ref.attentions[:, :, q, 1:q]
+    content = torch.tensor([[k == "content" for k in row] for row in h["kinds"]])
+    inner = a[:, :, q, 1:q].clone()
+    if content.any():
+        inner[~content] = -1
+        assert best["kind"] == "content"
     assert best["p"] == pytest.approx(float(inner.max()), abs=1e-5) and 0 < best["k"] < q
     assert c.post("/playground/api/trace/heads", json={"trace_id": s["trace_id"], "index": 999}).status_code == 400
 
