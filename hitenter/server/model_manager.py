@@ -70,12 +70,8 @@ class Resident:
     timer: asyncio.TimerHandle | None = None
 
 
-@dataclass(eq=False)
-class Lease:
-    resident: Resident
-
-
-_LEASES: contextvars.ContextVar[list[Lease] | None] = contextvars.ContextVar("hitenter_leases", default=None)
+_LEASES: contextvars.ContextVar[list[Resident] | None] = contextvars.ContextVar("hitenter_leases", default=None)
+"""The models the current HTTP request holds (one entry per acquire), released by LeaseScope."""
 
 
 class ModelManager:
@@ -150,10 +146,10 @@ class ModelManager:
         if r.timer is not None:
             r.timer.cancel()
             r.timer = None
-        leases.append(Lease(r))
+        leases.append(r)
 
-    def release(self, lease: Lease) -> None:
-        r = lease.resident
+    def release(self, r: Resident) -> None:
+        """One lease on ``r`` ends (LeaseScope calls it as a request's response has been sent)."""
         r.users -= 1
         r.last_used = time.monotonic()
         if r.users == 0 and self._residents.get(r.model.name) is r:
@@ -346,11 +342,11 @@ class LeaseScope:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        leases: list[Lease] = []
+        leases: list[Resident] = []
         token = _LEASES.set(leases)
         try:
             await self.app(scope, receive, send)
         finally:
             _LEASES.reset(token)
-            for lease in leases:
-                self.manager.release(lease)
+            for r in leases:
+                self.manager.release(r)

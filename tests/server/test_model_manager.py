@@ -15,7 +15,7 @@ from hitenter.server.api_error import APIError
 from hitenter.server.engine_client import ModelInfo
 from hitenter.server.lifecycle import Lifecycle
 from hitenter.server.model_catalog import Catalog
-from hitenter.server.model_manager import _LEASES, DEFAULT, Lease, ModelManager, UnknownModel
+from hitenter.server.model_manager import _LEASES, DEFAULT, ModelManager, Resident, UnknownModel
 from hitenter.server.served_model import ServedModel
 
 MB = 1 << 20
@@ -64,7 +64,7 @@ def _manager(**lc: Any) -> tuple[ModelManager, list[str], dict[str, ScriptedClie
 async def _use(mgr: ModelManager, name: str, keep_alive: object = DEFAULT,
                during: Callable[[], Awaitable[Any]] | None = None) -> ServedModel:
     """One request: acquire ``name``, run ``during``, release (as LeaseScope does)."""
-    leases: list[Lease] = []
+    leases: list[Resident] = []
     token = _LEASES.set(leases)
     try:
         m = await mgr.acquire(name, keep_alive)
@@ -73,8 +73,8 @@ async def _use(mgr: ModelManager, name: str, keep_alive: object = DEFAULT,
         return m
     finally:
         _LEASES.reset(token)
-        for lease in leases:
-            mgr.release(lease)
+        for r in leases:
+            mgr.release(r)
 
 
 async def _settle(mgr: ModelManager) -> None:
