@@ -90,10 +90,12 @@ def delta_rule_rows(states: Tensor, slots: list[int], q: Tensor, k: Tensor, v: T
     if len(slots) != n or len(set(slots)) != n:
         raise ValueError(f"delta rule rows: {len(slots)} slots (distinct: {len(set(slots))}) for {n} rows")
     lib = load()
-    if lib is None or not states.is_contiguous() or n == 0:
-        return torch.cat([delta_rule_reference(states[s], q[r:r + 1], k[r:r + 1], v[r:r + 1], g[r:r + 1],
-                                               beta[r:r + 1], scale) for r, s in enumerate(slots)]) if n else \
-            torch.empty(v.shape, dtype=torch.float32)
+    if n == 0:
+        return torch.empty(v.shape, dtype=torch.float32)
+    if lib is None or not states.is_contiguous():   # row by row, on the path a one-row span takes
+        one = delta_rule_reference if lib is None else delta_rule
+        return torch.cat([one(states[s], q[r:r + 1], k[r:r + 1], v[r:r + 1], g[r:r + 1], beta[r:r + 1], scale)
+                          for r, s in enumerate(slots)])
     _check(states[0], q, k, v, g, beta)
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     idx = torch.tensor(slots, dtype=torch.int64)
