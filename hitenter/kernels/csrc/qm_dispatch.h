@@ -1,6 +1,6 @@
 /* Which kernel serves which block type (qmatmul.c includes this once, after the ISA headers): the row
- * path's functions (one instance per type and R in 8/4/2/1), the packed GEMM's (pack + kernel) and the
- * block geometry of each type. */
+ * path's functions (one instance per type and R in 8/4/2/1), then one traits table that the dispatch reads:
+ * each type's block geometry, row function and packed GEMM (pack + kernel). */
 #ifndef QM_DISPATCH_H
 #define QM_DISPATCH_H
 
@@ -37,17 +37,8 @@ typedef void (*row_fn)(const uint8_t *w, int64_t nb, const void *x, int64_t xrow
         default: kern(qt, bb, w, nb, x, xrow, 1, y, ldy);                                                  \
         }                                                                                                  \
     }
-/* the longest run of activation rows qt's row function takes when it has an instance for every R (DEF_ROW_ANY),
- * 0 for the others (runs of 8, 4, 2, 1) */
-#ifndef QM_RUN_Q6K
-#define QM_RUN_Q6K 8
-#endif
-static inline int row_max_run(int qt) {
-    return qt == QT_Q4_K || qt == QT_Q5_K ? 8 : qt == QT_Q6_K ? QM_RUN_Q6K : 0;
-}
 #else
-#define DEF_ROW_ANY DEF_ROW
-static inline int row_max_run(int qt) { (void)qt; return 0; }   /* the generic build keeps its 8/4/2/1 runs */
+#define DEF_ROW_ANY DEF_ROW   /* the generic build keeps its 8/4/2/1 runs (max_run 0 in its traits) */
 #define DEF_ROW(name, kern, xt, qt, bb)                                                                   \
     static void name(const uint8_t *w, int64_t nb, const void *xv, int64_t xrow, int R, float *y,          \
                      int64_t ldy) {                                                                        \
@@ -77,57 +68,74 @@ DEF_ROW(row_iq4_xs, s_row256, xq256, QT_IQ4_XS, B_IQ4_XS)
 DEF_ROW(row_iq4_nl, s_row32, XT32, QT_IQ4_NL, B_IQ4_NL)
 DEF_ROW(row_mxfp4, s_row32, XT32, QT_MXFP4, B_MXFP4)
 
+/* One row per block type (ggml's type-traits idea): its block geometry, its row-path function, the longest run
+ * of activation rows that function takes at any length (0: runs of 8/4/2/1), and, in the ISA builds, its packed
+ * GEMM (pack + kernel, the packed block's size, whether that kernel has an instance for every R in 1..8, and
+ * whether this build may use it). Indexed by the ggml type id; a zero row (elems 0) is a type with no kernel. */
+typedef struct {
+    int elems, bytes;
+    row_fn row;
+    int max_run;
+#if QM_ISA
+    pack_fn pack;
+    pkern_fn kern;
+    size_t pbytes;
+    int any_r, packed;
+#endif
+} qm_traits;
+
+#if QM_ISA
+#define QM_T32(qt, B, row, pk, ok) [qt] = {32, B, row, 0, pk##_pack, pk##_kern, sizeof(pblock32), 0, ok}
+#define QM_T256(qt, B, row, run, pk, any) [qt] = {256, B, row, run, pk##_pack, pk##_kern, sizeof(pblock), any, 1}
+#else
+#define QM_T32(qt, B, row, pk, ok) [qt] = {32, B, row, 0}
+#define QM_T256(qt, B, row, run, pk, any) [qt] = {256, B, row, 0}
+#endif
+#ifndef QM_RUN_Q6K
+#define QM_RUN_Q6K 8
+#endif
+
+static const qm_traits QM_TRAITS[QT_MXFP4 + 1] = {
+    QM_T32(QT_Q4_0, B_Q4_0, row_q4_0, pk_q4_0, 1),
+    QM_T32(QT_Q4_1, B_Q4_1, row_q4_1, pk_q4_1, 1),
+    QM_T32(QT_Q5_0, B_Q5_0, row_q5_0, pk_q5_0, 1),
+    QM_T32(QT_Q5_1, B_Q5_1, row_q5_1, pk_q5_1, 1),
+    /* Q8_0 + 128 needs dpbusd's exact u8 x s8 sums: AVX2's maddubs would saturate (the row path then) */
+    QM_T32(QT_Q8_0, B_Q8_0, row_q8_0, pk_q8_0, QM_VNNI),
+    QM_T32(QT_IQ4_NL, B_IQ4_NL, row_iq4_nl, pk_iq4_nl, 1),   /* AVX2: |w| . sign(x, w) */
+    QM_T32(QT_MXFP4, B_MXFP4, row_mxfp4, pk_mxfp4, 1),       /* codes + 12 <= 24 */
+    QM_T256(QT_Q4_K, B_Q4_K, row_q4_k, 8, pk_q4_k, 1),
+    QM_T256(QT_Q5_K, B_Q5_K, row_q5_k, 8, pk_q5_k, 1),
+    QM_T256(QT_Q6_K, B_Q6_K, row_q6_k, QM_RUN_Q6K, pk_q6_k, 1),
+    QM_T256(QT_Q2_K, B_Q2_K, row_q2_k, 0, pk_q2_k, 0),
+    QM_T256(QT_Q3_K, B_Q3_K, row_q3_k, 0, pk_q3_k, 0),
+    QM_T256(QT_IQ4_XS, B_IQ4_XS, row_iq4_xs, 0, pk_iq4_xs, 0),   /* AVX2: |w| . sign(x, w) */
+};
+
+static inline const qm_traits *qm_traits_of(int qt) {
+    return qt >= 0 && qt <= QT_MXFP4 && QM_TRAITS[qt].elems ? &QM_TRAITS[qt] : 0;
+}
+
+/* the longest run of activation rows qt's row function takes at any length, 0 for runs of 8, 4, 2, 1 */
+static inline int row_max_run(int qt) { const qm_traits *t = qm_traits_of(qt); return t ? t->max_run : 0; }
+
 #if QM_ISA
 /* whether qt's packed kernel has an instance for every R in 1..8 (DEF_PACKED_ANY) */
-static inline int packed_any_r(int qt) { return qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K; }
+static inline int packed_any_r(int qt) { const qm_traits *t = qm_traits_of(qt); return t && t->any_r; }
 
 static int packed_fns(int qt, pack_fn *pack, pkern_fn *kern, size_t *pbytes) {
-    *pbytes = sizeof(pblock32);
-    switch (qt) {
-    case QT_Q4_0: *pack = pk_q4_0_pack; *kern = pk_q4_0_kern; return 1;
-    case QT_Q4_1: *pack = pk_q4_1_pack; *kern = pk_q4_1_kern; return 1;
-    case QT_Q5_0: *pack = pk_q5_0_pack; *kern = pk_q5_0_kern; return 1;
-    case QT_Q5_1: *pack = pk_q5_1_pack; *kern = pk_q5_1_kern; return 1;
-    /* Q8_0 + 128 needs dpbusd's exact u8 x s8 sums: AVX2's maddubs would saturate (the row path then) */
-    case QT_Q8_0: *pack = pk_q8_0_pack; *kern = pk_q8_0_kern; return QM_VNNI;
-    case QT_IQ4_NL: *pack = pk_iq4_nl_pack; *kern = pk_iq4_nl_kern; return 1;   /* AVX2: |w| . sign(x, w) */
-    case QT_MXFP4: *pack = pk_mxfp4_pack; *kern = pk_mxfp4_kern; return 1;           /* codes + 12 <= 24 */
-    }
-    *pbytes = sizeof(pblock);
-    switch (qt) {
-    case QT_Q4_K: *pack = pk_q4_k_pack; *kern = pk_q4_k_kern; return 1;
-    case QT_Q5_K: *pack = pk_q5_k_pack; *kern = pk_q5_k_kern; return 1;
-    case QT_Q6_K: *pack = pk_q6_k_pack; *kern = pk_q6_k_kern; return 1;
-    case QT_Q2_K: *pack = pk_q2_k_pack; *kern = pk_q2_k_kern; return 1;
-    case QT_Q3_K: *pack = pk_q3_k_pack; *kern = pk_q3_k_kern; return 1;
-    case QT_IQ4_XS: *pack = pk_iq4_xs_pack; *kern = pk_iq4_xs_kern; return 1;   /* AVX2: |w| . sign(x, w) */
-    }
-    return 0;
+    const qm_traits *t = qm_traits_of(qt);
+    if (!t) return 0;
+    *pack = t->pack, *kern = t->kern, *pbytes = t->pbytes;
+    return t->packed;
 }
 #endif
 
-
 static int type_info(int qt, int *elems, int *bytes, row_fn *fn) {
-    *elems = 32;
-    switch (qt) {
-    case QT_Q4_0: *bytes = B_Q4_0; *fn = row_q4_0; return 0;
-    case QT_Q4_1: *bytes = B_Q4_1; *fn = row_q4_1; return 0;
-    case QT_Q5_0: *bytes = B_Q5_0; *fn = row_q5_0; return 0;
-    case QT_Q5_1: *bytes = B_Q5_1; *fn = row_q5_1; return 0;
-    case QT_Q8_0: *bytes = B_Q8_0; *fn = row_q8_0; return 0;
-    case QT_IQ4_NL: *bytes = B_IQ4_NL; *fn = row_iq4_nl; return 0;
-    case QT_MXFP4: *bytes = B_MXFP4; *fn = row_mxfp4; return 0;
-    }
-    *elems = 256;
-    switch (qt) {
-    case QT_Q4_K: *bytes = B_Q4_K; *fn = row_q4_k; return 0;
-    case QT_Q5_K: *bytes = B_Q5_K; *fn = row_q5_k; return 0;
-    case QT_Q6_K: *bytes = B_Q6_K; *fn = row_q6_k; return 0;
-    case QT_Q2_K: *bytes = B_Q2_K; *fn = row_q2_k; return 0;
-    case QT_Q3_K: *bytes = B_Q3_K; *fn = row_q3_k; return 0;
-    case QT_IQ4_XS: *bytes = B_IQ4_XS; *fn = row_iq4_xs; return 0;
-    }
-    return -1;
+    const qm_traits *t = qm_traits_of(qt);
+    if (!t) return -1;
+    *elems = t->elems, *bytes = t->bytes, *fn = t->row;
+    return 0;
 }
 
 #endif
