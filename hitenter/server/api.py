@@ -40,21 +40,20 @@ from hitenter.server import (
     serving_responses,
     serving_tokenize,
 )
-from hitenter.server.api_error import (
-    DEFAULT_MAX_BODY_BYTES,
-    BodyLimitMiddleware,
-    BoundedBodyMiddleware,
-    SafeJSONResponse,
-    api_key_dependency,
-    error_responses,
-    install_error_handlers,
-)
+from hitenter.server.api_error import SafeJSONResponse, error_responses, install_error_handlers
+from hitenter.server.auth import api_key_dependency
 from hitenter.server.engine_client import EngineClient
 from hitenter.server.generation import Puller, ServedModel, ServerState
 from hitenter.server.http import DEFAULT_HEADER_TIMEOUT, StaticOr405, add_cors, uvicorn_config
 from hitenter.server.lifecycle import Lifecycle
 from hitenter.server.local_engine import LocalEngineClient
 from hitenter.server.metrics import ServerMetrics
+from hitenter.server.middleware import (
+    DEFAULT_MAX_BODY_BYTES,
+    BodyLimitMiddleware,
+    BoundedBodyMiddleware,
+    CatchAllMiddleware,
+)
 from hitenter.server.model_catalog import Catalog
 from hitenter.server.model_manager import LeaseScope, Loader, ModelManager
 from hitenter.server.schema_types import TOKEN_ID_LIMIT
@@ -121,6 +120,7 @@ def create_app(engine: Served, served_model_name: str | None = None, api_key: st
     app.add_middleware(BoundedBodyMiddleware, prefixes=BOUNDED_PATHS)     # inside the body limit
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
     install_error_handlers(app)
+    app.add_middleware(CatchAllMiddleware)                # a bug in a route: a 500, the connection kept
     app.add_middleware(LeaseScope, manager=manager)       # a request's models are held until it is answered
     guarded: dict[str, Any] = {}
     if api_key:

@@ -5,35 +5,23 @@
   Anthropic (``/v1/messages*``) ``{"type": "error", "error": {"type", "message"}}``; Ollama (``/api/*``)
   ``{"error": "message"}``; pydantic validation errors mapped onto it; the body models the OpenAPI
   schema declares for error responses.
-- The exception handlers and the catch-all that turns a bug into a 500 without dropping the connection.
-- Request framing guards before any parsing: the body size limit (413; a body without Content-Length is
-  counted as it streams; the rest of an oversized body is drained up to ``DRAIN_CAP`` bytes so the client
-  gets the 413, then the connection closes) and ambiguous framing (Content-Length with
-  Transfer-Encoding, or two Content-Lengths: request smuggling bait; 400, close); then
-  ``BoundedBodyMiddleware``: the depth and size bounds of hitenter/server/body_limits.py on every API body.
+- The exception handlers (``install_error_handlers``; the middleware around the routes is in
+  middleware.py, the ``--api-key`` check in auth.py).
 - ``check_known_fields``: a /v1 body's fields the request model does not define are a 400 naming them.
-- ``--api-key``: a dependency on every router that runs the model, tokenizes or shows requests; the key
-  is read from ``Authorization: Bearer <key>`` (OpenAI, Ollama clients) or ``x-api-key`` (Anthropic).
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import secrets
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
-from starlette.exceptions import HTTPException
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hitenter.engine.async_engine import EngineDeadError
-from hitenter.server import body_limits
 
 
 class SafeJSONResponse(JSONResponse):
@@ -180,7 +168,6 @@ DIALECT_BODIES: dict[str, type[BaseModel]] = {"openai": ErrorBody, "anthropic": 
                                               "ollama": OllamaErrorBody}
 
 
-log = logging.getLogger("hitenter.server")
 
 
 _DESCRIPTIONS = {400: "Bad request: a parameter (named in `param`) or the body is invalid",
@@ -223,7 +210,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(StarletteHTTPException, _http)
-    app.add_middleware(CatchAllMiddleware)
     _openapi_with_our_errors(app)
 
 
@@ -258,168 +244,3 @@ def _our_errors(responses: dict[str, Any], ref: dict[str, str]) -> None:
     for code, r in responses.items():
         if code[:1] in ("4", "5"):
             r["content"] = {"application/json": {"schema": ref}}
-
-
-class CatchAllMiddleware:
-    """A bug in a route becomes a 500 in our shape and the connection stays usable. (Starlette's
-    ServerErrorMiddleware re-raises after answering, and uvicorn then closes the keep-alive
-    connection: the client's next request on it was reset.)"""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def watched(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, watched)
-        except Exception as e:
-            log.exception("internal error")
-            if not started:
-                await APIError(500, internal_message(e)).response(scope["path"])(scope, receive, send)
-
-
-DEFAULT_MAX_BODY_BYTES = 4 << 20
-
-
-DRAIN_CAP = 64 << 20
-
-
-_CLOSE = {"Connection": "close"}
-
-
-def framing_problem(headers: list[tuple[bytes, bytes]], limit: int) -> APIError | None:
-    lengths = [v for k, v in headers if k == b"content-length"]
-    chunked = any(k == b"transfer-encoding" for k, _ in headers)
-    if lengths and chunked or len(lengths) > 1:
-        return APIError(400, "ambiguous framing: send either Content-Length or Transfer-Encoding, once",
-                          headers=_CLOSE)
-    if not lengths:
-        return None
-    try:
-        n = int(lengths[0])
-    except ValueError:
-        return APIError(400, "Content-Length is not a number", headers=_CLOSE)
-    return too_large(limit) if n > limit else None
-
-
-def too_large(limit: int) -> APIError:
-    return APIError(413, f"request body too large: the limit is {limit} bytes (--max-body-bytes)",
-                      headers=_CLOSE)
-
-
-async def _drain(receive: Receive, seen: int = 0) -> None:
-    while seen <= DRAIN_CAP:
-        msg = await receive()
-        if msg["type"] != "http.request" or not msg.get("more_body", False):
-            return
-        seen += len(msg.get("body", b""))
-
-
-class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
-        self.app, self.limit = app, max_body_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        problem = framing_problem(scope["headers"], self.limit)
-        if problem is not None:
-            if problem.status == 413:
-                await _drain(receive)
-            await problem.response(scope["path"])(scope, receive, send)
-            return
-        received = 0
-
-        async def counted() -> Message:
-            nonlocal received
-            msg = await receive()
-            if msg["type"] == "http.request":
-                received += len(msg.get("body", b""))
-                if received > self.limit:
-                    if msg.get("more_body", False):
-                        await _drain(receive, received)
-                    err = too_large(self.limit)    # raised to the route, answered by the HTTPException handler
-                    raise HTTPException(413, err.message, headers=err.headers)
-            return msg
-
-        await self.app(scope, counted, send)
-
-
-class BoundedBodyMiddleware:
-    """The bounds of hitenter/server/body_limits.py on the JSON body of every POST under ``prefixes``,
-    before the app parses it: the body is read (its size is already bounded by BodyLimitMiddleware,
-    outside this one), checked (bodies over 64 KiB in the body-check worker process: the parse holds the
-    GIL), and replayed to the app. A body too deep for the JSON parser itself is refused naming its field,
-    as is one over the limits; the error is in the API's own shape (by path)."""
-
-    def __init__(self, app: ASGIApp, prefixes: tuple[str, ...]) -> None:
-        self.app, self.prefixes = app, prefixes
-        body_limits.CHECKER.warm()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "")
-        if scope["type"] != "http" or scope.get("method") != "POST" or not path.startswith(self.prefixes):
-            await self.app(scope, receive, send)
-            return
-        chunks, more = [], True
-        try:
-            while more:
-                msg = await receive()
-                if msg["type"] != "http.request":
-                    return                              # the client left
-                chunks.append(msg.get("body", b""))
-                more = msg.get("more_body", False)
-        except HTTPException as e:                      # the body limit (413), raised from its receive
-            await APIError(e.status_code, str(e.detail), headers=dict(e.headers or {})).response(path)(
-                scope, receive, send)
-            return
-        body = b"".join(chunks)
-        r = await body_limits.problem(body, (scope.get("client") or ("",))[0])
-        if r is not None:
-            await APIError(r.status, r.message, r.param).response(path)(scope, receive, send)
-            return
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-
-_bearer = HTTPBearer(auto_error=False, description="the server's --api-key")
-
-
-_x_api_key = APIKeyHeader(name="x-api-key", auto_error=False, description="the server's --api-key (Anthropic clients)")
-
-
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-
-
-XApiKey = Annotated[str | None, Depends(_x_api_key)]
-
-
-def api_key_dependency(api_key: str) -> Any:
-    """``Depends(...)`` that answers 401 (with ``WWW-Authenticate: Bearer``) unless a key matches."""
-    expected = api_key.encode()
-
-    async def require_api_key(creds: Credentials, x_api_key: XApiKey) -> None:
-        sent = [creds.credentials if creds is not None else "", x_api_key or ""]
-        if not any(secrets.compare_digest(k.encode(), expected) for k in sent):
-            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>' "
-                           "(or 'x-api-key: <key>')")
-
-    return Depends(require_api_key)

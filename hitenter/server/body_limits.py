@@ -12,7 +12,7 @@ alone, and ``hitenter serve --help`` reads ``Limits`` from it.
 - ``body_problem(body)``: a raw body against LIMITS: no value nested deeper than ``max_json_depth`` below
   its top-level field; at most ``max_stop`` stop strings, ``max_logit_bias`` logit_bias entries,
   ``max_tools`` tools and ``max_messages`` messages/items; the grammar inputs within their sizes.
-  ``problem(body, client)``: the same, large bodies checked in the worker (below); api_error.py's
+  ``problem(body, client)``: the same, large bodies checked in the worker (below); middleware.py's
   ``BoundedBodyMiddleware`` calls it on every API body before FastAPI parses it.
 - ``loads_within``, ``check_schema_within``, ``check_choices_within``, ``check_text_within``: one field's
   value (a ``guided_json`` string, tool-call arguments, a schema before it is compiled, ``guided_choice``,

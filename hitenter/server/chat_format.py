@@ -28,7 +28,6 @@ from hitenter.server.reasoning.harmony import HarmonyReasoningParser
 from hitenter.server.tool_parsers import ToolDelta, ToolParser, tool_parser_for
 from hitenter.server.tool_parsers.hermes import HermesToolParser
 
-EFFORTS = ("low", "medium", "high")
 _READS = re.compile(r"message(?:\.|\[['\"]|\.get\(['\"])(reasoning_content|thinking|reasoning)\b")
 
 

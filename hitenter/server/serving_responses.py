@@ -14,53 +14,28 @@ with its ``sequence_number``: ``response.created``, ``response.in_progress``; fo
 ``response.output_item.added``, ``response.content_part.added``, ``response.output_text.delta``...,
 ``response.output_text.done``, ``response.content_part.done``, ``response.output_item.done``; for each
 call ``response.output_item.added`` as soon as its name is parsed, ``response.function_call_arguments.delta``
-as its arguments are written (per format: JSON formats when the call block closes, the XML formats
-parameter by parameter), ``.done`` and ``response.output_item.done`` when it is complete. One item is
+as its arguments are written (per format: the JSON formats member by member, the XML formats
+parameter by parameter, a bare JSON reply when it ends), ``.done`` and ``response.output_item.done`` when it is complete. One item is
 open at a time: text after a call opens a second message item. Then ``response.completed`` (or ``response.incomplete``) with the whole
 response, whose items carry the same ids as the events did.
 
-The Responses API's memory (``store: true``, the default): the last ``MAX_STORED`` responses, each with
-the conversation that led to it, for ``previous_response_id`` and GET / DELETE /v1/responses/{id}.
-
-In memory only, bounded by count (the oldest is dropped first); a server restart forgets everything.
-A stored conversation holds the template messages of the inputs and of the reply (not the request's
-``instructions``, which OpenAI does not carry to the next response either).
-
-OpenAI Responses' request body (POST /v1/responses) and its input items, turned into the chat
-template's messages.
-
-Input: a string (one user message) or items: messages (``user`` / ``assistant`` / ``system`` /
-``developer``, content a string or ``input_text`` / ``output_text`` parts), ``function_call`` (an
-earlier call of the model) and ``function_call_output`` (its result). ``instructions`` become the
-system message (not carried to a later response, as OpenAI does). ``reasoning.effort`` switches the
-model's thinking through its template; the reply's thinking is a ``reasoning`` output item (its text
-in ``content``, streamed as ``response.reasoning_text.delta``) and counts in
-``output_tokens_details.reasoning_tokens``; a stored response's thinking goes back to the template, and
-so do ``reasoning`` items in the input (as Codex sends them back; ``include:
-["reasoning.encrypted_content"]`` puts the text in ``encrypted_content`` too, unencrypted).
-Images, files, built-in tools, background runs and ``truncation: "auto"`` are refused (400); ``user``,
-``safety_identifier``, ``prompt_cache_key`` and ``metadata`` are metadata (no effect on generation).
+The request body is in protocol_responses.py, the stored responses in responses_store.py.
 """
 
 from __future__ import annotations
 
 import itertools
-import threading
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from annotated_types import MaxLen, MinLen
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import ConfigDict, Discriminator, Field, Tag
 
 from hitenter.outputs import PositionLogprobs
 from hitenter.sampling_params import SamplingParams, StructuredSpec
 from hitenter.server import structured_fields as SF
 from hitenter.server.api_error import APIError, error_responses
-from hitenter.server.chat_format import EFFORTS, chat_format_of
+from hitenter.server.chat_format import chat_format_of
 from hitenter.server.generation import (
     NAMED_SSE_OPENAI,
     ServerState,
@@ -72,6 +47,14 @@ from hitenter.server.generation import (
     respond,
     sampling_params,
     submit,
+)
+from hitenter.server.protocol_responses import (
+    FunctionCallItem,
+    Item,
+    MessageItem,
+    ReasoningInputItem,
+    ResponsesRequest,
+    TextConfig,
 )
 from hitenter.server.reply import (
     CallDone,
@@ -89,174 +72,20 @@ from hitenter.server.reply import (
     thinking_budget,
     with_tools,
 )
-from hitenter.server.schema_types import Bool, NLogprobs, PositiveInt, Temperature, TopP
-from hitenter.server.schema_types import Nested as _Nested
+from hitenter.server.responses_store import ResponseStore
 from hitenter.server.serving_chat import chat_logprobs
 from hitenter.server.tool_parsers import ToolDelta
 
-INCLUDE = frozenset({"message.output_text.logprobs", "reasoning.encrypted_content"})
+# Responses' field -> SamplingParams' (a field left out keeps SamplingParams' default, except DEFAULTS)
+SAMPLING = {"max_output_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p"}
+DEFAULTS = {"temperature": 1.0, "top_p": 1.0}          # OpenAI's documented defaults
 
 
-class TextPart(_Nested):
-    type: Literal["input_text", "output_text"]
-    text: str
-    annotations: Annotated[list[Any], MaxLen(0)] | None = None
-    logprobs: list[Any] | None = None
-
-
-class MessageItem(_Nested):
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[TextPart]
-    id: str | None = None
-    status: str | None = None
-
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-
-
-class FunctionCallItem(_Nested):
-    type: Literal["function_call"]
-    call_id: str
-    name: str
-    arguments: str
-    id: str | None = None
-    status: str | None = None
-
-
-class FunctionCallOutputItem(_Nested):
-    type: Literal["function_call_output"]
-    call_id: str
-    output: str | list[TextPart]
-    id: str | None = None
-    status: str | None = None
-
-    def text(self) -> str:
-        return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
-
-
-class ReasoningPart(_Nested):
-    type: Literal["reasoning_text", "summary_text"]
-    text: str
-
-
-class ReasoningInputItem(_Nested):
-    """An earlier reply's thinking, sent back (Codex does, with ``store`` false): its ``content`` text,
-    else its ``encrypted_content`` (this server's is the text itself: nothing here encrypts), else its
-    summary. It goes to the template as the next assistant turn's reasoning."""
-    type: Literal["reasoning"]
-    id: str | None = None
-    summary: list[ReasoningPart] = []
-    content: list[ReasoningPart] | None = None
-    encrypted_content: str | None = None
-    status: str | None = None
-
-    def text(self) -> str:
-        if self.content:
-            return "".join(p.text for p in self.content)
-        return self.encrypted_content or "\n\n".join(p.text for p in self.summary)
-
-
-def _kind(v: Any) -> str | None:
-    t = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", None)
-    return t if t in ("message", "function_call", "function_call_output", "reasoning") else None
-
-
-InputItem = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-                      | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
-                      | Annotated[ReasoningInputItem, Tag("reasoning")],
-                      Discriminator(_kind, custom_error_type="unsupported_item", custom_error_message=(
-                          "unsupported input item: give a message, reasoning, function_call or function_call_output"))]
-Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningInputItem
-
-
-class FunctionTool(_Nested):
-    type: Literal["function"]
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: Bool | None = None
-
-    def as_openai(self) -> dict[str, Any]:
-        fn = {"name": self.name, "description": self.description, "parameters": self.parameters}
-        return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
-
-
-class NamedChoice(_Nested):
-    type: Literal["function"]
-    name: str
-
-
-class TextFormat(_Nested):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    type: Literal["text", "json_object", "json_schema"]
-    name: str | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
-    strict: Bool | None = None
-    description: str | None = None
-
-
-class TextConfig(_Nested):
-    format: TextFormat | None = None
-    verbosity: Literal["medium"] | None = None
-
-
-class ReasoningConfig(_Nested):
-    """``effort`` switches thinking through the template ("none": off; a level: gpt-oss's
-    ``reasoning_effort``); no summaries are written (``summary`` is accepted, the items carry the text)."""
-    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
-    summary: Literal["auto", "concise", "detailed"] | None = None
-    generate_summary: Literal["auto", "concise", "detailed"] | None = None
-
-    def think(self) -> tuple[bool | None, str | None]:
-        e = self.effort
-        return (None if e is None else e != "none"), ("low" if e == "minimal" else e if e in EFFORTS else None)
-
-
-class ResponsesRequest(_Nested):
-    model: str | None = None
-    input: str | Annotated[list[InputItem], MinLen(1)]
-    instructions: str | None = None
-    max_output_tokens: PositiveInt | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    top_logprobs: NLogprobs | None = None
-    tools: list[FunctionTool] | None = None
-    tool_choice: Literal["auto", "none", "required"] | NamedChoice | None = None
-    parallel_tool_calls: Bool | None = None
-    text: TextConfig | None = None
-    stream: Bool = False
-    store: Bool = True
-    previous_response_id: str | None = None
-    include: list[str] | None = None
-    truncation: Literal["disabled"] | None = None
-    reasoning: ReasoningConfig | None = None
-    background: Bool | None = None                                    # false only: no background runs
-    metadata: dict[str, str] | None = None
-    user: str | None = None
-    safety_identifier: str | None = None
-    prompt_cache_key: str | None = None
-
-    def check(self) -> None:
-        if self.background:
-            raise APIError(400, "background: background runs are not supported", "background")
-        bad = sorted(set(self.include or ()) - INCLUDE)
-        if bad:
-            raise APIError(400, f"include: unsupported {bad}; supported: {sorted(INCLUDE)}", "include")
-
-    def items(self) -> list[Item]:
-        if isinstance(self.input, str):
-            return [MessageItem(role="user", content=self.input)]
-        return list(self.input)
-
-    def choice(self) -> Any:
-        """tool_choice in OpenAI chat's spelling (tools.plan_tools)."""
-        if isinstance(self.tool_choice, NamedChoice):
-            return {"type": "function", "function": {"name": self.tool_choice.name}}
-        return self.tool_choice
-
-    def wants_logprobs(self) -> bool:
-        return "message.output_text.logprobs" in (self.include or ()) or self.top_logprobs is not None
+def sampling_kwargs(req: ResponsesRequest) -> dict[str, Any]:
+    """The request's sampling fields as SamplingParams' keywords (SAMPLING), validated once by
+    SamplingParams (generation.sampling_params turns its ValueError into a 400 naming the field)."""
+    got = {ours: getattr(req, theirs) for theirs, ours in SAMPLING.items() if getattr(req, theirs) is not None}
+    return {**DEFAULTS, **got}
 
 
 def template_messages(items: list[Item]) -> list[dict[str, Any]]:
@@ -287,37 +116,6 @@ def template_messages(items: list[Item]) -> list[dict[str, Any]]:
         if "tool_calls" in msg:
             msg.update(message_tool_fields(msg["tool_calls"], None, "input"))   # arguments as objects (400 if not JSON)
     return out
-
-
-MAX_STORED = 256
-
-
-@dataclass
-class Stored:
-    body: dict[str, Any]                   # the response object as returned
-    history: list[dict[str, Any]]          # template messages: everything before, this reply included
-
-
-class ResponseStore:
-    def __init__(self, capacity: int = MAX_STORED) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[str, Stored] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def put(self, body: dict[str, Any], history: list[dict[str, Any]]) -> None:
-        with self._lock:
-            self._items[body["id"]] = Stored(body, history)
-            self._items.move_to_end(body["id"])
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
-
-    def get(self, response_id: str) -> Stored | None:
-        with self._lock:
-            return self._items.get(response_id)
-
-    def delete(self, response_id: str) -> bool:
-        with self._lock:
-            return self._items.pop(response_id, None) is not None
 
 
 # (status, output items, usage or None, reply or None) -> the response object
@@ -562,9 +360,7 @@ async def create_response(req: ResponsesRequest, request: Request, state: State)
                             **{**think_vars, **plan.template_kwargs()})
     plan = bind(plan, m.tokenizer, prompt, fmt.thinking_on(think_vars), thinking_budget(state.reasoning_budget, None))
     k = (req.top_logprobs or 0) if req.wants_logprobs() else None
-    params = sampling_params(lambda: SamplingParams(
-        temperature=1.0 if req.temperature is None else req.temperature, top_p=1.0 if req.top_p is None else req.top_p,
-        max_tokens=req.max_output_tokens, logprobs=k, structured=spec))
+    params = sampling_params(lambda: SamplingParams(**sampling_kwargs(req), logprobs=k, structured=spec))
     params = reply_params(params, plan)
     handles = await submit(m, [prompt], params, "input")
     rid, created, echo = new_id("resp", "_"), now(), _echo(req, params)

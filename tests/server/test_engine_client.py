@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import re
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -192,71 +191,3 @@ def test_scores_and_embeddings_under_load_equal_idle(server: LiveServer, engine:
     steps = [step for step, _ in slices]
     assert len(slices) >= 6 and len(steps) == len(set(steps)), slices          # one slice per step at most
     assert sum(running == STREAMS for _, running in slices) >= len(slices) // 2, slices   # beside 16 streams
-
-
-# --- how many server files one request's code runs in (traced, not read from imports) ---------------------
-
-CORE = {"api_error.py", "body_limits.py", "generation.py", "local_engine.py"}   # every generation request's
-U = [{"role": "user", "content": "hi"}]
-WEATHER = [{"type": "function", "function": {"name": "w", "parameters": {"type": "object", "properties": {}}}}]
-# surface: (path, body, the most server files its request may run in, counting everything: middleware,
-# body bounds, the endpoint, the one generation path, the engine client; the issue's bound is 6 for chat)
-SURFACES = {
-    "chat": ("/v1/chat/completions", {"messages": U, "max_tokens": 3}, 5),
-    "chat stream": ("/v1/chat/completions", {"messages": U, "max_tokens": 3, "stream": True}, 5),
-    "chat tools": ("/v1/chat/completions", {"messages": U, "max_tokens": 3, "tools": WEATHER}, 6),
-    "completions": ("/v1/completions", {"prompt": "hi", "max_tokens": 3}, 6),
-    "responses": ("/v1/responses", {"input": "hi", "max_output_tokens": 3}, 6),
-    "responses stream": ("/v1/responses", {"input": "hi", "max_output_tokens": 3, "stream": True}, 6),
-    "messages": ("/v1/messages", {"messages": U, "max_tokens": 3}, 6),
-    "messages stream": ("/v1/messages", {"messages": U, "max_tokens": 3, "stream": True}, 6),
-    "ollama chat": ("/api/chat", {"messages": U, "stream": False, "options": {"num_predict": 3}}, 6),
-    "ollama chat stream": ("/api/chat", {"messages": U, "options": {"num_predict": 3}}, 6),
-    "ollama generate": ("/api/generate", {"prompt": "hi", "stream": False, "options": {"num_predict": 3}}, 6),
-    "embeddings": ("/v1/embeddings", {"input": "hi"}, 7),      # + the engine job it runs (engine_jobs, prompt_logprobs)
-}
-
-
-def traced_files(tiny_qwen2_path: Path) -> dict[str, set[str]]:
-    """The hitenter/server files whose functions run for each request of SURFACES (every thread:
-    the event loop, the worker threads, the engine's), from the request's start to its last byte."""
-    from fastapi.testclient import TestClient
-
-    recording, seen = [False], set[str]()
-    root = str(SERVER)
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if recording[0] and event == "call" and frame.f_code.co_filename.startswith(root):
-            seen.add(Path(frame.f_code.co_filename).name)
-
-    out: dict[str, set[str]] = {}
-    threading.setprofile(profile)          # threads started from now on (the engine's, the workers')
-    sys.setprofile(profile)
-    try:
-        eng = LLMEngine(str(tiny_qwen2_path))
-        eng.tokenizer.chat_template += "{% for t in tools or [] %}{{ t.function.name }}{% endfor %}"
-        with TestClient(create_app(eng, "tiny", playground=False)) as c:
-            for name, (path, body, _) in SURFACES.items():
-                seen.clear()
-                recording[0] = True
-                r = c.post(path, json={"model": "tiny", **body})
-                recording[0] = False
-                assert r.status_code == 200, (name, r.text)
-                out[name] = set(seen)
-    finally:
-        sys.setprofile(None)
-        threading.setprofile(None)         # type: ignore[arg-type]
-    return out
-
-
-@pytest.mark.slow
-def test_a_request_crosses_few_server_files(tiny_qwen2_path: Path) -> None:
-    files = traced_files(tiny_qwen2_path)
-    print({name: len(f) for name, f in files.items()})
-    for name, (_, _, most) in SURFACES.items():
-        assert len(files[name]) <= most, (name, sorted(files[name]))
-        assert CORE <= files[name], (name, sorted(files[name]))            # one path for every surface
-    for name in ("chat", "chat stream", "chat tools"):
-        assert len(files[name]) <= 6, (name, sorted(files[name]))          # all files counted
-    for name in ("chat tools", "responses", "messages", "ollama chat", "ollama generate"):
-        assert "reply.py" in files[name], (name, sorted(files[name]))    # the new surfaces share one reply too

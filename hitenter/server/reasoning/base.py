@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 Split = tuple[str, str]          # (reasoning text, content text)
+EFFORTS = ("low", "medium", "high")          # the thinking levels templates take (reasoning_effort)
 
 
 def partial_tail(text: str, tags: Sequence[str]) -> int:

@@ -125,7 +125,7 @@ def test_store_get_delete(client: openai.OpenAI, server: LiveServer) -> None:
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, None),
     ({"input": "x", "truncation": "auto"}, "truncation"),
     ({"input": "x", "background": True}, "background"),
-    ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
+    ({"input": "x", "include": ["file_search_call.results"]}, "include"),
     ({"input": "x", "model": "nope"}, "model"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{not json"}]}, "input"),
 ])
