@@ -51,9 +51,14 @@ class HitenterServer(ServerProcess):
                 str(self.max_model_len), "--max-num-seqs", "1"]
 
 
+def served_model(url: str) -> str:
+    """The first model the server lists (/v1/models)."""
+    return str(httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"])
+
+
 def one_turn(url: str, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
     """Stream one reply: TTFT, the reply text, prompt tokens, tokens re-read."""
-    body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+    body = {"model": served_model(url), "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     ttft, text, usage, timings = None, [], {}, {}
