@@ -127,3 +127,27 @@ def test_bad_budgets_are_400(unbounded: tuple[Any, str], path: str, body: dict[s
 def test_server_budget_option_checked() -> None:
     with pytest.raises(ValueError, match="reasoning_budget"):
         create_app(family_client("qwen3"), playground=False, reasoning_budget=-2)
+
+
+@pytest.mark.slow
+def test_real_engine_budget_then_forced_call(tmp_path: Any) -> None:
+    """The real engine on a tiny random qwen3 (Qwen3.5's template opens <think>; <think> / </think> /
+    <tool_call> are single tokens): a forced call with a budget of 3 thinks exactly 3 tokens, the engine
+    writes </think>, then the grammar writes the call in the model's own (Qwen3-Coder XML) markup."""
+    from hitenter.engine.llm_engine import LLMEngine
+    from hitenter.testing.tiny_families import write_tiny_family
+    from hitenter.testing.tiny_thinking import add_thinking_tokenizer
+
+    path = write_tiny_family(tmp_path / "think.gguf", "qwen3", tokenizer=add_thinking_tokenizer)
+    eng = LLMEngine(str(path))
+    end = eng.tokenizer.encode("</think>", add_bos=False)[0]
+    noop = {"type": "function", "function": {"name": "noop", "description": "does nothing",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    with live_server(create_app(eng, served_model_name="m", playground=False)) as srv:
+        oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        ch = oai.chat.completions.create(model="m", messages=HI, tools=[noop], tool_choice="required",  # type: ignore[list-item]
+                                         temperature=0, max_tokens=60, logprobs=True,
+                                         extra_body={"thinking_token_budget": 3}).choices[0]
+    assert ch.finish_reason == "tool_calls" and [c.function.name for c in ch.message.tool_calls or []] == ["noop"]
+    ids = [eng.tokenizer.encode(t.token, add_bos=False) for t in ch.logprobs.content]  # type: ignore[union-attr]
+    assert ids[3] == [end], [t.token for t in ch.logprobs.content][:6]  # type: ignore[union-attr]
