@@ -236,9 +236,9 @@ _GC_FROZEN: list[bool] = []
 
 
 def _freeze_gc_once() -> None:
-    """Move what exists after the first engine's start-up (modules, model, tokenizer: ~190k objects for
-    Qwen2.5-1.5B) out of the cyclic collector's sight: a full collection then walks only what steps
-    allocate, instead of 60 ms over everything (~2% of a 512-token prefill). Once per process, so a
+    """Move what exists after the first engine's start-up (modules, model, tokenizer: a few hundred
+    thousand objects) out of the cyclic collector's sight: a full collection then walks only what steps
+    allocate, instead of everything. Once per process, so a
     process that builds many engines (the tests) pins at most the first one's objects."""
     if not _GC_FROZEN:
         gc.collect()

@@ -1,11 +1,11 @@
 """The fresh lane: a new request's first tokens run in steps of their own, ahead of the running batch.
 
-Why: on a CPU a batch step is compute-bound, its time grows with its rows (SmolLM2-135M, 2 threads:
-one row ~4 ms, 17 rows ~21 ms). A request that joins 16 running streams used to wait one batch step
-per token: its first 4 tokens took ~5x their idle time. In the spirit of FastServe's skip-join
+Why: on a CPU a batch step is compute-bound, its time grows with its rows. A request that joins
+many running streams and waits one batch step per token gets its first tokens several times slower than
+on an idle server. In the spirit of FastServe's skip-join
 multi-level feedback queue (new jobs first, demoted as they are served), a request with fewer than
 ``fresh_tokens`` output tokens runs in *lane* steps without the older requests, so its first tokens
-come at about idle speed; the older requests then wait for those small steps (~4 ms each here).
+come at about idle speed; the older requests then wait for those small steps (about one row's time each).
 
 Bound: lane steps run only while their time since the last full step is below that full step's time,
 so however requests arrive, the running streams get at least every other unit of step time (at most

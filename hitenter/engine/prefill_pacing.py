@@ -3,11 +3,10 @@
 Why: on a CPU a step is compute-bound, so a long prompt and running streams share the machine's time.
 A stream makes one token per step, so while a prompt is prefilled the streams keep ``D / mean step time``
 of their rate (``D``: a decode-only step of the same streams), and the prompt gets the rest of the time.
-Issue 29 asks for both halves: the streams keep >= 0.5x their rate and the prompt's time to its first
-token stays <= 2x its time alone. Capping each step's chunk so the step costs ~2D met neither with small
-chunks (SmolLM2, 16 streams, a 4,000-token prompt: 32 prompt tokens beside the streams cost ~2.9D, so
-the streams kept 0.30x; a floor of 8 tokens wasted so much per step that both shares fell, 0.40x and a
-TTFT of 2.59x alone). Figures here: AMD EPYC Zen 3, AVX2, 2 threads; CPU times on a loaded machine.
+The goal is both halves at once: the streams keep at least half their rate and the prompt's time to its
+first token stays within twice its time alone. Capping each step's chunk so the step costs ~2D meets
+neither: a small chunk beside the streams already costs well over 2D, and a smaller floor wastes so much
+per step that both shares fall (figures: docs/benchmarks.md).
 
 Rule: time is shared by a fixed split, and the chunk is sized for efficiency separately.
 - A step that carries prompt rows beside decoding rows costs ``D + P``: ``P``, its prompt part, is the
@@ -18,21 +17,19 @@ Rule: time is shared by a fixed split, and the chunk is sized for efficiency sep
   repaying step's surplus, and a chunk cheaper than its share, are kept as credit of at most one decode
   step, so whole steps do not round the split in the streams' favour.
   ``STREAM_SHARE`` is a little over half: the prompt's half comes back as more than half its alone speed
-  (each chunk's step also carries the streams' rows, which saves a decode step's fixed work: ~0.2-0.4 of a
-  decode step per chunk here), and the streams' half has no such gain.
+  (each chunk's step also carries the streams' rows, which saves a decode step's fixed work), and the
+  streams' half has no such gain.
 - The chunk aims ``P`` at ``CHUNK_STEPS`` decode steps' time, learnt from the mixed steps' times (at most
   2x growth per step), never under ``MIN_PROMPT_CHUNK`` tokens: a prompt token costs about the same CPU
-  in chunks of 32 to 2,048 (SmolLM2, 4,000 tokens alone: 7.8 ms vs 7.0-7.7 ms), 18-20% more in chunks of
-  16 and 60% more in chunks of 8. One decode step's worth is the smallest chunk that, without holds, gives the
-  prompt its half, and the most chunks (each saving a decode step's fixed work) that do.
+  in chunks of 32 to 2,048, and clearly more in chunks of 16 or 8. One decode step's worth is the smallest
+  chunk that, without holds, gives the prompt its half, and the most chunks (each saving a decode step's fixed work) that do.
 - No starvation: after ``MAX_HOLD`` decode-only steps in a row the prompt runs anyway (the debt is
   forgiven), whatever the measured times. Lane steps (fresh_lane.py) neither learn nor repay here; they
   have their own bound. A step without decoding rows clears the debt (there is no one to repay).
 Which step computes a row never changes its result (batch invariance), so outputs do not depend on pacing.
-Prompts of hitenter/engine/side_prefill.py's size go to the side prefill instead, where it applies: paced,
-a 4,000-token SmolLM2 prompt's 32-token chunks cost 1.36x its alone time in total (1.8 ms a token early on,
-6.2 ms in the last quarter, 3.0 ms on average alone; attention over a long prefix in small chunks), and
-the shares summed to 0.85-0.92.
+Prompts of hitenter/engine/side_prefill.py's size go to the side prefill instead: paced, such a prompt's
+small chunks cost more than its alone time in total (attention over a long prefix in small chunks), and
+the two shares sum to less than 1.
 
 Contract: :attr:`prompt_cap` and :meth:`budget` before a step is scheduled; :meth:`record` after it ran.
 """

@@ -3,17 +3,13 @@ half of the cores, while the engine loop keeps decoding the streams on the other
 
 Why: on a CPU both a prompt and a batch of streams are compute bound, so sharing the cores' *time*
 (prefill_pacing.py: chunks of the prompt beside the streams' rows, then decode-only steps that repay
-the streams) hands out shares that sum to at most 1, less what small chunks waste. Measured (SmolLM2,
-16 streams, a 4,000-token prompt; AMD EPYC Zen 3, AVX2, 2 threads): the streams kept 0.50x their rate
-and the prompt got 0.35-0.42 of its alone speed (TTFT 2.4-2.9x alone), shares 0.85-0.92; issue 29 asks
-for >= 0.5 and >= 0.5 at once. Sharing the *cores* does better because neither side scales perfectly
-from 1 to 2 threads: the 4,000-token prompt took 19.4-21.9 s at 1 thread vs 11.3-12.9 s at 2 (1.70x),
-the 16-stream decode step 76.8-92.2 vs 42.2-54.2 ms (1.70-1.82x). On half the cores each side keeps
-~1/1.75 of its speed, so the shares sum to ~1.15, and the prompt runs in big chunks, not 32-token ones.
-Chunks of CHUNK = 512 tokens, not the engine's 2,048: the two sides share the L3 cache, and a 2,048-token
-chunk's activations (SmolLM2's MLP: 12.6 MB a tensor) crowded out the streams' weights. Engine level (same
-benchmark, alternating): 2,048 gave TTFT 2.13x / 1.94x alone with the streams at 0.60x / 0.60x; 512 gave
-2.12x / 1.82x / 1.79x with 0.65x / 0.69x / 0.61x; 256 and 1,024 (one run each) 1.69x / 0.65x, 1.58x / 0.59x.
+the streams) hands out shares that sum to at most 1, less what small chunks waste, short of the goal
+of at least half each at once. Sharing the *cores* does better because neither side scales perfectly
+from 1 to 2 threads: on half the cores each side keeps more than half of its speed, so the shares sum to
+more than 1, and the prompt runs in big chunks, not small ones. Chunks of CHUNK = 512 tokens, not the
+engine's 2,048: the two sides share the L3 cache, and a 2,048-token chunk's activations (SmolLM2's MLP:
+12.6 MB a tensor) crowd out the streams' weights. The measurements behind these choices are in
+docs/benchmarks.md.
 
 How (the in-process twin of disaggregated prefill, hitenter/distributed/disagg.py, same scheduler hooks):
 - ``takes``: a prompt of at least ``min_tokens`` uncached tokens (and at most a quarter of it cached:

@@ -1,4 +1,4 @@
-"""Bounded work for every request (issue 32): the depth and size limits on request bodies and on the
+"""Bounded work for every request: the depth and size limits on request bodies and on the
 inputs that drive grammar compilation, checked without recursion before anything recurses (pydantic,
 templates, xgrammar), and the worker process that checks large bodies. Each problem is a ``Refusal``
 (status, message naming the field and the limit, param): 400, or 413 for a grammar input over its size
@@ -20,10 +20,10 @@ alone, and ``hitenter serve --help`` reads ``Limits`` from it.
   LIMITS, raised as the server's ``APIError``).
 - ``depth_over`` / ``deep_field``: how deep a value nests; where a body too deep for the JSON parser does.
 
-Why a worker: ``json.loads`` is one C call that holds the GIL for its whole length, 17-26 ms for a 1 MB
-list of 100k strings (measured here), and the GIL is what the engine thread and the event loop need to keep
-decoding and streaming. A client looping refused 1 MB grammars (issue 32) held it about half the time and
-16 streams kept 0.43x their tokens/s. The worker (one, started when the app first runs, ``WORKER_NICE``
+Why a worker: ``json.loads`` is one C call that holds the GIL for its whole length (tens of milliseconds
+for a megabyte body), and the GIL is what the engine thread and the event loop need to keep decoding and
+streaming: a client looping refused megabyte grammars would hold it much of the time and slow every
+stream. The worker (one, started when the app first runs, ``WORKER_NICE``
 below the server's CPU priority, in its own session so a terminal's Ctrl-C is the server's alone) parses
 and checks (``serve``); the server only writes the bytes down a pipe (GIL released) from one helper thread
 and reads a one-line verdict. The app still parses the bodies that pass, itself.
@@ -34,8 +34,8 @@ and reads a one-line verdict. The app still parses the bodies that pass, itself.
   body, and the body it failed on is checked in the helper thread instead (never a 5xx).
 - ``RefusalPacer``: a client (by address) whose large bodies keep being refused (more than ``PACE_FREE``
   in ``PACE_WINDOW_S``) gets each further refusal ``PACE_DELAY_S`` late: one client looping refused 1 MB
-  grammars then costs the server a few refusals a second, not dozens (each is still ~4 ms of the server's
-  interpreter receiving the body); its answers stay the same 4xx, within a second.
+  grammars then costs the server a few refusals a second, not dozens (each still costs the server's
+  interpreter the time to receive the body); its answers stay the same 4xx, within a second.
 """
 
 from __future__ import annotations
