@@ -2,8 +2,7 @@
 
 libgomp's default is to spin ~300,000 times before sleeping. On a CPU shared with other work that is the
 worst case: a step's threads spin at each barrier for a thread the OS has descheduled, and batch-1 decode
-collapses (AMD EPYC Zen 3, 2 cores, load average ~13, synthetic dense Qwen3 decode: 0.9 tok/s with the
-default, 8.4 tok/s with a spin count of 1,000; 75% of the CPU time was libgomp spinning). A short spin
+collapses, most of its CPU time going to libgomp spinning (figures: docs/benchmarks.md). A short spin
 keeps the quick hand-offs between a step's regions and sleeps when a thread does not come.
 
 `GOMP_SPINCOUNT` is read once, when libgomp loads (with torch, or the first native kernel), so

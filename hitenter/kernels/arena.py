@@ -1,8 +1,8 @@
 """One block of memory for a model's block weights, backed by transparent huge pages where the OS has them.
 
 Why: a decode step streams every weight byte once, and with 4 KB pages each page is a fresh TLB walk
-and a fresh start for the hardware prefetcher (it does not cross pages). 2 MB pages measured 5-15%
-faster decode steps on an EPYC Zen 4 (SmolLM2-135M, 2 threads). `madvise(MADV_HUGEPAGE)` asks for them
+and a fresh start for the hardware prefetcher (it does not cross pages). 2 MB pages make decode steps
+faster (figures: docs/benchmarks.md). `madvise(MADV_HUGEPAGE)` asks for them
 per mapping, so this works when the system setting is `madvise` (the common default) as well as
 `always`; where the OS refuses, the memory is ordinary pages and nothing else changes.
 

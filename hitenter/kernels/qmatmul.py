@@ -19,7 +19,7 @@ whose microkernels add maddubs pairs in int16 before one madd by the scale: csrc
 a weight repacked at load (`repack`, csrc/qm_repack.h: Q4_0, Q4_1, Q8_0) runs one kernel for
 every M; all give the same bits for a row.
 Per call: the weight is described to the kernel once (a descriptor cached on the BlockWeight), so a
-call costs a few attribute reads on x/out and one 7-argument ctypes call (~3 us with a tiny kernel).
+call costs a few attribute reads on x/out and one 7-argument ctypes call.
 """
 
 from __future__ import annotations

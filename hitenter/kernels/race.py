@@ -10,8 +10,8 @@ For a row of processed logits ``x`` (after temperature and the filters; cut toke
 
 ``P(argmax p_i / q_i = j) = p_j`` for independent Exp(1) ``q`` (the exponential race). The draws are
 counter-based: ``u_i`` depends only on the seed and ``i``, so the native kernel makes each draw where
-it uses it (no ``[rows, V]`` array: 16 sampling rows of a 49k vocabulary took ~3 ms a step with numpy
-draws, ~0.3 ms here), and a trace recomputes the ``q`` of any candidate afterwards. ``u`` sits on the
+it uses it (no ``[rows, V]`` array of draws, which would cost several times the sampling
+itself), and a trace recomputes the ``q`` of any candidate afterwards. ``u`` sits on the
 odd multiples of 2**-24 in (0, 1) (exact in fp32), so ``q`` is finite and positive.
 
 :func:`race_reference` states it in torch / numpy, and is the path without a C compiler (or with
@@ -43,8 +43,7 @@ _C1, _C2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 def greedy_argmax(x: Tensor) -> Tensor:
     """``x.argmax(dim=-1)`` of a CPU float32 tensor (the first maximum; NaN counts as the maximum, as in
-    torch) by numpy's vectorized argmax: torch's took 290-430 us for one row of Gemma 3's 262,144 logits
-    and 1,053 us for 16 rows of SmolLM2's 49,152, numpy's 28 and 73 (AMD EPYC Zen 3, AVX2)."""
+    torch) by numpy's vectorized argmax, several times faster than torch's over a vocabulary's logits."""
     if x.dtype != torch.float32 or x.device.type != "cpu" or x.requires_grad or x.dim() == 0:
         return x.argmax(dim=-1)
     return torch.from_numpy(np.asarray(np.ascontiguousarray(x.numpy()).argmax(axis=-1)))

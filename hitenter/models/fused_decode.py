@@ -1,7 +1,7 @@
 """A decoder layer's generation rows in one native call (csrc/decode_layer.c), for every dense family.
 
-Why: at batch 1 a decode step's matmuls are a few ms, but the torch glue around them (norms, bias, RoPE,
-the cache write, SiLU*up, residual adds, views) was ~130 eager ops per layer, several ms per step.
+Why: at batch 1 a decode step's matmuls are short, and the torch glue around them (norms, bias, RoPE,
+the cache write, SiLU*up, residual adds, views) is ~130 eager ops per layer, which cost about as much.
 `FusedLayer.run` does a layer's whole computation for the step's generation rows in C, calling the
 same quantized-matmul and paged-attention kernels through function pointers.
 

@@ -2,11 +2,9 @@
 
 torch's `F.linear` on CPU hands a plain `[N, K]` weight to oneDNN (bf16) or MKL (fp32), and oneDNN
 re-lays the weight out into its blocked format on every call: at decode's small row counts that copy
-costs about as much as the GEMM (bf16 weights read at ~10 GB/s of this machine's ~31). Packing the
-weight once (`torch.ops.mkldnn._reorder_linear_weight`, the op Inductor's freezing pass uses) and calling
-`torch.ops.mkldnn._linear_pointwise` skips it: bench/dense_gemm.py, SmolLM2's 30 layers of shapes
-streamed from memory: bf16 1.30x / 1.32x / 1.21x / 1.03x at 1 / 8 / 64 / 512 rows, fp32 1.48x / 2.15x /
-1.56x / 1.34x (fp32 packed runs oneDNN's GEMM, plain runs MKL's).
+costs about as much as the GEMM. Packing the weight once (`torch.ops.mkldnn._reorder_linear_weight`,
+the op Inductor's freezing pass uses) and calling `torch.ops.mkldnn._linear_pointwise` skips it, at every
+row count (bench/dense_gemm.py measures it; figures: docs/benchmarks.md).
 
 Bits: in bf16 the packed call is bitwise `F.linear` (same oneDNN kernel, tests/models/test_decoder.py checks
 it). In fp32 it is oneDNN's GEMM instead of MKL's, so logits move by float rounding (the HF goldens
@@ -25,7 +23,7 @@ from torch.nn import functional as F
 
 from hitenter.models.attention import ROW_MULTIPLE
 
-PACK_ROWS_HINT = 64       # oneDNN's row-count hint for the packed layout (any count runs; 1..2048 measured alike)
+PACK_ROWS_HINT = 64       # oneDNN's row-count hint for the packed layout (any count runs, at the same speed)
 PROBE_SHAPES = ((96, 64), (192, 256), (48, 160))   # (N, K): small, so the probe costs milliseconds
 PROBE_TRIALS = 8
 

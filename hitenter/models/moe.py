@@ -114,7 +114,7 @@ class MoEFFN(nn.Module):
         self.act = None if gate is not None else UNGATED[act]
         self.weights_scale = weights_scale
         self.weights_on_input = weights_on_input
-        # stored [H, E]: x @ router_t (an NN GEMM) is 2x faster than F.linear at 8 rows, row invariant alike
+        # stored [H, E]: x @ router_t (an NN GEMM) is faster than F.linear at few rows, row invariant alike
         self.router_t = nn.Parameter(router.float().t().contiguous(), requires_grad=False)
         self.router_bias, self.selection_bias = _frozen(router_bias), _frozen(selection_bias)
         bg, bu, bd = expert_bias or (None, None, None)

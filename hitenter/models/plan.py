@@ -1,9 +1,8 @@
 """The kernel plan: which numeric path every row takes, decided once at load and printed once.
 
-Five inputs used to decide it in four places (the packed-vs-plain GEMM probe in linear.py, the attention
-row padding probe in row_invariance.py, the fused attention kernel check re-run per layer per step, the
-``batch_invariant`` flag, the decode attention library's status). They are now read here, at load, from
-the CPU (probes), the weights (which linear layers are dense) and the options, into one frozen
+Five inputs decide it (the packed-vs-plain GEMM probe in linear.py, the attention row padding probe
+in row_invariance.py, the fused attention kernel check, the ``batch_invariant`` flag, the decode
+attention library's status), all read here, once, at load, from the CPU (probes), the weights (which linear layers are dense) and the options, into one frozen
 ``KernelPlan`` the engine holds (``LLMEngine.plan``) and the runner consults each step (the attention
 kernel decision travels to every layer in ``AttentionMetadata.use_kernel``: no per-layer re-check).
 
@@ -119,9 +118,9 @@ def _fused(model: torch.nn.Module, kv_caches: list[torch.Tensor], attention_kern
     Where the fused layers have the tiled prompt kernel (csrc/prompt_attention.c through dl_init_prompt),
     every prompt runs fused at any length: its prompt rows' glue in C, their attention tiled with key reuse
     (prompt_paths). Without it a prompt row's attention in the fused layer is the decode kernel's, per row
-    with no key reuse, which costs more than the torch path's batched attention past a crossover: measured
-    on SmolLM2 (~600 tokens) and Qwen2.5-1.5B (~3000; +26% at 512 tokens), it scales with a layer's matmul
-    work per unit of attention width (weights / (heads x head_dim)), so it is set to 0.1 x that. The choice
+    with no key reuse, which costs more than the torch path's batched attention past a crossover. The
+    crossover scales with a layer's matmul work per unit of attention width (weights / (heads x head_dim)),
+    so it is set to 0.1 x that (the measured crossovers: docs/benchmarks.md). The choice
     depends on the request's prompt length only, so a row's path is still fixed by its request and
     position (batch invariance)."""
     from hitenter.models import fused_decode

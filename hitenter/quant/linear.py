@@ -7,8 +7,8 @@ The kernel is chosen by the weight's layout (`quant_linear`), never by the devic
   packer requires; the padding columns are sliced off).
 
 Compute dtype: in torch 2.13 CPU both kernels are vectorized (AVX512) only for bfloat16 activations;
-float32 / float16 activations take a scalar fallback that measured 10-40x slower than fp32 F.linear
-(bench/quant.py, `--kernels`). So the quantized linears take the model's activations, run the
+float32 / float16 activations take a scalar fallback many times slower than fp32 F.linear
+(bench/quant.py `--kernels` measures it). So the quantized linears take the model's activations, run the
 kernel in `compute_dtype` (bfloat16 by default; scales / zeros stored in it) and return the model dtype.
 float32 compute is available (exact reference, slow). Both kernels give a row the same bits whatever
 the row count M (tested in tests/quant/test_quant.py), so batch invariance holds with or without padding.

@@ -1,9 +1,9 @@
 """Ollama's generation API on the same port: POST /api/chat and /api/generate, streamed as NDJSON by
-default (``"stream": false`` for one object), with Ollama's final statistics (ollama_shapes.py).
+default (``"stream": false`` for one object), with Ollama's final statistics (``stats``).
 
 - chat: messages (system / user / assistant with ``tool_calls`` / tool results), ``tools`` (the
   model decides: Ollama has no tool_choice), ``format`` ``"json"`` or a JSON schema (structured
-  outputs), ``options`` (ollama_protocol.Options), ``logprobs`` / ``top_logprobs``;
+  outputs), ``options`` (``Options``), ``logprobs`` / ``top_logprobs``;
 - generate: ``prompt`` through the chat template with ``system`` (``raw``: as it is), ``context`` (the
   ids an earlier reply returned, continued), ``suffix`` where the model has fill-in-the-middle tokens;
 - an empty chat / prompt loads the model (``done_reason: "load"``), with ``keep_alive`` 0 unloads it
@@ -66,6 +66,7 @@ from hitenter.server.generation import (
 )
 from hitenter.server.keep_alive import parse_keep_alive
 from hitenter.server.model_manager import DEFAULT, UnknownModel
+from hitenter.server.protocol_openai import Tool
 from hitenter.server.reply import (
     NO_TOOLS,
     CallDone,
@@ -73,7 +74,6 @@ from hitenter.server.reply import (
     Done,
     Piece,
     Reply,
-    Tool,
     ToolPlan,
     bind,
     call_arguments,

@@ -1,9 +1,9 @@
 """Which forced qmatmul builds (HITENTER_QMATMUL_ISA) are the default build in other words, on this CPU.
 
 The default build is `-march=native`; the forced `avx2` build adds `-mno-avx512f`. On an x86 CPU with AVX2
-and without AVX-512F that flag changes nothing: the two compile to the same binary (the same bytes, checked
-with cmp on an AMD EPYC Zen 3), so a test that forces `avx2` there repeats the default build's tests at the
-cost of one more qmatmul compile (~17 s of CPU). Such tests stay in the full suite (`slow`) and leave the
+and without AVX-512F that flag changes nothing: the two compile to the same binary (the same bytes, as cmp
+shows), so a test that forces `avx2` there repeats the default build's tests at the cost of one more
+qmatmul compile (the slowest of the native builds but one). Such tests stay in the full suite (`slow`) and leave the
 fast lane; on an AVX-512 CPU, where `avx2` is other code, they stay fast."""
 
 from __future__ import annotations

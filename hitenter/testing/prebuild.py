@@ -1,10 +1,9 @@
 """Compile, before a test session's first test and on every core, the native library files its tests load.
 
 Each library is compiled on first use, on one core, while the test that asked waits. On a fresh machine
-(CI) a lane compiles about ten files that way, one after another: 2-3 minutes of CPU, more than half of
-it the portable 16-lane attention build. Here they are compiled at once, slowest first, one per core,
-and the session waits for them: on 2 cores the wall time is about the slowest build's instead of the
-sum. A warm cache costs a hash of the sources. Nothing is loaded, and the session waits before any test
+(CI) a lane compiles about ten files that way, one after another, the portable 16-lane attention build the
+slowest by far. Here they are compiled at once, slowest first, one per core, and the session
+waits for them: on 2 cores the wall time is about the slowest build's instead of the sum. A warm cache costs a hash of the sources. Nothing is loaded, and the session waits before any test
 changes the environment, so every test meets the libraries as it would without this module; a build
 that fails is left to the load to report, with its one warning."""
 
@@ -16,9 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from hitenter.kernels.native import LIBRARIES, QMATMUL, BuildError, NativeLibrary
 
-# compile CPU seconds on an AMD EPYC Zen 3 with gcc 12, slowest first: decode_attention's portable
-# instance 80+, qmatmul 16-17 per variant, decode_attention 8, prompt_attention's portable instance 4,
-# qmatmul generic 3.5; the rest 0.5-2.5
+# the builds by compile time, slowest first (the measured times: docs/benchmarks.md); the rest take little
 _SLOWEST_FIRST = [("decode_attention", "portable"), ("qmatmul", "auto"), ("qmatmul", "avx2"),
                   ("decode_attention", ""), ("prompt_attention", "portable"), ("qmatmul", "generic")]
 
