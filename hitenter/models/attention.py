@@ -52,7 +52,7 @@ QUERY_BLOCK = 128  # tokens per work item: a long prefill skips the key tiles it
 
 @dataclass
 class AttentionMetadata:
-    """Per-step attention description (see docs/CONTRACTS.md).
+    """Per-step attention description (see docs/design/interfaces.md).
 
     query_start_loc: S+1 offsets; sequence i's new tokens are rows qsl[i]:qsl[i+1] of the flat batch.
     seq_lens: S context lengths after this step (already computed tokens + new tokens).
@@ -67,8 +67,8 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor
     block_size: int
     # scratch buffers by dtype for the K/V gathers; a runner passes one dict for all its steps, so the
-    # gather writes into memory that is already mapped (a fresh multi-MB tensor per layer page-faults:
-    # 3-5x slower than the copy itself)
+    # gather writes into memory that is already mapped (a fresh multi-MB tensor per layer page-faults,
+    # which costs more than the copy itself)
     workspace: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
     # per sequence, the first position whose row is a generation row for the fused kernel (the prompt
     # length - 1); None: all rows take the GEMM path
