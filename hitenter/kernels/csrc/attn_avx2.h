@@ -3,8 +3,8 @@
 
    Why a second copy: the portable kernels are written with 16-lane vector extensions sized for
    AVX-512's 32 registers; on AVX2 (16 registers of 8 lanes) GCC spills every accumulator and builds
-   pointer vectors lane by lane, and they ran at 3-8 GFLOP/s a core (measured on an AMD EPYC, AVX2 only)
-   against ~20 for torch's GEMMs on the same rows. Here every accumulator block fits the 16 ymm
+   pointer vectors lane by lane, and they run at a fraction of the speed of
+   torch's GEMMs on the same rows. Here every accumulator block fits the 16 ymm
    registers and FMAs are explicit intrinsics (no compiler choice between FMA and multiply-add).
 
    Bits: the same rules as the portable kernels, with their own (different) arithmetic: a (row, head)'s
@@ -66,15 +66,14 @@ A2_INLINE void widen_rows(float *dst, const char *const *src, int n, int D, int 
 
 /* A bf16 / f16 cache (the default) is read in place, each 8 elements widened (exactly) in a register as they
    are loaded, no fp32 copy of the tile (its stores, and the L1 it took: 32 KB a tile at head_dim 256), and a
-   key or value vector loaded once serves a block of up to 6 query heads: 17-27% less CPU than widening the
-   tile first (batch-1 decode attention at 4,000 keys, Gemma 3 270M and Qwen2.5-1.5B shapes, AMD EPYC Zen 3,
-   AVX2). The arithmetic per query is that of the fp32 / q8_0 code below, so the bits are those of an fp32
+   key or value vector loaded once serves a block of up to 6 query heads: less CPU than widening the
+   tile first. The arithmetic per query is that of the fp32 / q8_0 code below, so the bits are those of an fp32
    cache holding the same values: a score is one FMA chain over d from 0 then the fixed transpose tree, P.V
    one FMA chain over the keys in order. The next tile's cache lines are prefetched one per score step or so
    (tile_lines, tile_scores), not in one burst at the tile's start: with the cache streamed from DRAM (28
-   layers x 4,000 keys, Qwen2.5-1.5B's shape) a burst overlapped nothing, the attention taking the compute's
-   time plus the read's; spread, 15-35% less time (Gemma 3's shape the most), same bits. (The same blocking over an fp32 cache read in place measured 35%
-   slower than that code, so fp32 and q8_0 keep it.) */
+   layers x 4,000 keys, Qwen2.5-1.5B's shape) a burst overlaps nothing, the attention taking the compute's
+   time plus the read's; spread, the reads overlap the compute, same bits. (The same blocking over an fp32
+   cache read in place is slower than that code, so fp32 and q8_0 keep it.) Figures: docs/benchmarks.md. */
 
 /* 8 elements from element i of a cache row of type kt (fp32, bf16 or f16), widened exactly to fp32 */
 A2_INLINE __m256 load8_kv(const char *row, int i, const int kt) {

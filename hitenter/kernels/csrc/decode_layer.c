@@ -10,7 +10,7 @@
      h  = rmsnorm(x) * ffn_norm                        gu = h Wgu^T
      x += (silu(g) * u) Wdown^T
    The matmuls and the attention are the engine's own kernels, reached through function pointers set once
-   (dl_init), so this file holds only the glue that used to cost ~130 torch dispatches per layer: the
+   (dl_init), so this file holds only the glue that costs ~130 torch dispatches per layer in eager torch: the
    norms, bias, RoPE, the cache write, SiLU*up and the residual adds, each one pass over a few KB.
 
    Bits: every step is row-wise with a fixed order (the norm's sum of squares: 16 lanes, then a fixed
@@ -119,8 +119,8 @@ static void rope(float *p, int heads, int D, int rd, const float *cs, const floa
         }
 }
 
-/* The GLU's vectors: 16 lanes with AVX-512, 8 on AVX2 (there 16-lane vectors split in two and spilled
-   around the exp: SiLU and GELU ran 2.4-3x slower, AMD EPYC Zen 3); vexpg is vec16.h's vexp, operation for
+/* The GLU's vectors: 16 lanes with AVX-512, 8 on AVX2 (there 16-lane vectors split in two and spill
+   around the exp, making SiLU and GELU several times slower); vexpg is vec16.h's vexp, operation for
    operation, per lane, so either width gives the same bits */
 #if defined(__AVX2__) && !defined(__AVX512F__)
 #define GW 8
@@ -146,13 +146,10 @@ static void gelu_mul(const float *g, const float *u, float *a, int64_t F) {
     }
 }
 
-/* Steps of at least PAR_ROWS rows spread the row-wise glue below over the step's threads (run on one thread
-   it was ~10% of a SmolLM2 / Gemma 3 prefill's CPU time, the other thread waiting); a row's arithmetic is the
-   same on any thread. Batched decode steps of 16 rows gain a little too: a 16-row SmolLM2 decode step took
-   0.87-1.03x (median ~0.95x) the time with the glue on the calling thread, 7 alternating pairs of runs of
-   60-150 steps, 2 threads, AMD EPYC Zen 3, AVX2 (the threshold was 64); a whole 16-client serving replica
-   moved within its noise. Smaller steps keep it on the calling thread (at 8 rows the regions' cost and gain
-   were within noise). */
+/* Steps of at least PAR_ROWS rows spread the row-wise glue below over the step's threads (on one thread
+   it is a noticeable share of a prefill's CPU time, the other threads waiting); a row's arithmetic is the
+   same on any thread. Batched decode steps of 16 rows gain a little too. Smaller steps keep it on the
+   calling thread, where a parallel region costs about what it gains (figures: docs/benchmarks.md). */
 #define PAR_ROWS 16
 
 /* h = rmsnorm(x) * w per row, or h = x where the family has no pre-norm (w NULL) */

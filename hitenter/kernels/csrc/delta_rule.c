@@ -101,7 +101,7 @@ static void head_span(float *S, const float *q, const float *k, const float *v, 
 }
 
 /* Threads only for work worth waking them for (T H dk dv state elements passed over): a lone token of 16
-   heads of 128 x 128 (~30 us on one core) ran slower on two threads of a busy machine. */
+   heads of 128 x 128 runs slower on two threads of a busy machine than on one. */
 #define PAR_MIN_ELEMS (1 << 21)
 
 /* The span's T tokens through every head's state; heads split over nthreads. Returns 0, or -1 for bad

@@ -20,16 +20,14 @@
 /* PN (qm_pvec.h): weight rows per packed group, the lanes of one vector */
 #define PG (32 / PN)  /* packed groups per pass (32 weight rows share each activation row's trip from L2) */
 #define PR 8          /* most activation rows per microkernel call */
-/* activation rows per call of the packed GEMM's tiles (-DPT=4 to try; on Zen 3 with AVX2, 8 rows measured
- * 0-7% faster than 4 on Q4_K/Q6_K/Q5_0 at M = 64 and 512, though 8 rows' accumulators exceed the 16 ymm
- * registers: the int32/fp32 ones spill once per scale group, the int16 ones stay in registers) */
+/* activation rows per call of the packed GEMM's tiles (-DPT=4 to try; on AVX2, 8 rows are no slower than 4
+ * even though 8 rows' accumulators exceed the 16 ymm registers: the int32/fp32 ones spill once per scale group, the int16 ones stay in registers) */
 #ifndef PT
 #define PT 8
 #endif
-/* From how many activation rows the packed GEMM beats the row path (measured on Zen 4, 2 threads, the
-   SmolLM2 / Qwen2.5-1.5B shapes streamed from DRAM: Q4_1 and Q8_0 rows win at M = 4-5 by 10-35%, the
-   packed GEMM from M = 6-7 (Q4_1 gate/up 1.6x at M = 8), Q4_K/Q6_K at M = 9; both paths give the same
-   bits, so this is only a speed choice): 32-wide types unpack cheaply per row, K types less so. */
+/* From how many activation rows the packed GEMM beats the row path, by block width (the measured
+   crossovers: docs/benchmarks.md; both paths give the same bits, so this is only a speed choice): 32-wide
+   types unpack cheaply per row, K types less so. */
 #ifndef PACK_MIN_M32
 #define PACK_MIN_M32 6
 #endif
@@ -37,13 +35,8 @@
 #define PACK_MIN_M256 9
 #endif
 /* AVX2 without VNNI, the K types: the row path up to 16 rows (two balanced runs of its register instances,
-   still one pass over the weights), the packed GEMM from 17. Measured on Qwen2.5-Coder-1.5B's own weights
-   streamed from DRAM (12 Q4_K gate/up 8960 x 1536, 8 Q6_K down 1536 x 8960), 2 threads, builds alternated in one
-   process, row path / packed GEMM time: Q4_K M = 9 0.66, 12 0.84, 16 0.93-1.07, 24 1.37, 32 1.45; Q6_K M = 9
-   0.49, 12 0.61, 16 0.65-0.72, 24 0.87-0.92, 32 0.97-0.99. (Q4_K at 6-8 rows had a packed kernel of its own on
-   the file's nibbles, chosen on one hot 1536 x 1536 weight; on the streamed set the row path took 0.65-0.75
-   of its time, and a whole 1.5B generation pass over 6 / 7 / 8 rows 1.59x / 1.75x / 1.96x a one-row pass
-   instead of 2.15x / 2.32x / 2.58x, so it was removed.) */
+   still one pass over the weights), the packed GEMM from 17, where it
+   starts to win on weights streamed from DRAM (the measured crossover: docs/benchmarks.md). */
 #ifndef PACK_MIN_M256_A2
 #define PACK_MIN_M256_A2 17
 #endif
@@ -362,8 +355,8 @@ static void run_packed(pack_fn pack, pkern_fn kern, int anyr, size_t pbytes, con
                        char *buf) {
     const size_t gbytes = (size_t)nb * pbytes;
     const int64_t tiles = (M + PT - 1) / PT;   /* kernel calls per group (runs of PT / 4 / 2 / 1 rows) */
-    /* groups per pass: PG (32 weight rows share each x tile's trip from L2; fewer groups for a long K measured
-       slower: Qwen2.5-1.5B's down projection), one when all M rows are one run (a few rows: each group is
+    /* groups per pass: PG (32 weight rows share each x tile's trip from L2; fewer groups are
+       slower for a long K, such as a down projection), one when all M rows are one run (a few rows: each group is
        packed and used while it is in L1). The order of the kernel calls changes no result. */
     const int pg = M <= PT ? 1 : PG;
     for (int64_t s = n0; s < n1; s += pg * PN) {

@@ -10,8 +10,8 @@
  * dots |w| . sign(x, w)), d fp16: 34 bytes, the file's size. Rows
  * past N (the last group) are zero. Within a group the blocks are stored in the order the kernel reads
  * them, blocks b % 4 == 0 first, then 1, 2, 3 (the four partial sums of the canonical float sequence),
- * so a group is one sequential stream (in file order the 4-block stride defeated the prefetcher: GEMV
- * 0.66-0.97x of the row path, against 1.0-1.1x in kernel order).
+ * so a group is one sequential stream (in file order the 4-block stride defeats the prefetcher, and
+ * the GEMV falls behind the row path).
  *
  * Bits: the exact integer sums and the float steps of p_kern32 / s_grp32 (the canonical sequence of
  * qm_simd.h), with d and m converted from the same fp16, so a repacked weight gives the same bits as
@@ -244,13 +244,10 @@ static void tile_range(const char *xq, size_t xrow_bytes, int64_t nb, int64_t m0
     }
 }
 
-/* rows [n0, n1) of y (n0 a multiple of PN) for all M rows: tiles of RMT activation rows (they stay in L2:
- * at M = 512 the whole x streamed from L3 once per group of PN rows, a prefill GEMM at half the speed of
- * M = 8), each group of PN rows once per tile, then from L1 for every run of RT / 4 / 2 / 1 rows.
+/* rows [n0, n1) of y (n0 a multiple of PN) for all M rows: tiles of RMT activation rows (they stay in L2;
+ * without tiles, at M = 512 the whole x would stream from L3 once per group of PN rows), each group of PN rows once per tile, then from L1 for every run of RT / 4 / 2 / 1 rows.
  * Calls of more than RMT rows (prefill) take tiles of RT rows instead: one kernel call per group and tile,
- * the tile's x in L1 and the thread's chunk of groups from L2 (on Zen 3, AVX2, 1 thread, CPU time, M = 512:
- * SmolLM2's Q4_1 gate/up 3072x576 16.6 -> 13.1 ms, qkv 960x576 6.3 -> 4.7 ms; tiles of 16-24 rows were in
- * between). Calls of up to RMT rows (decode batches) keep one tile: their weights are read once. */
+ * the tile's x in L1 and the thread's chunk of groups from L2 (faster for prefill: docs/benchmarks.md). Calls of up to RMT rows (decode batches) keep one tile: their weights are read once. */
 #ifndef RMT
 #define RMT 64
 #endif

@@ -81,8 +81,8 @@ static void run_range(row_fn fn, int maxr, const uint8_t *w, int64_t ldw, int64_
         const int64_t mend = mt + MT < M ? mt + MT : M;
         /* decode (1-2 activation rows) over short weight rows (a 768-1024-wide expert or projection: 7-9 cache
            lines a row): the hardware prefetcher restarts at every matrix and lags; fetching QM_PF rows ahead
-           took ~11% off such GEMVs (1 thread, CPU time, AMD EPYC Zen 3), but slowed long rows (6144-wide
-           Q4_K, 54 lines a row) by ~12%, which the hardware streams well. A prefetch changes no result. */
+           speeds such GEMVs up, but slows long rows (6144-wide Q4_K, 54 lines a row), which the hardware
+           streams well. A prefetch changes no result. */
         const int pf = mend - mt <= 2 && ldw <= QM_PF_ROW;
         for (int64_t n = n0; n < n1; n++) {
             if (pf && n + QM_PF < n1)

@@ -107,8 +107,7 @@ static int64_t race_row(const float *x, int64_t v, uint64_t seed) {
 
 #ifdef RACE_AVX2
 /* AVX2 without AVX-512: the same race over 8 lanes in explicit intrinsics. The generic code above, written
-   for 16 lanes of AVX-512, compiled here to spills and emulated 64-bit lanes: 16 rows of SmolLM2's 49,152
-   logits took 14.8 ms on one core (AMD EPYC Zen 3). The draws u are the same integers; the log and exp are
+   for 16 lanes of AVX-512, compiled here to spills and emulated 64-bit lanes, many times slower. The draws u are the same integers; the log and exp are
    the same polynomials with explicit FMAs (GCC's contraction of the generic code may round differently in
    the last bit). */
 #include "avx2_math.h"
