@@ -41,8 +41,8 @@ def own_block_bytes(model: nn.Module) -> None:
     copy, so the build's temporary copies (fused Q/K/V, gate/up) and the mapped pages are released.
 
     Why copy at all: a mapped file's pages stay in this process's RSS beside the fused copies made from
-    them, the file could change under a running server (a re-pull), and 4 KB pages cost a decode step
-    5-15%. The copy is a one-time memcpy at load (~0.2 s per GB)."""
+    them, the file could change under a running server (a re-pull), and 4 KB pages slow a decode step
+    (arena.py). The copy is a one-time memcpy at load."""
     linears = [m for m in model.modules() if isinstance(m, BlockLinear)]
     unique = {p.data.data_ptr(): p.data for m in linears for p in m.parts}
     # an embedding table not shared with a head is only ever read by rows: left on the map, it costs

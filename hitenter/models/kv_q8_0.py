@@ -17,8 +17,8 @@ here, decode_layer.c's attention_part in the fused layer). V rows are rotated to
 H_64 on each run of 64 values (`rotate_v`; llama.cpp's choice, the smaller transform measured better there): the
 cache holds quantize(H_64 v), so the attention computes H_64 o, and the readers hand back H_64 (H_64 o) = o per
 head before o_proj (paged_attention / sink_attention, attention_part). H spreads an outlier channel over every
-value it mixes, so one block's scale no longer serves it alone (Qwen2.5-Coder-0.5B perplexity vs the fp32 cache:
-+1.55% plain -> see tests/models/test_kv_dtype_perplexity.py). The butterfly below is vec16.h's q8_0_rotate_row float op
+value it mixes, so one block's scale does not serve it alone (tests/models/test_kv_dtype_perplexity.py bounds
+the perplexity against the fp32 cache). The butterfly below is vec16.h's q8_0_rotate_row float op
 for float (fp32 sums a + b, a - b over log2(n) stages, then one multiply by fp32(1 / sqrt(n))), so both writers
 store the same bytes and both readers un-rotate the output to the same bits.
 """

@@ -1,6 +1,6 @@
 /* Weights repacked once at load (llama.cpp's "repack" idea) for Q4_0, Q4_1 and Q8_0: the packed GEMM's
  * lane layout (qm_pack.h: PN weight rows side by side, int32 lane n = output n), stored instead of the
- * file's rows, so no call unpacks weights any more (per-call packing was ~20% of a SmolLM2 batch-16
+ * file's rows, so no call unpacks weights (per-call packing would be a sizeable share of a batched decode
  * step) and every M, the GEMV included, runs one kernel on one layout.
  *
  * Same bytes as the file: Q4_0/Q4_1 keep their nibbles (q[j] byte n * 4 + c holds elements 4j + c

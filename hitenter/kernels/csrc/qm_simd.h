@@ -276,7 +276,7 @@ QM_INLINE __m128 k_step_v(const int qt, __m128 acc, __m128 t, float d, float dmi
  * the R rows are independent instruction streams. */
 /* an empty asm that says it rewrites v: the add chain into v stays a chain in one register (GCC otherwise
  * reassociates the integer sums into a tree over all 8 products of each row, with every product spilled to the
- * stack and reloaded: at R = 5 ~29% of the row kernel's samples sat on stack accesses) */
+ * stack and reloaded) */
 #define QM_KEEP(v) __asm__("" : "+x"(v))
 
 /* lane r (r < R): the sum of v[r]'s 8 int32 lanes, lanes from R on 0 (integer adds: exact) */

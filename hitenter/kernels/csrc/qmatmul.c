@@ -257,7 +257,7 @@ int qm_matmul_desc(const qm_desc *d, const float *x, int64_t M, int64_t ldx, flo
     /* small products are not worth waking threads for */
     const int nt = (double)M * N * K < 2e5 || nthreads < 1 ? 1 : nthreads;
     /* Chunks of weight rows, each thread starting on a contiguous range of its own (one long stream
-     * for the prefetcher: interleaved chunks cost ~40% of a GEMV on the small matrices), the threads
+     * for the prefetcher: interleaved chunks slow a GEMV on the small matrices), the threads
      * that finish first stealing the rest: on a shared, oversubscribed machine a descheduled thread
      * leaves its work to the others instead of stalling the call at the barrier.
      * Which thread computes a row changes nothing in its result. */
