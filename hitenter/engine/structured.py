@@ -394,7 +394,7 @@ _BACKENDS_LOCK = threading.Lock()
 
 
 def backend_for(tokenizer: Any, vocab_size: int) -> GrammarBackend:
-    """The (lazily built, ~1-2 s for a 150k vocabulary) backend of a tokenizer and logits width."""
+    """The (lazily built: slow for a large vocabulary) backend of a tokenizer and logits width."""
     key = id(tokenizer) ^ vocab_size
     with _BACKENDS_LOCK:
         hit = _BACKENDS.get(key)

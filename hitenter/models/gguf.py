@@ -228,8 +228,8 @@ DEQUANT_GROUP_BYTES = 1 << 20
 def dequantize(data: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
     """gguf-py's dequantizer (the reference HF's GGUF loading uses) on a tensor's bytes, its rows taken about
     DEQUANT_GROUP_BYTES at a time from a plain ndarray: gguf.quants.dequantize takes 16 rows per call from
-    memmap views, whose per-call and per-view bookkeeping costs more than the arithmetic (Qwen2.5-Coder-0.5B:
-    ~14 s of a ~23 s fp32 load). Every value is computed per block by the same functions, so the result
+    memmap views, whose per-call and per-view bookkeeping costs more than the arithmetic (most of an fp32
+    load's time). Every value is computed per block by the same functions, so the result
     is bit for bit gguf.quants.dequantize's."""
     traits = gguf.quants._type_traits.get(qtype)
     if traits is None or data.ndim < 2:

@@ -123,7 +123,7 @@ def _stamp(path: Path, sha256: str) -> str:
 
 def _check(path: Path, sha256: str) -> str | None:
     """None when `path` has the expected hash, else the hash it has. A matching ``.verified`` stamp
-    spares the rehash; otherwise the file is hashed (about 3 s per GB here) and, if it matches, the
+    spares the rehash; otherwise the file is hashed (seconds per GB) and, if it matches, the
     stamps are (re)written, silently skipped where the cache is read-only (each load then hashes).
     The legacy ``.sha256`` stamp is kept too, so that an older hitenter sharing the cache does not
     rewrite ours and make both rehash in turn."""

@@ -104,7 +104,7 @@ def create_app(engine: Served, served_model_name: str | None = None, api_key: st
         models[name] = _served(name, e, max_queued_requests)
     manager = ModelManager(lifecycle, loader, Catalog() if loader is not None else None)
     for m in models.values():
-        _ = m.max_prompt_chars     # now, not on the first request's event loop (Qwen's 151k vocabulary: ~1 s)
+        _ = m.max_prompt_chars     # now, not on the first request's event loop (slow for a large vocabulary)
         manager.add(m)
     state = ServerState(manager, ServerMetrics(list(models)), allow_special_tokens_in_content, pull=pull,
                         default_name=next(iter(models)), reasoning_budget=reasoning_budget)

@@ -24,8 +24,8 @@ Contracts:
   llama-server streams pieces.
 - `eog_token_ids` mirrors llama.cpp's end-of-generation set (eos, eot, eom, FIM pad/repo/sep, known names,
   harmony's `<|end|>` excluded when `<|return|>` and `<|call|>` exist).
-- Building is fast (SmolLM2 ~0.1 s, Qwen2.5 151k vocab ~0.5 s): GGUF metadata is read by
-  `read_tokenizer_metadata`, a direct header parser (gguf.GGUFReader needs ~3 s for these arrays), and the
+- Building is fast: GGUF metadata is read by
+  `read_tokenizer_metadata`, a direct header parser (gguf.GGUFReader is far slower on these arrays), and the
   Rust BPE is built in memory (measured faster than loading a cached tokenizer.json, so nothing is cached).
 - Known divergences: a byte-level piece with a character outside GPT-2's byte table (Command-R has ~1400,
   unreachable by encoding) is its UTF-8 text here, as HF decodes it; llama.cpp prints a

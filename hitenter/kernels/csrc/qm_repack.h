@@ -245,9 +245,11 @@ static void tile_range(const char *xq, size_t xrow_bytes, int64_t nb, int64_t m0
 }
 
 /* rows [n0, n1) of y (n0 a multiple of PN) for all M rows: tiles of RMT activation rows (they stay in L2;
- * without tiles, at M = 512 the whole x would stream from L3 once per group of PN rows), each group of PN rows once per tile, then from L1 for every run of RT / 4 / 2 / 1 rows.
+ * without tiles, at M = 512 the whole x would stream from L3 once per group of PN rows), each group of PN
+ * rows once per tile, then from L1 for every run of RT / 4 / 2 / 1 rows.
  * Calls of more than RMT rows (prefill) take tiles of RT rows instead: one kernel call per group and tile,
- * the tile's x in L1 and the thread's chunk of groups from L2 (faster for prefill: docs/benchmarks.md). Calls of up to RMT rows (decode batches) keep one tile: their weights are read once. */
+ * the tile's x in L1 and the thread's chunk of groups from L2 (faster for prefill: docs/benchmarks.md).
+ * Calls of up to RMT rows (decode batches) keep one tile: their weights are read once. */
 #ifndef RMT
 #define RMT 64
 #endif

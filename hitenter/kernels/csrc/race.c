@@ -107,9 +107,9 @@ static int64_t race_row(const float *x, int64_t v, uint64_t seed) {
 
 #ifdef RACE_AVX2
 /* AVX2 without AVX-512: the same race over 8 lanes in explicit intrinsics. The generic code above, written
-   for 16 lanes of AVX-512, compiled here to spills and emulated 64-bit lanes, many times slower. The draws u are the same integers; the log and exp are
-   the same polynomials with explicit FMAs (GCC's contraction of the generic code may round differently in
-   the last bit). */
+   for 16 lanes of AVX-512, compiles here to spills and emulated 64-bit lanes, many times slower. The draws u
+   are the same integers; the log and exp are the same polynomials with explicit FMAs (GCC's contraction of
+   the generic code may round differently in the last bit). */
 #include "avx2_math.h"
 
 /* Pruning, exact: every q is at least -log(1 - 2^-24) ~ 5.96e-8 (u <= 1 - 2^-24), so a token with
