@@ -129,6 +129,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     structured: StructuredSpec | None = None     # structured output (StructuredSpec above)
     thinking: ThinkingSpec | None = None         # the thinking section and its budget (ThinkingSpec above)
+    speculate: bool = True   # False: never drafted for on an engine set up for speculative decoding (one token a step)
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, 1, None, ">= 1")
@@ -157,7 +158,7 @@ class SamplingParams:
         if isinstance(ids, str | bytes) or not all(_is_int(i) and i >= 0 for i in ids):
             _fail("stop_token_ids", f"must be a list of token ids (integers >= 0), got {ids!r}")
         object.__setattr__(self, "stop_token_ids", list(ids))
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "speculate"):
             _check_bool(name, getattr(self, name))
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, 1, None, ">= 1 or null (= the rest of the context)")

@@ -24,7 +24,7 @@ INVALID = [
     ("logprobs", -1), ("logprobs", 21), ("logprobs", 2.0),
     ("stop", ""), ("stop", ["ok", ""]), ("stop", 5), ("stop", ["a", 3]),
     ("stop_token_ids", [-1]), ("stop_token_ids", ["1"]), ("stop_token_ids", "12"),
-    ("ignore_eos", 1), ("include_stop_str_in_output", "yes"), ("skip_special_tokens", None),
+    ("ignore_eos", 1), ("include_stop_str_in_output", "yes"), ("skip_special_tokens", None), ("speculate", 0),
     ("max_tokens", 0), ("max_tokens", -5), ("max_tokens", 1.0),
     ("min_tokens", -1), ("min_tokens", 0.5),
     ("structured", {"type": "json_object"}), ("structured", "json"),

@@ -1,7 +1,8 @@
 """SpecDecoder: the engine's speculative-decoding part (propose before a step, verify after the forward).
 
 - ``propose(running, generators)``: before ``schedule()``, every running request that is a decode (all
-  but its newest token computed, no drafts yet) gets up to ``k = min(k_req, max_tokens - outputs - 1)``
+  but its newest token computed, no drafts yet) and has not opted out (``SamplingParams.speculate``
+  False: plain decoding, one token a step, no draft state) gets up to ``k = min(k_req, max_tokens - outputs - 1)``
   drafted tokens in ``request.spec_token_ids`` (so the accepted run plus one token never overshoots
   max_tokens). ``k_req`` is K (num_speculative_tokens) or, adaptive (the default), the length in
   [0, K] that maximises the request's expected tokens per second (``adaptive.py``: its acceptance so far,
@@ -131,6 +132,8 @@ class SpecDecoder:
         reqs, ks = [], []
         other = len(decodes) - 1    # rows of the other decodes in this step (1 each, + their drafts)
         for r in decodes:
+            if not r.sampling_params.speculate:    # opted out: a plain row in this step
+                continue
             k = min(self._draft_length(r, other), r.max_tokens - r.num_output_tokens - 1)
             if k > 0:
                 reqs.append(r)
