@@ -1,8 +1,8 @@
 """The paged attention kernel for prompt rows (csrc/prompt_attention.c), built on first use.
 
 Why: the GEMM path (attention.py) computes each work item's whole score matrix with separate torch
-passes (mask, max, exp, sum, P.V per key tile) over gathered copies of the keys: at a 2000-token
-prompt that was ~2/3 of a SmolLM2 prefill. The kernel reads the cache in place, tiles 16 keys at a
+passes (mask, max, exp, sum, P.V per key tile) over gathered copies of the keys, most of a long
+prompt's prefill time. The kernel reads the cache in place, tiles 16 keys at a
 time across a block of rows (keys reused by every row of the block), and keeps an online softmax.
 
 Which rows: every row the GEMM path would take (prompt rows, before the request's last prompt token;
