@@ -45,7 +45,7 @@ CHUNK_STEPS = 1.0         # a chunk's prompt part aims at this many decode-only 
 STREAM_SHARE = 0.53       # the decoding streams' share of the time while a prompt is paced beside them
 DECODE_WINDOW = 9         # decode-only steps whose median is D (wall times under load have a long tail)
 MAX_HOLD = 64             # at most this many decode-only steps in a row hold a paced prompt back (a bound for
-                          # odd timings; a 32-token chunk at 8k beside one SmolLM2 stream needs ~35)
+                          # odd timings, above what a small chunk deep in a long prompt beside one stream needs)
 NO_CAP = 1 << 40
 
 

@@ -93,8 +93,8 @@ def keep_heap() -> bool:
 
     A batch step allocates a few MB a tensor (logits and the sampler's temporaries: 16 rows of a 49k
     vocabulary are 3 MB each). glibc serves such sizes with a fresh mmap, or trims the heap's free top
-    after each free, so every step page-faulted and zeroed them again (a third of a SmolLM2 batch-16
-    step's sampling time). Requests up to ``STEP_HEAP_BYTES`` now come from the heap and the heap's free
+    after each free, so every step would page-fault and zero them again (a large share of a batched
+    step's sampling time). Requests up to ``STEP_HEAP_BYTES`` come from the heap instead and the heap's free
     top is kept up to ``KEEP_HEAP_BYTES``; :func:`trim_heap` still returns it, and the serving loop
     calls it whenever the engine goes idle, so memory comes back after large requests. Returns whether
     glibc took both settings (False elsewhere)."""
@@ -108,7 +108,7 @@ def keep_heap() -> bool:
 
 def trim_heap() -> None:
     """Hand freed heap memory back to the OS: glibc keeps a load's freed temporaries (fused weight copies,
-    the tokenizer's build) mapped otherwise, ~40 MB of RSS for Qwen2.5-1.5B. No-op off glibc."""
+    the tokenizer's build) mapped otherwise, tens of MB of RSS for a 1.5B model. No-op off glibc."""
     try:
         _libc().malloc_trim(0)
     except (OSError, AttributeError):
