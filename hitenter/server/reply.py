@@ -5,16 +5,8 @@ generate, OpenAI Responses and Anthropic Messages build their bodies and streams
 its finish and token counts. ``reply_events(src, plan)``: a stream of ``Piece`` (content or reasoning
 text safe to send now, the logprobs of the tokens it came from), ``CallPiece`` (a tool call's name,
 then its argument text), ``CallDone`` (a call complete, as soon as its block closed) ending in one
-``Done`` (the Reply); text that may still become markup is held
-back (chat_format.ReplyParser over the model's reasoning and tool-call parsers).
-
-OpenAI's request schemas (/v1/completions, /v1/chat/completions) and vLLM's (/tokenize, /detokenize).
-
-Top-level bodies keep unknown fields in ``model_extra`` so that ``check_known_fields`` can refuse
-them by name (400, as OpenAI does); nested objects (messages, content parts, tools, tool calls,
-stream_options) forbid them outright; numbers are strict (hitenter/server/schema_types.py). Ranges
-are left to :class:`hitenter.sampling_params.SamplingParams`, whose ``ValueError`` messages start with
-the field name, which becomes the error's ``param``.
+``Done`` (the Reply); text that may still become markup is held back (chat_format.ReplyParser over the
+model's reasoning and tool-call parsers).
 
 Tool calling for every surface: tools rendered through the model's own chat template (its ``tools``
 variable), the calls parsed out of the reply in the model's own markup (hitenter/server/tool_parsers/,
@@ -29,9 +21,11 @@ of the allowed functions in the model's own markup, arguments following their pa
 (SmolLM2's) -> 400.
 
 Calls come back as ``{"id", "type": "function", "function": {"name", "arguments": <JSON string>}}``.
-``bind(plan, m, prompt_ids)`` gives a plan the model's chat format and the prompt's end (whether the
-prompt opened the thinking section); ``reply_params`` decodes with special tokens where the model's
-markup is made of them.
+``bind(plan, tokenizer, prompt_ids, think, budget)`` gives a plan the model's chat format, the prompt's
+end (whether the prompt opened the thinking section) and the thinking section for the engine (its
+budget; a forced call's grammar waits for it to close); ``reply_params`` decodes with special tokens
+where the model's markup is made of them and hands the engine that section. The tool definitions and
+message tool fields of the request bodies are protocol_openai.py's.
 """
 
 from __future__ import annotations
@@ -49,10 +43,6 @@ from hitenter.server import field_limits as limits
 from hitenter.server.api_error import APIError
 from hitenter.server.chat_format import ChatFormat, ReplyParser, Thought, chat_format_of
 from hitenter.server.generation import Source
-from hitenter.server.schema_types import (
-    Bool,
-)
-from hitenter.server.schema_types import Nested as _Nested
 from hitenter.server.tool_parsers import ToolDelta, ToolParser, tool_parser_for
 from hitenter.server.tool_parsers.hermes import HermesToolParser
 
@@ -92,24 +82,6 @@ class ToolPlan:
 
 
 NO_TOOLS = ToolPlan("none")
-
-
-def message_tool_fields(tool_calls: list[dict[str, Any]] | None, tool_call_id: str | None,
-                        param: str = "messages") -> dict[str, Any]:
-    """Template-ready tool fields of a message: arguments as objects (templates ``tojson`` them)."""
-    out: dict[str, Any] = {}
-    if tool_call_id:
-        out["tool_call_id"] = tool_call_id
-    if tool_calls:
-        calls = []
-        for tc in tool_calls:
-            fn = dict(tc.get("function") or {})
-            args = fn.get("arguments")
-            if isinstance(args, str):
-                fn["arguments"] = limits.loads(args, param, "tool call arguments are not JSON") if args.strip() else {}
-            calls.append({**tc, "function": fn})
-        out["tool_calls"] = calls
-    return out
 
 
 def _named_choice(choice: dict[str, Any]) -> bool:
@@ -224,18 +196,6 @@ def call_arguments(call: dict[str, Any]) -> dict[str, Any]:
     except (json.JSONDecodeError, RecursionError):
         return {}
     return args if isinstance(args, dict) else {"value": args}
-
-
-class ToolFunction(_Nested):
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: Bool | None = None
-
-
-class Tool(_Nested):
-    type: str = "function"
-    function: ToolFunction
 
 
 @dataclass

@@ -28,6 +28,7 @@ from hitenter.server.generation import (
     submit,
 )
 from hitenter.server.prompt_logprobs import PromptScores
+from hitenter.server.protocol_openai import NO_UNKNOWN, SamplingRequest, requires_when
 from hitenter.server.schema_types import (
     STRICT,
     Bool,
@@ -37,16 +38,13 @@ from hitenter.server.schema_types import (
     TokenId,
 )
 from hitenter.server.serving_chat import (
-    NO_UNKNOWN,
     OK_OR_STREAM,
     SYSTEM_FINGERPRINT,
     Decode,
-    SamplingRequest,
     UsageSoFar,
     finish_fields,
     finite_logprob,
     prepare_params,
-    requires_when,
     scores_for,
     usage,
     vllm_prompt_logprobs,

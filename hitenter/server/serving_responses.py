@@ -48,6 +48,7 @@ from hitenter.server.generation import (
     sampling_params,
     submit,
 )
+from hitenter.server.protocol_openai import message_tool_fields
 from hitenter.server.protocol_responses import (
     FunctionCallItem,
     Item,
@@ -65,7 +66,6 @@ from hitenter.server.reply import (
     ToolPlan,
     bind,
     call_arguments,
-    message_tool_fields,
     plan_tools,
     reply_events,
     reply_params,

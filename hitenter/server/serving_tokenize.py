@@ -11,11 +11,11 @@ from pydantic import BaseModel, ConfigDict
 
 from hitenter.server.api_error import APIError, error_responses
 from hitenter.server.generation import State, chat_ids, encode
+from hitenter.server.protocol_openai import ChatMessage
 from hitenter.server.schema_types import (
     Bool,
     TokenId,
 )
-from hitenter.server.serving_chat import ChatMessage
 
 
 class TokenizeRequest(BaseModel):

@@ -3,8 +3,8 @@ at any level, as tests/test_layers.py reads the package's): lower roles never im
 
 - foundation: api_error.py (the error model and its handlers), schema_types.py, field_limits.py,
   body_limits.py (the bounds on every body)
-- protocol: protocol_*.py (an API's typed request bodies) and the parsers of a reply (reasoning/,
-  tool_parsers/), which know no route and no engine
+- protocol: protocol_*.py (an API's typed request bodies), structured_fields.py (their structured-output
+  fields as specs) and the parsers of a reply (reasoning/, tool_parsers/), which know no route and no engine
 - framing: middleware.py (around every route), auth.py (--api-key)
 - logic: chat_format.py, reply.py, generation.py and the rest of the server's shared modules
 - surfaces: serving_*.py (an API's logic and routes), api.py (the app), playground*.py
@@ -30,7 +30,7 @@ def role(module: str) -> str:
     top, _, _ = module.partition(".")
     if top in ("api_error", "schema_types", "field_limits", "body_limits"):
         return "foundation"
-    if top.startswith("protocol_") or top in ("reasoning", "tool_parsers"):
+    if top.startswith("protocol_") or top in ("structured_fields", "reasoning", "tool_parsers"):
         return "protocol"
     if top in ("middleware", "auth"):
         return "framing"
@@ -75,10 +75,11 @@ def test_imports_point_down(name: str) -> None:
 
 def test_every_surface_has_its_protocol() -> None:
     """The surfaces split by role so far: their request bodies live in their protocol module."""
-    for serving, protocol in (("serving_messages", "protocol_anthropic"), ("serving_responses", "protocol_responses")):
+    for serving, protocol in (("serving_messages", "protocol_anthropic"), ("serving_responses", "protocol_responses"),
+                              ("serving_chat", "protocol_openai"), ("serving_completion", "protocol_openai")):
         assert protocol in server_imports(MODULES[serving])
         text = MODULES[serving].read_text()
-        assert "class MessagesRequest" not in text and "class ResponsesRequest" not in text
+        assert not any(f"class {c}Request" in text for c in ("Messages", "Responses", "ChatCompletion", "Sampling"))
 
 
 def test_roles_are_known() -> None:
