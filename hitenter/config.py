@@ -96,6 +96,16 @@ class ModelConfig:
     qk_l2_norm: bool = False
     moe_layer_step: int = 0
     expert_weights_on_input: bool = False  # each routed expert's input times its weight, not its output (Llama 4)
+    # Per-layer attention shapes and shared KV (Gemma 4, models/gemma4.py): the local layers' head size and
+    # rotated dims (0 = head_dim / rope_dim), each layer's KV heads (() = num_kv_heads everywhere), FFN widths
+    # (() = intermediate_size), the last kv_shared_layers layers reading the KV of the last earlier layer of
+    # their kind (local / global) instead of keeping their own, and the per-layer input width (0 = none)
+    head_dim_swa: int = 0
+    rope_dim_swa: int = 0
+    kv_heads_per_layer: tuple[int, ...] = ()
+    ffn_per_layer: tuple[int, ...] = ()
+    kv_shared_layers: int = 0
+    per_layer_input_size: int = 0
     query_pre_attn_scalar: float = 0.0  # attention scale = this ** -0.5; 0 = head_dim
     attention_scale: float = 0.0      # the attention scale itself where a family sets it (Granite); 0 = above
     attn_logit_softcap: float = 0.0   # scores = cap * tanh(scores / cap) before the softmax; 0 = none
@@ -158,6 +168,11 @@ class ModelConfig:
                  f"must name all {self.num_layers} layers, got {len(self.swa_layers)}")
         _require(not self.attn_temperature_scale or self.attn_temperature_floor > 0, "attn_temperature_floor",
                  f"must be > 0 with a query temperature, got {self.attn_temperature_floor}")
+        for name in ("kv_heads_per_layer", "ffn_per_layer"):
+            _require(not getattr(self, name) or len(getattr(self, name)) == self.num_layers, name,
+                     f"must name all {self.num_layers} layers, got {len(getattr(self, name))}")
+        _require(0 <= self.kv_shared_layers < self.num_layers, "kv_shared_layers",
+                 f"must be in 0..{self.num_layers - 1}, got {self.kv_shared_layers}")
 
     @property
     def attn_scale(self) -> float:
@@ -177,6 +192,23 @@ class ModelConfig:
         """False for the layers a family runs without RoPE (SmolLM3: every no_rope_interval-th; all of them
         where use_rope is False)."""
         return self.use_rope and not (self.no_rope_interval and (i + 1) % self.no_rope_interval == 0)
+
+    def layer_head_dim(self, i: int) -> int:
+        """Layer i's head size (a local layer's may differ: head_dim_swa)."""
+        return self.head_dim_swa if self.head_dim_swa and self.layer_window(i) is not None else self.head_dim
+
+    def layer_kv_heads(self, i: int) -> int:
+        """Layer i's KV heads."""
+        return self.kv_heads_per_layer[i] if self.kv_heads_per_layer else self.num_kv_heads
+
+    def layer_kv_source(self, i: int) -> int:
+        """The layer whose KV cache layer i reads: i itself, or for the last kv_shared_layers layers the last
+        layer of the same kind (local / global) before them (llama.cpp's gemma4 layer reuse)."""
+        first_shared = self.num_layers - self.kv_shared_layers
+        if not self.kv_shared_layers or i < first_shared:
+            return i
+        local = self.layer_window(i) is not None
+        return next(j for j in range(first_shared - 1, -1, -1) if (self.layer_window(j) is not None) == local)
 
     def layer_chunk(self, i: int) -> int | None:
         """Layer i's attention chunk (Llama 4's RoPE layers) or None."""
@@ -205,6 +237,9 @@ class ModelConfig:
     def kv_bytes_per_token(self, dtype_bytes: float = 4) -> int:
         """2 (K and V) x attention layers x KV heads x head dim x bytes per element (q8_0: 34 / 32,
         models/kv_dtype.py)."""
+        if self.head_dim_swa or self.kv_heads_per_layer or self.kv_shared_layers:   # per-layer shapes
+            return int(2 * dtype_bytes * sum(self.layer_kv_heads(i) * self.layer_head_dim(i)
+                                             for i in range(self.num_layers) if self.layer_kv_source(i) == i))
         return int(2 * self.num_attention_layers * self.num_kv_heads * self.head_dim * dtype_bytes)
 
 

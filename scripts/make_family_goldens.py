@@ -21,8 +21,10 @@ Regenerate (from the repo root, with the project venv; about 5 minutes on 2 core
 FAMILY: all of them). The goldens are deterministic: rerunning rewrites the same bytes.
 
 Each npz holds: tokens [40] (int32; deterministic from the seed, ids 3.. so no special token), logits
-[40, V] float32, gguf_sha256 (of write_tiny_family(family, seed)), llama_cpp_version, n_ctx, seed; llama3
-also long_tokens [8300] and long_logits [16, V] at long_positions (8284..8299, past 8192); phi3_partial also
+[40, V] float32, gguf_sha256 (of write_tiny_family(family, seed)), llama_cpp_version, n_ctx, seed; llama3 and
+llama4 also long_tokens [8300] and long_logits [16, V] at long_positions (8284..8299, past 8192); the
+Q8_FAMILIES also logits_q8_0 [40, V] and gguf_q8_0_sha256 (write_tiny_family(..., quant="Q8_0"), run with
+llama.cpp's extra CPU buffer types off); phi3_partial also
 logits_short [8, V]: positions 32..39 of the same tokens at n_ctx 256 <= original_context_length, where
 llama.cpp uses rope_factors_short (the main logits run at n_ctx 4096 use rope_factors_long). Plus
 ref64_max_rel_diff: max |llama.cpp - ref| / max |llama.cpp| against this script's own float64 numpy
@@ -53,7 +55,10 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests/goldens/families"
 N_TOKENS, LONG_TOKENS, LONG_LAST = 40, 8300, 16
 PHI3_SHORT_ROWS = HF_ROWS = slice(32, 40)
-LONG_FAMILIES = ("llama3", "llama4")   # also a long_tokens run (llama4: past its 8192 chunk and temperature floor)
+LONG_FAMILIES = ("llama3", "llama4")
+# also a copy with the layers' projections in Q8_0 (llama.cpp's Q8_0 kernels: activations rounded to Q8_0
+# blocks): logits_q8_0, gguf_q8_0_sha256
+Q8_FAMILIES = ("olmo3", "mistral3", "llama4", "gemma4")   # also a long_tokens run (llama4: past its 8192 chunk and temperature floor)
 
 
 def golden_tokens(vocab: int, seed: int = 0, n: int = N_TOKENS) -> np.ndarray:
@@ -65,11 +70,23 @@ def golden_tokens(vocab: int, seed: int = 0, n: int = N_TOKENS) -> np.ndarray:
 
 
 def worker() -> None:
-    """stdin: {"model": path, "out": npz path, "runs": [{"tokens", "n_ctx", "rows": [start, stop]}]};
-    writes run<i> = logits[rows] (float32) and the llama_cpp version to `out`."""
+    """stdin: {"model": path, "out": npz path, "runs": [{"tokens", "n_ctx", "rows": [start, stop]}],
+    "plain_buffers": bool}; writes run<i> = logits[rows] (float32) and the llama_cpp version to `out`.
+    plain_buffers: llama.cpp's extra CPU buffer types off (use_extra_bufts = false, as
+    scripts/make_hybrid_goldens.py: no repacked / AMX layouts, which crashed on tiny Q8_0 files)."""
     import llama_cpp
+    import llama_cpp.llama as llama_module
 
     req = json.load(sys.stdin)
+    if req.get("plain_buffers"):
+        defaults = llama_cpp.llama_model_default_params
+
+        def params():  # type: ignore[no-untyped-def]
+            p = defaults()
+            p.use_extra_bufts = False
+            return p
+
+        llama_module.llama_cpp.llama_model_default_params = params
     arrays: dict[str, np.ndarray] = {"version": np.array(llama_cpp.__version__)}
     for i, run in enumerate(req["runs"]):
         n = len(run["tokens"])
@@ -83,10 +100,11 @@ def worker() -> None:
     np.savez(req["out"], **arrays)
 
 
-def llama_logits(llama_python: str, model: Path, runs: list[dict]) -> tuple[list[np.ndarray], str]:
+def llama_logits(llama_python: str, model: Path, runs: list[dict],
+                 plain_buffers: bool = False) -> tuple[list[np.ndarray], str]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.npz"
-        req = {"model": str(model), "out": str(out), "runs": runs}
+        req = {"model": str(model), "out": str(out), "runs": runs, "plain_buffers": plain_buffers}
         proc = subprocess.run(["nice", llama_python, __file__, "--worker"], input=json.dumps(req),
                               capture_output=True, text=True, check=False)
         if proc.returncode != 0:
@@ -129,6 +147,7 @@ HF_CONFIG_FIXES: dict[str, dict | None] = {
     "olmo3": None,
     "mistral3": None,
     "llama4": None,
+    "gemma4": None,
 }
 
 
@@ -395,6 +414,64 @@ def reference_forward(path: Path, tokens: np.ndarray, n_ctx: int, ggml_gelu: boo
     return logits
 
 
+def gemma4_reference(path: Path, tokens: np.ndarray, ggml_gelu: bool = True) -> np.ndarray:
+    """float64 logits [T, V] of llama.cpp's gemma4 graph (src/models/gemma4.cpp) for the dense tiny file:
+    per-layer head sizes / KV heads / RoPE, K = V without attn_v, V RMS-normed, shared KV layers reading
+    layer n_kv - 2 (local) / n_kv - 1 (global), per-layer inputs, layer output scales, final soft-cap."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    meta = {f.name: f.contents() for f in reader.fields.values()}
+    w = {t.name: np.asarray(t.data, dtype=np.float64).reshape([int(d) for d in reversed(t.shape)])
+         for t in reader.tensors}
+
+    def hp(key: str, default: object = None) -> object:
+        return meta.get(f"gemma4.{key}", default)
+
+    n_embd, n_head, n_layer = int(hp("embedding_length")), int(hp("attention.head_count")), int(hp("block_count"))
+    eps, window = float(hp("attention.layer_norm_rms_epsilon")), int(hp("attention.sliding_window"))
+    swa, kv_heads = list(hp("attention.sliding_window_pattern")), list(hp("attention.head_count_kv"))
+    n_kv = n_layer - int(hp("attention.shared_kv_layers", 0))
+    n_pl = int(hp("embedding_length_per_layer_input", 0))
+    gelu = _gelu_ggml if ggml_gelu else _gelu_tanh
+    t = len(tokens)
+    pos = np.arange(t, dtype=np.float64)
+    x = w["token_embd.weight"][tokens] * np.sqrt(np.float32(n_embd))
+    if n_pl:
+        tok = w["per_layer_token_embd.weight"][tokens].reshape(t, n_layer, n_pl) * np.sqrt(np.float32(n_pl))
+        proj = (x @ w["per_layer_model_proj.weight"].T / np.sqrt(n_embd)).reshape(t, n_layer, n_pl)
+        ple = (_rms(proj, w["per_layer_proj_norm.weight"], eps) + tok) / np.sqrt(2.0)
+    kv: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        hd = int(hp("attention.key_length_swa") if swa[il] else hp("attention.key_length"))
+        n_rot = int(hp("rope.dimension_count_swa") if swa[il] else hp("rope.dimension_count"))
+        base = float(hp("rope.freq_base_swa", 10000.0) if swa[il] else hp("rope.freq_base"))
+        factors = None if swa[il] else w.get("rope_freqs.weight")
+        h = _rms(x, w[p + "attn_norm.weight"], eps)
+        q = _rms((h @ w[p + "attn_q.weight"].T).reshape(t, n_head, hd), w[p + "attn_q_norm.weight"], eps)
+        q = _rope(q, pos, n_rot, base, True, factors, 1.0)
+        if il < n_kv:
+            k_raw = (h @ w[p + "attn_k.weight"].T).reshape(t, kv_heads[il], hd)
+            v_raw = (h @ w[p + "attn_v.weight"].T).reshape(t, kv_heads[il], hd) if p + "attn_v.weight" in w else k_raw
+            k = _rope(_rms(k_raw, w[p + "attn_k_norm.weight"], eps), pos, n_rot, base, True, factors, 1.0)
+            kv[il] = (k, _rms(v_raw, None, eps))
+        k, v = kv[il if il < n_kv else n_kv - (2 if swa[il] else 1)]
+        a = _attend(q, k, v, 1.0, window if swa[il] else None, None)
+        x = x + _rms(a @ w[p + "attn_output.weight"].T, w[p + "post_attention_norm.weight"], eps)
+        y = _rms(x, w[p + "ffn_norm.weight"], eps)
+        m = (gelu(y @ w[p + "ffn_gate.weight"].T) * (y @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+        x = x + _rms(m, w[p + "post_ffw_norm.weight"], eps)
+        if n_pl:
+            g = gelu(x @ w[p + "inp_gate.weight"].T) * ple[:, il]
+            x = x + _rms(g @ w[p + "proj.weight"].T, w[p + "post_norm.weight"], eps)
+        if p + "layer_output_scale.weight" in w:
+            x = x * w[p + "layer_output_scale.weight"][0]
+    logits = _rms(x, w["output_norm.weight"], eps) @ w.get("output.weight", w["token_embd.weight"]).T
+    cap = float(hp("final_logit_softcapping", 0.0))
+    return cap * np.tanh(logits / cap) if cap else logits
+
+
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.abs(a).max())
 
@@ -422,8 +499,11 @@ def make(family: str, llama_python: str, hf_python: str | None, seed: int = 0) -
                          "rows": [PHI3_SHORT_ROWS.start, PHI3_SHORT_ROWS.stop]})
         outs, version = llama_logits(llama_python, path, runs)
         logits = outs[0]
-        ref = reference_forward(path, tokens, n_ctx)
+        ref = gemma4_reference(path, tokens) if family == "gemma4" else reference_forward(path, tokens, n_ctx)
         extra: dict[str, np.ndarray] = {"ref64_max_rel_diff": np.float64(_rel(logits, ref))}
+        if family == "gemma4":
+            extra["ref64_exact_gelu_max_rel_diff"] = np.float64(_rel(logits, gemma4_reference(
+                path, tokens, ggml_gelu=False)))
         if family in ("gemma2", "gemma3"):
             extra["ref64_exact_gelu_max_rel_diff"] = np.float64(_rel(logits, reference_forward(
                 path, tokens, n_ctx, ggml_gelu=False)))
@@ -438,6 +518,10 @@ def make(family: str, llama_python: str, hf_python: str | None, seed: int = 0) -
             extra.update(logits_short=outs[1], short_positions=rows,
                          short_n_ctx=np.int32(PHI3_PARTIAL_ORIG_CTX),
                          ref64_short_max_rel_diff=np.float64(_rel(outs[1], short_ref)))
+        if family in Q8_FAMILIES:
+            q8 = write_tiny_family(Path(tmp) / f"{family}-q8_0.gguf", family, seed=seed, quant="Q8_0")
+            extra.update(gguf_q8_0_sha256=np.array(hashlib.sha256(q8.read_bytes()).hexdigest()),
+                         logits_q8_0=llama_logits(llama_python, q8, runs[:1], plain_buffers=True)[0][0])
         fixes = HF_CONFIG_FIXES[family]
         if hf_python and fixes is not None:
             hf, hf_version = hf_logits(hf_python, path, tokens, fixes)

@@ -232,15 +232,26 @@ def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int,
     num_kv_heads: the KV heads this process holds (a tensor-parallel rank's shard); default all.
     num_local_blocks: the sliding-window layers' block count where they have their own block tables
     (hitenter/kv_cache/window_group.py); default num_blocks. layers: which layers get a cache (a hybrid
-    model's attention layers, models/hybrid.py); default all; the list holds only those. The zeros are
+    model's attention layers, models/hybrid.py); default all; the list holds only those. Each layer's KV heads
+    and head size are its own (config.layer_kv_heads / layer_head_dim: Gemma 4's local and global layers
+    differ); a layer that reads another's KV (config.layer_kv_source) holds that layer's tensor. The zeros are
     committed as blocks are written (models/zero_pages.py): an idle cache holds next to no memory."""
     nl = num_blocks if num_local_blocks is None else num_local_blocks
     if num_blocks <= 0 or block_size <= 0 or nl <= 0:
         raise ValueError(f"num_blocks and block_size must be > 0, got {num_blocks}, {block_size}, {nl}")
-    kvh = config.num_kv_heads if num_kv_heads is None else num_kv_heads
-    width = row_width(dtype, config.head_dim)
-    return [zeros_on_demand((2, kvh, num_blocks if config.layer_window(i) is None else nl, block_size, width),
-                            dtype) for i in range(config.num_layers) if layers is None or layers[i]]
+    own: dict[int, torch.Tensor] = {}
+    out = []
+    for i in range(config.num_layers):
+        if layers is not None and not layers[i]:
+            continue
+        src = config.layer_kv_source(i)   # a KV-shared layer (Gemma 4) holds its source layer's tensor
+        if src not in own:
+            kvh = config.layer_kv_heads(src) if num_kv_heads is None else num_kv_heads
+            width = row_width(dtype, config.layer_head_dim(src))
+            own[src] = zeros_on_demand((2, kvh, num_blocks if config.layer_window(src) is None else nl, block_size,
+                                        width), dtype)
+        out.append(own[src])
+    return out
 
 
 def kv_tensors(caches: list[Any]) -> list[torch.Tensor]:

@@ -31,6 +31,7 @@ from hitenter.models.decoder import CausalLM
 from hitenter.models.encoder import EncoderModel
 from hitenter.models.families import family_for
 from hitenter.models.formats import resolve_format
+from hitenter.models.gemma4 import Gemma4LM
 from hitenter.models.hybrid import HybridLM
 from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
 from hitenter.models.moe import ExpertWeight, expert_weights
@@ -68,6 +69,10 @@ def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "auto",
         model: Any = EncoderModel(cfg, weights, act_dtype, fmt)
     elif cfg.layer_types:   # a hybrid model: attention and recurrent layers (models/hybrid.py)
         model = HybridLM(cfg, weights, act_dtype, batch_invariant, fmt, max_model_len)
+    elif cfg.architecture == "gemma4":   # per-layer shapes, shared KV, per-layer inputs (models/gemma4.py)
+        if tp is not None:
+            raise ModelLoadError("tensor parallelism is not supported for gemma4 models")
+        model = Gemma4LM(cfg, weights, act_dtype, batch_invariant, fmt, max_model_len)
     else:
         model = CausalLM(cfg, weights, act_dtype, tp, batch_invariant, fmt, max_model_len)
     if cfg.causal:   # a decoder's embeddings: the file's pooling and heads (Qwen3-Embedding, -Reranker)

@@ -125,6 +125,21 @@ Families (name: general.architecture, what differs):
   the expert's input, plus a shared expert ffn_{gate,up,down}_shexp (64 wide) added; layers 0 and 2 a
   dense SwiGLU of 128. The chunk and the temperature matter only past position 8190: the golden's
   long_tokens run (8300 tokens, logits at 8284..8299) covers them.
+- gemma4 (gemma4): Gemma 4, E2B-style. 6 layers, tied, NEOX, not permuted, norms stored as they apply
+  (convert's norm_shift 0), x0 = token_embd[ids] * sqrt(64), sandwich norms and GeGLU as gemma3 (ggml's
+  fp16-table GELU), attention scale 1. attention.sliding_window 8, sliding_window_pattern
+  [T, T, T, F, T, F]; local layers: head size 16 (key_length_swa), 2 KV heads, RoPE base 1e4 over 16
+  dims; global layers: head size 32 (key_length), 1 KV head, base 1e6 over 32 dims with rope_freqs
+  [1 x 4, 1e30 x 12] (only the first 4 frequencies rotate). q = rope(rms(q) * q_norm) (q_norm, k_norm
+  ~0.35: at scale 1 with norms ~1 the scores' spread is ~5 and ggml's fp16 GELU rounding alone moved the
+  logits by 1.7e-2 of their scale; here 1.5e-3, as for gemma3),
+  k = rope(rms(k) * k_norm), v = rms(v) (no weight); the global layers have no attn_v: v = rms(k's
+  projection). attention.shared_kv_layers 2: layers 4 and 5 have no K/V of their own and attend over the
+  cache of layer 2 (local) and 3 (global) (llama.cpp: n_kv_from_start - 2 / - 1), and a double-wide FFN
+  (feed_forward_length [128 x 4, 256 x 2]). Per-layer inputs (embedding_length_per_layer_input 16):
+  P = (per_layer_token_embd[ids] * sqrt(16) + rms(per_layer_model_proj(x0) / sqrt(64), per layer of 16,
+  per_layer_proj_norm)) / sqrt(2); after each layer's FFN residual, x += rms(proj(gelu(inp_gate(x)) *
+  P[layer]), post_norm); then x *= layer_output_scale (0.6 + 0.1 i). Final soft-cap 10.
 """
 
 from __future__ import annotations
@@ -146,11 +161,11 @@ from hitenter.testing.tiny_model import (
 )
 
 FAMILIES = ("llama", "llama3", "mixtral", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3",
-            "phi3_partial", "granite", "olmo2", "smollm3", "gpt-oss", "olmo3", "mistral3", "llama4")
+            "phi3_partial", "granite", "olmo2", "smollm3", "gpt-oss", "olmo3", "mistral3", "llama4", "gemma4")
 ARCHITECTURES = {"llama": "llama", "llama3": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
                  "qwen3moe": "qwen3moe", "gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3",
                  "phi3_partial": "phi3", "granite": "granite", "olmo2": "olmo2", "smollm3": "smollm3",
-                 "gpt-oss": "gpt-oss", "olmo3": "olmo2", "mistral3": "mistral3", "llama4": "llama4"}
+                 "gpt-oss": "gpt-oss", "olmo3": "olmo2", "mistral3": "mistral3", "llama4": "llama4", "gemma4": "gemma4"}
 
 HIDDEN, HEADS, KV_HEADS, FFN = 64, 4, 2, 128
 
@@ -509,6 +524,74 @@ def _llama4(f: _Writer) -> None:
             _gated_ffn(f, p)
 
 
+# gemma4: layers 0-2 and 4 local, 3 and 5 global; the last 2 layers read the KV of layers 2 (local) and 3
+GEMMA4 = {"swa": [True, True, True, False, True, False], "head_swa": 16, "head_full": 32, "kv_swa": 2,
+          "kv_full": 1, "shared_kv": 2, "per_layer": 16, "rot_full": 4}
+
+
+def _gemma4(f: _Writer) -> None:
+    """convert's Gemma4Model, E2B-style: per-layer shapes, K = V on the global KV layer, shared KV layers with
+    a double-wide FFN, per-layer inputs, layer output scales, proportional partial RoPE via rope_freqs."""
+    g, w = GEMMA4, f.w
+    layers, swa, n_pl = len(GEMMA4["swa"]), GEMMA4["swa"], GEMMA4["per_layer"]
+    first_shared = layers - g["shared_kv"]
+    ffn = [FFN if i < first_shared else 2 * FFN for i in range(layers)]
+    w.add_block_count(layers)
+    w.add_context_length(32768)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv([g["kv_swa"] if s else g["kv_full"] for s in swa])
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_key_length(g["head_full"])
+    w.add_value_length(g["head_full"])
+    w.add_key_length_swa(g["head_swa"])
+    w.add_value_length_swa(g["head_swa"])
+    w.add_rope_freq_base(1e6)
+    w.add_rope_freq_base_swa(1e4)
+    w.add_rope_dimension_count(g["head_full"])
+    w.add_rope_dimension_count_swa(g["head_swa"])
+    w.add_sliding_window(8)
+    w.add_sliding_window_pattern(swa)
+    w.add_shared_kv_layers(g["shared_kv"])
+    w.add_embedding_length_per_layer_input(n_pl)
+    w.add_final_logit_softcapping(10.0)
+    vocab = f.finish_metadata()
+    f.add("token_embd.weight", f.normal(vocab, HIDDEN, std=0.12))
+    f.add("output_norm.weight", 3.0 * f.norm(HIDDEN))
+    half = g["head_full"] // 2   # proportional RoPE: the first rot_full frequencies rotate, the rest 1e30
+    f.add("rope_freqs.weight", np.array([1.0] * g["rot_full"] + [1e30] * (half - g["rot_full"]), np.float32))
+    table = f.normal(vocab, n_pl * layers, std=0.5)
+    if f.qtype is not None and table.shape[1] % gguf.GGML_QUANT_SIZES[f.qtype][0] == 0:
+        # a real file's per-layer token table is blocks too (looked up by rows, on the map)
+        f.w.add_tensor("per_layer_token_embd.weight", gguf.quants.quantize(table, f.qtype), raw_dtype=f.qtype)
+    else:
+        f.add("per_layer_token_embd.weight", table)
+    f.add("per_layer_model_proj.weight", f.normal(n_pl * layers, HIDDEN, std=0.5))
+    f.add("per_layer_proj_norm.weight", f.norm(n_pl))
+    for i in range(layers):
+        p = f"blk.{i}."
+        d, kv = (g["head_swa"], g["kv_swa"]) if swa[i] else (g["head_full"], g["kv_full"])
+        f.add(p + "attn_norm.weight", f.norm(HIDDEN))
+        f.add(p + "attn_q.weight", f.normal(HEADS * d, HIDDEN, std=0.2))
+        f.add(p + "attn_k.weight", f.normal(kv * d, HIDDEN, std=0.2))
+        if swa[i]:   # the global layers have no attn_v: V = K's projection (attention_k_eq_v)
+            f.add(p + "attn_v.weight", f.normal(kv * d, HIDDEN, std=0.2))
+        f.add(p + "attn_output.weight", f.normal(HIDDEN, HEADS * d, std=0.1))
+        # q . k at scale 1 over unit-RMS heads: QK-norm weights ~0.35 keep the scores' spread ~1 (at ~1 the
+        # softmax would be so sharp that ggml's fp16 GELU's rounding flips it, see the module docstring)
+        f.add(p + "attn_q_norm.weight", 0.35 * f.norm(d))
+        f.add(p + "attn_k_norm.weight", 0.35 * f.norm(d))
+        f.add(p + "post_attention_norm.weight", f.norm(HIDDEN))
+        f.add(p + "ffn_norm.weight", f.norm(HIDDEN))
+        _gated_ffn(f, p, ffn[i])
+        f.add(p + "post_ffw_norm.weight", f.norm(HIDDEN))
+        f.add(p + "inp_gate.weight", f.normal(n_pl, HIDDEN, std=0.3))
+        f.add(p + "proj.weight", f.normal(HIDDEN, n_pl, std=0.3))
+        f.add(p + "post_norm.weight", f.norm(HIDDEN))
+        f.add(p + "layer_output_scale.weight", np.array([0.6 + 0.1 * i], np.float32))
+
+
 def _gpt_oss(f: _Writer) -> None:
     head_dim, layers, n_expert, n_ff = HIDDEN // HEADS, 2, 8, 64
     w = f.w
@@ -570,6 +653,8 @@ def write_tiny_family(path: str | Path, family: str, seed: int = 0, quant: str |
         _mistral3(f)
     elif family == "llama4":
         _llama4(f)
+    elif family == "gemma4":
+        _gemma4(f)
     else:
         _gpt_oss(f)
     f.close()

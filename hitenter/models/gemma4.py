@@ -1,0 +1,163 @@
+"""Gemma 4 (dense): a CausalLM whose layers differ in shape, share KV and take per-layer inputs
+(hitenter/models/families/gemma4.py states the file and llama.cpp's graph).
+
+A layer, in the order it computes (x the residual stream; rms(v) = v / sqrt(mean(v^2) + eps)):
+
+    h = attn_norm(x);  q = rope(q_norm(h Wq^T))                              (per head; the layer's RoPE)
+    own KV:  k_raw = h Wk^T;  v_raw = h Wv^T, or k_raw where the layer has no Wv (K = V)
+             k = rope(k_norm(k_raw)), v = rms(v_raw)  -> written to the layer's paged cache
+    shared KV (the last kv_shared_layers layers): no K/V; q attends over its source layer's cache
+    x = x + post_attention_norm(attention(q, K, V, scale 1) Wo^T)
+    x = x + post_ffw_norm(down(gelu_tanh(gate(ffn_norm(x))) * up(ffn_norm(x))))
+    per-layer input p_i (row's slice i):  x = x + post_norm(proj(gelu_tanh(inp_gate(x)) * p_i))
+    x = x * layer_output_scale
+
+The per-layer inputs of a row: (per_layer_token_embd[token] * sqrt(n) + per_layer_proj_norm(
+per_layer_model_proj(x0) / sqrt(hidden))) / sqrt(2), x0 the scaled token embedding, per layer slices of n.
+The token table is looked up row by row (on GGUF blocks: BlockEmbedding dequantizes only the rows asked
+for, over the file's bytes).
+
+Every row takes the torch path (the fused native decode layer does not state these layers); every op is
+row-wise and the dense GEMMs run on rows padded to 8 as in decoder.py, so batch invariance holds."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from hitenter.config import ModelConfig
+from hitenter.kernels.blocks import BlockWeight
+from hitenter.models.attention import KEY_TILE, AttentionMetadata, paged_attention, write_kv
+from hitenter.models.block_linear import BlockEmbedding
+from hitenter.models.decoder import CausalLM
+from hitenter.models.layers import RMSNorm, Rope, embed_and_head, fused_linear, has_dense_gemms, make_linear
+from hitenter.models.row_invariance import attention_row_multiple
+
+CosSin = tuple[torch.Tensor, torch.Tensor]
+
+
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS norm over the last dim without a weight (ggml_rms_norm)."""
+    return F.rms_norm(x, (x.shape[-1],), None, eps)
+
+
+class Gemma4Layer(nn.Module):
+    """One Gemma 4 layer (module docstring): its own head size, KV heads, FFN width and KV source."""
+
+    def __init__(self, cfg: ModelConfig, w: dict[str, Any], i: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        p, eps = f"blk.{i}.", cfg.rms_norm_eps
+        self.cfg, self.index, self.eps = cfg, i, eps
+        self.window = cfg.layer_window(i)
+        self.has_rope = True
+        self.head_dim, self.num_heads, self.num_kv_heads = cfg.layer_head_dim(i), cfg.num_heads, cfg.layer_kv_heads(i)
+        self.own_kv = cfg.layer_kv_source(i) == i
+
+        def norm(name: str) -> RMSNorm:
+            return RMSNorm(w[p + name + ".weight"], eps, dtype)
+
+        self.attn_norm, self.q_norm = norm("attn_norm"), norm("attn_q_norm")
+        self.post_attn_norm, self.ffn_norm, self.post_ffw_norm = (norm("post_attention_norm"), norm("ffn_norm"),
+                                                                  norm("post_ffw_norm"))
+        parts = [w[p + "attn_q.weight"]]
+        self.v_from_k = False
+        if self.own_kv:
+            self.k_norm = norm("attn_k_norm")
+            parts.append(w[p + "attn_k.weight"])
+            self.v_from_k = p + "attn_v.weight" not in w
+            if not self.v_from_k:
+                parts.append(w[p + "attn_v.weight"])
+        self.qkv = fused_linear(parts, None, dtype)
+        self.o_proj = make_linear(w[p + "attn_output.weight"], None, dtype)
+        self.gate_up = fused_linear([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]], None, dtype)
+        self.down = make_linear(w[p + "ffn_down.weight"], None, dtype)
+        self.per_layer = cfg.per_layer_input_size > 0
+        if self.per_layer:
+            self.inp_gate = make_linear(w[p + "inp_gate.weight"], None, dtype)
+            self.ple_proj = make_linear(w[p + "proj.weight"], None, dtype)
+            self.ple_norm = norm("post_norm")
+        scale = w.get(p + "layer_output_scale.weight")
+        self.out_scale = 1.0 if scale is None else float(scale.reshape(-1)[0])
+        self.attn_row_multiple = attention_row_multiple(dtype, self.head_dim, KEY_TILE)
+
+    def forward(self, x: torch.Tensor, ple: torch.Tensor | None, rope: Rope, cos_sin: CosSin,
+                attn: AttentionMetadata, kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
+        """The layer on the step's rows x `[T, H]` (ple: this layer's per-layer inputs `[T, n]` or None)."""
+        attn = attn.for_window(self.window)
+        t, d, nh, kvh = x.shape[0], self.head_dim, self.num_heads, self.num_kv_heads
+        qkv = self.qkv(self.attn_norm(x))
+        q = rope.rotate(self.q_norm(qkv[:, :nh * d].reshape(t, nh, d)), cos_sin)
+        if self.own_kv:
+            k_raw = qkv[:, nh * d:(nh + kvh) * d].reshape(t, kvh, d)
+            v_raw = k_raw if self.v_from_k else qkv[:, (nh + kvh) * d:].reshape(t, kvh, d)
+            k = rope.rotate(self.k_norm(k_raw), cos_sin)
+            write_kv(kv_cache, k[:n_real], _rms(v_raw, self.eps)[:n_real], attn.slot_mapping)
+        o = paged_attention(q[:n_real], kv_cache, attn, 1.0, self.attn_row_multiple,
+                            window=self.window).view(n_real, -1)
+        if n_real < t:   # padding rows (batch-invariant GEMM shapes)
+            o = torch.cat([o, o.new_zeros(t - n_real, o.shape[1])])
+        x = x + self.post_attn_norm(self.o_proj(o))
+        gate, up = self.gate_up(self.ffn_norm(x)).chunk(2, dim=-1)
+        x = x + self.post_ffw_norm(self.down(F.gelu(gate, approximate="tanh") * up))
+        if ple is not None:
+            g = F.gelu(self.inp_gate(x), approximate="tanh") * ple
+            x = x + self.ple_norm(self.ple_proj(g))
+        return x * self.out_scale if self.out_scale != 1.0 else x
+
+
+class Gemma4LM(CausalLM):
+    """A Gemma 4 model (module docstring) with CausalLM's interface: forward(ids, positions, attn, kv_caches)
+    -> hidden after the final norm, compute_logits (final soft-cap). kv_caches: one per layer, a KV-shared
+    layer's the same tensor as its source's (attention.allocate_kv_caches)."""
+
+    def __init__(self, cfg: ModelConfig, w: dict[str, Any], dtype: torch.dtype = torch.float32,
+                 batch_invariant: bool = True, weight_format: str = "dense", max_model_len: int | None = None) -> None:
+        nn.Module.__init__(self)
+        self.config, self.dtype, self.tp = cfg, dtype, None
+        self.embed, self.head = embed_and_head(cfg, w, dtype, None)
+        self.embed_scale = float(torch.tensor(cfg.embedding_scale, dtype=dtype))
+        self.layers = nn.ModuleList(Gemma4Layer(cfg, w, i, dtype) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(w["output_norm.weight"], cfg.rms_norm_eps, dtype)
+        max_pos = min(cfg.context_length, 4096)
+        self.rope = Rope(cfg.head_dim, cfg.rope_theta, max_pos, cfg.rope_dim, w.get("rope_freqs.weight"))
+        swa_dim = cfg.head_dim_swa or cfg.head_dim
+        self.rope_local = Rope(swa_dim, cfg.rope_local_theta or cfg.rope_theta, max_pos,
+                               0 if cfg.rope_dim_swa in (0, swa_dim) else cfg.rope_dim_swa)
+        self.ple_size = cfg.per_layer_input_size
+        if self.ple_size:
+            table = w["per_layer_token_embd.weight"]
+            self.ple_table: nn.Module = (BlockEmbedding(table) if isinstance(table, BlockWeight)
+                                         else nn.Embedding.from_pretrained(table.to(dtype), freeze=True))
+            self.ple_model_proj = make_linear(w["per_layer_model_proj.weight"], None, dtype)
+            self.ple_proj_norm = RMSNorm(w["per_layer_proj_norm.weight"], cfg.rms_norm_eps, dtype)
+        self.batch_invariant = batch_invariant
+        self.dense_gemms = has_dense_gemms(self)
+        self.weight_format = weight_format
+
+    def per_layer_inputs(self, ids: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+        """`[T, layers, n]`: each row's per-layer inputs from its token and its scaled embedding x0."""
+        t, n, nl = ids.shape[0], self.ple_size, self.config.num_layers
+        tok = self.ple_table(ids).to(x0.dtype).view(t, nl, n) * math.sqrt(n)
+        proj = self.ple_model_proj(x0) * (1.0 / math.sqrt(self.config.hidden_size))
+        proj = self.ple_proj_norm(proj.view(t, nl, n))
+        return (proj + tok) * (1.0 / math.sqrt(2.0))
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
+                kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        """Hidden states after the final norm, `[T, H]`; writes the new tokens' K/V into kv_caches."""
+        n = int(input_ids.shape[0])
+        ids, pos = self._pad(input_ids.long()), self._pad(positions.long())
+        x = self.embed(ids)
+        if self.embed_scale != 1.0:
+            x = x * self.embed_scale
+        ple = self.per_layer_inputs(ids, x) if self.ple_size else None
+        tables = {id(r): r.table(pos, x.dtype) for r in (self.rope, self.rope_local)}
+        for i, (layer, cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            rope = self.layer_rope(layer)
+            x = layer(x, None if ple is None else ple[:, i], rope, tables[id(rope)], attn, cache, n)
+        return self.norm(x)[:n]
