@@ -24,7 +24,7 @@ unchanged, as a grammar ignores a refused token.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -45,6 +45,44 @@ class GateState:
     tail: tuple[int, ...] = ()      # the last tokens, for finding a tag that spans several
 
 
+TokenBytes = Callable[[int], bytes]
+PROMPT_TAIL = 64            # prompt tokens searched for an opening start tag (the template writes it last)
+
+
+class Tags:
+    """Finds the start and end tags at the end of a token sequence: by their bytes when the vocabulary's
+    are given (a tag the model spells with other tokens than the ones it was encoded to is found too),
+    else by their ids."""
+
+    def __init__(self, spec: ThinkingSpec, token_bytes: TokenBytes | None = None) -> None:
+        self.spec, self.tb = spec, token_bytes
+        self.start_b = self._bytes(spec.start)
+        self.end_b = self._bytes(spec.end)
+        self.keep = max(len(spec.start), len(spec.end), len(self.start_b), len(self.end_b))
+
+    def _bytes(self, ids: Sequence[int]) -> bytes:
+        return b"".join(self.tb(t) for t in ids) if self.tb is not None else b""
+
+    def ends_with_start(self, tail: Sequence[int]) -> bool:
+        return self._ends_with(tail, self.spec.start, self.start_b)
+
+    def ends_with_end(self, tail: Sequence[int]) -> bool:
+        return self._ends_with(tail, self.spec.end, self.end_b)
+
+    def _ends_with(self, tail: Sequence[int], ids: tuple[int, ...], text: bytes) -> bool:
+        if self.tb is None:
+            return tuple(tail[-len(ids):]) == ids
+        return self._bytes(tail).endswith(text)
+
+    def opened_by(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether the prompt leaves the section open: its last start tag after its last end tag."""
+        tail = list(prompt_ids[-PROMPT_TAIL:])
+        if self.tb is None:
+            return _last(tail, self.spec.start) > _last(tail, self.spec.end)
+        text = self._bytes(tail)
+        return text.rfind(self.start_b) > text.rfind(self.end_b)
+
+
 def _last(seq: Sequence[int], tag: Sequence[int]) -> int:
     """Index of the last occurrence of ``tag`` in ``seq`` (-1: none)."""
     n = len(tag)
@@ -54,9 +92,9 @@ def _last(seq: Sequence[int], tag: Sequence[int]) -> int:
     return -1
 
 
-def prompt_opens(spec: ThinkingSpec, prompt_ids: Sequence[int]) -> bool:
-    """Whether the prompt leaves the section open: its last ``start`` after its last ``end``."""
-    return _last(prompt_ids, spec.start) > _last(prompt_ids, spec.end)
+def prompt_opens(spec: ThinkingSpec, prompt_ids: Sequence[int], token_bytes: TokenBytes | None = None) -> bool:
+    """Whether the prompt leaves the section open: its last start tag after its last end tag."""
+    return Tags(spec, token_bytes).opened_by(prompt_ids)
 
 
 def _set_bit(bitmask: Tensor, row: int, token: int) -> None:
@@ -68,11 +106,14 @@ def _set_bit(bitmask: Tensor, row: int, token: int) -> None:
 class ThinkingGate:
     """One sequence's gate (see the module docstring); not thread-safe (used under the engine lock)."""
 
-    def __init__(self, spec: ThinkingSpec, prompt_ids: Sequence[int], vocab_size: int, inner: Any = None) -> None:
-        """``inner``: the sequence's grammar (a ``GrammarConstraint``), applied once the section closed."""
+    def __init__(self, spec: ThinkingSpec, prompt_ids: Sequence[int], vocab_size: int, inner: Any = None,
+                 token_bytes: TokenBytes | None = None) -> None:
+        """``inner``: the sequence's grammar (a ``GrammarConstraint``), applied once the section closed;
+        ``token_bytes``: the vocabulary's bytes, to find the tags however the model spells them."""
         self.spec, self.inner, self.vocab_size = spec, inner, vocab_size
-        self._keep = max(len(spec.start), len(spec.end))
-        self.state = self._entered() if prompt_opens(spec, prompt_ids) else GateState(PRE)
+        self.tags = Tags(spec, token_bytes)
+        self._keep = self.tags.keep
+        self.state = self._entered() if self.tags.opened_by(prompt_ids) else GateState(PRE)
         self._hist: list[tuple[GateState, bool]] = []    # per pushed token: the state before, inner pushed
         self._steps = 0
         self._ahead = 0
@@ -115,7 +156,7 @@ class ThinkingGate:
         if s.phase == STARTING:
             return self._entered() if s.k + 1 == len(spec.start) else replace(s, k=s.k + 1, tail=tail)
         if s.phase == THINK:
-            if tail[-len(spec.end):] == spec.end:
+            if self.tags.ends_with_end(tail):
                 return GateState(DONE)
             count = s.count + 1
             if spec.budget is not None and count >= spec.budget:
@@ -126,7 +167,7 @@ class ThinkingGate:
                 if token != spec.start[0]:
                     return GateState(DONE)          # the reply skipped thinking: the grammar has begun
                 return self._entered() if len(spec.start) == 1 else GateState(STARTING, k=1)
-            if tail[-len(spec.start):] == spec.start:
+            if self.tags.ends_with_start(tail):
                 return self._entered()
             return replace(s, tail=tail)
         return s
@@ -240,4 +281,4 @@ def constraint_for(params: SamplingParams, prompt_ids: Sequence[int], tokenizer:
     grammar = backend_for(tokenizer, vocab_size).constraint(params.structured) if params.structured else None
     if params.thinking is None:
         return grammar
-    return ThinkingGate(params.thinking, prompt_ids, vocab_size, grammar)
+    return ThinkingGate(params.thinking, prompt_ids, vocab_size, grammar, tokenizer.token_bytes)

@@ -149,3 +149,19 @@ def test_real_engine_grammar_waits_for_the_section_to_close(thinking_llm: LLM) -
     assert out.token_ids.index(e) == 3
     body = out.text.split("</think>", 1)[1]
     assert out.finish_reason == "stop" and isinstance(json.loads(body)["a"], bool), body
+
+
+def test_tags_found_by_their_bytes_however_spelled() -> None:
+    """With the vocabulary's bytes the gate finds an end tag the model wrote byte by byte (not as the
+    tag's own token), and a prompt that opened the section with it spelled so."""
+    vocab = {i: bytes([i]) for i in range(256)} | {300: b"<think>", 301: b"</think>"}
+    spec = ThinkingSpec((300,), (301,), budget=20)
+    spelled = list(b"</think>")
+    gate = ThinkingGate(spec, [65, 300], 302, token_bytes=vocab.__getitem__)
+    gate.advance([104, 105, *spelled])
+    assert gate.state.phase == "done" and gate.forced() is None
+    assert prompt_opens(spec, [65, *list(b"<think>"), 10], vocab.__getitem__)
+    assert not prompt_opens(spec, [65, 300, *spelled, 10], vocab.__getitem__)
+    by_ids = ThinkingGate(spec, [65, 300], 302)          # without the bytes only the ids count
+    by_ids.advance([104, 105, *spelled])
+    assert by_ids.state.phase == "think"
