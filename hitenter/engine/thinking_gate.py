@@ -6,6 +6,9 @@ has the interface of ``structured.GrammarConstraint`` (``fill`` / ``accept`` / `
 speculative ``push`` / ``pop`` / ``legal_prefix`` / ``speculate`` / ``settle``), so the sampler's
 grammar stage and speculative decoding apply it as they apply a grammar.
 
+Tags are found by their bytes (``Tags``, with the vocabulary's token bytes; by their ids without
+them), so a tag the model spells with other tokens than the ones it was encoded to counts too.
+
 Phases of a reply:
 - ``PRE``: the section has not started (the prompt did not open it: its last ``start`` is not after
   its last ``end``). Tokens ending in ``start`` open it. With an ``inner`` grammar (a forced tool
