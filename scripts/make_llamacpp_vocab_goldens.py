@@ -22,7 +22,8 @@ and `token_bytes_sha256_known` hashes all the others).
 Reference: llama-cpp-python 0.3.36 (llama.cpp 0c1e570) in its own venv (see make_tokenizer_goldens.py).
 Regenerate (from the repo root, with the project venv):
     .venv/bin/python scripts/make_llamacpp_vocab_goldens.py --llama-python /work/venvs/llamacpp/bin/python \\
-        [--sdist /path/llama_cpp_python-0.3.36.tar.gz]
+        [--sdist /path/llama_cpp_python-0.3.36.tar.gz] [VOCAB ...]
+(VOCAB: only those test vocabularies of step 1, e.g. gemma-4.)
 """
 
 from __future__ import annotations
@@ -151,11 +152,11 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def llamacpp_vocabs(llama_python: str, sdist: Path | None) -> None:
+def llamacpp_vocabs(llama_python: str, sdist: Path | None, names: list[str] | None = None) -> None:
     from hitenter.testing.llamacpp_vocab import VOCABS, ensure_vocabs, read_llamacpp_tests, vocab_path
 
     ensure_vocabs(sdist)
-    for name in VOCABS:
+    for name in names or VOCABS:
         tests = read_llamacpp_tests(name)
         ref = llama_reference(llama_python, vocab_path(name), [t for t, _ in tests])
         differ = [t for (t, out), e in zip(tests, ref["entries"], strict=True) if e["ids"] != out]
@@ -205,11 +206,14 @@ def main() -> None:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--llama-python", default="/work/venvs/llamacpp/bin/python")
     ap.add_argument("--sdist", type=Path, help="a local llama_cpp_python-0.3.36.tar.gz (else pip downloads it)")
+    ap.add_argument("vocabs", nargs="*", help="only these test vocabularies (step 1 only); default: everything")
     args = ap.parse_args()
     if args.worker:
         return worker()
     sys.path.insert(0, str(ROOT))
-    llamacpp_vocabs(args.llama_python, args.sdist)
+    llamacpp_vocabs(args.llama_python, args.sdist, args.vocabs)
+    if args.vocabs:
+        return None
     harmony(args.llama_python)
     with tempfile.TemporaryDirectory() as tmp:
         templates = _templates(args.sdist or ensure_sdist(Path(tmp)), Path(tmp))

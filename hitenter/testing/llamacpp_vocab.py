@@ -23,8 +23,8 @@ from pathlib import Path
 from hitenter.paths import hitenter_home
 
 LLAMA_CPP_PYTHON = "0.3.36"
-VOCABS = ("bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gpt-2", "llama-bpe", "llama-spm", "mpt", "phi-3",
-          "qwen2", "qwen35", "refact", "starcoder")
+VOCABS = ("bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2", "llama-bpe",
+          "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder")
 _SEPARATOR = "\n__ggml_vocab_test__\n"
 _SUFFIXES = (".gguf", ".gguf.inp", ".gguf.out")
 
