@@ -37,6 +37,7 @@ from hitenter.server.playground_models import (
     body_doc,
     parse,
 )
+from hitenter.server.playground_speculative import speculative_routes
 from hitenter.server.playground_state import Playground
 from hitenter.server.playground_stream import GenerateStream
 from hitenter.server.playground_trace import trace_routes
@@ -220,7 +221,7 @@ def make_playground_router(engines: dict[str, EngineClient] | dict[str, AsyncLLM
         name: LocalEngineClient(e) if isinstance(e, AsyncLLMEngine) else e for name, e in engines.items()}
     router = APIRouter(prefix="/playground/api")
     pg = Playground(clients)
-    for add in (_info_routes, _sampling_routes, _events_route, _batch_routes):
+    for add in (_info_routes, _sampling_routes, _events_route, _batch_routes, speculative_routes):
         add(router, pg)
     arithmetic_routes(router, trace_routes(router, pg))
     return router

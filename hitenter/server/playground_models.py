@@ -20,6 +20,7 @@ MAX_TRACE_NEW = 8              # trace: greedy tokens generated after the prompt
 MAX_ARITHMETIC_STEPS = 16     # determinism arithmetic: answer steps compared
 MAX_MEASURE_N = 16             # measure: requests in the batched run
 MAX_MEASURE_TOKENS = 64        # measure: tokens each request decodes
+MAX_SPEC_TOKENS = 256          # speculative: tokens each of the two runs decodes
 
 B = TypeVar("B", bound=BaseModel)
 
@@ -94,6 +95,12 @@ class ArithmeticBody(PromptBody):
 class MeasureBody(PromptBody):
     n: Annotated[int, Interval(ge=2, le=MAX_MEASURE_N), Strict(), _NUM] = 8
     tokens: Annotated[int, Interval(ge=2, le=MAX_MEASURE_TOKENS), Strict(), _NUM] = 16
+
+
+class SpeculativeBody(PromptBody):
+    tokens: Annotated[int, Interval(ge=2, le=MAX_SPEC_TOKENS), Strict(), _NUM] = 64
+    rounds: Annotated[int, Interval(ge=1, le=4), Strict(), _NUM] = 2       # off then on, this many times
+    params: Params | None = None     # the sampling of both runs (None: greedy); max_tokens is `tokens`
 
 
 class TraceBody(PromptBody):

@@ -98,6 +98,7 @@ function draw(all) {
   if (on("p-fast")) renderFast(body("p-fast"), S.fast, ran, S.eng, S.measured, S.measureCtl);
   if (on("p-cheat")) renderCheat(body("p-cheat"), S, info());
   $("window-note").textContent = windowNote(info());
+  if (linkHover.on !== undefined && linkHover.on !== null) lightToken(linkHover.on);   // a redrawn panel keeps the hover
 }
 
 // Until the first token arrives the answer box counts the wait on the page's clock (said so); nothing else is drawn.
@@ -154,6 +155,7 @@ async function start(p = params()) {
   if (S.run !== run) return;
   await traceNow(S, { model: run.model, text, chat });
   await renderInside(S);
+  if (linkHover.on !== undefined && linkHover.on !== null) lightToken(linkHover.on);
   const tri = S.models.find((m) => m.trigram);
   if ($("with_trigram").checked && tri && tri.name !== run.model && S.run === run) {
     const triRun = S.tri = newRun(tri.name, "stream", p, text);
@@ -266,6 +268,21 @@ async function measure(n) {
   try {
     S.measured = await postJSON("/measure", { model: model(), text: $("prompt").value, chat: chatOn(), n, tokens: 16 });
   } catch (e) { S.measured = { error: e.message }; }
+  render();
+}
+
+// Making it faster: the prompt decoded with speculative decoding off, then on (the engine's step clock).
+async function speculate(tokens) {
+  const ctl = S.measureCtl;
+  ctl.specTokens = tokens;
+  ctl.spec = { running: true };
+  render();
+  const { temperature, seed, top_k, top_p, min_p } = params();
+  try {
+    ctl.spec = await postJSON("/speculative", { model: model(), text: $("prompt").value, chat: chatOn(), tokens, rounds: 2,
+      params: { temperature, seed, top_k, top_p, min_p } });
+  } catch (e) { ctl.spec = { error: e.message }; }
+  try { S.fast = await getJSON(`/fast?model=${encodeURIComponent(model())}`); } catch (e) { /* the counters stay as they were */ }
   render();
 }
 
@@ -390,8 +407,14 @@ function linkHover(e) {
   const i = t ? (t.dataset.index ?? t.dataset.q) : null;
   if (i === linkHover.on) return;
   linkHover.on = i;
+  lightToken(i);
+}
+
+// Light position `i` (null: none) in every view of it. Called again after each redraw, since a panel drawn
+// anew while the pointer rests on a token would otherwise lose its light.
+function lightToken(i) {
   document.querySelectorAll(".hl").forEach((n) => n.classList.remove("hl"));
-  if (i === null) return;
+  if (i === null || i === undefined) return;
   document.querySelectorAll(`.tracetoks .tok[data-index="${i}"], #attn-heat .qlab[data-q="${i}"]`).forEach((n) => n.classList.add("hl"));
   const chip = document.querySelectorAll("#prompt-tokens .tok")[Number(i)];
   if (chip) chip.classList.add("hl");
@@ -416,6 +439,7 @@ async function init() {
     text: $("prompt").value, chat: $("chat").checked, max_tokens: Number($("max_tokens").value) }));
   S.breakOut = breakPanel(body("p-break"), { ignoreEos, overflow, temps, overrule });
   S.measureCtl.measure = measure;
+  S.measureCtl.speculate = speculate;
   orderIdle(body("p-order"), model);
   determinismPanel(body("p-determinism"), async (n, out) => {
     const T = S.sampling.temperature, req = { model: model(), text: $("prompt").value, chat: $("chat").checked };
@@ -444,7 +468,7 @@ async function init() {
   $("model").addEventListener("change", thinkSwitch);
   $("think").addEventListener("change", () => { preview(); markStale(S, "the thinking switch changed"); });
   $("model").addEventListener("change", () => { connect(); preview(); markStale(S, "the model changed");
-    S.measured = null; orderIdle(body("p-order"), model, "the model changed: compare again on this one"); renderDrills(null, S);
+    S.measured = null; S.measureCtl.spec = null; orderIdle(body("p-order"), model, "the model changed: compare again on this one"); renderDrills(null, S);
     getJSON(`/fast?model=${encodeURIComponent(model())}`).then((f) => { S.fast = f; render(); }); });
   $("btn-step").addEventListener("click", step);
   $("btn-pause").addEventListener("click", pause);

@@ -1,9 +1,11 @@
 // Panel 18: making it faster, in numbers from this server: batching measured (ms per decode step with one
 // request and with N), the bandwidth ceiling against the measured tokens/s, this model's size in fp32 / bf16 /
 // its GGUF file, the KV cache per token scaled to the vLLM paper's 13B model and a 1M-token window,
-// attention over keys in tiles, speculative decoding's accepted drafts, and a line on disaggregation.
+// attention over keys in tiles, speculative decoding's accepted drafts and the prompt run with it off and on (specdemo.js), and a line on
+// disaggregation.
 import { el, clear, bytes, live } from "./util.js";
 import { answerStats } from "./answer.js";
+import { specRow } from "./specdemo.js";
 
 // OPT-13B, the vLLM paper's model: 40 layers, hidden 5120 (40 heads of 128), fp16 K and V.
 const OPT13B = { layers: 40, kvDim: 5120, elem: 2 };
@@ -38,7 +40,8 @@ function measured(m) {
     + `${(b.tokens_per_s / a.tokens_per_s).toFixed(1)}× the throughput (greedy, ${m.tokens} tokens each, the engine's own step times; a shared machine, so noisy).`);
 }
 
-// `ctl`: {n, measure(n)}, the N to measure with (kept across redraws: the panel is redrawn on every event).
+// `ctl`: {n, measure(n), specTokens, spec, speculate(tokens)}: the N to measure with and speculation's run (kept
+// across redraws: the panel is redrawn on every event).
 export function renderFast(body, f, run, eng, m = null, ctl = { n: 8, measure: null }) {
   if (!f) { clear(body, live("GET /playground/api/fast"), el("p", { class: "note" }, "loading…")); return; }
   const steps = run ? run.steps.filter((s) => s.mine && s.token) : [];
@@ -52,8 +55,7 @@ export function renderFast(body, f, run, eng, m = null, ctl = { n: 8, measure: n
   const batches = eng ? eng.steps.filter((s) => s.batch.length).slice(-40).map((s) => s.batch.length) : [];
   const kv = kvFacts(f), sz = sizeFacts(f);
   const st = f.spec_stats;
-  const had = body.querySelector("#measure-n");
-  const focused = had && document.activeElement === had;
+  const focusedId = body.contains(document.activeElement) && document.activeElement.tagName === "INPUT" ? document.activeElement.id : null;
   const nIn = el("input", { type: "number", id: "measure-n", value: ctl.n, min: 2, max: 16, style: { width: "4em" },
     oninput: () => { ctl.n = Number(nIn.value) || ctl.n; } });
   const row = (th, ...td) => el("tr", {}, el("th", {}, th), el("td", {}, ...td));
@@ -82,13 +84,7 @@ export function renderFast(body, f, run, eng, m = null, ctl = { n: 8, measure: n
     el("div", { class: "keytiles", id: "fast-tiles" }, Array.from({ length: Math.min(tiles, 24) }, (_, i) => el("div", {
       title: `keys ${i * f.key_tile}–${Math.min(ctx, (i + 1) * f.key_tile) - 1}` },
     el("i", { style: { width: `${(100 * Math.min(f.key_tile, Math.max(0, ctx - i * f.key_tile))) / f.key_tile}%` } }))))),
-    row("speculation", el("span", { id: "fast-spec", dataset: { accepted: JSON.stringify(accepted), drafted: st ? st.draft_tokens : "",
-      acceptedTotal: st ? st.accepted_tokens : "" } }, f.spec
-      ? [`${f.spec.method}, ${f.spec.k} drafted per step, the model checks them in one pass; tokens per step of this run: `,
-        el("b", {}, accepted.join(" ") || "–"),
-        st ? ` · since the server started: ${st.accepted_tokens} of ${st.draft_tokens} drafted tokens accepted`
-          + ` (${(100 * st.acceptance_rate).toFixed(0)}%) in ${st.drafts} verification passes` : ""]
-      : "off on this server: start it with --speculative-method ngram (or --speculative-model NAME) to see drafted and accepted tokens")),
+    row("speculation", specRow(f, ctl, accepted, st)),
     row("batching now", el("span", { id: "fast-batches", dataset: { sizes: JSON.stringify(batches) } }, batches.length
       ? `requests per step, last ${batches.length} steps: ${batches.join(" ")} — one weight read serves them all (panel 7)`
       : "send a burst in panel 7: many requests share each step")),
@@ -97,5 +93,5 @@ export function renderFast(body, f, run, eng, m = null, ctl = { n: 8, measure: n
       + "blocks over; this server runs both phases in one engine (see the outlined prefill columns in panel 7)."),
     row("bigger models", "a model too big for one device is split: `--tensor-parallel-size N` shards every layer's weights "
       + "across N processes, each reading its share per step and exchanging partial results.")));
-  if (focused) nIn.focus();
+  if (focusedId && body.querySelector(`#${focusedId}`)) body.querySelector(`#${focusedId}`).focus();   // kept across redraws
 }
