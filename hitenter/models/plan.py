@@ -4,7 +4,8 @@ Five inputs decide it (the packed-vs-plain GEMM probe in linear.py, the attentio
 in row_invariance.py, the fused attention kernel check, the ``batch_invariant`` flag, the decode
 attention library's status), all read here, once, at load, from the CPU (probes), the weights (which
 linear layers are dense) and the options, into one frozen ``KernelPlan`` the engine holds
-(``LLMEngine.plan``) and the runner consults each step (the attention kernel decision travels to every layer in ``AttentionMetadata.use_kernel``: no per-layer re-check).
+(``LLMEngine.plan``) and the runner consults each step (the attention kernel decision travels to every
+layer in ``AttentionMetadata.use_kernel``: no per-layer re-check).
 
 ``hitenter plan --model X`` prints it; the engine logs it at INFO when it starts.
 """
