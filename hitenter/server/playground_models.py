@@ -105,6 +105,8 @@ class SpeculativeBody(PromptBody):
 
 class TraceBody(PromptBody):
     generate: Annotated[int, Interval(ge=0, le=MAX_TRACE_NEW), Strict(), _NUM] = 0
+    # a longer prompt: trace its last MAX_TRACE_TOKENS - generate tokens as a prompt of their own (else a 400)
+    last: Bool = False
 
 
 class TraceQuery(_Body):

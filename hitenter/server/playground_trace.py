@@ -2,7 +2,8 @@
 and what the panels draw from them. A trace runs in a worker thread on the model's weights (EngineInspector.model()), outside the
 engine's scheduler and KV cache: requests that are not traced are not held up by it.
 
-POST /trace makes one (prompt <= MAX_TRACE_TOKENS tokens) and returns its id and summaries; the other
+POST /trace makes one (prompt <= MAX_TRACE_TOKENS tokens; a longer one with ``last``: its last tokens, run as a
+prompt of their own, ``offset`` saying how many came before) and returns its id and summaries; the other
 routes read a kept trace (the last MAX_TRACES) by id: /trace/attention (one layer, all heads),
 /trace/embedding, /trace/lens (residual norms and the logit lens), /trace/logits, /trace/heads (one query's
 row in every layer and head), /trace/head (q·k/√d and the value mix of one head), /trace/ffn (the norm and feed-forward block of one
@@ -124,12 +125,15 @@ def _make_routes(router: APIRouter, T: Traces) -> None:
         model = T.model_of(body.model)
         eng = T.pg.engine_of(body.model)
         ids, _ = T.pg.prompt_ids_of(eng, body)
-        if not ids or len(ids) + body.generate > MAX_TRACE_TOKENS:
-            raise HTTPException(400, f"trace: {len(ids)} prompt tokens (+{body.generate}); 1 to {MAX_TRACE_TOKENS} are traced")
+        room = MAX_TRACE_TOKENS - body.generate
+        offset = max(0, len(ids) - room) if body.last else 0      # prompt tokens left out before the traced ones
+        if not ids or len(ids) - offset > room:
+            raise HTTPException(400, f"trace: {len(ids)} prompt tokens (+{body.generate}); 1 to {MAX_TRACE_TOKENS} "
+                                     "are traced (last: true traces the last ones)")
         async with T.one_at_a_time:
-            tr = await asyncio.to_thread(trace_with_generation, model, ids, body.generate,
+            tr = await asyncio.to_thread(trace_with_generation, model, ids[offset:], body.generate,
                                          frozenset(eng.tokenizer.eog_token_ids))
-        return summary(T.keep(str(body.model), tr), tr, eng)
+        return {**summary(T.keep(str(body.model), tr), tr, eng), "offset": offset, "num_prompt_total": len(ids)}
 
     @router.post("/trace/attention", openapi_extra=body_doc(TraceQuery))
     async def attention(request: Request) -> dict[str, Any]:

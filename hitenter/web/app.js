@@ -416,10 +416,11 @@ function lightToken(i) {
   document.querySelectorAll(".hl").forEach((n) => n.classList.remove("hl"));
   if (i === null || i === undefined) return;
   document.querySelectorAll(`.tracetoks .tok[data-index="${i}"], #attn-heat .qlab[data-q="${i}"]`).forEach((n) => n.classList.add("hl"));
-  const chip = document.querySelectorAll("#prompt-tokens .tok")[Number(i)];
+  const at = Number(i) + ((S.trace && S.trace.offset) || 0);      // a long prompt's trace starts at its offset
+  const chip = document.querySelectorAll("#prompt-tokens .tok")[at];
   if (chip) chip.classList.add("hl");
-  const run = S.run;                     // its KV slot: the block of this request that holds position i
-  const blk = run && run.blockSize ? document.querySelectorAll("#req-blocks .reqblk")[Math.floor(Number(i) / run.blockSize)] : null;
+  const run = S.run;                     // its KV slot: the block of this request that holds that position
+  const blk = run && run.blockSize ? document.querySelectorAll("#req-blocks .reqblk")[Math.floor(at / run.blockSize)] : null;
   if (blk) blk.classList.add("hl");
 }
 

@@ -20,12 +20,38 @@ export async function traceNow(S, req) {
   const mine = (S.traceSeq = (S.traceSeq || 0) + 1);
   Object.assign(S, { tracedText: req.text, tracedModel: req.model });
   try {
-    const tr = await postJSON("/trace", req);
+    const tr = await postJSON("/trace", { ...req, last: true });     // a long prompt: its last tokens, said so
     if (mine !== S.traceSeq) return;
     Object.assign(S, { trace: tr, traceError: null, embSel: null, lensSel: null, attn: null });
   } catch (e) {
     if (mine !== S.traceSeq) return;
-    Object.assign(S, { trace: null, traceError: e.message.replace(/^[^{]*\{"detail":"?|"?\}$/g, "") });
+    Object.assign(S, { trace: null, traceError: reason(e.message) });
+  }
+}
+
+// The server's reason in an error "PATH: STATUS {json}" (its error.message or detail), never the raw JSON.
+function reason(msg) {
+  const at = msg.indexOf("{");
+  try {
+    const j = JSON.parse(msg.slice(at));
+    return (j.error && j.error.message) || j.detail || msg;
+  } catch (e) { return at > 0 ? msg.slice(0, at).trim() : msg; }
+}
+
+// A prompt longer than a trace holds: each inside panel says which tokens it shows (the last ones, traced as a
+// prompt of their own, so they do not see the tokens before them).
+function traceWindow(S) {
+  const tr = S.trace, cut = tr ? tr.offset || 0 : 0;
+  for (const id of INSIDE) {
+    const sec = H.$(id);
+    let b = sec.querySelector(".trace-window");
+    if (!cut) { if (b) b.remove(); continue; }
+    if (!b) { b = el("p", { class: "note trace-window" }); sec.querySelector("h2").after(b); }
+    const n = tr.pieces.length - tr.generated.length;
+    Object.assign(b.dataset, { offset: cut, traced: n, total: tr.num_prompt_total });
+    b.textContent = `A long prompt: this panel traces its last ${n} tokens (positions ${cut}–${cut + n - 1} of `
+      + `${tr.num_prompt_total}; a trace holds at most ${n + tr.generated.length}), run as a prompt of their own: the ${cut} `
+      + "tokens before them are not seen here. Positions below count from the first traced token.";
   }
 }
 
@@ -62,6 +88,7 @@ export async function renderInside(S) {
   if (!H) return;
   unmarkStale();
   document.body.dataset.traced = S.trace ? S.trace.trace_id : "";
+  traceWindow(S);
   if (!S.trace) { traceMissing(S); return; }
   const jobs = [renderEmbedding(node("p-embed"), S), renderRope(node("p-rope"), S),
     renderAttention(node("p-attn"), S), renderResidual(node("p-resid"), S), renderLogits(node("p-logits"), S),
