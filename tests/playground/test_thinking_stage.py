@@ -54,6 +54,7 @@ def _outputs(url: str, **body: Any) -> list[dict[str, Any]]:
     return [e for e in events if e["type"] == "output"]
 
 
+@pytest.mark.slow
 def test_api_thinking_stages_and_switch(thinking_server: str) -> None:
     url = thinking_server
     models = {m["name"]: m for m in httpx.get(url + "/playground/api/models").json()}
