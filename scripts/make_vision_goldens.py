@@ -11,7 +11,11 @@ decoder in between), tokenizes "<__media__>", encodes the image chunk (mtmd_enco
 mtmd_get_output_embd.
 
 Each npz holds: mmproj_sha256 (of write_tiny_gemma3_mmproj(seed)), llama_cpp_version, and per image i:
-image<i> [H, W, 3] uint8 and embd<i> [n_tokens, n_embd] float32.
+image<i> [H, W, 3] uint8 and embd<i> [n_tokens, n_embd] float32. And a prompt holding image PROMPT_IMAGE
+(prompt_worker: mtmd_tokenize, text chunks decoded causally with every row's logits, the image chunk by
+mtmd_helper_eval_chunk_single, non-causal for Gemma 3): prompt_tokens [N] (-1 at the image's rows),
+prompt_logits [text rows, V] in row order, prompt_embd (the image's embeddings as llama.cpp computed them),
+prompt_image, text_sha256 (of write_tiny_gemma3(seed)).
 
 Regenerate (from the repo root, with the project venv):
     .venv/bin/python scripts/make_vision_goldens.py [--llama-python PY]
@@ -35,6 +39,9 @@ OUT = ROOT / "tests" / "goldens" / "vision"
 SEED = 0
 # (width, height, seed): smaller and not square (upscale + padding), larger (downscale + padding), exact size
 IMAGES = [(48, 40, 1), (100, 70, 2), (64, 64, 3), (30, 90, 4)]
+# the prompt around an image (mtmd's default marker where it goes) and which of IMAGES it holds
+PROMPT = "Look at this: <__media__> It shows a small cat on a red mat, and the sky is blue today."
+PROMPT_IMAGE = 0
 
 
 def worker() -> None:
@@ -84,13 +91,90 @@ def worker() -> None:
     np.savez(req["out"], **arrays)
 
 
+def _decode_text(llama_cpp, lctx, tokens: list[int], n_past: int, n_vocab: int) -> np.ndarray:
+    """Decode `tokens` at positions n_past.. in one batch, causally; their logits [n, V]."""
+    n = len(tokens)
+    batch = llama_cpp.llama_batch_init(n, 0, 1)
+    for j, tok in enumerate(tokens):
+        batch.token[j], batch.pos[j], batch.n_seq_id[j] = tok, n_past + j, 1
+        batch.seq_id[j][0], batch.logits[j] = 0, 1
+    batch.n_tokens = n
+    assert llama_cpp.llama_decode(lctx, batch) == 0
+    out = np.stack([np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(lctx, j), shape=(n_vocab,)).copy()
+                    for j in range(n)])
+    llama_cpp.llama_batch_free(batch)
+    return out
+
+
+def prompt_worker() -> None:
+    """stdin: {"text", "mmproj", "image" (npy path), "prompt" (holding mtmd's marker), "out"}; writes the
+    prompt's chunks as llama.cpp lays them out (tokens, -1 at image rows), the image's embeddings and the
+    logits of every text row (image rows have none: llama.cpp decodes them from embeddings, non-causally
+    for Gemma 3, mtmd_helper_eval_chunk_single)."""
+    import ctypes
+
+    import llama_cpp
+    import llama_cpp.mtmd_cpp as mtmd
+
+    req = json.load(sys.stdin)
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.use_extra_bufts = False
+    mparams.n_gpu_layers = 0
+    model = llama_cpp.llama_model_load_from_file(req["text"].encode(), mparams)
+    cp = llama_cpp.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_threads, cp.n_threads_batch = 256, 256, 256, 2, 2
+    cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cp.type_k = cp.type_v = 0
+    cp.swa_full = True
+    lctx = llama_cpp.llama_init_from_model(model, cp)
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    cparams = mtmd.mtmd_context_params_default()
+    cparams.use_gpu, cparams.n_threads, cparams.warmup = False, 2, False
+    cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    ctx = mtmd.mtmd_init_from_file(req["mmproj"].encode(), model, cparams)
+    img = np.ascontiguousarray(np.load(req["image"]))
+    buf = (ctypes.c_uint8 * img.size).from_buffer_copy(img.tobytes())
+    bitmap = mtmd.mtmd_bitmap_init(img.shape[1], img.shape[0], buf)
+    text = mtmd.mtmd_input_text()
+    raw = req["prompt"].encode()
+    text.text, text.text_len, text.add_special, text.parse_special = raw, len(raw), False, True
+    chunks = mtmd.mtmd_input_chunks_init()
+    assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) == 0
+    tokens: list[int] = []
+    logits: list[np.ndarray] = []
+    embd = None
+    for c in range(mtmd.mtmd_input_chunks_size(chunks)):
+        chunk = mtmd.mtmd_input_chunks_get(chunks, c)
+        if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
+            n = ctypes.c_size_t()
+            ptr = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+            ids = [int(ptr[j]) for j in range(n.value)]
+            logits.append(_decode_text(llama_cpp, lctx, ids, len(tokens), n_vocab))
+            tokens += ids
+            continue
+        n_img = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
+        new_past = llama_cpp.llama_pos(0)
+        assert mtmd.mtmd_helper_eval_chunk_single(ctx, lctx, chunk, len(tokens), 0, 256, False,
+                                                  ctypes.byref(new_past)) == 0
+        n_embd = llama_cpp.llama_model_n_embd(model)
+        embd = np.ctypeslib.as_array(mtmd.mtmd_get_output_embd(ctx), shape=(n_img * n_embd,)).reshape(n_img, -1).copy()
+        tokens += [-1] * n_img
+        assert new_past.value == len(tokens)
+    np.savez(req["out"], tokens=np.array(tokens, dtype=np.int64), logits=np.concatenate(logits).astype(np.float32),
+             embd=embd, version=np.array(llama_cpp.__version__))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-python", default="/work/venvs/llamacpp/bin/python")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--prompt-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker()
+        return
+    if args.prompt_worker:
+        prompt_worker()
         return
     sys.path.insert(0, str(ROOT))
     from hitenter.testing.tiny_gemma import write_tiny_gemma3
@@ -121,6 +205,18 @@ def main() -> None:
         for i, img in enumerate(images):
             result[f"image{i}"] = img
             result[f"embd{i}"] = arrays[f"embd{i}"].astype(np.float32)
+        np.save(t / "prompt_img.npy", images[PROMPT_IMAGE])
+        out2 = t / "prompt.npz"
+        req = {"text": str(text), "mmproj": str(mmproj), "image": str(t / "prompt_img.npy"), "out": str(out2),
+               "prompt": PROMPT}
+        proc = subprocess.run(["nice", args.llama_python, __file__, "--prompt-worker"], input=json.dumps(req),
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            sys.exit(f"llama.cpp prompt worker failed:\n{proc.stderr[-3000:]}")
+        with np.load(out2) as z:
+            result.update(prompt_tokens=z["tokens"], prompt_logits=z["logits"], prompt_embd=z["embd"],
+                          prompt_image=np.array(PROMPT_IMAGE),
+                          text_sha256=np.array(hashlib.sha256(text.read_bytes()).hexdigest()))
         np.savez_compressed(OUT / "gemma3.npz", **result)
         print(f"wrote {OUT / 'gemma3.npz'}: " + ", ".join(f"embd{i} {result[f'embd{i}'].shape}"
                                                           for i in range(len(images))))

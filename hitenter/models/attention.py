@@ -93,6 +93,12 @@ class AttentionMetadata:
     # saves to take, (sequence index, rows of it done, destination slot); None without recurrent layers
     state_slots: list[int] | None = None
     state_saves: list[tuple[int, int, int]] | None = None
+    # per sequence, position ranges [start, end) attended bidirectionally (an image's tokens, Gemma 3): a row
+    # in one also sees the later keys of its range (the sliding window still counts back from the row's own
+    # position, as llama.cpp's non-causal batches do); each range lies wholly in this step or the cache, and
+    # before the sequence's kernel rows (kernel_from). A sequence with a range in this step takes the GEMM
+    # path; the others keep theirs. None: causal everywhere
+    bidirectional: list[list[tuple[int, int]]] | None = None
 
     def for_window(self, window: int | None) -> AttentionMetadata:
         """The metadata a layer with this sliding `window` (None: a global layer) reads and writes through:
@@ -102,7 +108,8 @@ class AttentionMetadata:
         if not self._local:
             self._local.append(AttentionMetadata(
                 self.query_start_loc, self.seq_lens, self.local_block_tables, self.local_slot_mapping,
-                self.block_size, self.workspace, self.kernel_from, self.decode_from, self.use_kernel))
+                self.block_size, self.workspace, self.kernel_from, self.decode_from, self.use_kernel,
+                bidirectional=self.bidirectional))
         return self._local[0]
 
     @property
@@ -110,14 +117,42 @@ class AttentionMetadata:
         return len(self.seq_lens)
 
     def plan(self, group_size: int, row_multiple: int = ROW_MULTIPLE, use_kernel: bool = False,
-             window: int | None = None) -> list[_Group]:
+             window: int | None = None, only_ranges: bool = False) -> list[_Group]:
         """The step's work groups for `group_size` query heads per KV head, each item's query rows padded
         to `row_multiple` (built once, shared by all layers with this `window`); `use_kernel`: generation
-        rows left out; `window`: a row sees only its last `window` keys (sliding-window layers)."""
-        key = (group_size, row_multiple, use_kernel, window)
+        rows left out; `window`: a row sees only its last `window` keys (sliding-window layers);
+        `only_ranges`: only the sequences with a bidirectional range in this step."""
+        key = (group_size, row_multiple, use_kernel, window, only_ranges)
         if key not in self._plans:
-            self._plans[key] = _build_plan(self, group_size, row_multiple, use_kernel, window)
+            self._plans[key] = _build_plan(self, group_size, row_multiple, use_kernel, window, only_ranges)
         return self._plans[key]
+
+    def in_step_ranges(self, i: int) -> list[tuple[int, int]]:
+        """Sequence i's bidirectional ranges among this step's new rows; ValueError for a range cut by the
+        step's edges (its rows must be attended together)."""
+        if not self.bidirectional or not self.bidirectional[i]:
+            return []
+        first = self.seq_lens[i] - (self.query_start_loc[i + 1] - self.query_start_loc[i])
+        out = [(s, e) for s, e in self.bidirectional[i] if e > first and s < self.seq_lens[i]]
+        for s, e in out:
+            if s < first or e > self.seq_lens[i]:
+                raise ValueError(f"sequence {i}: the bidirectional range [{s}, {e}) is cut by the step's rows "
+                                 f"[{first}, {self.seq_lens[i]})")
+        return out
+
+    def range_free_pieces(self, i: int, use_kernel: bool) -> list[tuple[int, int]]:
+        """Sequence i's GEMM rows (offsets from its first new row) outside its bidirectional ranges, as
+        [lo, hi) pieces in order."""
+        n_gemm = self.gemm_rows(i, use_kernel)
+        first = self.seq_lens[i] - (self.query_start_loc[i + 1] - self.query_start_loc[i])
+        pieces, lo = [], 0
+        for s, e in sorted(self.in_step_ranges(i)):
+            if s - first > lo:
+                pieces.append((lo, s - first))
+            lo = max(lo, e - first)
+        if n_gemm > lo:
+            pieces.append((lo, n_gemm))
+        return pieces
 
     def table(self, i: int) -> list[int]:
         """Sequence i's block table; ValueError if it does not cover seq_lens[i] tokens."""
@@ -173,7 +208,7 @@ def _round_up(n: int, m: int) -> int:
 
 
 def _build_plan(meta: AttentionMetadata, g: int, row_multiple: int, use_kernel: bool,
-                window: int | None = None) -> list[_Group]:
+                window: int | None = None, only_ranges: bool = False) -> list[_Group]:
     bs = meta.block_size
     qsl = meta.query_start_loc
     dummy = qsl[-1] * g
@@ -188,36 +223,53 @@ def _build_plan(meta: AttentionMetadata, g: int, row_multiple: int, use_kernel: 
         table = meta.table(i)
         start = seq_len - n
         n_gemm = meta.gemm_rows(i, use_kernel)
-        for j0 in range(0, n_gemm, QUERY_BLOCK):
-            j1 = min(n_gemm, j0 + QUERY_BLOCK)
-            m = j1 - j0
-            nt = -(-(start + j1) // KEY_TILE)
-            rows_m = _round_up(g * m, row_multiple)
-            rows = [(a + j0 + j) * g + h for h in range(g) for j in range(m)]
-            pos = [start + j0 + j for _h in range(g) for j in range(m)]
-            pad = rows_m - len(rows)
-            rows += [dummy] * pad
-            pos += [start + j1 - 1] * pad
-            nb = -(-nt * KEY_TILE // bs)
-            used = table[:nb]
-            items.setdefault((rows_m, nt), []).append((rows, pos, used + [used[0]] * (nb - len(used))))
+        spans = meta.in_step_ranges(i)
+        if spans and max(e for _, e in spans) > start + n_gemm:
+            raise ValueError(f"sequence {i}: a bidirectional range runs into the kernel rows (kernel_from)")
+        pieces = [(s - start, e - start) for s, e in spans] if only_ranges else [(0, n_gemm)]
+        for lo, hi in pieces:
+            for j0 in range(lo, hi, QUERY_BLOCK):
+                j1 = min(hi, j0 + QUERY_BLOCK)
+                m = j1 - j0
+                rows_m = _round_up(g * m, row_multiple)
+                rows = [(a + j0 + j) * g + h for h in range(g) for j in range(m)]
+                pos = [start + j0 + j for _h in range(g) for j in range(m)]
+                lim = [_key_limit(p, spans) for p in pos]
+                nt = -(-(max(lim) + 1) // KEY_TILE)
+                pad = rows_m - len(rows)
+                rows += [dummy] * pad
+                pos += [start + j1 - 1] * pad
+                lim += [start + j1 - 1] * pad
+                nb = -(-nt * KEY_TILE // bs)
+                used = table[:nb]
+                items.setdefault((rows_m, nt), []).append((rows, pos, lim, used + [used[0]] * (nb - len(used))))
     return [_group(its, rows_m, nt, window) for (rows_m, nt), its in items.items()]
 
 
-def _group(its: list[tuple[list[int], list[int], list[int]]], rows_m: int, nt: int,
+def _key_limit(pos: int, spans: list[tuple[int, int]]) -> int:
+    """The last key position a row at `pos` sees: the end of its bidirectional range, else itself."""
+    for s, e in spans:
+        if s <= pos < e:
+            return e - 1
+    return pos
+
+
+def _group(its: list[tuple[list[int], list[int], list[int], list[int]]], rows_m: int, nt: int,
            window: int | None = None) -> _Group:
-    """One work group from items (query rows, their positions, block ids) of one shape.
+    """One work group from items (query rows, their positions, their last visible keys, block ids) of one
+    shape.
 
     A sliding window only masks (keys older than the window stay in the tiles): a fully masked tile
     adds exact zeros, so a row's bits still depend on its position and keys only."""
-    pos_t = torch.tensor([p for _, pos, _ in its for p in pos]).view(len(its), rows_m, 1)
+    pos_t = torch.tensor([p for _, pos, _, _ in its for p in pos]).view(len(its), rows_m, 1)
+    lim_t = torch.tensor([k for _, _, lim, _ in its for k in lim]).view(len(its), rows_m, 1)
     keys = torch.arange(nt * KEY_TILE).view(1, 1, -1)
-    mask = keys > pos_t
+    mask = keys > lim_t
     if window is not None:
         mask |= keys <= pos_t - window
     return _Group(
-        rows=torch.tensor([r for rows, _, _ in its for r in rows], dtype=torch.long),
-        blocks=torch.tensor([blk for _, _, blks in its for blk in blks], dtype=torch.long),
+        rows=torch.tensor([r for rows, _, _, _ in its for r in rows], dtype=torch.long),
+        blocks=torch.tensor([blk for _, _, _, blks in its for blk in blks], dtype=torch.long),
         mask=mask,
         num_items=len(its), num_rows=rows_m, num_tiles=nt)
 
@@ -341,9 +393,8 @@ def paged_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Attenti
 def _attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: AttentionMetadata, scale: float,
                row_multiple: int, window: int | None, softcap: float) -> torch.Tensor:
     """paged_attention on the values the cache holds (a q8_0 cache's rows as they are stored)."""
-    t, nh, d = q.shape
-    kvh = kv_cache_layer.shape[1]
-    g = nh // kvh
+    nh = q.shape[1]
+    ranges = any(meta.in_step_ranges(i) for i in range(meta.num_seqs))
     use_kernel = not softcap and meta.kernel_from is not None and (
         meta.use_kernel if meta.use_kernel is not None else decode_kernel.supports(kv_cache_layer, nh, q.dtype))
     kr = meta.kernel_rows(kv_cache_layer.shape[2]) if use_kernel else None
@@ -352,18 +403,43 @@ def _attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: AttentionMet
     if not softcap and prompt_kernel.supports(kv_cache_layer, nh, q.dtype):   # the other rows: their own kernel
         out = torch.empty_like(q)
         prompt_kernel.prompt_attention(q, out, kv_cache_layer, meta, scale, window, use_kernel)
-    else:   # the GEMM path: per KV head, rows t*G + h of the step's queries, plus one zero row for padding
-        qz = q.new_zeros(kvh, t * g + 1, d)
-        qz[:, :t * g] = (q * scale).view(t, kvh, g, d).transpose(0, 1).reshape(kvh, t * g, d)
-        oz = torch.empty_like(qz)
-        for grp in meta.plan(g, row_multiple, use_kernel, window):
-            oz.index_copy_(1, grp.rows, _attend_group(qz, kv_cache_layer, grp, meta.workspace, softcap))
-        out = oz[:, :t * g].view(kvh, t, g, d).transpose(0, 1).reshape(t, nh, d)
+        if ranges:   # the sequences with a bidirectional range: the GEMM path (the kernel is causal)
+            rows = _range_rows(meta)
+            part = _gemm_attention(q, kv_cache_layer, meta, scale, row_multiple, use_kernel, window, softcap, True)
+            out.index_copy_(0, rows, part.index_select(0, rows))
+    else:
+        out = _gemm_attention(q, kv_cache_layer, meta, scale, row_multiple, use_kernel, window, softcap)
     if kr is not None:
         rows = decode_kernel.decode_attention(q.index_select(0, kr.rows), kv_cache_layer, kr.ctx, kr.starts,
                                               kr.tables, scale, window)
         out.index_copy_(0, kr.rows, rows)
     return out
+
+
+def _gemm_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: AttentionMetadata, scale: float,
+                    row_multiple: int, use_kernel: bool, window: int | None, softcap: float,
+                    only_ranges: bool = False) -> torch.Tensor:
+    """The GEMM path: per KV head, rows t*G + h of the step's queries, plus one zero row for padding. Returns
+    `[T, H, D]`; only the planned rows (see AttentionMetadata.plan) hold results."""
+    t, nh, d = q.shape
+    kvh = kv_cache_layer.shape[1]
+    g = nh // kvh
+    qz = q.new_zeros(kvh, t * g + 1, d)
+    qz[:, :t * g] = (q * scale).view(t, kvh, g, d).transpose(0, 1).reshape(kvh, t * g, d)
+    oz = torch.empty_like(qz)
+    for grp in meta.plan(g, row_multiple, use_kernel, window, only_ranges):
+        oz.index_copy_(1, grp.rows, _attend_group(qz, kv_cache_layer, grp, meta.workspace, softcap))
+    return oz[:, :t * g].view(kvh, t, g, d).transpose(0, 1).reshape(t, nh, d)
+
+
+def _range_rows(meta: AttentionMetadata) -> torch.Tensor:
+    """The rows of this step inside a bidirectional range."""
+    qsl, rows = meta.query_start_loc, []
+    for i, seq_len in enumerate(meta.seq_lens):
+        first = seq_len - (qsl[i + 1] - qsl[i])
+        for s, e in meta.in_step_ranges(i):
+            rows.extend(range(qsl[i] + s - first, qsl[i] + e - first))
+    return torch.tensor(rows, dtype=torch.long)
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: int,

@@ -19,6 +19,8 @@ then the optional final soft-cap.
 
 Contracts (as before the families): `model(input_ids [T], positions [T], attn, kv_caches) -> hidden [T, H]`
 after the final norm, the new tokens' K/V written into `kv_caches` (one tensor per layer, attention.py);
+`embeds=(rows [K], values [K, H])` puts `values` in place of rows' token embeddings (an image's soft
+tokens; not scaled by embedding_scale, as llama.cpp's embedding batches);
 `model.compute_logits(hidden [N, H]) -> fp32 logits [N, V]`. Batch invariance: every op is row-wise and
 dense GEMMs run on row counts padded to a multiple of 8 (quantized kernels are row-count invariant, so
 such models skip the padding). Tensor parallelism (hitenter/distributed): Q/K/V and gate/up
@@ -278,13 +280,18 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
-                kv_caches: list[torch.Tensor]) -> torch.Tensor:
-        """Hidden states after the final norm, `[T, H]`; writes the new tokens' K/V into kv_caches."""
+                kv_caches: list[torch.Tensor],
+                embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Hidden states after the final norm, `[T, H]`; writes the new tokens' K/V into kv_caches.
+        `embeds`: (rows, values) taking the place of those rows' scaled token embeddings."""
         n = int(input_ids.shape[0])
         ids, pos = self._pad(input_ids.long()), self._pad(positions.long())
         x = self.embed(ids)
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
+        if embeds is not None:
+            rows, values = embeds
+            x = x.index_copy(0, rows.long(), values.to(x.dtype))
         tables = {id(r): r.table(pos, x.dtype) for r in (self.rope, self.rope_local)}
         layer_ropes = []
         for layer in self.layers:

@@ -37,11 +37,21 @@ def supports(kv_cache_layer: torch.Tensor, num_heads: int, q_dtype: torch.dtype)
             and num_heads // kvh <= 16 and load() is not None)
 
 
+def _pieces(meta: StepRows, i: int, use_kernel: bool) -> list[tuple[int, int]]:
+    """Sequence i's rows for this kernel, [lo, hi) offsets: its GEMM rows but for bidirectional ranges."""
+    pieces = getattr(meta, "range_free_pieces", None)
+    if pieces is not None:
+        return pieces(i, use_kernel)
+    g = meta.gemm_rows(i, use_kernel)
+    return [(0, g)] if g else []
+
+
 def prompt_attention(q: torch.Tensor, out: torch.Tensor, kv_cache_layer: torch.Tensor, meta: StepRows,
                      scale: float, window: int | None, use_kernel: bool) -> None:
     """Write into `out` `[T, H, D]` the rows of q `[T, H, D]` that take the GEMM path (the first
     `meta.gemm_rows(i, use_kernel)` new rows of each sequence i: all of them unless the generation rows
-    go to the decode kernel); the other rows of `out` are left alone."""
+    go to the decode kernel), but for the rows in a bidirectional range (the kernel is causal: attention.py
+    attends those); the other rows of `out` are left alone."""
     lib = load()
     if lib is None:
         raise RuntimeError("prompt attention kernel is not available")
@@ -52,15 +62,13 @@ def prompt_attention(q: torch.Tensor, out: torch.Tensor, kv_cache_layer: torch.T
     flat: list[int] = []
     qsl = meta.query_start_loc
     for i, seq_len in enumerate(meta.seq_lens):
-        g = meta.gemm_rows(i, use_kernel)
-        if g == 0:
-            continue
         n = qsl[i + 1] - qsl[i]
-        row0.append(qsl[i])
-        nrows.append(g)
-        pos0.append(seq_len - n)
-        starts.append(len(flat))
-        flat.extend(meta.table(i))
+        for lo, hi in _pieces(meta, i, use_kernel):   # bidirectional ranges left out: attention.py's GEMM path
+            row0.append(qsl[i] + lo)
+            nrows.append(hi - lo)
+            pos0.append(seq_len - n + lo)
+            starts.append(len(flat))
+            flat.extend(meta.table(i))
     if not row0:
         return
     _, kvh, nb, bs, _ = kv_cache_layer.shape
