@@ -47,6 +47,7 @@ import math
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +59,7 @@ PHI3_SHORT_ROWS = HF_ROWS = slice(32, 40)
 LONG_FAMILIES = ("llama3", "llama4")
 # also a copy with the layers' projections in Q8_0 (llama.cpp's Q8_0 kernels: activations rounded to Q8_0
 # blocks): logits_q8_0, gguf_q8_0_sha256
-Q8_FAMILIES = ("olmo3", "mistral3", "llama4", "gemma4")   # also a long_tokens run (llama4: past its 8192 chunk and temperature floor)
+Q8_FAMILIES = ("olmo3", "mistral3", "llama4", "gemma4", "gemma4_moe")   # also a long_tokens run (llama4: past its 8192 chunk and temperature floor)
 
 
 def golden_tokens(vocab: int, seed: int = 0, n: int = N_TOKENS) -> np.ndarray:
@@ -148,6 +149,7 @@ HF_CONFIG_FIXES: dict[str, dict | None] = {
     "mistral3": None,
     "llama4": None,
     "gemma4": None,
+    "gemma4_moe": None,
 }
 
 
@@ -461,6 +463,9 @@ def gemma4_reference(path: Path, tokens: np.ndarray, ggml_gelu: bool = True) -> 
         x = x + _rms(a @ w[p + "attn_output.weight"].T, w[p + "post_attention_norm.weight"], eps)
         y = _rms(x, w[p + "ffn_norm.weight"], eps)
         m = (gelu(y @ w[p + "ffn_gate.weight"].T) * (y @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+        if p + "ffn_gate_inp.weight" in w:   # 26B-A4B: the MLP beside the experts, each with its own norms
+            m = _rms(m, w[p + "post_ffw_norm_1.weight"], eps) + _rms(
+                _gemma4_experts(x, w, p, eps, int(hp("expert_used_count")), gelu), w[p + "post_ffw_norm_2.weight"], eps)
         x = x + _rms(m, w[p + "post_ffw_norm.weight"], eps)
         if n_pl:
             g = gelu(x @ w[p + "inp_gate.weight"].T) * ple[:, il]
@@ -470,6 +475,25 @@ def gemma4_reference(path: Path, tokens: np.ndarray, ggml_gelu: bool = True) -> 
     logits = _rms(x, w["output_norm.weight"], eps) @ w.get("output.weight", w["token_embd.weight"]).T
     cap = float(hp("final_logit_softcapping", 0.0))
     return cap * np.tanh(logits / cap) if cap else logits
+
+
+def _gemma4_experts(x: np.ndarray, w: dict, p: str, eps: float, n_used: int, gelu: Callable) -> np.ndarray:
+    """gemma4's expert branch: router on rms(x) / sqrt(n) * ffn_gate_inp.scale, softmax, top-k renormalised,
+    GeGLU experts from ffn_gate_up_exps (per expert gate rows then up rows) times ffn_down_exps.scale."""
+    n = x.shape[-1]
+    logits = (_rms(x, None, eps) / np.sqrt(n) * w[p + "ffn_gate_inp.scale"]) @ w[p + "ffn_gate_inp.weight"].T
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    y = _rms(x, w[p + "pre_ffw_norm_2.weight"], eps)
+    gu, down = w[p + "ffn_gate_up_exps.weight"], w[p + "ffn_down_exps.weight"]
+    ef = gu.shape[1] // 2
+    out = np.zeros_like(x)
+    for t in range(len(x)):
+        top = np.argsort(-probs[t], kind="stable")[:n_used]
+        for e, we in zip(top, probs[t, top] / probs[t, top].sum(), strict=True):
+            h = gu[e] @ y[t]
+            out[t] += we * w[p + "ffn_down_exps.scale"][e] * (down[e] @ (gelu(h[:ef]) * h[ef:]))
+    return out
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -499,9 +523,10 @@ def make(family: str, llama_python: str, hf_python: str | None, seed: int = 0) -
                          "rows": [PHI3_SHORT_ROWS.start, PHI3_SHORT_ROWS.stop]})
         outs, version = llama_logits(llama_python, path, runs)
         logits = outs[0]
-        ref = gemma4_reference(path, tokens) if family == "gemma4" else reference_forward(path, tokens, n_ctx)
+        gemma4 = family in ("gemma4", "gemma4_moe")
+        ref = gemma4_reference(path, tokens) if gemma4 else reference_forward(path, tokens, n_ctx)
         extra: dict[str, np.ndarray] = {"ref64_max_rel_diff": np.float64(_rel(logits, ref))}
-        if family == "gemma4":
+        if gemma4:
             extra["ref64_exact_gelu_max_rel_diff"] = np.float64(_rel(logits, gemma4_reference(
                 path, tokens, ggml_gelu=False)))
         if family in ("gemma2", "gemma3"):

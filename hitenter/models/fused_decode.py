@@ -121,6 +121,7 @@ class FusedLayer:
         blocks owned and gate+up adjacent); ValueError for what the C layer does not state."""
         if (moe.gating not in ("softmax", "softmax_weight") or moe.selection_bias is not None
                 or moe.weights_scale is not None or moe.gate_up_bias is not None or moe.down_bias is not None
+                or getattr(moe, "expert_scale", None) is not None or getattr(moe, "weights_on_input", False)
                 or moe.glu not in (GLUS["silu"], GLUS["gelu"])):
             raise ValueError("an expert feature the fused layer does not take")
         gu = [getattr(m, "fused", None) for m in moe.gate_up]

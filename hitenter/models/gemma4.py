@@ -9,6 +9,8 @@ A layer, in the order it computes (x the residual stream; rms(v) = v / sqrt(mean
     shared KV (the last kv_shared_layers layers): no K/V; q attends over its source layer's cache
     x = x + post_attention_norm(attention(q, K, V, scale 1) Wo^T)
     x = x + post_ffw_norm(down(gelu_tanh(gate(ffn_norm(x))) * up(ffn_norm(x))))
+      (an expert layer: x + post_ffw_norm(post_ffw_norm_1(that MLP) + post_ffw_norm_2(experts(pre_ffw_norm_2(x))))
+       with the router on rms(x) / sqrt(hidden) * ffn_gate_inp.scale, models/moe.py)
     per-layer input p_i (row's slice i):  x = x + post_norm(proj(gelu_tanh(inp_gate(x)) * p_i))
     x = x * layer_output_scale
 
@@ -35,6 +37,7 @@ from hitenter.models.attention import KEY_TILE, AttentionMetadata, paged_attenti
 from hitenter.models.block_linear import BlockEmbedding
 from hitenter.models.decoder import CausalLM
 from hitenter.models.layers import RMSNorm, Rope, embed_and_head, fused_linear, has_dense_gemms, make_linear
+from hitenter.models.moe import ExpertWeight, MoEFFN, dense_experts
 from hitenter.models.row_invariance import attention_row_multiple
 
 CosSin = tuple[torch.Tensor, torch.Tensor]
@@ -80,9 +83,28 @@ class Gemma4Layer(nn.Module):
             self.inp_gate = make_linear(w[p + "inp_gate.weight"], None, dtype)
             self.ple_proj = make_linear(w[p + "proj.weight"], None, dtype)
             self.ple_norm = norm("post_norm")
+        self.moe: MoEFFN | None = None
+        if p + "ffn_gate_inp.weight" in w:
+            self._experts(cfg, w, p, dtype)
         scale = w.get(p + "layer_output_scale.weight")
         self.out_scale = 1.0 if scale is None else float(scale.reshape(-1)[0])
         self.attn_row_multiple = attention_row_multiple(dtype, self.head_dim, KEY_TILE)
+
+    def _experts(self, cfg: ModelConfig, w: dict[str, Any], p: str, dtype: torch.dtype) -> None:
+        """The expert branch (module docstring): its norms, router scale and MoEFFN."""
+        def experts(name: str) -> ExpertWeight:
+            t = w[p + name]
+            return t if isinstance(t, ExpertWeight) else dense_experts(t)
+
+        router = w[p + "ffn_gate_inp.weight"]
+        router = router if isinstance(router, torch.Tensor) else router.dequantize()
+        self.moe = MoEFFN(router, experts("ffn_gate_exps.weight"), experts("ffn_up_exps.weight"),
+                          experts("ffn_down_exps.weight"), cfg.num_experts_used, True, gating="softmax", act="gelu",
+                          expert_scale=w.get(p + "ffn_down_exps.scale"))
+        self.router_scale = w[p + "ffn_gate_inp.scale"].float().reshape(-1) / math.sqrt(cfg.hidden_size)
+        self.pre_norm_2 = RMSNorm(w[p + "pre_ffw_norm_2.weight"], self.eps, dtype)
+        self.post_norm_1 = RMSNorm(w[p + "post_ffw_norm_1.weight"], self.eps, dtype)
+        self.post_norm_2 = RMSNorm(w[p + "post_ffw_norm_2.weight"], self.eps, dtype)
 
     def forward(self, x: torch.Tensor, ple: torch.Tensor | None, rope: Rope, cos_sin: CosSin,
                 attn: AttentionMetadata, kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
@@ -102,7 +124,11 @@ class Gemma4Layer(nn.Module):
             o = torch.cat([o, o.new_zeros(t - n_real, o.shape[1])])
         x = x + self.post_attn_norm(self.o_proj(o))
         gate, up = self.gate_up(self.ffn_norm(x)).chunk(2, dim=-1)
-        x = x + self.post_ffw_norm(self.down(F.gelu(gate, approximate="tanh") * up))
+        y = self.down(F.gelu(gate, approximate="tanh") * up)
+        if self.moe is not None:
+            r = _rms(x, self.eps) * self.router_scale
+            y = self.post_norm_1(y) + self.post_norm_2(self.moe(self.pre_norm_2(x), n_real, router_x=r))
+        x = x + self.post_ffw_norm(y)
         if ple is not None:
             g = F.gelu(self.inp_gate(x), approximate="tanh") * ple
             x = x + self.ple_norm(self.ple_proj(g))

@@ -14,7 +14,9 @@ y = sum over ranks k = 0..K-1, in that order, of w_k * (down_e(glu(gate_e x + bg
 glu one of silu (SwiGLU), gelu (tanh GeGLU), relu, swiglu_oai (gpt-oss: alpha 1.702, limit 7); the
 expert biases (gpt-oss) are optional. Ungated experts (no gate projection, Nemotron-H's): down_e(act(up_e x))
 with act relu2 (relu(u)^2). `weights_on_input` (Llama 4, llama.cpp's weight_before_ffn): the top-k chosen on
-the logits, and each chosen expert's input multiplied by its weight instead of its output.
+the logits, and each chosen expert's input multiplied by its weight instead of its output. `expert_scale`
+(Gemma 4's per-expert down scale, [E]): each chosen weight times its expert's scale. `forward(x, n_real,
+router_x)`: the router reads router_x where given (Gemma 4 routes on its own norm of the input).
 
 Grouped execution: the rows routed to each active expert are gathered and run through one qmatmul per
 projection (gate+up one call once owned, down one); each (row, rank) result is scaled by its weight and
@@ -104,7 +106,7 @@ class MoEFFN(nn.Module):
                  top_k: int, norm_topk: bool, gating: str = "softmax", act: str = "silu",
                  router_bias: torch.Tensor | None = None, selection_bias: torch.Tensor | None = None,
                  weights_scale: float | None = None, expert_bias: Biases | None = None,
-                 weights_on_input: bool = False) -> None:
+                 weights_on_input: bool = False, expert_scale: torch.Tensor | None = None) -> None:
         super().__init__()
         _check(gate, up, down, router, top_k, gating, act)
         self.n_expert, self.hidden = router.shape
@@ -114,6 +116,7 @@ class MoEFFN(nn.Module):
         self.act = None if gate is not None else UNGATED[act]
         self.weights_scale = weights_scale
         self.weights_on_input = weights_on_input
+        self.expert_scale = _frozen(expert_scale)
         # stored [H, E]: x @ router_t (an NN GEMM) is faster than F.linear at few rows, row invariant alike
         self.router_t = nn.Parameter(router.float().t().contiguous(), requires_grad=False)
         self.router_bias, self.selection_bias = _frozen(router_bias), _frozen(selection_bias)
@@ -152,6 +155,8 @@ class MoEFFN(nn.Module):
             w = w / w.cumsum(dim=-1)[:, -1:].clamp(min=WEIGHTS_SUM_MIN)
         if self.weights_scale is not None:
             w = w * self.weights_scale
+        if self.expert_scale is not None:
+            w = w * self.expert_scale[idx]
         return idx, w
 
     def expert_ffn(self, e: int, x: torch.Tensor) -> torch.Tensor:
@@ -169,13 +174,13 @@ class MoEFFN(nn.Module):
         o = qmatmul(a, wd) if fast else dn(pad_rows(a) if _needs_padding(dn) else a)[:n]
         return o if self.down_bias is None else o.add_(self.down_bias[e])
 
-    def forward(self, x: torch.Tensor, n_real: int | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, n_real: int | None = None, router_x: torch.Tensor | None = None) -> torch.Tensor:
         t = x.shape[0]
         n = t if n_real is None else n_real
         x = x.float()
         if n == 0:
             return x.new_zeros(t, self.hidden)
-        idx, w = self.route(x[:n])
+        idx, w = self.route((x if router_x is None else router_x.float())[:n])
         acc = self._decode_row(x[:1], idx, w) if n == 1 else self._grouped(x[:n], idx, w)
         if n == t:
             return acc

@@ -140,6 +140,12 @@ Families (name: general.architecture, what differs):
   P = (per_layer_token_embd[ids] * sqrt(16) + rms(per_layer_model_proj(x0) / sqrt(64), per layer of 16,
   per_layer_proj_norm)) / sqrt(2); after each layer's FFN residual, x += rms(proj(gelu(inp_gate(x)) *
   P[layer]), post_norm); then x *= layer_output_scale (0.6 + 0.1 i). Final soft-cap 10.
+- gemma4_moe (gemma4): Gemma 4 26B-A4B-style. As gemma4 but 5 layers [T, T, F, T, F], no per-layer inputs,
+  no shared KV; every layer: mlp = rms(dense GeGLU(rms(x, ffn_norm)), post_ffw_norm_1) plus
+  moe = rms(sum_k w_k s_e down_e(gelu(gate_e y) * up_e y), post_ffw_norm_2) with y = rms(x, pre_ffw_norm_2),
+  router logits ffn_gate_inp @ (rms(x) / sqrt(64) * ffn_gate_inp.scale), softmax over 8 experts, top-2
+  renormalised, s_e = ffn_down_exps.scale[e]; experts merged as ffn_gate_up_exps [8, 64, 64] (per expert
+  32 gate rows then 32 up rows); x + rms(mlp + moe, post_ffw_norm).
 """
 
 from __future__ import annotations
@@ -161,11 +167,11 @@ from hitenter.testing.tiny_model import (
 )
 
 FAMILIES = ("llama", "llama3", "mixtral", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3",
-            "phi3_partial", "granite", "olmo2", "smollm3", "gpt-oss", "olmo3", "mistral3", "llama4", "gemma4")
+            "phi3_partial", "granite", "olmo2", "smollm3", "gpt-oss", "olmo3", "mistral3", "llama4", "gemma4", "gemma4_moe")
 ARCHITECTURES = {"llama": "llama", "llama3": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
                  "qwen3moe": "qwen3moe", "gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3",
                  "phi3_partial": "phi3", "granite": "granite", "olmo2": "olmo2", "smollm3": "smollm3",
-                 "gpt-oss": "gpt-oss", "olmo3": "olmo2", "mistral3": "mistral3", "llama4": "llama4", "gemma4": "gemma4"}
+                 "gpt-oss": "gpt-oss", "olmo3": "olmo2", "mistral3": "mistral3", "llama4": "llama4", "gemma4": "gemma4", "gemma4_moe": "gemma4"}
 
 HIDDEN, HEADS, KV_HEADS, FFN = 64, 4, 2, 128
 
@@ -529,12 +535,18 @@ GEMMA4 = {"swa": [True, True, True, False, True, False], "head_swa": 16, "head_f
           "kv_full": 1, "shared_kv": 2, "per_layer": 16, "rot_full": 4}
 
 
-def _gemma4(f: _Writer) -> None:
+# gemma4_moe: the 26B-A4B's layout (no per-layer inputs, no shared KV, experts beside the dense MLP)
+GEMMA4_MOE = {"swa": [True, True, False, True, False], "experts": 8, "used": 2, "expert_ffn": 32}
+
+
+def _gemma4(f: _Writer, moe: bool = False) -> None:
     """convert's Gemma4Model, E2B-style: per-layer shapes, K = V on the global KV layer, shared KV layers with
-    a double-wide FFN, per-layer inputs, layer output scales, proportional partial RoPE via rope_freqs."""
+    a double-wide FFN, per-layer inputs, layer output scales, proportional partial RoPE via rope_freqs; `moe`:
+    26B-A4B-style, every layer's dense MLP beside 8 experts (merged gate_up, per-expert down scales)."""
     g, w = GEMMA4, f.w
-    layers, swa, n_pl = len(GEMMA4["swa"]), GEMMA4["swa"], GEMMA4["per_layer"]
-    first_shared = layers - g["shared_kv"]
+    swa = GEMMA4_MOE["swa"] if moe else GEMMA4["swa"]
+    layers, n_pl = len(swa), 0 if moe else GEMMA4["per_layer"]
+    first_shared = layers - (0 if moe else g["shared_kv"])
     ffn = [FFN if i < first_shared else 2 * FFN for i in range(layers)]
     w.add_block_count(layers)
     w.add_context_length(32768)
@@ -553,22 +565,27 @@ def _gemma4(f: _Writer) -> None:
     w.add_rope_dimension_count_swa(g["head_swa"])
     w.add_sliding_window(8)
     w.add_sliding_window_pattern(swa)
-    w.add_shared_kv_layers(g["shared_kv"])
+    w.add_shared_kv_layers(layers - first_shared)
     w.add_embedding_length_per_layer_input(n_pl)
     w.add_final_logit_softcapping(10.0)
+    if moe:
+        w.add_expert_count(GEMMA4_MOE["experts"])
+        w.add_expert_used_count(GEMMA4_MOE["used"])
+        w.add_expert_feed_forward_length(GEMMA4_MOE["expert_ffn"])
     vocab = f.finish_metadata()
     f.add("token_embd.weight", f.normal(vocab, HIDDEN, std=0.12))
     f.add("output_norm.weight", 3.0 * f.norm(HIDDEN))
     half = g["head_full"] // 2   # proportional RoPE: the first rot_full frequencies rotate, the rest 1e30
     f.add("rope_freqs.weight", np.array([1.0] * g["rot_full"] + [1e30] * (half - g["rot_full"]), np.float32))
-    table = f.normal(vocab, n_pl * layers, std=0.5)
-    if f.qtype is not None and table.shape[1] % gguf.GGML_QUANT_SIZES[f.qtype][0] == 0:
-        # a real file's per-layer token table is blocks too (looked up by rows, on the map)
-        f.w.add_tensor("per_layer_token_embd.weight", gguf.quants.quantize(table, f.qtype), raw_dtype=f.qtype)
-    else:
-        f.add("per_layer_token_embd.weight", table)
-    f.add("per_layer_model_proj.weight", f.normal(n_pl * layers, HIDDEN, std=0.5))
-    f.add("per_layer_proj_norm.weight", f.norm(n_pl))
+    if n_pl:
+        table = f.normal(vocab, n_pl * layers, std=0.5)
+        if f.qtype is not None and table.shape[1] % gguf.GGML_QUANT_SIZES[f.qtype][0] == 0:
+            # a real file's per-layer token table is blocks too (looked up by rows, on the map)
+            f.w.add_tensor("per_layer_token_embd.weight", gguf.quants.quantize(table, f.qtype), raw_dtype=f.qtype)
+        else:
+            f.add("per_layer_token_embd.weight", table)
+        f.add("per_layer_model_proj.weight", f.normal(n_pl * layers, HIDDEN, std=0.5))
+        f.add("per_layer_proj_norm.weight", f.norm(n_pl))
     for i in range(layers):
         p = f"blk.{i}."
         d, kv = (g["head_swa"], g["kv_swa"]) if swa[i] else (g["head_full"], g["kv_full"])
@@ -586,9 +603,20 @@ def _gemma4(f: _Writer) -> None:
         f.add(p + "ffn_norm.weight", f.norm(HIDDEN))
         _gated_ffn(f, p, ffn[i])
         f.add(p + "post_ffw_norm.weight", f.norm(HIDDEN))
-        f.add(p + "inp_gate.weight", f.normal(n_pl, HIDDEN, std=0.3))
-        f.add(p + "proj.weight", f.normal(HIDDEN, n_pl, std=0.3))
-        f.add(p + "post_norm.weight", f.norm(HIDDEN))
+        if n_pl:
+            f.add(p + "inp_gate.weight", f.normal(n_pl, HIDDEN, std=0.3))
+            f.add(p + "proj.weight", f.normal(HIDDEN, n_pl, std=0.3))
+            f.add(p + "post_norm.weight", f.norm(HIDDEN))
+        if moe:
+            e, ef = GEMMA4_MOE["experts"], GEMMA4_MOE["expert_ffn"]
+            f.add(p + "ffn_gate_inp.weight", f.normal(e, HIDDEN, std=0.3))
+            f.add(p + "ffn_gate_inp.scale", f.norm(HIDDEN))
+            f.add(p + "pre_ffw_norm_2.weight", f.norm(HIDDEN))
+            f.add(p + "post_ffw_norm_1.weight", f.norm(HIDDEN))
+            f.add(p + "post_ffw_norm_2.weight", f.norm(HIDDEN))
+            f.add(p + "ffn_gate_up_exps.weight", f.normal(e, 2 * ef, HIDDEN, std=0.15))
+            f.add(p + "ffn_down_exps.weight", f.normal(e, HIDDEN, ef, std=0.1))
+            f.add(p + "ffn_down_exps.scale", (1.0 + f.rng.standard_normal(e) * 0.3).astype(np.float32))
         f.add(p + "layer_output_scale.weight", np.array([0.6 + 0.1 * i], np.float32))
 
 
@@ -653,8 +681,8 @@ def write_tiny_family(path: str | Path, family: str, seed: int = 0, quant: str |
         _mistral3(f)
     elif family == "llama4":
         _llama4(f)
-    elif family == "gemma4":
-        _gemma4(f)
+    elif family in ("gemma4", "gemma4_moe"):
+        _gemma4(f, moe=family == "gemma4_moe")
     else:
         _gpt_oss(f)
     f.close()

@@ -15,8 +15,13 @@ What differs from Gemma 3 (sandwich norms, GeGLU, sqrt(hidden) embeddings, QK-no
   [vocab, layers x n] scaled by sqrt(n), plus `per_layer_model_proj` of the scaled embedding / sqrt(hidden),
   RMS-normed per layer (`per_layer_proj_norm`), the two summed and / sqrt(2); after each layer's FFN,
   x += post_norm(proj(gelu(inp_gate(x)) * that layer's slice));
-- each layer's output times `layer_output_scale` where the file has one.
-The mixture-of-experts variant (26B-A4B: `ffn_gate_inp`) and rope scaling are refused at load."""
+- each layer's output times `layer_output_scale` where the file has one;
+- the mixture-of-experts variant (26B-A4B: `ffn_gate_inp` in a layer): the dense GeGLU as a shared MLP,
+  post_ffw_norm_1(mlp(ffn_norm(x))), plus post_ffw_norm_2(experts(pre_ffw_norm_2(x))) routed on
+  rms(x) / sqrt(hidden) * `ffn_gate_inp.scale`: softmax over all experts, top-`expert_used_count`
+  renormalised, GeGLU experts (`ffn_gate_exps` / `ffn_up_exps`, or merged `ffn_gate_up_exps`), each output
+  times its expert's `ffn_down_exps.scale`; the sum goes through post_ffw_norm.
+Rope scaling is refused at load."""
 
 from __future__ import annotations
 
@@ -25,7 +30,8 @@ from typing import Any
 
 from hitenter.config import ModelConfig
 from hitenter.errors import ModelLoadError
-from hitenter.models.families.base import Family, Meta, per_layer
+from hitenter.models.families.base import Family, Meta, experts_fields, per_layer
+from hitenter.models.families.qwen35 import split_gate_up
 
 LOCAL_ROPE_THETA = 10000.0   # llama.cpp's rope_freq_base_train_swa default
 
@@ -35,8 +41,6 @@ class Gemma4(Family):
 
     def fields(self, meta: Meta, cfg: dict[str, Any], names: set[str]) -> dict[str, Any]:
         n = cfg["num_layers"]
-        if any(name.endswith("ffn_gate_inp.weight") for name in names):
-            raise ModelLoadError(f"{self.arch}: the mixture-of-experts variant (ffn_gate_inp) is not supported yet")
         if meta.get("rope.scaling.type") not in (None, "none"):
             raise ModelLoadError(f"{self.arch}: RoPE scaling {meta.get('rope.scaling.type')!r} is not supported")
         pattern = meta.require("attention.sliding_window_pattern")
@@ -63,7 +67,8 @@ class Gemma4(Family):
                 "ffn_per_layer": tuple(per_layer(meta, "feed_forward_length", n)),
                 "kv_shared_layers": shared,
                 "per_layer_input_size": int(meta.get("embedding_length_per_layer_input", 0) or 0),
-                "final_logit_softcap": float(meta.get("final_logit_softcapping", 0.0) or 0.0)}
+                "final_logit_softcap": float(meta.get("final_logit_softcapping", 0.0) or 0.0),
+                **experts_fields(meta, cfg["intermediate_size"])}
 
     def file_shapes(self, cfg: ModelConfig, names: set[str]) -> dict[str, tuple[int, ...]]:
         h, nh, n_pl, n = cfg.hidden_size, cfg.num_heads, cfg.per_layer_input_size, cfg.num_layers
@@ -91,7 +96,34 @@ class Gemma4(Family):
             if n_pl:
                 shapes.update({p + "inp_gate.weight": (n_pl, h), p + "proj.weight": (h, n_pl),
                                p + "post_norm.weight": (h,)})
+            if p + "ffn_gate_inp.weight" in names:
+                shapes.update(self._expert_shapes(cfg, p, names))
         return shapes
+
+    @staticmethod
+    def _expert_shapes(cfg: ModelConfig, p: str, names: set[str]) -> dict[str, tuple[int, ...]]:
+        if not cfg.num_experts:
+            raise ModelLoadError(f"gemma4: {p}ffn_gate_inp.weight without expert_count")
+        h, e, ef = cfg.hidden_size, cfg.num_experts, cfg.expert_intermediate_size
+        shapes = {p + "ffn_gate_inp.weight": (e, h), p + "ffn_gate_inp.scale": (h,), p + "pre_ffw_norm_2.weight": (h,),
+                  p + "post_ffw_norm_1.weight": (h,), p + "post_ffw_norm_2.weight": (h,),
+                  p + "ffn_down_exps.weight": (e, h, ef)}
+        if p + "ffn_gate_up_exps.weight" in names:
+            shapes[p + "ffn_gate_up_exps.weight"] = (e, 2 * ef, h)
+        else:
+            shapes.update({p + "ffn_gate_exps.weight": (e, ef, h), p + "ffn_up_exps.weight": (e, ef, h)})
+        if p + "ffn_down_exps.scale" in names:
+            shapes[p + "ffn_down_exps.scale"] = (e,)
+        return shapes
+
+    def prepare(self, w: dict[str, Any], cfg: ModelConfig) -> dict[str, Any]:
+        """Merged experts (ffn_gate_up_exps: per expert gate rows then up rows) split into gate and up."""
+        for i in range(cfg.num_layers):
+            p = f"blk.{i}."
+            if p + "ffn_gate_up_exps.weight" in w:
+                w[p + "ffn_gate_exps.weight"], w[p + "ffn_up_exps.weight"] = split_gate_up(
+                    w.pop(p + "ffn_gate_up_exps.weight"))
+        return w
 
 
 FAMILY = Gemma4()

@@ -1,6 +1,7 @@
-"""Gemma 4 (models/gemma4.py, families/gemma4.py) beyond the llama.cpp goldens (test_llama_cpp_logits.py,
-test_family_prefix_hits.py, test_q8_0_goldens.py): the per-layer cache shapes and KV sharing, the
-per-layer token table left on the file's map, the refusals, and batch / chunk / prefix-cache invariance."""
+"""Gemma 4 (models/gemma4.py, families/gemma4.py) beyond the llama.cpp goldens of the tiny gemma4 and gemma4_moe
+files (test_llama_cpp_logits.py, test_family_prefix_hits.py, test_q8_0_goldens.py): the per-layer cache shapes
+and KV sharing, the per-layer token table left on the file's map, the refusals, and batch / chunk /
+prefix-cache invariance (dense and mixture of experts)."""
 
 from __future__ import annotations
 
@@ -62,10 +63,10 @@ def test_per_layer_token_table_is_looked_up_by_rows_on_the_map(q8_path: Path) ->
                                      for m in model.modules() for p in getattr(m, "parts", []))
 
 
-def test_the_mixture_of_experts_variant_and_a_missing_pattern_are_refused(tiny_path: Path) -> None:
+def test_a_missing_pattern_shared_kv_without_sources_and_rope_scaling_are_refused(tiny_path: Path) -> None:
     meta, names = _meta(tiny_path)
-    with pytest.raises(ModelLoadError, match="mixture-of-experts"):
-        family_for("gemma4").config(meta, names | {"blk.0.ffn_gate_inp.weight"})
+    with pytest.raises(ModelLoadError, match="RoPE scaling"):
+        family_for("gemma4").config({**meta, "gemma4.rope.scaling.type": "linear"}, names)
     meta2 = {k: v for k, v in meta.items() if k != "gemma4.attention.sliding_window_pattern"}
     with pytest.raises(ModelLoadError, match="sliding_window_pattern"):
         family_for("gemma4").config(meta2, names)
@@ -75,9 +76,11 @@ def test_the_mixture_of_experts_variant_and_a_missing_pattern_are_refused(tiny_p
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("family", ["gemma4", "gemma4_moe"])
 @pytest.mark.parametrize("fmt", ["float32", "q8_0"])
-def test_chunked_and_batched_rows_keep_the_lone_runs_bits(fmt: str, tiny_path: Path, q8_path: Path) -> None:
-    model = load_model(tiny_path, dtype="float32")[0] if fmt == "float32" else load_model(q8_path)[0]
+def test_chunked_and_batched_rows_keep_the_lone_runs_bits(family: str, fmt: str, tmp_path: Path) -> None:
+    path = write_tiny_family(tmp_path / f"{family}.gguf", family, quant=None if fmt == "float32" else "Q8_0")
+    model = load_model(path, dtype="float32")[0] if fmt == "float32" else load_model(path)[0]
     rng = random.Random(0)
     seqs = [[rng.randrange(3, 300) for _ in range(n)] for n in (45, 7, 30)]
     with torch.no_grad():

@@ -21,8 +21,8 @@ from hitenter.testing.model_runs import sequence_logits
 from hitenter.testing.paths import GOLDENS
 from hitenter.testing.tiny_families import FAMILIES, write_tiny_family
 
-Q8 = [f for f in ("olmo3", "mistral3", "llama4", "gemma4") if f in FAMILIES]
-EXPERTS = ("llama4",)
+Q8 = [f for f in ("olmo3", "mistral3", "llama4", "gemma4", "gemma4_moe") if f in FAMILIES]
+EXPERTS = ("llama4", "gemma4_moe")
 
 
 @pytest.mark.parametrize("kernel_from", [40, 0], ids=["gemm", "generation-rows"])
