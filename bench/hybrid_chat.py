@@ -5,7 +5,7 @@ first token and how many prompt tokens the server had to read again (not served 
 
 One conversation of ``--turns`` turns: each user turn ``--user-words`` words of varied text, each reply at
 most ``--max-tokens`` tokens (greedy), appended to the history as the next turn's context, so turn t's
-prompt extends turn t-1's prompt + reply. On a hybrid (recurrent-state) model, a server that cannot resume
+prompt extends turn t-1's prompt + reply (``--conversations 2``: two chats whose turns alternate). On a hybrid (recurrent-state) model, a server that cannot resume
 a state re-reads the whole conversation every turn. Re-read counts: hitenter's ``usage.prompt_tokens -
 usage.prompt_tokens_details.cached_tokens``; llama-server's ``timings.prompt_n``. Both servers run
 ``--threads`` threads, one slot each, the servers in turn (never at once). Prints a table per turn and a
@@ -84,10 +84,14 @@ def one_turn(url: str, messages: list[dict[str, str]], max_tokens: int) -> dict[
             "prompt_tokens": prompt, "reread": reread}
 
 
-def conversation(url: str, turns: list[str], max_tokens: int) -> list[dict[str, Any]]:
-    messages: list[dict[str, str]] = [{"role": "system", "content": "You are a helpful assistant."}]
+def conversation(url: str, turns: list[str], max_tokens: int, conversations: int = 1) -> list[dict[str, Any]]:
+    """``turns`` spread over ``conversations`` chats taken in turn (turn i goes to chat i mod n), so with n > 1
+    a server's one slot sees the chats interleave."""
+    chats: list[list[dict[str, str]]] = [[{"role": "system", "content": f"You are helpful assistant {c}."}]
+                                         for c in range(conversations)]
     out = []
-    for turn in turns:
+    for i, turn in enumerate(turns):
+        messages = chats[i % conversations]
         messages.append({"role": "user", "content": turn})
         res = one_turn(url, messages, max_tokens)
         messages.append({"role": "assistant", "content": res["text"]})
@@ -99,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="a GGUF file")
     ap.add_argument("--llama-server-bin", help="llama-server (bench/build_llama_server.sh); omitted: hitenter only")
+    ap.add_argument("--llama-server-arg", action="append", default=[],
+                    help="an extra llama-server argument (repeatable), e.g. --no-repack where its repacked CPU "
+                         "buffers crash (seen on AVX-512 + AMX machines with this llama.cpp)")
     ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--conversations", type=int, default=1, help="chats the turns alternate between (2: interleaved)")
     ap.add_argument("--user-words", type=int, default=60)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
@@ -109,11 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     turns = user_turns(args.turns, args.user_words, args.seed)
     results: dict[str, list[dict[str, Any]]] = {}
     with HitenterServer(args.model, args.threads, args.max_model_len) as srv:
-        results["hitenter"] = conversation(srv.url, turns, args.max_tokens)
+        results["hitenter"] = conversation(srv.url, turns, args.max_tokens, args.conversations)
     if args.llama_server_bin:
         with LlamaServer(args.llama_server_bin, args.model, parallel=1, ctx_per_slot=args.max_model_len,
-                         threads=args.threads) as srv:
-            results["llama-server"] = conversation(srv.url, turns, args.max_tokens)
+                         threads=args.threads, extra_args=tuple(args.llama_server_arg)) as srv:
+            results["llama-server"] = conversation(srv.url, turns, args.max_tokens, args.conversations)
     rows = []
     for t in range(args.turns):
         row: list[Any] = [t + 1]

@@ -126,7 +126,7 @@ class LlamaServer(ServerProcess):
 
     def __init__(self, binary: str | os.PathLike[str], model: str | os.PathLike[str], *, parallel: int,
                  ctx_per_slot: int, threads: int = 2, threads_batch: int | None = None,
-                 startup_timeout: float = 120.0) -> None:
+                 startup_timeout: float = 120.0, extra_args: tuple[str, ...] = ()) -> None:
         super().__init__(startup_timeout)
         self.binary = Path(binary).expanduser()
         if not (self.binary.is_file() and os.access(self.binary, os.X_OK)):
@@ -137,6 +137,7 @@ class LlamaServer(ServerProcess):
         self.ctx_per_slot = ctx_per_slot
         self.threads = threads
         self.threads_batch = threads_batch or threads
+        self.extra_args = extra_args
 
     def command(self) -> list[str]:
         # Explicit --parallel gives each slot its own c / parallel cells (no unified KV pool);
@@ -144,4 +145,4 @@ class LlamaServer(ServerProcess):
         return [str(self.binary), "-m", str(self.model), "--parallel", str(self.parallel),
                 "-c", str(self.parallel * self.ctx_per_slot), "--cont-batching",
                 "-t", str(self.threads), "-tb", str(self.threads_batch),
-                "--host", "127.0.0.1", "--port", str(self.port)]
+                "--host", "127.0.0.1", "--port", str(self.port), *self.extra_args]
