@@ -17,6 +17,7 @@ import { renderDrills, countWords } from "./drills.js";
 import { orderIdle } from "./order.js";
 import { renderAnswer, dockWhenHidden } from "./answer.js";
 import { renderArithmetic } from "./arithmetic.js";
+import { watchScrollers } from "./scrollhint.js";
 
 const $ = (id) => document.getElementById(id);
 const body = (id) => $(id).querySelector(".body");
@@ -485,6 +486,7 @@ async function init() {
   inside(S, { $, body, render, reselect: () => { S.reshaped = false; render(); refineSelected(); } });
   getJSON(`/fast?model=${encodeURIComponent(model())}`).then((f) => { S.fast = f; render(); }).catch((e) => status(e.message));
   await preview();
+  watchScrollers(document.body);       // a table wider than its panel says it scrolls
   document.body.dataset.ready = "true";
 }
 

@@ -37,5 +37,5 @@ export function renderCheat(body, S, info) {
   ];
   clear(body, live("this page's state: the run, the trace and /fast"),
     el("table", { id: "cheat", dataset: { rows: rows.length } }, el("tr", {}, el("th", {}, "idea"), el("th", {}, "the rule"), el("th", {}, "here")),
-      rows.map(([k, rule, here]) => el("tr", { dataset: { key: k } }, el("th", {}, k), el("td", {}, rule), el("td", { class: "note" }, here)))));
+      rows.map(([k, rule, here]) => el("tr", { dataset: { key: k } }, el("th", {}, k), el("td", {}, rule), el("td", { class: "note here" }, here)))));
 }
