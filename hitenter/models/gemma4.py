@@ -16,8 +16,8 @@ A layer, in the order it computes (x the residual stream; rms(v) = v / sqrt(mean
 
 The per-layer inputs of a row: (per_layer_token_embd[token] * sqrt(n) + per_layer_proj_norm(
 per_layer_model_proj(x0) / sqrt(hidden))) / sqrt(2), x0 the scaled token embedding, per layer slices of n.
-The token table is looked up row by row (on GGUF blocks: BlockEmbedding dequantizes only the rows asked
-for, over the file's bytes).
+The token table stays on the file's map and is looked up row by row in every weight format
+(models/mapped_rows.py: the loader maps it, families/gemma4.py `mapped_tables`).
 
 Every row takes the torch path (the fused native decode layer does not state these layers); every op is
 row-wise and the dense GEMMs run on rows padded to 8 as in decoder.py, so batch invariance holds."""
@@ -32,11 +32,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
-from hitenter.kernels.blocks import BlockWeight
 from hitenter.models.attention import KEY_TILE, AttentionMetadata, paged_attention, write_kv
-from hitenter.models.block_linear import BlockEmbedding
 from hitenter.models.decoder import CausalLM
 from hitenter.models.layers import RMSNorm, Rope, embed_and_head, fused_linear, has_dense_gemms, make_linear
+from hitenter.models.mapped_rows import MappedRows
 from hitenter.models.moe import ExpertWeight, MoEFFN, dense_experts
 from hitenter.models.row_invariance import attention_row_multiple
 
@@ -155,9 +154,7 @@ class Gemma4LM(CausalLM):
                                0 if cfg.rope_dim_swa in (0, swa_dim) else cfg.rope_dim_swa)
         self.ple_size = cfg.per_layer_input_size
         if self.ple_size:
-            table = w["per_layer_token_embd.weight"]
-            self.ple_table: nn.Module = (BlockEmbedding(table) if isinstance(table, BlockWeight)
-                                         else nn.Embedding.from_pretrained(table.to(dtype), freeze=True))
+            self.ple_table = MappedRows(w["per_layer_token_embd.weight"])
             self.ple_model_proj = make_linear(w["per_layer_model_proj.weight"], None, dtype)
             self.ple_proj_norm = RMSNorm(w["per_layer_proj_norm.weight"], cfg.rms_norm_eps, dtype)
         self.batch_invariant = batch_invariant

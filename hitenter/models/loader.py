@@ -32,8 +32,9 @@ from hitenter.models.encoder import EncoderModel
 from hitenter.models.families import family_for
 from hitenter.models.formats import resolve_format
 from hitenter.models.gemma4 import Gemma4LM
-from hitenter.models.hybrid import HybridLM
 from hitenter.models.gguf import load_tensors, model_config_from_metadata, open_gguf, read_gguf_metadata
+from hitenter.models.hybrid import HybridLM
+from hitenter.models.mapped_rows import mapped_table
 from hitenter.models.moe import ExpertWeight, expert_weights
 from hitenter.models.pooling import Pooler, head_shapes
 from hitenter.models.shard import TensorParallel
@@ -117,7 +118,10 @@ def load_weights_from(reader: Any, quantization: str = "none") -> tuple[ModelCon
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         raise ModelLoadError(f"{path}: missing tensor(s) {', '.join(missing[:5])}{more}")
-    weights = block_weights(reader, set(shapes)) if quantization == "gguf" else load_tensors(reader, set(shapes))
+    mapped = {t.name: mapped_table(t) for t in reader.tensors    # row tables: left on the map, any format
+              if t.name in shapes and t.name in family_for(cfg.architecture).mapped_tables}
+    rest = set(shapes) - set(mapped)
+    weights = {**(block_weights(reader, rest) if quantization == "gguf" else load_tensors(reader, rest)), **mapped}
     for name, shape in shapes.items():   # -1: any size (a classifier's outputs, a dense head's width)
         got = _shape(weights[name])
         if len(got) != len(shape) or any(s not in (-1, g) for s, g in zip(shape, got, strict=True)):

@@ -53,6 +53,7 @@ class Family:
 
     arch = "llama"
     permuted_qk = False      # llama.cpp NORM-rope families: Q/K rows stored interleaved (un-permuted at load)
+    mapped_tables: tuple[str, ...] = ()   # tensors looked up by rows on the file's map (models/mapped_rows.py)
 
     def fields(self, meta: Meta, cfg: dict[str, Any], names: set[str]) -> dict[str, Any]:
         """The family's ModelConfig fields beyond the common ones (`cfg`: those, already read)."""

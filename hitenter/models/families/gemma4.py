@@ -38,6 +38,7 @@ LOCAL_ROPE_THETA = 10000.0   # llama.cpp's rope_freq_base_train_swa default
 
 class Gemma4(Family):
     arch = "gemma4"
+    mapped_tables = ("per_layer_token_embd.weight",)
 
     def fields(self, meta: Meta, cfg: dict[str, Any], names: set[str]) -> dict[str, Any]:
         n = cfg["num_layers"]

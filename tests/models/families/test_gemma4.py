@@ -5,19 +5,22 @@ prefix-cache invariance (dense and mixture of experts)."""
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
+import gguf
 import pytest
 import torch
 
 from hitenter import LLM, SamplingParams
 from hitenter.errors import ModelLoadError
+from hitenter.kernels.blocks import BlockWeight
 from hitenter.models.attention import allocate_kv_caches
-from hitenter.models.block_linear import BlockEmbedding
 from hitenter.models.families import family_for
-from hitenter.models.gguf import open_gguf, read_gguf_metadata
+from hitenter.models.gguf import dequantize, open_gguf, read_gguf_metadata
 from hitenter.models.loader import load_model
+from hitenter.models.mapped_rows import MappedRows
 from hitenter.testing.model_runs import Runner
 from hitenter.testing.tiny_families import GEMMA4, write_tiny_family
 
@@ -53,14 +56,69 @@ def test_per_layer_shapes_and_shared_kv_in_the_cache(tiny_path: Path) -> None:
     assert cfg.kv_bytes_per_token(4) == 2 * 4 * own
 
 
-def test_per_layer_token_table_is_looked_up_by_rows_on_the_map(q8_path: Path) -> None:
-    model = load_model(q8_path)[0]
-    assert isinstance(model.ple_table, BlockEmbedding)
-    arena = model.__dict__.get("weight_arena")
-    table = model.ple_table.table.data
-    # the projections were copied into the weight arena; the table was left where the loader mapped it
-    assert arena is not None and all(table.data_ptr() != p.data.data_ptr()
-                                     for m in model.modules() for p in getattr(m, "parts", []))
+@pytest.mark.parametrize("dtype", ["auto", "float32"])
+def test_per_layer_token_table_is_looked_up_by_rows_on_the_map(dtype: str, q8_path: Path) -> None:
+    """The table (Q8_0 blocks here) stays a view of the file in every format: not a parameter or buffer,
+    not in the weight arena, and its rows are the file's rows."""
+    model = load_model(q8_path, dtype=dtype)[0]
+    table = model.ple_table.table
+    assert isinstance(model.ple_table, MappedRows) and isinstance(table, BlockWeight)
+    held = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())
+            if t.device.type == "cpu" and t.layout == torch.strided and not t.is_mkldnn}
+    assert table.data.untyped_storage().data_ptr() not in held
+    reader = open_gguf(q8_path)
+    t = next(t for t in reader.tensors if t.name == "per_layer_token_embd.weight")
+    want = torch.from_numpy(dequantize(t.data, t.tensor_type).reshape(table.shape).astype("float32"))
+    ids = torch.tensor([[5, 300], [5, 7]])
+    assert torch.equal(model.ple_table(ids), want[ids])
+
+
+def _big_vocab(w: gguf.GGUFWriter) -> int:
+    """A 30000-token vocabulary (its texts never tokenized here): a per-layer table of 30000 rows."""
+    n = 30000
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([f"t{i}" for i in range(n)])
+    w.add_token_types([1] * n)
+    w.add_token_merges([])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    return n
+
+
+@pytest.mark.slow
+def test_resident_memory_excludes_the_per_layer_table(tmp_path: Path) -> None:
+    """A gemma4 file whose per-layer token table (30000 tokens x 6 layers x 64, F32) is 46 MB, its other
+    weights ~17 MB: a second load of it plus a step (the first pays the process's one-time costs) adds the
+    other weights and under half the table to the resident memory, in the default format and in
+    float32 (a resident table would add all of it)."""
+    import hitenter.testing.tiny_families as tiny
+
+    wide = {**tiny.GEMMA4, "per_layer": 64}
+    old, tiny.GEMMA4 = tiny.GEMMA4, wide
+    try:
+        path = write_tiny_family(tmp_path / "wide.gguf", "gemma4", tokenizer=_big_vocab)
+    finally:
+        tiny.GEMMA4 = old
+    table_bytes = 30000 * 64 * len(wide["swa"]) * 4
+    for dtype in ("auto", "float32"):
+        warm = load_model(path, dtype=dtype)[0]   # the process's one-time costs (libraries, workspaces) first
+        with torch.no_grad():
+            Runner(warm, 1, 8).step({0: [3, 4, 5, 6, 7, 8, 9, 10]})
+        before = _rss()
+        model = load_model(path, dtype=dtype)[0]
+        with torch.no_grad():
+            Runner(model, 1, 8).step({0: [3, 4, 5, 6, 7, 8, 9, 10]})
+        grown = _rss() - before
+        print(f"{dtype}: resident +{grown / 1e6:.1f} MB for a {table_bytes / 1e6:.1f} MB table, "
+              f"{model.weight_bytes() / 1e6:.1f} MB of other weights")
+        assert grown < model.weight_bytes() + table_bytes / 2, (dtype, grown, table_bytes)
+        del model, warm
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def test_a_missing_pattern_shared_kv_without_sources_and_rope_scaling_are_refused(tiny_path: Path) -> None:
