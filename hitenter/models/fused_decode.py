@@ -32,6 +32,7 @@ from hitenter.models import decode_kernel
 from hitenter.models.block_linear import BlockLinear
 from hitenter.models.kv_dtype import KV_TYPE_CODES
 from hitenter.models.moe import GLUS
+from hitenter.models.query_temperature import temperature
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ class _Layer(ctypes.Structure):
                 ("post_attn_norm", c_p), ("post_ffw_norm", c_p), ("gelu", c_i32), ("rope_table", c_i32),
                 ("window", c_i64), ("qk_full", c_i32), ("rope_dim", c_i32), ("no_rope", c_i32), ("pad2", c_i32),
                 ("residual_scale", c_f), ("pad3", c_f), ("router", c_p), ("router_bias", c_p), ("exp_gu", c_p),
-                ("exp_dn", c_p), ("E", c_i32), ("K", c_i32), ("gating", c_i32), ("norm_topk", c_i32)]
+                ("exp_dn", c_p), ("E", c_i32), ("K", c_i32), ("gating", c_i32), ("norm_topk", c_i32),
+                ("q_temp", c_i32), ("pad5", c_i32)]
 
 
 class _Step(ctypes.Structure):
@@ -58,7 +60,7 @@ class _Step(ctypes.Structure):
                 ("R", c_i64), ("NB", c_i64), ("BS", c_i32), ("nthreads", c_i32), ("cos2", c_p), ("sin2", c_p),
                 ("kv_type", c_i32), ("pad", c_i32), ("NP", c_i64), ("ND", c_i64), ("p_row0", c_p), ("p_nrows", c_p),
                 ("p_pos0", c_p), ("p_tstart", c_p), ("d_rows", c_p), ("d_ctx", c_p), ("d_starts", c_p),
-                ("slots2", c_p), ("tables2", c_p), ("NB2", c_i64)]
+                ("slots2", c_p), ("tables2", c_p), ("NB2", c_i64), ("qscale", c_p)]
 
 
 def prompt_rows_fused() -> bool:
@@ -114,6 +116,10 @@ class FusedLayer:
         L.rope_table = int(L.window > 0 and bool(cfg.rope_local_theta))
         L.qk_full, L.rope_dim, L.no_rope = int(cfg.qk_norm == "full"), cfg.rope_dim, int(not layer.has_rope)
         L.residual_scale = layer.residual_scale
+        L.q_temp = int(getattr(layer, "q_temperature", None) is not None)
+        # the model's query temperature (scale, floor, offset), for the step's per-row factors; None: none
+        self.temperature = ((cfg.attn_temperature_scale, cfg.attn_temperature_floor, cfg.attn_temperature_offset)
+                            if cfg.attn_temperature_scale else None)
         self.struct = L
 
     def _experts(self, L: _Layer, moe: Any) -> None:
@@ -171,11 +177,10 @@ def fused_layer(layer: Any, kv_cache: torch.Tensor) -> FusedLayer | None:
     if lib is None:
         return None
     cfg = layer.cfg
-    if (layer.softcap or layer.sinks is not None or getattr(layer, "q_temperature", None) is not None
-            or getattr(layer, "chunk", None) or getattr(layer, "qk_l2", False)
+    if (layer.softcap or layer.sinks is not None or getattr(layer, "chunk", None) or getattr(layer, "qk_l2", False)
             or getattr(layer, "shared_gate_up", None) is not None):
-        # soft-capped scores, attention sinks, a query temperature, chunked attention, Llama 4's QK norm or
-        # shared expert: the torch layer
+        # soft-capped scores, attention sinks, chunked attention, Llama 4's QK norm or shared expert: the torch
+        # layer
         layer.__dict__["_fused"] = False
         return None
     dense = layer.moe is None
@@ -228,6 +233,9 @@ def step_state(meta: Any, kr: decode_kernel.KernelRows, tables: Tables, kv_cache
         st.p_row0, st.p_nrows, st.p_pos0, st.p_tstart = (kr.prompt[k].data_ptr() for k in range(4))
         st.d_rows, st.d_ctx, st.d_starts = kr.decode.data_ptr(), kr.decode_ctx.data_ptr(), kr.decode_starts.data_ptr()
     keep: tuple = ()
+    if fused.temperature is not None:   # each row's query temperature (position = its key count - 1)
+        qscale = temperature(kr.ctx - 1, *fused.temperature).reshape(-1).contiguous()
+        st.qscale, keep = qscale.data_ptr(), (qscale,)
     local = meta.for_window(1) if local_cache is not None else meta
     if local is not meta:
         lkr = local.kernel_rows(local_cache.shape[2])
@@ -235,7 +243,7 @@ def step_state(meta: Any, kr: decode_kernel.KernelRows, tables: Tables, kv_cache
             raise ValueError("the local block tables do not match the global ones' lengths")
         slots2 = (local.slot_mapping if rows is None else local.slot_mapping.index_select(0, rows)).long().contiguous()
         st.slots2, st.tables2, st.NB2 = slots2.data_ptr(), lkr.tables.data_ptr(), local_cache.shape[2]
-        keep = (slots2, lkr)
+        keep = (*keep, slots2, lkr)
     scratch = torch.empty(int(fused.lib.dl_scratch(ctypes.byref(fused.struct), r)), dtype=torch.float32)
     got = (st, scratch, (cs, slots, kr, keep))
     meta.fused_steps[key] = got

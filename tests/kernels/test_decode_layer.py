@@ -85,9 +85,10 @@ def test_fused_layer_matches_the_torch_layer(paths: dict[str, Path], name: str) 
 
 
 # what each family adds to the C layer: rope_freqs tables, QK-norm per head, a partial rotary, multipliers,
-# no pre-norms with QK-norm over the whole projection, NoPE layers, experts
+# no pre-norms with QK-norm over the whole projection, NoPE layers, experts, OLMo 3's local layers with their
+# own (unscaled) RoPE beside YaRN, Ministral 3's query temperature
 @pytest.mark.parametrize("family", ["llama3", "qwen3", "phi3_partial", "granite", "olmo2", "smollm3", "mixtral",
-                                    "qwen3moe"])
+                                    "qwen3moe", "olmo3", "mistral3"])
 def test_fused_layer_matches_the_torch_layer_per_family(family: str, tmp_path: Path) -> None:
     _compare(write_tiny_family(tmp_path / f"{family}.gguf", family, seed=3, quant="Q8_0"))
 

@@ -75,6 +75,9 @@ typedef struct {   /* one layer's weights and shapes (built once at load, fused_
     const float *router, *router_bias;
     const void *const *exp_gu, *const *exp_dn;
     int32_t E, K, gating, norm_topk;
+    /* q_temp: the rotated queries times the step's per-row temperature qscale (Ministral 3, Llama 4's NoPE
+       layers; models/query_temperature.py) */
+    int32_t q_temp, pad5;
 } layer;
 
 typedef struct {   /* one step's generation rows (shared by the layers) */
@@ -94,6 +97,7 @@ typedef struct {   /* one step's generation rows (shared by the layers) */
        (hitenter/kv_cache/window_group.py); tables2 NULL: every layer reads slots / tables */
     const int64_t *slots2, *tables2;
     int64_t NB2;
+    const float *qscale;   /* [R]: each row's query temperature, for the layers with q_temp (NULL: none) */
 } step;
 
 static inline v16 ld(const float *p) { v16 v; memcpy(&v, p, 64); return v; }
@@ -343,6 +347,10 @@ static int attention_heads(const layer *L, const step *S, float *qkv, float *qbu
             const int rd = L->rope_dim ? L->rope_dim : D;
             const float *cs = L->rope_table ? S->cos2 : S->cos, *sn = L->rope_table ? S->sin2 : S->sin;
             rope(row, L->NH + L->KVH, D, rd, cs + r * rd, sn + r * rd);
+        }
+        if (L->q_temp && S->qscale) {
+            const float t = S->qscale[r];
+            for (int64_t i = 0; i < q; i++) row[i] *= t;
         }
         memcpy(qbuf + r * q, row, q * sizeof(float));
         if (kt == KV_Q8_0)   /* its keys are stored rotated, H k: the queries meet them as H q (kv_q8_0.py) */
