@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine core", ("hitenter.engine",)),        # scheduler, runner, sampler, speculative, structured
     ("distributed", ("hitenter.distributed",)),   # runners over processes, on the engine core's parts
     ("engine", ("hitenter.engine.llm_engine", "hitenter.engine.async_engine", "hitenter.engine.engine_setup")),
-    ("entry points", ("hitenter.llm", "hitenter.server")),   # the playground is part of the server
+    ("entry points", ("hitenter.llm", "hitenter.server", "hitenter.remote")),   # remote: a running server's client
     ("command line", ("hitenter.cli",)),
     ("package", ("hitenter",)),                   # hitenter/__init__.py: the public names
 )
