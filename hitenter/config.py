@@ -202,13 +202,13 @@ class ModelConfig:
         return self.kv_heads_per_layer[i] if self.kv_heads_per_layer else self.num_kv_heads
 
     def layer_kv_source(self, i: int) -> int:
-        """The layer whose KV cache layer i reads: i itself, or for the last kv_shared_layers layers the last
-        layer of the same kind (local / global) before them (llama.cpp's gemma4 layer reuse)."""
+        """The layer whose KV cache layer i reads: i itself, or for the last kv_shared_layers layers the one
+        llama.cpp's gemma4 layer reuse names: a local layer the second-last layer before them, a global one
+        the last (families/gemma4.py checks that those are of the same kinds)."""
         first_shared = self.num_layers - self.kv_shared_layers
         if not self.kv_shared_layers or i < first_shared:
             return i
-        local = self.layer_window(i) is not None
-        return next(j for j in range(first_shared - 1, -1, -1) if (self.layer_window(j) is not None) == local)
+        return first_shared - (2 if self.layer_window(i) is not None else 1)
 
     def layer_chunk(self, i: int) -> int | None:
         """Layer i's attention chunk (Llama 4's RoPE layers) or None."""

@@ -9,8 +9,9 @@ What differs from Gemma 3 (sandwich norms, GeGLU, sqrt(hidden) embeddings, QK-no
   frequencies by `rope_freqs` (proportional partial RoPE: factors 1e30 leave the tail dims unrotated);
 - norms are stored as they apply (no 1 + w); the attention scale is 1 (q and k are normed); V is RMS-normed
   without weight; a KV layer without `attn_v` uses its K projection as V (K = V, before K's norm and RoPE);
-- the last `attention.shared_kv_layers` layers keep no KV and read the KV of the last earlier layer of their
-  kind (ModelConfig.layer_kv_source); their FFN may be wider (a per-layer `feed_forward_length`);
+- the last `attention.shared_kv_layers` layers keep no KV: a local one reads the KV of the second-last layer
+  before them, a global one the last's (llama.cpp's reuse; the file must have a local then a global layer
+  there; ModelConfig.layer_kv_source); their FFN may be wider (a per-layer `feed_forward_length`);
 - per-layer inputs (`embedding_length_per_layer_input` > 0): a token table `per_layer_token_embd`
   [vocab, layers x n] scaled by sqrt(n), plus `per_layer_model_proj` of the scaled embedding / sqrt(hidden),
   RMS-normed per layer (`per_layer_proj_norm`), the two summed and / sqrt(2); after each layer's FFN,
@@ -51,9 +52,10 @@ class Gemma4(Family):
         swa = tuple(bool(v) for v in pattern)
         shared = int(meta.get("attention.shared_kv_layers", 0) or 0)
         first_shared = n - shared
-        if shared and not (first_shared >= 2 and any(swa[:first_shared]) and not all(swa[:first_shared])):
-            raise ModelLoadError(f"{self.arch}: {shared} KV-shared layers need a local and a global layer "
-                                 "before them")
+        if shared and not (first_shared >= 2 and swa[first_shared - 2] and not swa[first_shared - 1]):
+            # llama.cpp's reuse: local layers read layer first_shared - 2, global ones first_shared - 1
+            raise ModelLoadError(f"{self.arch}: {shared} KV-shared layers need a local then a global layer "
+                                 "right before them")
         head_swa = int(meta.require("attention.key_length_swa"))
         if int(meta.get("attention.value_length_swa", head_swa)) != head_swa or int(
                 meta.get("attention.value_length", cfg["head_dim"])) != cfg["head_dim"]:
