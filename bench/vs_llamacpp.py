@@ -34,6 +34,12 @@ LLAMACPP_SCRIPT = r"""
 import json, sys, time
 from llama_cpp import Llama
 path, threads, decode, prefills = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
+if sys.argv[5:] == ["no-repack"]:   # llama.cpp's extra (repacked) CPU buffer types off
+    import llama_cpp, llama_cpp.llama as lm
+    defaults = llama_cpp.llama_model_default_params
+    def params():
+        p = defaults(); p.use_extra_bufts = False; return p
+    lm.llama_cpp.llama_model_default_params = params
 llm = Llama(model_path=path, n_ctx=4096, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False)
 rss = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS:"))
 out = {"rss_after_load": rss}
@@ -63,10 +69,12 @@ def hitenter_rates(path: str, fmt: str, decode: int, prefills: list[int]) -> dic
 
     # a KV cache for llama.cpp's n_ctx=4096 tokens (the engine's default is a share of RAM, which would
     # dominate the RSS), in the format's activation dtype
-    kv_bytes = model_config_from_metadata(read_gguf_metadata(path)).kv_bytes_per_token(
-        2 if fmt == "bf16" else 4) * N_CTX
+    mcfg = model_config_from_metadata(read_gguf_metadata(path))
+    kv_bytes = mcfg.kv_bytes_per_token(2 if fmt == "bf16" else 4) * N_CTX
+    # a hybrid model's recurrent state slots are counted in kv_cache_memory: one running sequence, default budget
+    budget = {"max_num_seqs": 1} if mcfg.layer_types else {"kv_cache_memory": kv_bytes}
     llm = LLM(path, enable_prefix_caching=False, max_num_batched_tokens=max(prefills), max_model_len=N_CTX,
-              kv_cache_memory=kv_bytes, **FORMATS[fmt])
+              **budget, **FORMATS[fmt])
     kv = sum(getattr(t, "nbytes", 0) for t in llm.engine.parts.runner.kv_caches)   # KV tensors and state caches
     out: dict[str, object] = {"rss_after_load": rss_bytes(), "kv_bytes": kv}
     for n in prefills:
@@ -106,7 +114,8 @@ def llamacpp_rates(path: str, a: argparse.Namespace) -> dict[str, float]:
         print(f"llama-cpp-python not found at {a.llamacpp_python}; see this script's docstring", file=sys.stderr)
         return {}
     res = subprocess.run([a.llamacpp_python, "-c", LLAMACPP_SCRIPT, path, str(a.threads), str(a.decode),
-                          json.dumps(a.prefill)], capture_output=True, text=True, check=True, env=baseline_env())
+                          json.dumps(a.prefill), *(["no-repack"] if a.llamacpp_no_repack else [])],
+                         capture_output=True, text=True, check=True, env=baseline_env())
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -141,6 +150,9 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=DEFAULT_MODELS)
     ap.add_argument("--llamacpp-python", default="/work/venvs/llamacpp/bin/python")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--llamacpp-no-repack", action="store_true",
+                    help="llama.cpp without its repacked CPU buffers (this llama.cpp segfaults with them on some "
+                         "AVX-512 + AMX machines)")
     ap.add_argument("--decode", type=int, default=128)
     ap.add_argument("--prefill", type=int, nargs="+", default=[512, 2000])
     ap.add_argument("--bandwidth", type=float, default=31.0, help="GB/s read bandwidth of this machine")
