@@ -166,7 +166,7 @@ def bench_llama_bin(levels: list[int], args: argparse.Namespace) -> list[dict[st
     rows: list[dict[str, float]] = []
     for n in levels:
         with LlamaServer(args.llama_server_bin, gguf, parallel=n, ctx_per_slot=per_slot, threads=threads,
-                         startup_timeout=args.llama_server_timeout) as srv:
+                         startup_timeout=args.llama_server_timeout, extra_args=tuple(args.llama_server_arg)) as srv:
             rows += bench(srv.url, None, [n], args, "llama.cpp")
     return rows
 
@@ -237,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
                       help="llama-server binary to start per N (--parallel N) on the same GGUF")
     ap.add_argument("--llama-server-ctx", type=int, default=None,
                     help="per-slot context for --llama-server-bin (default: fits prompt + output)")
+    ap.add_argument("--llama-server-arg", action="append", default=[],
+                    help="an extra llama-server argument (repeatable), e.g. --no-repack where its repacked CPU "
+                         "buffers crash (seen on AVX-512 + AMX machines with this llama.cpp)")
     ap.add_argument("--llama-server-timeout", type=float, default=120.0,
                     help="seconds to wait for --llama-server-bin's /health")
     ap.add_argument("--json", default=None, help="also write the rows to this file")
