@@ -1,5 +1,5 @@
-"""Gemma 4 (dense): a CausalLM whose layers differ in shape, share KV and take per-layer inputs
-(hitenter/models/families/gemma4.py states the file and llama.cpp's graph).
+"""Gemma 4 (dense, and the 26B-A4B's experts): a CausalLM whose layers differ in shape, share KV and take
+per-layer inputs (hitenter/models/families/gemma4.py states the file and llama.cpp's graph).
 
 A layer, in the order it computes (x the residual stream; rms(v) = v / sqrt(mean(v^2) + eps)):
 
@@ -24,6 +24,7 @@ row-wise and the dense GEMMs run on rows padded to 8 as in decoder.py, so batch 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -32,6 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
+from hitenter.models import decode_kernel
 from hitenter.models.attention import KEY_TILE, AttentionMetadata, paged_attention, write_kv
 from hitenter.models.decoder import CausalLM
 from hitenter.models.layers import RMSNorm, Rope, embed_and_head, fused_linear, has_dense_gemms, make_linear
@@ -45,6 +47,17 @@ CosSin = tuple[torch.Tensor, torch.Tensor]
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     """RMS norm over the last dim without a weight (ggml_rms_norm)."""
     return F.rms_norm(x, (x.shape[-1],), None, eps)
+
+
+def _without_kernel(attn: AttentionMetadata) -> AttentionMetadata:
+    """The step's metadata with the decode kernel off (built once per step and view): for a layer whose
+    shape the kernel does not take, the engine's plan having checked the first layer's. A row's path then
+    depends on its layer and position only, so batch invariance holds."""
+    view = attn.fused_steps.get("no_decode_kernel")  # type: ignore[call-overload]
+    if view is None:
+        view = dataclasses.replace(attn, use_kernel=False, _plans={}, _kernel_rows=[], fused_steps={}, _local=[])
+        attn.fused_steps["no_decode_kernel"] = view  # type: ignore[index]
+    return view  # type: ignore[return-value]
 
 
 class Gemma4Layer(nn.Module):
@@ -117,6 +130,8 @@ class Gemma4Layer(nn.Module):
             v_raw = k_raw if self.v_from_k else qkv[:, (nh + kvh) * d:].reshape(t, kvh, d)
             k = rope.rotate(self.k_norm(k_raw), cos_sin)
             write_kv(kv_cache, k[:n_real], _rms(v_raw, self.eps)[:n_real], attn.slot_mapping)
+        if attn.use_kernel and not decode_kernel.supports(kv_cache, nh, q.dtype):
+            attn = _without_kernel(attn)   # e.g. the global layers' 512-wide heads: every row on the GEMM path
         o = paged_attention(q[:n_real], kv_cache, attn, 1.0, self.attn_row_multiple,
                             window=self.window).view(n_real, -1)
         if n_real < t:   # padding rows (batch-invariant GEMM shapes)
@@ -137,7 +152,10 @@ class Gemma4Layer(nn.Module):
 class Gemma4LM(CausalLM):
     """A Gemma 4 model (module docstring) with CausalLM's interface: forward(ids, positions, attn, kv_caches)
     -> hidden after the final norm, compute_logits (final soft-cap). kv_caches: one per layer, a KV-shared
-    layer's the same tensor as its source's (attention.allocate_kv_caches)."""
+    layer's the same tensor as its source's (attention.allocate_kv_caches). Not traceable by the playground
+    (models/trace.py runs decoder layers)."""
+
+    traceable = False
 
     def __init__(self, cfg: ModelConfig, w: dict[str, Any], dtype: torch.dtype = torch.float32,
                  batch_invariant: bool = True, weight_format: str = "dense", max_model_len: int | None = None) -> None:

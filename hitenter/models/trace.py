@@ -37,10 +37,12 @@ class Trace:
 
 
 def traceable(model: object) -> bool:
-    """True for the engine's transformer (decoder.CausalLM, single process); False e.g. for the trigram toy
-    and for hybrid models (models/hybrid.py), whose recurrent layers have no attention to draw."""
+    """True for the engine's transformer (decoder.CausalLM, single process); False e.g. for the trigram toy,
+    for hybrid models (models/hybrid.py), whose recurrent layers have no attention to draw, and for models
+    whose layers take other inputs (`traceable = False`: Gemma 4's per-layer inputs, models/gemma4.py)."""
     return all(hasattr(model, a) for a in ("embed", "layers", "norm", "rope", "compute_logits")) \
-        and getattr(model, "tp", None) is None and not getattr(getattr(model, "config", None), "layer_types", ())
+        and getattr(model, "tp", None) is None and not getattr(getattr(model, "config", None), "layer_types", ()) \
+        and getattr(model, "traceable", True)
 
 
 def _layer_rope(model: torch.nn.Module, layer: torch.nn.Module) -> torch.nn.Module | None:

@@ -171,3 +171,25 @@ def test_engine_batches_chunks_and_prefix_hits_give_the_lone_runs_tokens(q8_path
     assert warm.num_cached_tokens >= 32 and sig(warm) == alone[1]
     chunked = LLM(str(q8_path), max_num_batched_tokens=16, enable_prefix_caching=False)
     assert [sig(o) for o in chunked.generate(prompts, sp)] == alone
+
+
+def test_the_playground_trace_declines_gemma4(tiny_path: Path) -> None:
+    """The trace runs decoder layers; Gemma 4's take per-layer inputs: not traceable (a 400 in the playground)."""
+    from hitenter.models.trace import traceable
+
+    assert not traceable(load_model(tiny_path, dtype="float32")[0])
+
+
+def test_layers_the_decode_kernel_cannot_take_run_on_the_gemm_path(q8_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's plan checks the first layer's cache; a Gemma 4 global layer's wider heads (512 on E2B,
+    past the kernel's 256; here 32 past a lowered limit of 16) take the GEMM path instead of failing."""
+    from hitenter.models import decode_kernel
+
+    if decode_kernel.load() is None:
+        pytest.skip("the decode kernel is not built here")
+    monkeypatch.setattr(decode_kernel, "MAX_HEAD_DIM", 16)
+    llm = LLM(str(q8_path), max_num_batched_tokens=64)
+    out = llm.generate([list(range(3, 40))], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0]
+    assert len(out.outputs[0].token_ids) == 6
+    assert llm.engine.parts.runner.plan.attention_kernel   # the kernel ran for the local layers
