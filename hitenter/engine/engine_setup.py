@@ -179,8 +179,13 @@ def _window_groups(cfg: EngineConfig, mcfg: ModelConfig, num_blocks: int,
             or cfg.parallel.disaggregate is not None or not envs.HITENTER_WINDOW_RELEASE.get()):
         return num_blocks, None, None
     window = max(w for w in wins if w is not None)
-    ng, nl = split_blocks(num_blocks, mcfg.num_layers - local, local, window, cfg.cache.block_size,
-                          sched.max_num_seqs, sched.max_num_batched_tokens)
+    # each group weighed by the bytes its layers' blocks take (Gemma 4: per-layer shapes, and KV-shared layers
+    # that hold none): with equal layers this is the layer counts, scaled
+    size = [mcfg.layer_kv_heads(i) * mcfg.layer_head_dim(i) if mcfg.layer_kv_source(i) == i else 0
+            for i in range(mcfg.num_layers)]
+    ng, nl = split_blocks(num_blocks, sum(s for s, w in zip(size, wins, strict=True) if w is None),
+                          sum(s for s, w in zip(size, wins, strict=True) if w is not None), window,
+                          cfg.cache.block_size, sched.max_num_seqs, sched.max_num_batched_tokens)
     return ng, nl, window
 
 

@@ -193,3 +193,14 @@ def test_layers_the_decode_kernel_cannot_take_run_on_the_gemm_path(q8_path: Path
     out = llm.generate([list(range(3, 40))], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 6
     assert llm.engine.parts.runner.plan.attention_kernel   # the kernel ran for the local layers
+
+
+def test_the_kv_cache_fits_its_budget_with_per_layer_shapes(q8_path: Path) -> None:
+    """kv_cache_memory bounds the cache tensors' bytes: the global and local groups' pools are sized by what
+    each group's layers take per block (per-layer head sizes and KV heads; shared layers take nothing)."""
+    budget = 4 << 20
+    llm = LLM(str(q8_path), kv_cache_memory=budget, kv_cache_dtype="float32", max_model_len=256, max_num_seqs=2)
+    caches = {id(c): c for c in llm.engine.parts.runner.kv_caches}
+    used = sum(c.nbytes for c in caches.values())
+    assert llm.engine.kv_manager.local is not None   # the local layers have their own tables
+    assert 0.95 * budget <= used <= budget, (used, budget)   # (by layer counts: 0.88, shared layers counted)
