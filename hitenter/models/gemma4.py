@@ -189,8 +189,12 @@ class Gemma4LM(CausalLM):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
-                kv_caches: list[torch.Tensor]) -> torch.Tensor:
-        """Hidden states after the final norm, `[T, H]`; writes the new tokens' K/V into kv_caches."""
+                kv_caches: list[torch.Tensor],
+                embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Hidden states after the final norm, `[T, H]`; writes the new tokens' K/V into kv_caches. `embeds`
+        (CausalLM's image rows): ValueError, Gemma 4's vision input is not supported."""
+        if embeds is not None:
+            raise ValueError("gemma4: image embeddings are not supported (text only)")
         n = int(input_ids.shape[0])
         ids, pos = self._pad(input_ids.long()), self._pad(positions.long())
         x = self.embed(ids)
