@@ -204,3 +204,23 @@ def test_the_kv_cache_fits_its_budget_with_per_layer_shapes(q8_path: Path) -> No
     used = sum(c.nbytes for c in caches.values())
     assert llm.engine.kv_manager.local is not None   # the local layers have their own tables
     assert 0.95 * budget <= used <= budget, (used, budget)   # (by layer counts: 0.88, shared layers counted)
+
+
+@pytest.mark.slow
+def test_preemption_recomputes_the_same_tokens(q8_path: Path) -> None:
+    """A KV budget of a few blocks per group: requests are preempted and recomputed, with the tokens and
+    logprobs of a run that had room (shared-KV layers included, both groups released and refilled)."""
+    rng = random.Random(4)
+    prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(20, 60))] for _ in range(6)]
+    sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)
+
+    def sig(o):  # noqa: ANN001, ANN202
+        return o.outputs[0].token_ids, [(p.chosen.token_id, p.chosen.logprob) for p in o.outputs[0].logprobs]
+
+    ref = [sig(o) for o in LLM(str(q8_path), enable_prefix_caching=False).generate(prompts, sp)]
+    cfg = load_model(q8_path)[1]
+    per_block = cfg.kv_bytes_per_token(2) * 16   # the default half-precision cache
+    small = LLM(str(q8_path), enable_prefix_caching=False, max_model_len=128, max_num_seqs=6,
+                kv_cache_memory=12 * per_block)
+    assert [sig(o) for o in small.generate(prompts, sp)] == ref
+    assert small.engine.scheduler.stats.num_preemptions > 0
