@@ -6,7 +6,7 @@ compile flags and ISA variants, the environment switch that turns it off, what r
 warning when it cannot be built or loaded), its functions' ctypes signatures, the libraries it calls
 into, and the independent second instances it may need, each with its extra flags (tensor
 parallelism's fused layer: other C globals; the attention kernels' portable code, for tests).
-`LIBRARIES` lists them all; no other module opens a shared library of ours (tests/test_native.py).
+`LIBRARIES` lists them all; no other module opens a shared library of ours (tests/kernels/test_native.py).
 
 Calling the object returns its handle (the typed CDLL, or what `make` builds from it) or None: switched
 off (`HITENTER_...=0`, logged at info), a library it requires is absent (that one warned), or the build
