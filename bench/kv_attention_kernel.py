@@ -22,7 +22,7 @@ from common import cpu_line, table  # noqa: E402
 
 
 def kernel_path() -> str:
-    """Which attention code this CPU's build compiles (csrc/decode_attention.c: attn_avx2.h or the 16-lane code)."""
+    """Which attention code this CPU's build compiles (csrc/attention/decode_attention.c: attn_avx2.h or the 16-lane code)."""
     try:
         flags = set(next(ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")).split(":", 1)[1].split())
     except (OSError, StopIteration):

@@ -24,7 +24,7 @@ EXTERNAL = {"convert_hf_to_gguf.py"}   # llama.cpp's converter, named by the tin
 
 _EDGE = r"(?<![\w./*-])"
 REPO_PATH = re.compile(_EDGE + r"((?:hitenter|tests|scripts|docs|bench|\.ci)/[\w./*-]*[\w*])")
-CSRC_PATH = re.compile(_EDGE + r"csrc/([\w.-]+\.[ch])\b")
+CSRC_PATH = re.compile(_EDGE + r"csrc/((?:[\w-]+/)?[\w.-]+\.[ch])\b")   # a kernel family's folder, then the file
 BARE_MODULE = re.compile(_EDGE + r"([A-Za-z_][\w]*\.py)\b(?!/)")
 
 
@@ -73,8 +73,8 @@ def test_paths_named_in_source_exist() -> None:
 
 def test_the_check_sees_paths() -> None:
     # the scan finds the references it is meant to check (a regex that matched nothing would pass vacuously)
-    text = "see tests/models/test_decoder.py and csrc/qmatmul.c, engine_setup.py; not conversion/qwen.py"
+    text = "see tests/models/test_decoder.py and csrc/qmatmul/qmatmul.c, engine_setup.py; not conversion/qwen.py"
     assert REPO_PATH.findall(text) == ["tests/models/test_decoder.py"]
-    assert CSRC_PATH.findall(text) == ["qmatmul.c"]
+    assert CSRC_PATH.findall(text) == ["qmatmul/qmatmul.c"]
     assert BARE_MODULE.findall(text) == ["engine_setup.py"]
     assert len(source_files(REPO)) > 100

@@ -1,6 +1,6 @@
 """The fused native decode layer (models/fused_decode.py) on a tensor-parallel shard.
 
-The C layer (kernels/csrc/decode_layer.c) runs a whole layer and calls its matmuls through one function
+The C layer (kernels/csrc/layer/decode_layer.c) runs a whole layer and calls its matmuls through one function
 pointer that `dl_init` sets. A TP group loads a second instance of that library (native.DECODE_LAYER's
 "tp" instance: another file name, so its own pointer) and sets the pointer to `FusedCollectives.matmul`,
 a ctypes callback: a projection whose descriptor is an ordinary kernel descriptor (Q/K/V, gate/up:

@@ -21,7 +21,7 @@ BLOCK_TYPES: dict[int, tuple[int, int]] = {
     for t in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K,
               Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4)
 }
-# repacked layout (csrc/qm_repack.h): bytes per row and 32-element block (quants, fp16 d, fp16 m for Q4_*)
+# repacked layout (csrc/qmatmul/qm_repack.h): bytes per row and 32-element block (quants, fp16 d, fp16 m for Q4_*)
 REPACK_ROW_BYTES: dict[int, int] = {int(Q.Q4_0): 20, int(Q.Q4_1): 20, int(Q.Q8_0): 34}
 
 
@@ -29,7 +29,7 @@ REPACK_ROW_BYTES: dict[int, int] = {int(Q.Q4_0): 20, int(Q.Q4_1): 20, int(Q.Q8_0
 class BlockWeight:
     """`[N, K]` weight: `data` uint8 `[N, K / block_elems * block_bytes]`, rows of GGUF blocks of `qtype`.
 
-    `lanes > 0`: repacked at load for the native kernel (hitenter.kernels.qmatmul.repack; csrc/qm_repack.h):
+    `lanes > 0`: repacked at load for the native kernel (hitenter.kernels.qmatmul.repack; csrc/qmatmul/qm_repack.h):
     `data` is then 1-D, groups of `lanes` rows side by side; only qmatmul and `dequantize` read it."""
 
     data: torch.Tensor
@@ -108,7 +108,7 @@ class BlockWeight:
 
 def _unrepack(groups: np.ndarray, qt: int, nb: int, ln: int, pick: np.ndarray | None) -> np.ndarray:
     """`[rows, nb, block_bytes]`: the file-order blocks of repacked `groups` `[groups, nb, lanes * row_bytes]`
-    (csrc/qm_repack.h), all rows or the rows `pick`; Q8_0's quants still + 128 (`_unsign`). Any element type:
+    (csrc/qmatmul/qm_repack.h), all rows or the rows `pick`; Q8_0's quants still + 128 (`_unsign`). Any element type:
     run on byte positions it says where each byte of a row lies."""
     order = [b for ph in range(4) for b in range(ph, nb, 4)]        # blocks as stored: b % 4, then b / 4
     inv = np.argsort(order)

@@ -12,7 +12,7 @@ Per value head h, with the state ``S [dk, dv]`` (fp32), for each token t in orde
 
 :func:`delta_rule_reference` states it in torch (all heads at once, token by token: the op shapes
 depend only on the head count and sizes, never on the span or the batch). :func:`delta_rule` runs the
-native kernel (``csrc/delta_rule.c``: per head, the state kept in cache while the span's tokens go
+native kernel (``csrc/recurrent/delta_rule.c``: per head, the state kept in cache while the span's tokens go
 through it; AVX-512, AVX2 or portable vector code) where it is built, else the reference (one warning
 when it cannot be built). Both update ``state`` in place and return ``o [T, H, dv]``; the two agree to
 float rounding (tested), and each alone gives a row the same bits however its sequence's tokens were

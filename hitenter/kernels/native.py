@@ -1,7 +1,8 @@
 """Every native library, declared once and loaded one way.
 
-A `NativeLibrary` is one C source under kernels/csrc and all that using it takes: the headers it
-includes (followed from its `#include "..."` lines, so the build cache key covers each of them), its
+C sources live in a folder per kernel family under kernels/csrc (qmatmul/, attention/, layer/, sampling/,
+recurrent/; the headers several families share in common/). A `NativeLibrary` is one C source and all that
+using it takes: the headers it includes (followed from its `#include "..."` lines, so the build cache key covers each of them), its
 compile flags and ISA variants, the environment switch that turns it off, what runs instead (the one
 warning when it cannot be built or loaded), its functions' ctypes signatures, the libraries it calls
 into, and the independent second instances it may need, each with its extra flags (tensor
@@ -44,8 +45,9 @@ def included_headers(source: Path) -> tuple[Path, ...]:
     seen: set[Path] = set()
     todo = [source]
     while todo:
-        for name in INCLUDE.findall(todo.pop().read_text()):
-            h = (source.parent / name).resolve()
+        f = todo.pop()
+        for name in INCLUDE.findall(f.read_text()):
+            h = (f.parent / name).resolve()   # as the compiler resolves a quoted include: beside the includer
             if h not in seen and h.exists():
                 seen.add(h)
                 todo.append(h)
@@ -200,7 +202,7 @@ def _wire_layer(lib: ctypes.CDLL, _variant: str) -> ctypes.CDLL:
 # y = x W^T on GGUF blocks (kernels/qmatmul.py). -ffp-contract=off: fused multiply-adds only where the
 # source asks, identically in every inlined copy. HITENTER_QMATMUL_ISA forces a variant.
 QMATMUL = NativeLibrary(
-    "qmatmul", "qmatmul.c", env="HITENTER_QMATMUL", what="native quantized matmul",
+    "qmatmul", "qmatmul/qmatmul.c", env="HITENTER_QMATMUL", what="native quantized matmul",
     fallback=("GGUF weights are dequantized at load to dense fp32 (the same results as dtype='float32', more "
               "memory; HITENTER_GGUF_REFERENCE=1 keeps the blocks on the slow torch reference path)"),
     flags=["-ffp-contract=off"],
@@ -222,7 +224,7 @@ QMATMUL = NativeLibrary(
 
 # paged attention for generation rows (models/decode_kernel.py)
 DECODE_ATTENTION = NativeLibrary(
-    "decode_attention", "decode_attention.c", env="HITENTER_DECODE_KERNEL", what="decode attention kernel",
+    "decode_attention", "attention/decode_attention.c", env="HITENTER_DECODE_KERNEL", what="decode attention kernel",
     fallback="torch path only", instances={"portable": ["-mno-fma"]},   # the 16-lane code, not attn_avx2.h (tests)
     signatures={"decode_attention": (ctypes.c_int, [p, p, p, ctypes.c_int, i64, p, p, p, ctypes.c_int, ctypes.c_int,
                                                     i64, ctypes.c_int, ctypes.c_int, f32, i64, ctypes.c_int]),
@@ -230,7 +232,7 @@ DECODE_ATTENTION = NativeLibrary(
 
 # tiled paged attention for prompt rows (models/prompt_kernel.py)
 PROMPT_ATTENTION = NativeLibrary(
-    "prompt_attention", "prompt_attention.c", env="HITENTER_PROMPT_KERNEL", what="prompt attention kernel",
+    "prompt_attention", "attention/prompt_attention.c", env="HITENTER_PROMPT_KERNEL", what="prompt attention kernel",
     fallback="GEMM path for prompt rows", instances={"portable": ["-mno-fma"]},
     signatures={"prompt_attention": (ctypes.c_int, [p, p, p, ctypes.c_int, i64, p, p, p, p, p, ctypes.c_int,
                                                     ctypes.c_int, i64, ctypes.c_int, ctypes.c_int, f32, i64,
@@ -238,14 +240,14 @@ PROMPT_ATTENTION = NativeLibrary(
 
 # the sampler's exponential race (kernels/race.py)
 RACE = NativeLibrary(
-    "race", "race.c", env="HITENTER_RACE_KERNEL", what="sampling race kernel", fallback="numpy draws (slower)",
+    "race", "sampling/race.c", env="HITENTER_RACE_KERNEL", what="sampling race kernel", fallback="numpy draws (slower)",
     signatures={"race_argmax": (ctypes.c_int, [p, i64, i64, i64, p, p, ctypes.c_int]),
                 "race_q": (None, [u64, p, i64, p])})
 
 # a decoder layer's generation rows in one call (models/fused_decode.py), wired to the kernels above;
 # tensor parallelism runs a second instance whose matmul pointer does the collectives (distributed/fused.py)
 DECODE_LAYER = NativeLibrary(
-    "decode_layer", "decode_layer.c", env="HITENTER_FUSED_DECODE", what="fused decode layer",
+    "decode_layer", "layer/decode_layer.c", env="HITENTER_FUSED_DECODE", what="fused decode layer",
     fallback="the torch layer runs instead", flags=["-ffp-contract=off"],
     requires=(QMATMUL, DECODE_ATTENTION), optional=(PROMPT_ATTENTION,), make=_wire_layer, instances={"tp": []},
     signatures={"dl_init": (None, [p, p]), "dl_init_prompt": (None, [p]), "dl_layer": (i32, [p, p, p, p, p]),
@@ -255,7 +257,7 @@ DECODE_LAYER = NativeLibrary(
 # the gated delta rule of Gated DeltaNet layers over a sequence's span (kernels/delta_rule.py); every variant
 # gives the same bits (-ffp-contract=off, no horizontal sums). HITENTER_DELTA_RULE_ISA forces a variant.
 DELTA_RULE = NativeLibrary(
-    "delta_rule", "delta_rule.c", env="HITENTER_DELTA_RULE", what="delta rule kernel",
+    "delta_rule", "recurrent/delta_rule.c", env="HITENTER_DELTA_RULE", what="delta rule kernel",
     fallback="the torch reference runs instead (slower)", flags=["-ffp-contract=off"],
     variants={"auto": [], "avx2": ["-mno-avx512f"], "generic": ["-mno-avx512f", "-mno-avx2", "-mno-fma"]},
     variant_env="HITENTER_DELTA_RULE_ISA",
@@ -266,7 +268,7 @@ DELTA_RULE = NativeLibrary(
 # the causal conv and Mamba2's selective scan over a sequence's span (kernels/ssm_scan.py); -ffp-contract=off:
 # the conv and the scan's state bit-equal to the torch reference. HITENTER_SSM_SCAN_ISA forces a variant.
 SSM_SCAN = NativeLibrary(
-    "ssm_scan", "ssm_scan.c", env="HITENTER_SSM_SCAN", what="ssm scan kernel",
+    "ssm_scan", "recurrent/ssm_scan.c", env="HITENTER_SSM_SCAN", what="ssm scan kernel",
     fallback="the torch reference runs instead (slower)", flags=["-ffp-contract=off"],
     variants={"auto": [], "avx2": ["-mno-avx512f"], "generic": ["-mno-avx512f", "-mno-avx2", "-mno-fma"]},
     variant_env="HITENTER_SSM_SCAN_ISA",

@@ -5,7 +5,7 @@ Contract (both paths): x fp32 `[M, K]` (rows contiguous; a row stride is allowed
 on M, on the tiling or on the thread count (the native kernel fixes each output's reduction order;
 the reference path is only used when the kernel is absent, for the whole process).
 
-Native library (csrc/qmatmul.c): `native.QMATMUL`, built on first use and loaded once per process.
+Native library (csrc/qmatmul/qmatmul.c): `native.QMATMUL`, built on first use and loaded once per process.
 * HITENTER_QMATMUL=0: never load it (reference path, no warning).
 * HITENTER_QMATMUL_ISA=auto|avx512|avx2|generic: force a variant (built with -mno-avx512f, ...), so
   the AVX2 and plain-C paths can be tested on an AVX-512 machine.
@@ -15,8 +15,8 @@ place through their data pointers; no alignment is required, only unit stride al
 (out); `out` may be a column slice of a wider buffer (e.g. fused Q/K/V outputs). Paths: small M
 streams each weight row once per 8 activation rows; from M = 6 (32-wide types) / 9 (K types; Q4_K on AVX2: 6) it packs 16
 (AVX2: 8) weight rows at a time per call (a GEMM; all types with AVX512-VNNI, all but Q8_0 with AVX2,
-whose microkernels add maddubs pairs in int16 before one madd by the scale: csrc/qm_pack_avx2.h);
-a weight repacked at load (`repack`, csrc/qm_repack.h: Q4_0, Q4_1, Q8_0) runs one kernel for
+whose microkernels add maddubs pairs in int16 before one madd by the scale: csrc/qmatmul/qm_pack_avx2.h);
+a weight repacked at load (`repack`, csrc/qmatmul/qm_repack.h: Q4_0, Q4_1, Q8_0) runs one kernel for
 every M; all give the same bits for a row.
 Per call: the weight is described to the kernel once (a descriptor cached on the BlockWeight), so a
 call costs a few attribute reads on x/out and one 7-argument ctypes call.
@@ -148,7 +148,7 @@ def repack_enabled() -> bool:
 
 
 def repacked_nbytes(w: BlockWeight) -> int:
-    """Bytes `w` takes repacked (csrc/qm_repack.h), 0 where it stays as the file's rows (its type is not
+    """Bytes `w` takes repacked (csrc/qmatmul/qm_repack.h), 0 where it stays as the file's rows (its type is not
     repacked in this build, it already is, or repacking is off)."""
     if w.lanes or not repack_enabled():
         return 0

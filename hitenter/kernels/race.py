@@ -15,7 +15,7 @@ itself), and a trace recomputes the ``q`` of any candidate afterwards. ``u`` sit
 odd multiples of 2**-24 in (0, 1) (exact in fp32), so ``q`` is finite and positive.
 
 :func:`race_reference` states it in torch / numpy, and is the path without a C compiler (or with
-``HITENTER_RACE_KERNEL=0``; slower, one warning). The kernel (``csrc/race.c``) uses its own log and exp
+``HITENTER_RACE_KERNEL=0``; slower, one warning). The kernel (``csrc/sampling/race.c``) uses its own log and exp
 polynomials: tokens agree with the reference except where two candidates' scores tie to ~1e-6
 (tested).
 """

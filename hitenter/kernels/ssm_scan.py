@@ -14,7 +14,7 @@ dt, da [n, H], b, c [n, G, N]; returns y [n, H, P]).
 The `*_reference` functions state them in torch with op shapes that never depend on n (each row's bits
 depend only on its own window / the state before it, never on how a prompt was cut into spans: no
 F.conv1d, whose summation can change with n). The public functions run the native kernel
-(csrc/ssm_scan.c, compiled -ffp-contract=off) where it is built, else the reference: the convolution and
+(csrc/recurrent/ssm_scan.c, compiled -ffp-contract=off) where it is built, else the reference: the convolution and
 the scan's state are bit-equal to the reference, the scan's y agrees to float rounding (its N-long sum in
 index order), and either path alone gives a row the same bits however its sequence was cut.
 """

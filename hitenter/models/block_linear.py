@@ -52,7 +52,7 @@ def own_block_bytes(model: nn.Module) -> None:
     if not unique:
         return
     # every matmul weight of a repacked type (Q4_0, Q4_1, Q8_0) goes into the arena repacked
-    # (kernels/csrc/qm_repack.h: no per-call unpacking, same size, same bits), a tied head's too: its
+    # (kernels/csrc/qmatmul/qm_repack.h: no per-call unpacking, same size, same bits), a tied head's too: its
     # embedding then reads the rows it looks up out of the repacked groups (BlockWeight.file_rows)
     weights = {p.data.data_ptr(): p for m in linears for p in m.parts}
     repacked = {ptr: n for ptr, w in weights.items() if (n := repacked_nbytes(w))}

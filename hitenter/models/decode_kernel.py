@@ -1,4 +1,4 @@
-"""The fused paged-attention kernel for generation rows (csrc/decode_attention.c), built on first use.
+"""The fused paged-attention kernel for generation rows (csrc/attention/decode_attention.c), built on first use.
 
 Why: the torch path (attention.py) gathers each sequence's K/V blocks into a contiguous copy and then
 runs GEMMs on it, so a decode step reads the cache, writes the copy and reads it again; at 64

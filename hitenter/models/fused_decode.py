@@ -1,4 +1,4 @@
-"""A decoder layer's generation rows in one native call (csrc/decode_layer.c), for every dense family.
+"""A decoder layer's generation rows in one native call (csrc/layer/decode_layer.c), for every dense family.
 
 Why: at batch 1 a decode step's matmuls are short, and the torch glue around them (norms, bias, RoPE,
 the cache write, SiLU*up, residual adds, views) is ~130 eager ops per layer, which cost about as much.

@@ -2,7 +2,7 @@
 
 Every reader and writer handles all three: write_kv rounds K/V to the cache type (torch's
 round-to-nearest-even), the GEMM path (attention.py) widens the gathered keys to the query dtype, and
-the native kernels (csrc/decode_attention.c, prompt_attention.c, decode_layer.c) widen each element
+the native kernels (csrc/attention/decode_attention.c, prompt_attention.c, decode_layer.c) widen each element
 to fp32 as they load it and round once when the fused layer writes it. So a half-precision cache
 changes only the stored K/V values, never the order of any sum: a kernel over an f16 / bf16 cache
 gives bitwise the result it gives over an fp32 cache holding the same rounded values, and batch
@@ -14,7 +14,7 @@ per 8 values; else bf16); f16 keeps 10 mantissa bits against bf16's 7 and K/V va
 range (65504). It halves the bytes per token (Qwen2.5-1.5B: 57,344 -> 28,672), so a long context reads half
 the bytes per decode step and twice the tokens fit. bf16 for dense bf16 weights; fp32 for the float32
 reference load (`dtype float32`), which the exact tests compare against HF and llama.cpp. On AVX2 the
-kernels widen a half tile once into fp32 (csrc/attn_avx2.h): the f16 decode kernel runs as fast as fp32.
+kernels widen a half tile once into fp32 (csrc/attention/attn_avx2.h): the f16 decode kernel runs as fast as fp32.
 
 q8_0 (llama.cpp's `--cache-type-k/v q8_0`): each head row of head_dim values is head_dim / 32 blocks of
 llama.cpp's block_q8_0 (an fp16 scale d, then 32 int8 q; 34 bytes), quantized as ggml-quants.c's
@@ -42,7 +42,7 @@ QK8_0 = 32           # values per q8_0 block
 Q8_0_BLOCK_BYTES = 34   # its fp16 scale and 32 int8
 
 TORCH_KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "q8_0": Q8_0}
-# the native kernels' element codes (csrc/vec16.h: KV_F32 .. KV_Q8_0; `types` in decode_attention.c)
+# the native kernels' element codes (csrc/common/vec16.h: KV_F32 .. KV_Q8_0; `types` in decode_attention.c)
 KV_TYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, Q8_0: 3}
 
 

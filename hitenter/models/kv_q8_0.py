@@ -1,4 +1,4 @@
-"""The q8_0 KV cache's codec in torch: the reference the native kernels (csrc/vec16.h: q8_0_quant_row,
+"""The q8_0 KV cache's codec in torch: the reference the native kernels (csrc/common/vec16.h: q8_0_quant_row,
 q8_0_dequant_row) are tested against.
 
 A row of D values (D % 32 == 0) is D / 32 blocks of llama.cpp's block_q8_0, 34 bytes each: the scale d as

@@ -29,7 +29,7 @@ class KernelPlan:
     dense_gemm_why: str
     row_multiple: int             # dense GEMM rows padded to this multiple (1: no padding)
     attention_row_multiple: int   # attention's GEMM query rows padded to this multiple
-    attention_kernel: bool        # generation rows take the fused paged kernel (csrc/decode_attention.c)
+    attention_kernel: bool        # generation rows take the fused paged kernel (csrc/attention/decode_attention.c)
     attention_kernel_why: str
     batch_invariant: bool         # the option as asked
     quant_kernel: str = "none"    # the native quantized-matmul kernel (hitenter/kernels): its ISA, or "none"
@@ -116,7 +116,7 @@ def _quant_kernel(model: torch.nn.Module) -> str:
 def _fused(model: torch.nn.Module, kv_caches: list[torch.Tensor], attention_kernel: bool) -> tuple[str, int]:
     """(whether generation rows run fused, the longest prompt whose every row does too).
 
-    Where the fused layers have the tiled prompt kernel (csrc/prompt_attention.c through dl_init_prompt),
+    Where the fused layers have the tiled prompt kernel (csrc/attention/prompt_attention.c through dl_init_prompt),
     every prompt runs fused at any length: its prompt rows' glue in C, their attention tiled with key reuse
     (prompt_paths). Without it a prompt row's attention in the fused layer is the decode kernel's, per row
     with no key reuse, which costs more than the torch path's batched attention past a crossover. The

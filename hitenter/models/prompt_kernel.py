@@ -1,4 +1,4 @@
-"""The paged attention kernel for prompt rows (csrc/prompt_attention.c), built on first use.
+"""The paged attention kernel for prompt rows (csrc/attention/prompt_attention.c), built on first use.
 
 Why: the GEMM path (attention.py) computes each work item's whole score matrix with separate torch
 passes (mask, max, exp, sum, P.V per key tile) over gathered copies of the keys, most of a long

@@ -1,4 +1,4 @@
-"""Decode attention over long rows (csrc/decode_attention.c): a row's keys are cut into chunks of 256 counted from
+"""Decode attention over long rows (csrc/attention/decode_attention.c): a row's keys are cut into chunks of 256 counted from
 its first key, the chunks shared by all threads and merged in chunk order. A row's bits are the same with any
 thread count, alone or in a batch; it equals the float64 reference for every cache type, on the AVX2 build
 and on the portable 16-lane one."""

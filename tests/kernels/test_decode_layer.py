@@ -1,4 +1,4 @@
-"""The fused native decode layer (kernels/csrc/decode_layer.c) against the torch layer, the statement of the math.
+"""The fused native decode layer (kernels/csrc/layer/decode_layer.c) against the torch layer, the statement of the math.
 
 Both run the same quantized-matmul and attention kernels; they differ in the glue's float order (norm
 sums, exp) and so, through the 8-bit activation rounding, by a little. Tiny random models: logits within

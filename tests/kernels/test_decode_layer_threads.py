@@ -1,5 +1,5 @@
 """The fused layer's row-wise glue (norms, QK-norm, RoPE, the cache write, GLU, post-norms, residual adds)
-runs on the step's threads for steps of at least 16 rows (kernels/csrc/decode_layer.c, PAR_ROWS) and on
+runs on the step's threads for steps of at least 16 rows (kernels/csrc/layer/decode_layer.c, PAR_ROWS) and on
 one thread below that. A row's arithmetic must not depend on which: a 96-token prompt's logits are the
 same bits in one step as in steps of 6 rows (one thread) and of 28 and 56 rows, on 2 threads."""
 

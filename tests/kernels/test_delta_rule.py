@@ -1,4 +1,4 @@
-"""The native gated delta rule (csrc/delta_rule.c) against its torch reference (hitenter/kernels/delta_rule.py):
+"""The native gated delta rule (csrc/recurrent/delta_rule.c) against its torch reference (hitenter/kernels/delta_rule.py):
 output and state to float rounding (the sums run in another order), the same bits on every ISA variant and
 thread count, and a span cut anywhere gives the bits of the whole span, on the kernel and on the reference."""
 
@@ -75,7 +75,7 @@ def test_thread_counts_give_the_same_bits(native: None) -> None:
 
 @pytest.mark.slow   # builds the AVX2 and portable copies
 def test_every_isa_variant_gives_the_same_bits(native: None) -> None:
-    """AVX-512, AVX2 and the portable build of csrc/delta_rule.c, each loaded on its own (a test-only load)."""
+    """AVX-512, AVX2 and the portable build of csrc/recurrent/delta_rule.c, each loaded on its own (a test-only load)."""
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     outs = []
     for variant in DELTA_RULE.variants:

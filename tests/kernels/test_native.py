@@ -20,7 +20,7 @@ from hitenter.testing.paths import PACKAGE
 
 def test_every_c_source_is_one_declared_library() -> None:
     sources = sorted(lib.source.name for lib in LIBRARIES)
-    assert sources == sorted(p.name for p in CSRC.glob("*.c"))
+    assert sources == sorted(p.name for p in CSRC.rglob("*.c"))
     assert len({lib.name for lib in LIBRARIES}) == len(LIBRARIES)
 
 
@@ -28,17 +28,17 @@ def test_every_c_source_is_one_declared_library() -> None:
 def test_the_cache_key_covers_every_included_header(lib: NativeLibrary) -> None:
     """Each quoted #include of the source and of its headers, read here line by line, is a header the build
     hashes (a change to any of them rebuilds the library)."""
-    names = {h.name for h in lib.headers}
+    headers = set(lib.headers)
     for f in (lib.source, *lib.headers):
         for line in f.read_text().splitlines():
             m = re.match(r'\s*#\s*include\s+"(.+)"', line)
             if m:
-                assert m.group(1) in names, f"{lib.name}: {f.name} includes {m.group(1)}"
+                assert (f.parent / m.group(1)).resolve() in headers, f"{lib.name}: {f.name} includes {m.group(1)}"
 
 
 def test_every_header_belongs_to_a_library() -> None:
-    used = {h.name for lib in LIBRARIES for h in lib.headers}
-    assert used == {p.name for p in CSRC.glob("*.h")}
+    used = {h for lib in LIBRARIES for h in lib.headers}
+    assert used == {p.resolve() for p in CSRC.rglob("*.h")}
     assert "vec16.h" in {h.name for h in DECODE_LAYER.headers}
 
 

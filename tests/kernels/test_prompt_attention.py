@@ -1,4 +1,4 @@
-"""The prompt-row attention kernel (hitenter/kernels/csrc/prompt_attention.c) against the fp64-free torch
+"""The prompt-row attention kernel (hitenter/kernels/csrc/attention/prompt_attention.c) against the fp64-free torch
 reference, and its batch invariance: a row's bits do not depend on how the prompt is chunked, on the other
 sequences of the step or on the thread count."""
 

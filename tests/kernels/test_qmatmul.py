@@ -248,7 +248,7 @@ _F16_MORE = {Q.Q2_K: [80, 82], Q.Q3_K: [108]}
 def test_largest_codes_do_not_overflow(qtype: Q) -> None:
     """Every code byte 0xFF (every weight at its largest code: Q6_K 63, Q5_* 31, Q4_* 15) against activations
     all at +amax (quantized 127), so every product is at its maximum: the AVX2 kernels add maddubs pairs in
-    int16 over several dwords before widening (csrc/qm_pack_avx2.h), exact only while the bound holds. A wrap
+    int16 over several dwords before widening (csrc/qmatmul/qm_pack_avx2.h), exact only while the bound holds. A wrap
     here is off by 65536 units of d * d_x, far outside the bound; row path (M = 1) and packed GEMM (M = 16)."""
     elems, nbytes = gguf.GGML_QUANT_SIZES[qtype]
     n, k = 16, 256

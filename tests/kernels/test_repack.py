@@ -1,4 +1,4 @@
-"""Weights repacked at load (hitenter/kernels/csrc/qm_repack.h): lossless, and the same qmatmul bits as
+"""Weights repacked at load (hitenter/kernels/csrc/qmatmul/qm_repack.h): lossless, and the same qmatmul bits as
 the file's rows through every path (M from 1 to beyond the packed threshold, ragged N, any thread count,
 the AVX2 build's 8-lane groups)."""
 

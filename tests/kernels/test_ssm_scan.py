@@ -1,4 +1,4 @@
-"""The native causal conv and Mamba2 scan (csrc/ssm_scan.c) against their torch references
+"""The native causal conv and Mamba2 scan (csrc/recurrent/ssm_scan.c) against their torch references
 (hitenter/kernels/ssm_scan.py): the conv and the scan's state bit-equal, the scan's output to float rounding;
 and a span cut anywhere gives the bits of the whole span on the kernel."""
 

@@ -20,8 +20,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "avx2_math.h"
-#include "vec16.h"
+#include "../common/avx2_math.h"
+#include "../common/vec16.h"
 
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));

@@ -19,7 +19,7 @@
 #include <string.h>
 #include <math.h>
 
-#include "vec16.h"
+#include "../common/vec16.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 #include "attn_avx2.h"   /* 8-lane register blocks for AVX2 (see there) */

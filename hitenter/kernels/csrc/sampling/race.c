@@ -13,7 +13,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#include "vec16.h"
+#include "../common/vec16.h"
 
 #define GOLDEN 0x9E3779B97F4A7C15ULL
 
@@ -110,7 +110,7 @@ static int64_t race_row(const float *x, int64_t v, uint64_t seed) {
    for 16 lanes of AVX-512, compiles here to spills and emulated 64-bit lanes, many times slower. The draws u
    are the same integers; the log and exp are the same polynomials with explicit FMAs (GCC's contraction of
    the generic code may round differently in the last bit). */
-#include "avx2_math.h"
+#include "../common/avx2_math.h"
 
 /* Pruning, exact: every q is at least -log(1 - 2^-24) ~ 5.96e-8 (u <= 1 - 2^-24), so a token with
    e^d < best * Q_FLOOR (d = its logit minus the row's max) scores e^d / q < best: it can neither win nor tie,

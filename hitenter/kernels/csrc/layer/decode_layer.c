@@ -26,7 +26,7 @@
 #include <string.h>
 #include <math.h>
 
-#include "vec16.h"
+#include "../common/vec16.h"
 
 typedef int (*qm_fn)(const void *desc, const float *x, int64_t M, int64_t ldx, float *y, int64_t ldy, int nthreads);
 typedef int (*attn_fn)(const void *q, void *out, const void *kv, int types, int64_t R, const int64_t *ctx,
