@@ -15,43 +15,24 @@ Left out, and why (each is a peer-only behaviour or needs another model):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 import anthropic
-import httpx
 import pytest
 
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.server.api import create_app
 from hitenter.testing.live_server import LiveServer, live_server
+from hitenter.testing.peer_conformance import ANT_TOOL, MODEL, USE, events, post
 
-CITY = {"type": "object", "properties": {"location": {"type": "string", "pattern": "^[a-z]{1,6}$"}},
-        "required": ["location"], "additionalProperties": False}
-ANT_TOOL = {"name": "get_weather", "description": "Get the current weather in a location", "input_schema": CITY}
-OAI_TOOL = {"type": "function", "name": "get_weather", "description": "weather", "parameters": CITY, "strict": True}
 pytestmark = pytest.mark.slow      # a live server and many checks: the full suite's, not the fast lane's
-USE = [{"role": "user", "content": "What's the weather?"},
-       {"role": "assistant", "content": [{"type": "tool_use", "id": "test123", "name": "get_weather",
-                                          "input": {"location": "Paris"}}]}]
 
 
 @pytest.fixture(scope="module")
 def server(tools_engine: LLMEngine) -> Iterator[LiveServer]:
-    with live_server(create_app(tools_engine, "test", playground=False)) as srv:
+    with live_server(create_app(tools_engine, MODEL, playground=False)) as srv:
         yield srv
-
-
-def post(server: LiveServer, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(server.url + path, json={"model": "test", **body}, timeout=60)
-
-
-def events(server: LiveServer, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    """The ``data:`` objects of a named-event stream."""
-    with httpx.stream("POST", server.url + path, json={"model": "test", "stream": True, **body}, timeout=60) as r:
-        assert r.status_code == 200, r.read()
-        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
 
 
 # --- llama.cpp test_compat_anthropic.py ------------------------------------------------------------------
