@@ -221,8 +221,17 @@ def test_step_mode_one_token_per_request(page, server) -> None:
 
 
 def pick_first_trigram_step(pg) -> None:
-    pg.locator("#trigram-tokens .tok").first.click()
-    pg.wait_for_selector("#trigram-tokens .tok.chosen-branch[data-index='0']")
+    """Click the first trigram step until the page shows it chosen: a redraw between finding the element
+    and the click can leave the click on a detached copy (the page redraws its panels as events arrive)."""
+    chosen = "#trigram-tokens .tok.chosen-branch[data-index='0']"
+    for _ in range(10):
+        pg.locator("#trigram-tokens .tok").first.click()
+        try:
+            pg.wait_for_selector(chosen, timeout=3000)
+            return
+        except Exception:   # playwright's TimeoutError: click again on the redrawn element
+            continue
+    pg.wait_for_selector(chosen)
 
 
 def test_trigram_beside_the_real_model(page, server) -> None:
