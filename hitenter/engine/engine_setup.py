@@ -25,6 +25,7 @@ from hitenter.engine.sampler import Sampler
 from hitenter.engine.scheduler import Scheduler
 from hitenter.engine.speculative import SpecDecoder, build_spec_decoder
 from hitenter.kv_cache.manager import KVCacheManager
+from hitenter.models.attention import kv_tensors
 from hitenter.models.plan import KernelPlan, apply_plan, build_plan
 
 log = logging.getLogger("hitenter.engine")
@@ -288,8 +289,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
                  "blocks outside the local layers' windows would leave", held / 1e6, 100 * (1 - held / now),
                  f"; {num_blocks} global and {num_local} local blocks" if window else "")
     runner = _runner(cfg, path, net, mcfg, dtype, num_blocks, sched_cfg, kv_dtype, num_local, num_slots)
-    attn_caches = [c for c in runner.kv_caches if isinstance(c, torch.Tensor) and c.numel()]
-    plan = build_plan(runner.model, attn_caches, dtype, cfg.load.batch_invariant)
+    plan = build_plan(runner.model, kv_tensors(runner.kv_caches), dtype, cfg.load.batch_invariant)
     apply_plan(runner.model, plan)
     runner.plan = plan
     log.info("kernel plan for %s:\n%s", path, plan.describe())

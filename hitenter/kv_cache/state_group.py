@@ -163,13 +163,12 @@ class StateGroup(CacheGroup):
         self._lru.pop(slot, None)
 
     def _unpin(self, slot: int) -> None:
+        """One pin fewer; the last one returns the snapshot to the LRU (a pinned snapshot is never dropped)."""
         n = self._pin_count.pop(slot) - 1
         if n:
             self._pin_count[slot] = n
-        elif slot in self._hash_of:
-            self._lru[slot] = None   # most recently used
         else:
-            self._release(slot)
+            self._lru[slot] = None   # most recently used
 
     def plan(self, rid: str, start: int, n: int, prompt_len: int, caching: bool = True, drafts: int = 0) -> StateStep:
         """The step's state work for rows ``[start, start + n)`` of ``rid`` (which must be admitted); the last

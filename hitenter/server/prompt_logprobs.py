@@ -144,13 +144,6 @@ def _token_logprobs(model: Any, p: list[int], h: Tensor, k: int) -> list[TokenLo
     return lps
 
 
-def embed_job(engine: Any, prompts: list[list[int]],
-              slice_tokens: int = SLICE_TOKENS) -> Generator[None, None, list[list[float]]]:
-    """Mean over the tokens of the final (normed) hidden states, then L2-normalized."""
-    hidden = yield from hidden_states_job(engine, prompts, slice_tokens)
-    return [torch.nn.functional.normalize(h.float().mean(dim=0), dim=0).tolist() for h in hidden]
-
-
 def run_now(job: Generator[None, None, Any]) -> Any:
     """Run a job to its end in this thread; its result."""
     while True:
