@@ -23,7 +23,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models
 
 from hitenter.errors import ModelLoadError
-from hitenter.tokenizer.bpe import NORMAL, VOCAB_BUILDERS, Tokenizer
+from hitenter.tokenizer.bpe import VOCAB_BUILDERS
+from hitenter.tokenizer.spm import SpmTokenizer
 
 SPACE = "\u2581"
 _RUNS = re.compile(r"[^\n]+|\n+")
@@ -65,23 +66,13 @@ class _Gemma4Encoder:
         return out
 
 
-class Gemma4Tokenizer(Tokenizer):
-    """A GGUF "gemma4" vocabulary; the contracts are bpe.Tokenizer's, ids equal llama.cpp's."""
+class Gemma4Tokenizer(SpmTokenizer):
+    """A GGUF "gemma4" vocabulary (token bytes as SentencePiece pieces: SpmTokenizer); ids equal llama.cpp's."""
 
     def __init__(self, md: Mapping[str, Any], encoder: Any) -> None:
         super().__init__(md, encoder)
         self.add_bos = self.bos_token_id is not None   # llama.cpp overrides add_bos_token false for Gemma 4
 
-    def token_bytes(self, token_id: int) -> bytes:
-        """Exact bytes of one token: NORMAL pieces with "▁" as spaces, the rest as bpe.Tokenizer."""
-        b = self._token_bytes.get(token_id)
-        if b is None:
-            if self._types[token_id] == NORMAL:
-                b = self._tokens[token_id].replace(SPACE, " ").encode("utf-8")
-                self._token_bytes[token_id] = b
-            else:
-                b = super().token_bytes(token_id)
-        return b
 
 
 def build_gemma4(md: Mapping[str, Any]) -> Gemma4Tokenizer:
