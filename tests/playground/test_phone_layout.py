@@ -19,9 +19,10 @@ SCROLLERS = """() => [...document.querySelectorAll('.panel .body table, .panel .
       scrolls: n.dataset.scrolls || null, hint: Boolean(h && h.classList.contains('scroll-hint') && r.width > 0 && r.height > 0
         && getComputedStyle(h).visibility !== 'hidden') }; })"""
 
-HERE = """() => [...document.querySelectorAll('#cheat td.here')].filter((c) => c.textContent.trim()).map((c) => {
+HERE = """() => { document.querySelector('#cheat').scrollIntoView({ block: 'nearest' });
+  return [...document.querySelectorAll('#cheat td.here')].filter((c) => c.textContent.trim()).map((c) => {
   const r = c.getBoundingClientRect(), box = c.closest('.panel').getBoundingClientRect();
-  return { text: c.textContent, left: r.left, right: r.right, width: r.width, boxLeft: box.left, boxRight: box.right }; })"""
+  return { text: c.textContent, left: r.left, right: r.right, width: r.width, boxLeft: box.left, boxRight: box.right }; }); }"""
 
 
 def _page(browser, server, width: int, height: int):
@@ -39,8 +40,7 @@ def _page(browser, server, width: int, height: int):
 
 
 def _here_inside(pg, right_edge: float) -> None:
-    pg.locator("#cheat").scroll_into_view_if_needed()
-    cells = pg.evaluate(HERE)
+    cells = pg.evaluate(HERE)                             # scrolls and measures in one call: a redraw replaces #cheat
     assert len(cells) >= 3, cells                         # the run and the trace fill several
     for c in cells:
         assert c["width"] > 20 and c["left"] >= c["boxLeft"] - 1 and c["right"] <= min(c["boxRight"], right_edge) + 1, c
