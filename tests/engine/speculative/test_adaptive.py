@@ -184,7 +184,12 @@ def test_identity_under_varying_k(tiny_qwen2_path, one_layer_draft, method):
 
 
 @pytest.mark.slow
-def test_k_falls_in_the_engine_when_the_draft_never_agrees(tiny_qwen2_path, tmp_path):
+def test_k_falls_in_the_engine_when_the_draft_never_agrees(tiny_qwen2_path, tmp_path, monkeypatch):
+    # The costs a draft model as large as the target has (a draft step = a 1-row target pass), fed to the
+    # controller in place of wall-clock seconds, so a loaded machine's noise cannot decide k.
+    observe_pass, observe_draft = StepCosts.observe_pass, StepCosts.observe_draft
+    monkeypatch.setattr(StepCosts, "observe_pass", lambda self, n, s: observe_pass(self, n, 0.01 * (1 + 0.05 * (n - 1))))
+    monkeypatch.setattr(StepCosts, "observe_draft", lambda self, n, s: observe_draft(self, n, 0.01 * n))
     other = write_tiny_gguf(tmp_path / "other.gguf", arch="qwen2", seed=3)   # as large as the target
     llm = LLM(str(tiny_qwen2_path), speculative_model=str(other), num_speculative_tokens=6)
     out = llm.generate([list(range(5, 40))], SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True))[0]
