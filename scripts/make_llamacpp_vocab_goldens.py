@@ -3,7 +3,10 @@ add_special=false and parse_special=false (and parse_special=true), and its deto
 
 1. tests/goldens/llamacpp_vocab/<name>.json: llama.cpp's own test vocabularies (hitenter.testing.llamacpp_vocab:
    models/ggml-vocab-<name>.gguf from the llama.cpp source vendored in the llama-cpp-python sdist), on
-   their test-tokenizer-0 inputs (.gguf.inp); the .gguf.out ids are checked against this build first.
+   their test-tokenizer-0 inputs (.gguf.inp); the .gguf.out ids are checked against this build first. A
+   vocabulary shipped without .inp / .out (nomic-bert-moe: SentencePiece unigram) takes bert-bge's inputs
+   plus tests/data/tokenizer_corpus.json and UGM_STRINGS (normalization: NFKC forms, combining marks,
+   whitespace kinds, control characters).
 2. tests/goldens/tokenizer_harmony.json: the tiny gpt-oss GGUF with the `gpt-4o` pre-tokenizer and the harmony
    special tokens (hitenter.testing.tiny_harmony), on tests/data/tokenizer_corpus.json, harmony replies and
    injection attempts.
@@ -48,6 +51,14 @@ GEMMA_CHATS: list[tuple[list[dict[str, str]], bool]] = [
     ([{"role": "user", "content": "a\n\n\nb  c    d"}, {"role": "assistant", "content": "ok\n\nsure"},
       {"role": "user", "content": "<b>html</b>\n\n<table><tr><td>1</td></tr></table>"}], True),
     ([{"role": "user", "content": "code:\n\n    def f():\n        return 1\n\n"}], False),
+]
+UGM_STRINGS = [
+    "\uff21\uff22\uff23 \uff41\uff42\uff43 \uff11\uff12\uff13 \uff76\uff80\uff76\uff85", "\ufb01nance \ufb02ow",
+    "\u2460\u2461 \u2122 \u2026 \u00bd \u33a1", "cafe\u0301 na\u0308ive A\u030a", "a\u00a0b\u3000c\u2028d\u0085e",
+    "x\ty\r\nz\x0bw", "zero\u200bwidth\u200dj\u200coin", "nul\x00byte \x7f del", "\u2581already\u2581escaped \u2581",
+    "  lead and trail  ", "a     b", "\ufdfa \ufdfb", "\u1100\u1161\u11a8 \ud55c\uad6d\uc5b4",
+    "\u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22", "\u0627\u0644\u0639\u0631\u0628\u064a\u0629 \u0939\u093f\u0928\u094d\u0926\u0940",
+    "<s>x</s> <mask> <unk>", "Stra\u00dfe STRASSE \u00df", "\u0130stanbul \u0131i", "\U0001d400\U0001d401 \U0001f600\U0001f3fd",
 ]
 HARMONY_REPLIES = [
     "<|channel|>analysis<|message|>The user asks what 2+2 is. Simple.<|end|><|start|>assistant"
@@ -153,13 +164,22 @@ def _sha256(path: Path) -> str:
 
 
 def llamacpp_vocabs(llama_python: str, sdist: Path | None, names: list[str] | None = None) -> None:
-    from hitenter.testing.llamacpp_vocab import VOCABS, ensure_vocabs, read_llamacpp_tests, vocab_path
+    from hitenter.testing.llamacpp_vocab import (
+        VOCABS,
+        WITHOUT_TEST_DATA,
+        ensure_vocabs,
+        input_texts,
+        read_llamacpp_tests,
+        vocab_path,
+    )
 
     ensure_vocabs(sdist)
+    corpus = json.loads((ROOT / "tests/data/tokenizer_corpus.json").read_text())
     for name in names or VOCABS:
-        tests = read_llamacpp_tests(name)
-        ref = llama_reference(llama_python, vocab_path(name), [t for t, _ in tests])
-        differ = [t for (t, out), e in zip(tests, ref["entries"], strict=True) if e["ids"] != out]
+        extra = corpus + UGM_STRINGS if name in WITHOUT_TEST_DATA else []
+        ref = llama_reference(llama_python, vocab_path(name), input_texts(name) + extra)
+        tests = [] if name in WITHOUT_TEST_DATA else read_llamacpp_tests(name)
+        differ = [t for (t, out), e in zip(tests, ref["entries"], strict=False) if e["ids"] != out]
         if differ:
             print(f"  {name}: llama.cpp differs from its own .gguf.out on {len(differ)} strings: {differ[:3]!r}")
         _write(f"llamacpp_vocab/{name}.json", {"vocab": name, "gguf_sha256": _sha256(vocab_path(name)),
