@@ -254,10 +254,14 @@ class LoadConfig:
     quantization: str | None = _opt(None, "weights kept in memory as gguf blocks, int8 or int4 (hitenter/quant)",
                                     choices=QUANTIZATIONS[1:])
     num_threads: int | None = _opt(None, "torch threads (default: torch's choice)")
+    mmproj: str | None = _opt(None, "vision projector (llama.cpp mmproj GGUF) for image input; default: an "
+                                    "mmproj*.gguf beside the model that fits it; 'none': no vision encoder",
+                              flag="--mmproj")
     batch_invariant: bool = _opt(True, "pad rows so results are bitwise batch invariant", flag="--no-batch-invariant")
 
     def __post_init__(self) -> None:
         _require(self.model is None or isinstance(self.model, str), "model", f"must be a string, got {self.model!r}")
+        _require(self.mmproj is None or isinstance(self.mmproj, str), "mmproj", f"must be a path, got {self.mmproj!r}")
         # old spellings still accepted: torch dtypes, fp32 / bf16 / fp16, quantization "none"
         dtype = str(self.dtype).removeprefix("torch.")
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(dtype, dtype))

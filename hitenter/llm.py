@@ -7,7 +7,9 @@ from typing import Any
 
 from hitenter.config import EngineConfig
 from hitenter.engine.llm_engine import LLMEngine
-from hitenter.models.vision.content import image_parts
+from hitenter.engine.image_prompt import MEDIA_MARKER, chat_segments
+from hitenter.models.vision.content import image_parts, with_markers
+from hitenter.models.vision.image_source import image_rgb
 from hitenter.outputs import RequestOutput
 from hitenter.sampling_params import SamplingParams
 
@@ -42,6 +44,18 @@ class LLM:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _with_images(self, prompt: Prompt | dict[str, Any]) -> Any:
+        """A vLLM-style ``{"prompt": text, "multi_modal_data": {"image": image or [images]}}`` as an engine
+        image prompt (the text holds one MEDIA_MARKER, "<__media__>", per image); other prompts unchanged."""
+        if not isinstance(prompt, dict):
+            return prompt
+        text, data = prompt.get("prompt"), prompt.get("multi_modal_data") or {}
+        if not isinstance(text, str):
+            raise ValueError("prompt: a dict prompt needs a 'prompt' string")
+        images = data.get("image", [])
+        images = list(images) if isinstance(images, (list, tuple)) else [images]
+        return self.engine.image_prompt(text, [image_rgb(im) for im in images])
+
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
                  on_output: Callable[[RequestOutput], None] | None = None) -> list[RequestOutput]:
         """Run prompts (text, or token ids) to completion, batched together; outputs in prompt order.
@@ -50,7 +64,7 @@ class LLM:
         ``on_output`` sees every intermediate output (for streaming to a terminal).
         All requests are validated before any runs: one bad prompt raises and nothing is queued.
         """
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)  # type: ignore[arg-type]
         if params is None:
@@ -60,7 +74,7 @@ class LLM:
             raise ValueError(f"params: got {len(plist)} SamplingParams for {len(prompts)} prompts")
         eng = self.engine
         # validate and tokenize all first (once each): nothing half-queued
-        pending = [eng.prepare_request(None, p, sp) for p, sp in zip(prompts, plist, strict=True)]
+        pending = [eng.prepare_request(None, self._with_images(p), sp) for p, sp in zip(prompts, plist, strict=True)]
         ids: list[str] = []
         try:
             for pr in pending:
@@ -89,17 +103,24 @@ class LLM:
     def chat(self, conversations: list[Message] | Sequence[list[Message]],
              params: SamplingParams | Sequence[SamplingParams] | None = None,
              add_generation_prompt: bool = True, **kwargs: Any) -> list[RequestOutput]:
-        """Apply the model's chat template to each conversation, then generate. A message holding an image
-        (an image_url / image / input_image part, or Ollama's `images`) is a ValueError: images are not
-        taken by this engine's models yet, and a chat template would drop them silently."""
+        """Apply the model's chat template to each conversation, then generate. Images (image_url / image /
+        input_image parts, Anthropic image blocks, Ollama's `images`; data: URLs, base64, numpy arrays or PIL
+        images) go where the template puts them, as llama.cpp's server lays them out; without a vision
+        encoder (``LLM(model, mmproj=...)``) an image is a ValueError naming where it is."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # type: ignore[list-item]
+        prompts: list[Any] = []
         for c, conversation in enumerate(conversations):
             found = image_parts(list(conversation))
-            if found:
+            if found and self.engine.vision is None:
                 where, kind = found[0]
                 raise ValueError(f"conversation {c}, {where}: an image ({kind}), but the model has no "
-                                 "vision encoder loaded: images are not supported for it")
-        prompts = [self.tokenizer.apply_chat_template(list(c), add_generation_prompt=add_generation_prompt)
-                   for c in conversations]
+                                 "vision encoder loaded: pass its projector, LLM(model, mmproj='mmproj.gguf')")
+            if found:
+                messages, images = with_markers(list(conversation), MEDIA_MARKER)
+                segments = chat_segments(self.tokenizer, messages, add_generation_prompt)
+                prompts.append(self.engine.image_prompt(segments, [image_rgb(p) for _, p in images], add_bos=False))
+            else:
+                prompts.append(self.tokenizer.apply_chat_template(list(conversation),
+                                                                  add_generation_prompt=add_generation_prompt))
         return self.generate(prompts, params, **kwargs)

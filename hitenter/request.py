@@ -6,6 +6,10 @@ is one behind, a prefix-cache hit advances ``num_computed_tokens`` before the fi
 Speculative decoding appends drafted tokens (``spec_token_ids``, never verified output) after the
 outputs: they count in ``num_tokens``/``all_token_ids``, so one step scores them all; the scheduler
 rolls ``num_computed_tokens`` back over the rejected ones.
+Images (``Request.images``, ImageRun): each image's soft tokens are a run of placeholder ids in the prompt
+whose rows take the vision encoder's output instead of token embeddings; a run is computed within one step
+(the scheduler never cuts it, the KV cache never serves half of it) and the prefix cache's block hashes of
+the blocks it touches carry its content key.
 """
 
 from __future__ import annotations
@@ -55,6 +59,23 @@ class RequestMetrics:
         return self.first_token_time - self.arrival_time
 
 
+@dataclass(frozen=True, eq=False)
+class ImageRun:
+    """One image in a prompt: its soft-token rows ``[start, start + length)``, the content key the prefix
+    cache and the encoder cache know it by (a digest of the image's pixels as the encoder takes them), the
+    encoder's input (``pixels``), and whether its rows attend to each other bidirectionally (Gemma 3)."""
+
+    start: int
+    length: int
+    key: bytes
+    pixels: Any
+    bidirectional: bool = False
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
 @dataclass(eq=False)
 class Request:
     request_id: str
@@ -71,6 +92,18 @@ class Request:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     extra: dict[str, Any] = field(default_factory=dict)   # per-request state of other parts (spec stats, ...)
     generator: Any = None                 # torch.Generator of a seeded / random request; None when greedy
+    images: tuple[ImageRun, ...] = ()     # the prompt's images, in order, not overlapping
+
+    def image_keys(self, start: int, end: int) -> list[bytes]:
+        """The content keys of the images with rows in ``[start, end)`` (a prefix-cache block's extra key)."""
+        return [im.key for im in self.images if im.start < end and im.end > start]
+
+    def image_floor(self, pos: int) -> int:
+        """``pos`` moved back to the start of an image whose rows it would cut (start < pos < end)."""
+        for im in self.images:
+            if im.start < pos < im.end:
+                return im.start
+        return pos
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -20,6 +20,7 @@ from hitenter.config import (
     ModelConfig,
     SchedulerConfig,
 )
+from hitenter.engine.encoder_cache import EncoderCache
 from hitenter.engine.model_runner import ModelRunner
 from hitenter.engine.sampler import Sampler
 from hitenter.engine.scheduler import Scheduler
@@ -53,6 +54,7 @@ class EngineParts:
                                          # worker's PrefillClient, or the side prefill (engine/side_prefill.py)
     plan: KernelPlan | None = None       # which numeric path each row takes (decided at load)
     config: EngineConfig | None = None
+    vision: EncoderCache | None = None   # the vision encoder behind its cache, when an mmproj is loaded
 
 
 def total_ram_bytes() -> int:
@@ -292,14 +294,49 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     plan = build_plan(runner.model, kv_tensors(runner.kv_caches), dtype, cfg.load.batch_invariant)
     apply_plan(runner.model, plan)
     runner.plan = plan
+    vision = _vision(cfg, path, mcfg, runner)
     log.info("kernel plan for %s:\n%s", path, plan.describe())
     kv_manager = KVCacheManager(num_blocks, cfg.cache.block_size, cfg.cache.enable_prefix_caching,
                                 local_window=window, num_local_blocks=num_local, num_state_slots=num_slots)
+    scheduler = Scheduler(sched_cfg, kv_manager)
+    if vision is not None:
+        scheduler.encoded = vision.__contains__
     spec = build_spec_decoder(cfg.speculative, tokenizer, mcfg.vocab_size, max_model_len, draft_blocks,
                               cfg.cache.block_size, dtype, cfg.load.dtype, cfg.load.quantization,
                               kv_dtype=kv_dtype)
     trim_heap()   # the load's freed temporaries
     _freeze_gc_once()
-    return EngineParts(path, mcfg, tokenizer, runner.model, runner, kv_manager, Scheduler(sched_cfg, kv_manager),
+    return EngineParts(path, mcfg, tokenizer, runner.model, runner, kv_manager, scheduler,
                        Sampler(), cfg.cache, sched_cfg, max_model_len, num_blocks, spec,
-                       getattr(runner, "staged", None), plan, cfg)
+                       getattr(runner, "staged", None), plan, cfg, vision)
+
+
+def _vision(cfg: EngineConfig, path: str, mcfg: ModelConfig, runner: ModelRunner) -> EncoderCache | None:
+    """The vision encoder (in its EncoderCache, given to the runner) of the file named by ``mmproj``, or of the
+    one beside the model that fits it (models/vision/discovery.py); None without one or with mmproj 'none'.
+    A named file that does not fit the model, or a runner that cannot take image rows, is an error."""
+    from pathlib import Path
+
+    from hitenter.models.vision.discovery import check_mmproj_fits, find_mmproj, read_mmproj_config
+    from hitenter.models.vision.loader import load_vision_encoder
+
+    named = cfg.load.mmproj
+    if named == "none" or not mcfg.causal or not Path(path).is_file():
+        return None
+    if named is not None:
+        mm: Path | None = Path(named)
+        if not mm.is_file():
+            raise ValueError(f"mmproj: no such file {named}")
+        check_mmproj_fits(read_mmproj_config(mm), mm, mcfg.architecture, mcfg.hidden_size)
+    else:
+        mm = find_mmproj(path, mcfg.architecture, mcfg.hidden_size)
+        if mm is None:
+            return None
+    if type(runner) is not ModelRunner:
+        raise ValueError("mmproj: image input runs on the single-process runner only (no tensor parallelism "
+                         "or disaggregated prefill with it)")
+    cache = EncoderCache(load_vision_encoder(mm))
+    runner.encoder_cache = cache
+    log.info("vision encoder: %s (%s, %d tokens per image)", mm, cache.encoder.config.projector,
+             cache.encoder.config.tokens_per_image)
+    return cache

@@ -25,6 +25,7 @@ from typing import Any
 from hitenter.config import EngineConfig
 from hitenter.engine.engine_setup import EngineParts, build_engine_parts
 from hitenter.engine.events import EngineEvent, EventBus, step_event
+from hitenter.engine.image_prompt import ImagePrompt, image_prompt
 from hitenter.engine.intake import Inbox, PendingRequest, encode_prompt, make_requests, resolve_max_tokens
 from hitenter.engine.model_runner import ModelRunnerOutput
 from hitenter.engine.output_processor import GroupState, OutputProcessor
@@ -35,7 +36,7 @@ from hitenter.engine.speculative import SpecDecodeStats, spec_request_stats
 from hitenter.engine.structured import GrammarConstraint, constraints_of
 from hitenter.engine.thinking_gate import ThinkingGate, constraint_for
 from hitenter.outputs import RequestOutput
-from hitenter.request import Request, RequestStatus
+from hitenter.request import ImageRun, Request, RequestStatus
 from hitenter.sampling_params import SamplingParams
 
 log = logging.getLogger("hitenter.engine")
@@ -56,6 +57,7 @@ class LLMEngine:
         self.scheduler, self.kv_manager = parts.scheduler, parts.kv_manager
         self.runner, self.sampler = parts.runner, parts.sampler
         self.max_model_len = parts.max_model_len
+        self.vision = parts.vision          # the vision encoder's cache (runs / hits counters); None without one
         self.spec = parts.spec
         self.spec_decode: SpecDecodeStats | None = parts.spec.stats if parts.spec is not None else None
         # prompts prefilled beside the steps: the disaggregated worker's client (hitenter/distributed/disagg.py)
@@ -93,15 +95,40 @@ class LLMEngine:
     def resolve_max_tokens(self, n_prompt: int, params: SamplingParams) -> int:
         return resolve_max_tokens(self.max_model_len, n_prompt, params)
 
-    def prepare_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams,
+    def image_prompt(self, segments: str | list[tuple[str, bool]], images: list[Any],
+                     add_bos: bool | None = None) -> ImagePrompt:
+        """A prompt holding images (hitenter/engine/image_prompt.py): `segments` (a text, or a chat template's
+        (text, markup) segments) with one MEDIA_MARKER per image, `images` [H, W, 3] uint8 RGB arrays. Each
+        image is preprocessed here (the caller's thread); the encoder runs in the step that computes its
+        rows. ValueError without a vision encoder (naming --mmproj) or for a marker / image count mismatch."""
+        encoder = self.require_vision()
+        inputs = [encoder.prepare(rgb) for rgb in images]
+        segs = [(segments, True)] if isinstance(segments, str) else segments
+        return image_prompt(self.tokenizer, segs, inputs, encoder, [encoder.content_key(x) for x in inputs],
+                            add_bos)
+
+    def require_vision(self) -> Any:
+        """The vision encoder; ValueError naming the fix when none is loaded."""
+        if self.vision is None:
+            raise ValueError(f"images: the model {self.parts.model_path} has no vision encoder loaded; start it "
+                             "with its projector file (--mmproj mmproj.gguf, or mmproj=... in Python), or put "
+                             "the mmproj*.gguf beside the model")
+        return self.vision.encoder
+
+    def prepare_request(self, request_id: str | None, prompt: str | list[int] | ImagePrompt, params: SamplingParams,
                         arrival_time: float | None = None) -> PendingRequest:
         """Validate and tokenize (once). Raises ValueError / ContextOverflowError (ValueError for any request
-        to an encoder, which only embeds); touches no engine state."""
+        to an encoder, which only embeds); touches no engine state. An ImagePrompt (``image_prompt``) carries
+        its images' runs into the requests."""
         if not self.model_config.causal:
             raise ValueError(f"model: this is an embedding model ({self.model_config.architecture}, pooling "
                              f"{self.model_config.pooling or 'none'}); it does not generate text: use "
                              "/v1/embeddings (or /v1/rerank for a reranker)")
         request_id = request_id or self.make_request_id()
+        runs: tuple[ImageRun, ...] = ()
+        if isinstance(prompt, ImagePrompt):
+            self.require_vision()
+            prompt, runs = prompt.ids, prompt.runs
         prompt_ids = self.encode_prompt(prompt)
         if not prompt_ids:
             raise ValueError("prompt: must contain at least one token")
@@ -109,6 +136,8 @@ class LLMEngine:
         max_tokens = self.resolve_max_tokens(len(prompt_ids), params)
         eog = frozenset() if params.ignore_eos else self.tokenizer.eog_token_ids
         reqs = make_requests(request_id, prompt_ids, params, max_tokens, eog, arrival_time)
+        for r in reqs:
+            r.images = runs
         if params.structured is not None or params.thinking is not None:
             # structured outputs / a thinking budget: one constraint per sequence (thinking_gate.py)
             for r in reqs:
@@ -150,7 +179,9 @@ class LLMEngine:
         group, rid = pending.group, pending.request_id
         if rid in self.output_processor.groups:
             raise ValueError(f"request_id: {rid!r} is already in use")
-        remote = self.prefiller is not None and self.prefiller.takes(group.seqs[0].request, self.scheduler)
+        first = group.seqs[0].request
+        # a prompt with images is prefilled by the steps (the runner holds the encoder)
+        remote = self.prefiller is not None and not first.images and self.prefiller.takes(first, self.scheduler)
         if remote:
             self.prefiller.check()
         added: list[Request] = []

@@ -6,6 +6,8 @@ num_new_tokens)`` of its sequence; their K/V are written into the paged cache th
 mapping, attention reads through block tables. Only requests whose computed tokens catch up with
 their total tokens this step (the end of a prefill, or a decode) get logits: one row, or ``1 + k``
 rows for a request carrying ``k`` drafted tokens (its last verified token and each draft, in order).
+A request's image rows (Request.images) take the vision encoder's rows (through ``encoder_cache``) in place
+of their token embeddings, attended bidirectionally where the family does, on the GEMM path.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from hitenter.models.attention import AttentionMetadata
 from hitenter.models.plan import prompt_paths
 
 if TYPE_CHECKING:
+    from hitenter.engine.encoder_cache import EncoderCache
     from hitenter.models.plan import KernelPlan
 
 
@@ -49,6 +52,7 @@ class ModelRunner:
         self.block_size = block_size
         self.workspace: dict[torch.dtype, torch.Tensor] = {}   # attention scratch reused across steps
         self.plan: KernelPlan | None = None   # set by engine_setup; None: attention checks its kernel per call
+        self.encoder_cache: EncoderCache | None = None   # the vision encoder's rows by image (engine_setup)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -72,6 +76,9 @@ class ModelRunner:
         state_slots: list[int] = []   # recurrent layers (hybrid models): each sequence's live slot
         state_saves: list[tuple[int, int, int]] = []
         state_restores: list[tuple[int, int]] = []
+        embed_rows: list[int] = []    # image rows of the flat batch, and the encoder's rows for them
+        embed_values: list[torch.Tensor] = []
+        spans: list[list[tuple[int, int]]] = []   # per sequence, its images attended bidirectionally
         kernel_from: list[int] = []   # rows through the fused layers (models/plan.py: prompt_paths)
         decode_from: list[int] = []   # of those, the generation rows (position >= prompt length - 1)
         for sr in out.scheduled:
@@ -95,6 +102,11 @@ class ModelRunner:
                 if sr.state.restore is not None:
                     state_restores.append((sr.state.restore, sr.state.slot))
             paths = prompt_paths(self.model, req.num_prompt_tokens)
+            if req.images:
+                spans.append(self._images(req, start, n, qsl[-2], embed_rows, embed_values))
+                paths = (max(paths[0], max(im.end for im in req.images)), paths[1])   # image rows: GEMM path
+            else:
+                spans.append([])
             kernel_from.append(paths[0])
             decode_from.append(paths[1])
             if start + n >= req.num_tokens:   # caught up: the last 1 + k rows score the drafts + next token
@@ -116,20 +128,42 @@ class ModelRunner:
             local_slot_mapping=torch.tensor(lslots, dtype=torch.long) if local else None,
             state_slots=state_slots or None,
             state_saves=state_saves or None,
+            bidirectional=spans if any(spans) else None,
         )
         t0 = time.perf_counter()
         if state_restores:   # the recurrent states resumed from a snapshot or started from zero
             self.model.restore_states(self.kv_caches, state_restores)
+        extra = {}
+        if embed_rows:
+            extra["embeds"] = (torch.tensor(embed_rows, dtype=torch.long), torch.cat(embed_values))
         hidden = self.model(
             torch.tensor(input_ids, dtype=torch.long),
             torch.tensor(positions, dtype=torch.long),
             meta,
             self.kv_caches,
+            **extra,
         )
         logits = None
         if sample_rows:
             logits = self.logits(hidden[torch.tensor(sample_rows, dtype=torch.long)])
         return ModelRunnerOutput(logits, sample_ids, time.perf_counter() - t0, num_rows)
+
+    def _images(self, req: Any, start: int, n: int, row0: int, rows: list[int],
+                values: list[torch.Tensor]) -> list[tuple[int, int]]:
+        """The encoder's rows of each image with rows in this step's ``[start, start + n)`` (from the encoder
+        cache: encoded at most once), appended at their flat-batch rows (``row0``: the sequence's first);
+        returns the sequence's bidirectional ranges. An image cut by the step is a scheduler bug."""
+        for im in req.images:
+            if im.start >= start + n or im.end <= start:
+                continue
+            if im.start < start or im.end > start + n:
+                raise ValueError(f"request {req.request_id!r}: the image at rows [{im.start}, {im.end}) is cut "
+                                 f"by the step's rows [{start}, {start + n})")
+            if self.encoder_cache is None:
+                raise ValueError(f"request {req.request_id!r} holds an image but no vision encoder is loaded")
+            values.append(self.encoder_cache.rows(im))
+            rows.extend(range(row0 + im.start - start, row0 + im.end - start))
+        return [(im.start, im.end) for im in req.images if im.bidirectional]
 
     def close(self) -> None:
         """Stop what the runner started beside the engine (the side prefill's thread); idempotent."""

@@ -34,6 +34,9 @@ Contracts:
   engine reports each step's time through ``record_step``, which bounds those steps.
 - Prefill pacing (hitenter/engine/prefill_pacing.py): beside decoding streams a step takes at most the
   pacer's chunk of prompt tokens, and none while the streams are owed time (``PrefillPacer.budget``).
+- Images (``Request.images``): a step never cuts an image's rows (hitenter/request.py ImageRun), and an image
+  not yet encoded also costs its rows' count against the token budget (the encoder's work, done in that
+  step by the runner: hitenter/engine/encoder_cache.py), see ``_image_step``.
 - ``SchedulerOutput.kv_events`` holds every KV event since the previous ``schedule()`` returned
   (the previous step's cache/free events, then this call's), so each event appears exactly once.
 """
@@ -42,7 +45,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hitenter.config import SchedulerConfig
@@ -110,6 +113,9 @@ class Scheduler:
         self._events: list[KVEvent] = []
         kv_manager.subscribe(self._events.append)
         self.pacer = PrefillPacer()
+        # whether the vision encoder's rows of an image key are cached (engine_setup: the EncoderCache); None:
+        # every image in a step counts its encoder's cost
+        self.encoded: Callable[[bytes], bool] | None = None
         self.lane = FreshLane(scheduler_config.fresh_tokens, pacer=self.pacer)
 
     # ---- queue ------------------------------------------------------------------------------------------
@@ -190,12 +196,17 @@ class Scheduler:
         # prompt tokens beside decoding streams: paced (prefill_pacing.py)
         paced = self.decoding
         prompt_budget = self.pacer.budget(lane) if paced else budget
+        prompt_taken = False   # a prompt's rows are in the step already (an image may overrun only the first)
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             prefill = _prefilling(req, req.num_computed_tokens)
-            n = min(req.num_tokens - req.num_computed_tokens, budget, prompt_budget if prefill else budget)
+            room = min(budget, prompt_budget) if prefill else budget
+            n = min(req.num_tokens - req.num_computed_tokens, room)
+            cost = n
+            if req.images and prefill:   # whole images only, and their encoder's cost
+                n, cost = self._image_step(req, req.num_computed_tokens, n, room, prompt_taken)
             if n <= 0 or (lane and not self.lane.is_fresh(req)):
                 i += 1
                 continue
@@ -214,8 +225,9 @@ class Scheduler:
             if req.status is RequestStatus.PREEMPTED:
                 break   # it was the newest: everything after it is preempted too
             scheduled.append(self._scheduled(req, n))
-            budget -= n
-            prompt_budget -= n if prefill else 0
+            budget -= cost
+            prompt_budget -= cost if prefill else 0
+            prompt_taken |= prefill
             i += 1
 
         while (not preempted and self.waiting and budget > 0
@@ -225,7 +237,10 @@ class Scheduler:
             remote = self._remote_tokens.get(req.request_id, 0)
             if remote:    # disaggregated prefill: blocks for the arrived KV, filled by the runner
                 hits, num_hit = [], remote
-            n = min(req.num_tokens - num_hit, budget, prompt_budget)
+            room = min(budget, prompt_budget)
+            n = cost = min(req.num_tokens - num_hit, room)
+            if req.images:
+                n, cost = self._image_step(req, num_hit, n, room, prompt_taken)
             if n <= 0 or self.kv.allocate_slots(req, n + remote, hits) is None:
                 break   # stays at the head: FCFS, no bypass
             self.waiting.popleft()
@@ -238,9 +253,33 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             scheduled.append(self._scheduled(req, n))
-            budget -= n
-            prompt_budget -= n
+            budget -= cost
+            prompt_budget -= cost
+            prompt_taken = True
         return scheduled, preempted, budget
+
+    def _image_step(self, req: Request, start: int, n: int, room: int, prompt_taken: bool) -> tuple[int, int]:
+        """(new tokens, their cost) for a prompt holding images, from ``start``, at most ``n`` tokens: the step
+        ends before an image it would cut, an image the encoder has not run yet costs its rows again (its
+        encoder cost, against the token budget), images that do not fit ``room`` wait. An image at
+        ``start`` that cannot fit is taken whole, over budget, when no other prompt rows are in the step and
+        ``room`` > 0 (so an image longer than the budget still runs)."""
+        end = max(start, req.image_floor(start + n))
+        while True:
+            inside = [im for im in req.images if start <= im.start < end]
+            cost = end - start + sum(im.length for im in inside if not self._encoded(im.key))
+            if cost <= room or not inside:
+                break
+            end = inside[-1].start
+        if end > start:
+            return end - start, cost
+        first = next((im for im in req.images if im.start == start), None)
+        if first is None or prompt_taken or room <= 0:
+            return 0, 0
+        return first.length, first.length * (1 if self._encoded(first.key) else 2)
+
+    def _encoded(self, key: bytes) -> bool:
+        return self.encoded is not None and self.encoded(key)
 
     def _scheduled(self, req: Request, n: int) -> ScheduledRequest:
         """The step's entry for ``n`` new tokens of ``req`` (allocated; num_computed_tokens set)."""

@@ -5,7 +5,8 @@ hash collision) equal whole prefixes, not just equal blocks. The hash must be th
 process and run, so Python's randomized ``hash()`` is not used: it is BLAKE2b (16-byte digest)
 over the parent hash and the token ids packed as little-endian int64.
 
-Only *full* blocks are ever hashed; a partial tail block has no hash.
+Only *full* blocks are ever hashed; a partial tail block has no hash. A block holding an image's rows also
+hashes the image's content key (``with_extra_keys``): its placeholder ids are the same for every image.
 """
 
 from __future__ import annotations
@@ -31,6 +32,15 @@ def hash_block_tokens(parent_hash: BlockHash | None, token_ids: Sequence[int]) -
     else:
         h.update(b"\x01" + parent_hash)
     h.update(struct.pack(f"<I{len(token_ids)}q", len(token_ids), *token_ids))
+    return h.digest()
+
+
+def with_extra_keys(block_hash: BlockHash, keys: Sequence[bytes]) -> BlockHash:
+    """A block hash that also covers ``keys`` (the content keys of the images whose rows the block holds):
+    equal token ids with different images give different hashes, and the chain carries it on."""
+    h = hashlib.blake2b(b"\x02" + block_hash, digest_size=_DIGEST_SIZE)
+    for k in keys:
+        h.update(struct.pack("<I", len(k)) + k)
     return h.digest()
 
 

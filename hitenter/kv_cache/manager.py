@@ -34,7 +34,7 @@ from collections.abc import Callable
 from hitenter.kv_cache.block_pool import BlockPool
 from hitenter.kv_cache.cache_group import CacheGroup
 from hitenter.kv_cache.events import BlockState, KVEvent, KVEventKind, PrefixCacheStats
-from hitenter.kv_cache.hashing import BlockHash, hash_block_tokens
+from hitenter.kv_cache.hashing import BlockHash, hash_block_tokens, with_extra_keys
 from hitenter.kv_cache.state_group import StateGroup, StateStep
 from hitenter.kv_cache.window_group import WindowGroup
 from hitenter.request import Request, RequestStatus
@@ -136,21 +136,31 @@ class KVCacheManager:
         parent: BlockHash | None = None
         for i in range(max_blocks):
             chunk = request.token_slice(i * bs, (i + 1) * bs)
-            h = self.hash_fn(parent, chunk)
+            h = self._block_hash(request, parent, i, chunk)
             bid = self.pool.get_cached_block(h, chunk, parent)
             if bid is None:
                 break
             hits.append(bid)
             parent = h
         hashes: list[BlockHash] = [self.pool.blocks[b].block_hash for b in hits]   # type: ignore[misc]
-        n = len(hits)
+        n = request.image_floor(len(hits) * bs) // bs   # a hit never ends inside an image (its rows go together)
         while self.groups:   # every group must serve the hit: cut it until all of them can
             cut = min(g.cut_hit(hashes[:n], self._chunks(request)) for g in self.groups)
+            cut = request.image_floor(cut * bs) // bs
             if cut == n:
                 break
             n = cut
         del hits[n:]
         return hits, len(hits) * bs
+
+    def _block_hash(self, request: Request, parent: BlockHash | None, i: int, chunk: list[int]) -> BlockHash:
+        """Block i's chained hash: its tokens, and the content keys of the images with rows in it."""
+        h = self.hash_fn(parent, chunk)
+        if request.images:
+            keys = request.image_keys(i * self.block_size, (i + 1) * self.block_size)
+            if keys:
+                h = with_extra_keys(h, keys)
+        return h
 
     def _chunks(self, request: Request):  # noqa: ANN202 -- a block index -> its tokens
         bs = self.block_size
@@ -241,7 +251,7 @@ class KVCacheManager:
         for i in range(len(hashes), n_full):
             parent = hashes[-1] if hashes else None
             chunk = request.token_slice(i * bs, (i + 1) * bs)
-            h = self.hash_fn(parent, chunk)
+            h = self._block_hash(request, parent, i, chunk)
             if self.pool.cache_full_block(table[i], h, chunk, parent):
                 new_cached.append(table[i])
             hashes.append(h)

@@ -1,39 +1,108 @@
-"""load_vision_encoder(path) -> the vision tower + projector of an mmproj file, by its projector type.
+"""load_vision_encoder(path) -> the vision encoder of an mmproj file, by its projector type (ENCODERS).
 
-Contract: the returned module maps one image's preprocessed pixels to its soft-token rows
-(`encoder(encoder.preprocess(rgb))` -> [tokens_per_image, projection_dim]); ModelLoadError for a file that
-cannot be run (mmproj.py, the tower's tensor checks)."""
+Contract (what the engine relies on, for every family):
+- ``encoder.prepare(rgb [H, W, 3] uint8) -> ImageInput``: the encoder's input (preprocessed pixels) and how
+  many soft-token rows the image takes in the text sequence; a pure function of the pixels.
+- ``encoder.encode(image_input) -> [image_input.num_tokens, projection_dim]`` float32: the rows the text model
+  takes in place of the image's soft tokens (CausalLM embeds=).
+- ``image_begin`` / ``image_end``: the text llama.cpp's mtmd puts before and after an image's rows (tokenized
+  as text with special tokens parsed, each on its own); ``bidirectional``: whether the text model attends
+  an image's rows to each other both ways (Gemma 3).
+- ``content_key(image_input)``: a digest of the encoder's input, the key the encoder cache and the prefix
+  cache know the image by.
+ModelLoadError for a file that cannot be run (mmproj.py, the tower's tensor checks). A new family plugs in
+as a VisionEncoder subclass registered in ENCODERS under its clip.projector_type.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from hitenter.errors import ModelLoadError
 from hitenter.models.vision.gemma3 import Gemma3Vision
-from hitenter.models.vision.mmproj import read_mmproj
+from hitenter.models.vision.mmproj import MmprojConfig, read_mmproj
 from hitenter.models.vision.preprocess import fixed_size_pixels
 
 
-class VisionEncoder:
-    """An mmproj's tower with its family's preprocessing."""
+@dataclass(frozen=True, eq=False)
+class ImageInput:
+    """One image as its encoder takes it: `pixels` (the family's layout) and its soft-token count."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.config, tensors = read_mmproj(path)
-        self.tower = Gemma3Vision(self.config, tensors)   # the one projector mmproj.py accepts
+    pixels: torch.Tensor
+    num_tokens: int
+
+
+class VisionEncoder:
+    """The interface the engine uses (see the module contract); a family overrides prepare / encode."""
+
+    image_begin: str = ""
+    image_end: str = ""
+    bidirectional: bool = False
+
+    def __init__(self, config: MmprojConfig) -> None:
+        self.config = config
+
+    @property
+    def projection_dim(self) -> int:
+        return self.config.projection_dim
+
+    def prepare(self, rgb: np.ndarray) -> ImageInput:
+        raise NotImplementedError
+
+    def encode(self, image: ImageInput) -> torch.Tensor:
+        raise NotImplementedError
+
+    def content_key(self, image: ImageInput) -> bytes:
+        """BLAKE2b-16 of the pixels' dtype, shape and bytes (the same image prepared twice gives one key)."""
+        t = image.pixels.detach().contiguous().cpu()
+        h = hashlib.blake2b(digest_size=16)
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes())
+        return h.digest()
+
+    def encode_image(self, rgb: np.ndarray) -> torch.Tensor:
+        """[H, W, 3] uint8 RGB -> [tokens, projection_dim] float32."""
+        return self.encode(self.prepare(rgb))
+
+
+class Gemma3Encoder(VisionEncoder):
+    """Gemma 3: SigLIP tower + projector on a fixed-size image (gemma3.py), `<start_of_image>` rows
+    `<end_of_image>` (mtmd.cpp PROJECTOR_TYPE_GEMMA3), attended bidirectionally by the text model."""
+
+    image_begin = "<start_of_image>"
+    image_end = "<end_of_image>"
+    bidirectional = True
+
+    def __init__(self, config: MmprojConfig, tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__(config)
+        self.tower = Gemma3Vision(config, tensors)
 
     def preprocess(self, rgb: np.ndarray) -> torch.Tensor:
         cfg = self.config
         return fixed_size_pixels(rgb, cfg.image_size, cfg.image_mean, cfg.image_std)
 
+    def prepare(self, rgb: np.ndarray) -> ImageInput:
+        return ImageInput(self.preprocess(rgb), self.config.tokens_per_image)
+
+    def encode(self, image: ImageInput) -> torch.Tensor:
+        return self.tower(image.pixels)
+
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.tower(pixels)
 
-    def encode_image(self, rgb: np.ndarray) -> torch.Tensor:
-        """[H, W, 3] uint8 RGB -> [tokens_per_image, projection_dim] float32."""
-        return self(self.preprocess(rgb))
+
+ENCODERS: dict[str, type] = {"gemma3": Gemma3Encoder}
 
 
 def load_vision_encoder(path: str | os.PathLike[str]) -> VisionEncoder:
-    return VisionEncoder(path)
+    config, tensors = read_mmproj(path)
+    cls = ENCODERS.get(config.projector)
+    if cls is None:
+        raise ModelLoadError(f"{path}: no vision encoder for the projector type {config.projector!r} "
+                             f"(supported: {', '.join(sorted(ENCODERS))})")
+    return cls(config, tensors)
