@@ -81,3 +81,66 @@ def sample_image(width: int = 48, height: int = 40, seed: int = 0) -> np.ndarray
                      127 + 120 * np.sin((x + y) / 5.0)], axis=-1)
     noisy = base + rng.normal(0, 20, base.shape)
     return np.clip(noisy, 0, 255).astype(np.uint8)
+
+
+def write_tiny_gemma3_with_mmproj(folder: str | Path, seed: int = 0) -> tuple[Path, Path]:
+    """The tiny random Gemma 3 text model (tiny_gemma.write_tiny_gemma3) with its tiny mmproj beside it, as
+    a model folder holds them (so find_mmproj picks it): (text path, mmproj path)."""
+    from hitenter.testing.tiny_gemma import write_tiny_gemma3
+
+    folder = Path(folder)
+    text = write_tiny_gemma3(folder / "tiny-gemma3.gguf", seed=seed)
+    return text, write_tiny_gemma3_mmproj(folder / "mmproj-tiny-gemma3.gguf", seed=seed)
+
+
+def image_bytes(rgb: np.ndarray, fmt: str = "PNG") -> bytes:
+    """`rgb` encoded in `fmt` (Pillow)."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def image_base64(rgb: np.ndarray, fmt: str = "PNG") -> str:
+    import base64
+
+    return base64.b64encode(image_bytes(rgb, fmt)).decode()
+
+
+def data_url(rgb: np.ndarray, fmt: str = "PNG") -> str:
+    """A base64 data: URL of `rgb` in `fmt`."""
+    return f"data:image/{fmt.lower()};base64,{image_base64(rgb, fmt)}"
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height (8-bit RGB) over a few bytes of zeros: a decompression bomb
+    when the sides are large."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def bad_images() -> dict[str, tuple[str, str]]:
+    """Images every API must refuse with a 4xx, by name: (MIME type, base64 data). A bomb (a header of
+    100000 x 100000 pixels), a truncated PNG, bytes that are no image, a PNG labelled image/jpeg, a type that
+    is no image, data that is not base64, an empty image."""
+    import base64
+
+    good = image_bytes(sample_image(32, 24, 5))
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    return {
+        "bomb": ("image/png", b64(png_claiming(100_000, 100_000))),
+        "truncated": ("image/png", b64(good[:len(good) // 2])),
+        "malformed": ("image/png", b64(b"\x89PNG\r\n\x1a\n" + b"garbage" * 20)),
+        "wrong_mime": ("image/jpeg", b64(good)),
+        "not_an_image_type": ("text/plain", b64(b"hello")),
+        "not_base64": ("image/png", "%%%not base64%%%"),
+        "empty": ("image/png", ""),
+    }
