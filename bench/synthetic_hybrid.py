@@ -17,6 +17,14 @@ Weights: random but valid Q4_K blocks for every matrix (hitenter/testing/tiny_mo
 small F32 gates; the vocabulary and chat template copied from a real GGUF (``--tokenizer-from``, default the
 registry's qwen2.5-coder-0.5b-instruct, pulled if missing). Random weights make the text meaningless; the
 shapes, the bytes read per token and the work per token are the real model's.
+
+``--echo-cycle L`` (for speculative decoding): the embedding and the LM head are instead Q8_0 copies of one
+random table, the head's rows permuted so that greedy decoding maps each of L chosen tokens to the next one
+of a cycle (the residual stream is dominated by the input token's embedding, so the layers, still random and
+still all run, do not change the argmax). A prompt holding the cycle twice is then a repeat-the-text prompt
+the model continues exactly, so prompt lookup's drafts are accepted: this measures the engine's speculation
+mechanics (a verification pass over k + 1 rows against k + 1 single steps), not a real model's acceptance.
+The cycle's token ids are stored under ``ECHO_KEY``.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ import numpy as np
 from hitenter.testing.tiny_model import random_kquant
 
 Q = gguf.GGMLQuantizationType.Q4_K
+ECHO_KEY = "hitenter.bench.echo_cycle"
+ECHO_SCALE = 64.0   # the embedding's size against the layers' unit-RMS outputs added to the residual
 SHAPES = {
     "qwen35-2b": dict(arch="qwen35", hidden=2048, layers=24, heads=8, kv_heads=2, head_dim=256, rope_dim=64,
                       k_heads=16, v_heads=16, state=128, ffn=6144, experts=0),
@@ -56,6 +66,21 @@ class _File:
     def f32(self, name: str, arr: np.ndarray) -> None:
         self.w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
 
+    def q8(self, name: str, arr: np.ndarray) -> None:
+        raw = gguf.quants.quantize(np.ascontiguousarray(arr, dtype=np.float32), gguf.GGMLQuantizationType.Q8_0)
+        self.w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+
+    def echo_head(self, vocab: int, hidden: int, cycle_len: int) -> list[int]:
+        """Embedding and LM head for ``--echo-cycle``: returns the cycle's token ids."""
+        table = self.rng.standard_normal((vocab, hidden), dtype=np.float32) * ECHO_SCALE
+        cycle = [int(t) for t in self.rng.choice(np.arange(1000, vocab - 1000), cycle_len, replace=False)]
+        head = table.copy()
+        for a, b in zip(cycle, cycle[1:] + cycle[:1], strict=True):
+            head[b] = table[a]                         # the head's row for b is a's embedding: a -> b
+        self.q8("token_embd.weight", table)
+        self.q8("output.weight", head)
+        return cycle
+
 
 def _copy_tokenizer(w: gguf.GGUFWriter, src: Path) -> int:
     """Copy the tokenizer.* keys of a real GGUF; returns its vocabulary size."""
@@ -74,7 +99,8 @@ def _copy_tokenizer(w: gguf.GGUFWriter, src: Path) -> int:
     return n
 
 
-def write(shape: str, out: Path, tokenizer_from: Path, seed: int = 0, experts: int | None = None) -> Path:
+def write(shape: str, out: Path, tokenizer_from: Path, seed: int = 0, experts: int | None = None,
+          echo_cycle: int = 0) -> Path:
     s = dict(SHAPES[shape])
     if experts:
         s["experts"] = experts
@@ -108,9 +134,12 @@ def write(shape: str, out: Path, tokenizer_from: Path, seed: int = 0, experts: i
         w.add_expert_feed_forward_length(s["ffn"])
         w.add_expert_shared_feed_forward_length(s["shared"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    f.matrix("token_embd.weight", vocab, h)
     f.f32("output_norm.weight", np.ones(h))
-    f.matrix("output.weight", vocab, h)
+    if echo_cycle:
+        w.add_array(ECHO_KEY, f.echo_head(vocab, h, echo_cycle))
+    else:
+        f.matrix("token_embd.weight", vocab, h)
+        f.matrix("output.weight", vocab, h)
     for i in range(layers):
         p = f"blk.{i}."
         f.f32(p + "attn_norm.weight", np.ones(h))
@@ -162,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
                     "the registry's qwen2.5-coder-0.5b-instruct)")
     ap.add_argument("--experts", type=int, help="experts per layer (qwen35moe-a3b; default 32)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--echo-cycle", type=int, default=0, metavar="L",
+                    help="embedding and head that continue a cycle of L tokens (for speculative decoding)")
     args = ap.parse_args(argv)
     src = args.tokenizer_from
     if src is None:
@@ -169,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
 
         src = Path(resolve_model("qwen2.5-coder-0.5b-instruct"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    path = write(args.shape, args.out, src, args.seed, args.experts)
+    path = write(args.shape, args.out, src, args.seed, args.experts, args.echo_cycle)
     print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB)", file=sys.stderr)
     return 0
 
