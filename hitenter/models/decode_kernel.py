@@ -30,7 +30,7 @@ from hitenter.models.step_rows import StepRows
 log = logging.getLogger(__name__)
 
 MAX_GROUP = 16      # query heads per KV head the kernel supports
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 512   # Gemma 4's global layers
 
 
 

@@ -52,7 +52,9 @@ class _Layer(ctypes.Structure):
                 ("window", c_i64), ("qk_full", c_i32), ("rope_dim", c_i32), ("no_rope", c_i32), ("pad2", c_i32),
                 ("residual_scale", c_f), ("pad3", c_f), ("router", c_p), ("router_bias", c_p), ("exp_gu", c_p),
                 ("exp_dn", c_p), ("E", c_i32), ("K", c_i32), ("gating", c_i32), ("norm_topk", c_i32),
-                ("q_temp", c_i32), ("pad5", c_i32)]
+                ("q_temp", c_i32), ("pad5", c_i32), ("kv_shared", c_i32), ("v_from_k", c_i32), ("v_norm", c_i32),
+                ("ple_n", c_i32), ("ple_off", c_i64), ("ple_gate", _Proj), ("ple_proj", _Proj), ("ple_norm", c_p),
+                ("out_scale", c_f), ("pad6", c_f)]
 
 
 class _Step(ctypes.Structure):
@@ -60,7 +62,7 @@ class _Step(ctypes.Structure):
                 ("R", c_i64), ("NB", c_i64), ("BS", c_i32), ("nthreads", c_i32), ("cos2", c_p), ("sin2", c_p),
                 ("kv_type", c_i32), ("pad", c_i32), ("NP", c_i64), ("ND", c_i64), ("p_row0", c_p), ("p_nrows", c_p),
                 ("p_pos0", c_p), ("p_tstart", c_p), ("d_rows", c_p), ("d_ctx", c_p), ("d_starts", c_p),
-                ("slots2", c_p), ("tables2", c_p), ("NB2", c_i64), ("qscale", c_p)]
+                ("slots2", c_p), ("tables2", c_p), ("NB2", c_i64), ("qscale", c_p), ("ple", c_p), ("ple_ld", c_i64)]
 
 
 def prompt_rows_fused() -> bool:
@@ -104,7 +106,7 @@ class FusedLayer:
         L.attn_norm, L.ffn_norm = _ptr(layer.attn_norm), _ptr(layer.ffn_norm)
         L.qkv_bias = 0 if self.bias is None else self.bias.data_ptr()
         L.qkv, L.o, L.gate_up, L.down = projs
-        L.H, L.NH, L.KVH, L.D = cfg.hidden_size, layer.num_heads, layer.num_kv_heads, cfg.head_dim
+        L.H, L.NH, L.KVH, L.D = cfg.hidden_size, layer.num_heads, layer.num_kv_heads, _head_dim(layer)
         L.F = layer.gate_up.out_features // 2 if dense else layer.moe.ffn
         if not dense:
             self._experts(L, layer.moe)
@@ -114,13 +116,28 @@ class FusedLayer:
         L.gelu, L.window = int(cfg.activation == "gelu_tanh"), int(layer.window or 0)
         # local layers with a RoPE of their own (Gemma 3): the second table of the step
         L.rope_table = int(L.window > 0 and bool(cfg.rope_local_theta))
-        L.qk_full, L.rope_dim, L.no_rope = int(cfg.qk_norm == "full"), cfg.rope_dim, int(not layer.has_rope)
+        L.qk_full, L.no_rope = int(cfg.qk_norm == "full"), int(not layer.has_rope)
+        L.rope_dim = getattr(layer, "rope_dim", cfg.rope_dim)   # a layer's own (Gemma 4), else the model's
         L.residual_scale = layer.residual_scale
         L.q_temp = int(getattr(layer, "q_temperature", None) is not None)
         # the model's query temperature (scale, floor, offset), for the step's per-row factors; None: none
         self.temperature = ((cfg.attn_temperature_scale, cfg.attn_temperature_floor, cfg.attn_temperature_offset)
                             if cfg.attn_temperature_scale else None)
+        if hasattr(layer, "own_kv"):
+            self._gemma4(L, layer)
         self.struct = L
+
+    @staticmethod
+    def _gemma4(L: _Layer, layer: Any) -> None:
+        """Gemma 4's parts (models/gemma4.py): KV read from another layer's cache, V = K's projection,
+        V's plain RMS norm, the per-layer input and the output scale; ValueError where a part is not native."""
+        L.kv_shared, L.v_from_k, L.v_norm, L.out_scale = int(not layer.own_kv), int(layer.v_from_k), 1, layer.out_scale
+        if layer.per_layer:
+            gate, proj = _proj(layer.inp_gate), _proj(layer.ple_proj)
+            if gate is None or proj is None:
+                raise ValueError("a per-layer input projection is not native GGUF blocks")
+            n = layer.cfg.per_layer_input_size
+            L.ple_gate, L.ple_proj, L.ple_norm, L.ple_n, L.ple_off = gate, proj, _ptr(layer.ple_norm), n, layer.index * n
 
     def _experts(self, L: _Layer, moe: Any) -> None:
         """The mixture's router and each expert's gate+up / down descriptors (models/moe.py's MoEFFN, its
@@ -155,6 +172,11 @@ class FusedLayer:
         return y
 
 
+def _head_dim(layer: Any) -> int:
+    """A layer's head size: its own where layers differ (Gemma 4), else the model's."""
+    return getattr(layer, "head_dim", None) or layer.cfg.head_dim
+
+
 def _ptr(norm: Any) -> int:
     return 0 if norm is None else norm.weight.data_ptr()
 
@@ -178,9 +200,9 @@ def fused_layer(layer: Any, kv_cache: torch.Tensor) -> FusedLayer | None:
         return None
     cfg = layer.cfg
     if (layer.softcap or layer.sinks is not None or getattr(layer, "chunk", None) or getattr(layer, "qk_l2", False)
-            or getattr(layer, "shared_gate_up", None) is not None):
+            or getattr(layer, "shared_gate_up", None) is not None or getattr(layer, "torch_only", False)):
         # soft-capped scores, attention sinks, chunked attention, Llama 4's QK norm or shared expert: the torch
-        # layer
+        # layer (torch_only: a layer that says the C layer does not state it, e.g. Gemma 4's experts)
         layer.__dict__["_fused"] = False
         return None
     dense = layer.moe is None
@@ -190,7 +212,7 @@ def fused_layer(layer: Any, kv_cache: torch.Tensor) -> FusedLayer | None:
     ok = (all(isinstance(m, BlockLinear) for m in projections)
           and kv_cache.dtype in KV_TYPE_CODES and kv_cache.is_contiguous()
           and all(m.weight.dtype == torch.float32 for m in norms)
-          and bool(lib.dl_supported(cfg.hidden_size, width, cfg.head_dim))
+          and bool(lib.dl_supported(cfg.hidden_size, width, _head_dim(layer)))
           and decode_kernel.supports(kv_cache, layer.num_heads, torch.float32))
     try:
         f = FusedLayer(layer, lib, DECODE_LAYER.generation) if ok else False
@@ -259,19 +281,25 @@ def all_fused(model: Any, attn: Any, kv_caches: list[torch.Tensor]) -> list[Fuse
 
 
 def run_all_layers(model: Any, x: torch.Tensor, attn: Any, tables: Tables,
-                   kv_caches: list[torch.Tensor], fused: list[FusedLayer], kr: decode_kernel.KernelRows) -> torch.Tensor:
+                   kv_caches: list[torch.Tensor], fused: list[FusedLayer], kr: decode_kernel.KernelRows,
+                   ple: torch.Tensor | None = None) -> torch.Tensor:
     """Every layer on the step's generation rows `kr` (x: their rows `[R, H]`), in one native call (the same C
-    layer function the per-layer path calls, so the same bits). The other rows' K/V must be written."""
+    layer function the per-layer path calls, so the same bits). The other rows' K/V must be written.
+    ple: the rows' per-layer inputs `[R, ...]` (Gemma 4; each layer reads its slice), or None."""
     arrays = model.__dict__.get("_fused_arrays")
     if arrays is None or arrays[0] is not kv_caches or arrays[1] != [id(f) for f in fused]:
         layers = (c_p * len(fused))(*[ctypes.addressof(f.struct) for f in fused])
         caches = (c_p * len(fused))(*[c.data_ptr() for c in kv_caches])
         arrays = (kv_caches, [id(f) for f in fused], layers, caches)
         model.__dict__["_fused_arrays"] = arrays
-    widest = max(fused, key=lambda f: f.struct.E)   # the scratch of a layer with experts, if any, holds any
+    r = int(kr.ctx.shape[0])   # the scratch of the layer needing most (experts, the widest heads) holds any
+    widest = max(fused, key=lambda f: int(f.lib.dl_scratch(ctypes.byref(f.struct), r)))
     local = next((c for f, c in zip(fused, kv_caches, strict=True) if f.struct.window > 0), None)
     main = next((c for f, c in zip(fused, kv_caches, strict=True) if f.struct.window == 0), kv_caches[0])
     st, scratch, _keep = step_state(attn, kr, tables, main, widest, local)
+    if ple is not None:
+        ple = ple.reshape(r, -1).float().contiguous()
+    st.ple, st.ple_ld = (None, 0) if ple is None else (ple.data_ptr(), ple.shape[1])
     y = x.contiguous().clone()
     rc = fused[0].lib.dl_forward(arrays[2], arrays[3], len(fused), ctypes.byref(st), y.data_ptr(),
                                  scratch.data_ptr())

@@ -19,8 +19,12 @@ per_layer_model_proj(x0) / sqrt(hidden))) / sqrt(2), x0 the scaled token embeddi
 The token table stays on the file's map and is looked up row by row in every weight format
 (models/mapped_rows.py: the loader maps it, families/gemma4.py `mapped_tables`).
 
-Every row takes the torch path (the fused native decode layer does not state these layers); every op is
-row-wise and the dense GEMMs run on rows padded to 8 as in decoder.py, so batch invariance holds."""
+Rows the engine sends to the fused layers (AttentionMetadata.kernel_rows: every row where the plan runs
+prompts fused) run every layer in the C layer (models/fused_decode.py states these parts: KV read from the
+source layer's cache, V = K's projection, V's plain RMS norm, the per-layer input, the output scale), when
+every layer's projections are native GGUF blocks and none has experts; the others take `forward_torch`, the
+statement of the math. Every op is row-wise and dense GEMMs run on rows padded to 8 as in decoder.py, so a
+row's bits depend on its path (its position) alone: batch invariance holds."""
 
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
-from hitenter.models import decode_kernel
+from hitenter.models import decode_kernel, fused_decode, layer_routing
 from hitenter.models.attention import KEY_TILE, AttentionMetadata, paged_attention, write_kv
 from hitenter.models.decoder import CausalLM
 from hitenter.models.layers import RMSNorm, Rope, embed_and_head, fused_linear, has_dense_gemms, make_linear
@@ -71,6 +75,8 @@ class Gemma4Layer(nn.Module):
         self.has_rope = True
         self.head_dim, self.num_heads, self.num_kv_heads = cfg.layer_head_dim(i), cfg.num_heads, cfg.layer_kv_heads(i)
         self.own_kv = cfg.layer_kv_source(i) == i
+        self.scale, self.residual_scale, self.softcap, self.sinks = 1.0, 1.0, None, None   # the fused layer's view
+        self.k_norm: RMSNorm | None = None
 
         def norm(name: str) -> RMSNorm:
             return RMSNorm(w[p + name + ".weight"], eps, dtype)
@@ -98,6 +104,7 @@ class Gemma4Layer(nn.Module):
         self.moe: MoEFFN | None = None
         if p + "ffn_gate_inp.weight" in w:
             self._experts(cfg, w, p, dtype)
+        self.torch_only = self.moe is not None   # the experts beside the dense MLP: not in the C layer
         scale = w.get(p + "layer_output_scale.weight")
         self.out_scale = 1.0 if scale is None else float(scale.reshape(-1)[0])
         self.attn_row_multiple = attention_row_multiple(dtype, self.head_dim, KEY_TILE)
@@ -120,7 +127,12 @@ class Gemma4Layer(nn.Module):
 
     def forward(self, x: torch.Tensor, ple: torch.Tensor | None, rope: Rope, cos_sin: CosSin,
                 attn: AttentionMetadata, kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
-        """The layer on the step's rows x `[T, H]` (ple: this layer's per-layer inputs `[T, n]` or None)."""
+        return self.forward_torch(x, ple, rope, cos_sin, attn, kv_cache, n_real)
+
+    def forward_torch(self, x: torch.Tensor, ple: torch.Tensor | None, rope: Rope, cos_sin: CosSin,
+                      attn: AttentionMetadata, kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
+        """The layer on the step's rows x `[T, H]` (ple: this layer's per-layer inputs `[T, n]` or None), the
+        statement of the math (the fused C layer, models/fused_decode.py, is compared with it)."""
         attn = attn.for_window(self.window)
         t, d, nh, kvh = x.shape[0], self.head_dim, self.num_heads, self.num_kv_heads
         qkv = self.qkv(self.attn_norm(x))
@@ -175,8 +187,11 @@ class Gemma4LM(CausalLM):
             self.ple_table = MappedRows(w["per_layer_token_embd.weight"])
             self.ple_model_proj = make_linear(w["per_layer_model_proj.weight"], None, dtype)
             self.ple_proj_norm = RMSNorm(w["per_layer_proj_norm.weight"], cfg.rms_norm_eps, dtype)
+        for layer in self.layers:   # the dims its RoPE table rotates (the fused layer reads the table's width)
+            layer.rope_dim = self.layer_rope(layer).rope_dim
         self.batch_invariant = batch_invariant
         self.dense_gemms = has_dense_gemms(self)
+        self.layers_dense = any(has_dense_gemms(layer) for layer in self.layers)   # else the C layers may run them
         self.weight_format = weight_format
 
     def per_layer_inputs(self, ids: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
@@ -202,7 +217,37 @@ class Gemma4LM(CausalLM):
             x = x * self.embed_scale
         ple = self.per_layer_inputs(ids, x) if self.ple_size else None
         tables = {id(r): r.table(pos, x.dtype) for r in (self.rope, self.rope_local)}
+        fused = None if self.layers_dense else fused_decode.all_fused(self, attn, kv_caches)
+        kr = attn.kernel_rows(layer_routing.global_cache(self, kv_caches).shape[2]) if fused is not None else None
+        if kr is not None:   # the layers' GEMMs are row invariant: the padding rows (head, table projection) dropped
+            x, ple = x[:n], None if ple is None else ple[:n]
+            tables = {k: (c[:n], s[:n]) for k, (c, s) in tables.items()}
+            return self.norm(self._split(x, ple, tables, attn, kv_caches, fused, kr))   # type: ignore[arg-type]
+        return self.norm(self._torch_layers(x, ple, tables, attn, kv_caches, n))[:n]
+
+    def _torch_layers(self, x: torch.Tensor, ple: torch.Tensor | None, tables: dict[int, CosSin],
+                      attn: AttentionMetadata, kv_caches: list[torch.Tensor], n: int) -> torch.Tensor:
+        """Every layer's torch statement on the rows x (n real rows; tables: each RoPE's cos/sin by id)."""
         for i, (layer, cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             rope = self.layer_rope(layer)
-            x = layer(x, None if ple is None else ple[:, i], rope, tables[id(rope)], attn, cache, n)
-        return self.norm(x)[:n]
+            x = layer.forward_torch(x, None if ple is None else ple[:, i], rope, tables[id(rope)], attn, cache, n)
+        return x
+
+    def _split(self, x: torch.Tensor, ple: torch.Tensor | None, tables: dict[int, CosSin], attn: AttentionMetadata,
+               kv_caches: list[torch.Tensor], fused: list[fused_decode.FusedLayer],
+               kr: decode_kernel.KernelRows) -> torch.Tensor:
+        """A step with fused rows `kr` (layer_routing.split_forward's order): the other rows through the torch
+        layers first (their K/V written), then the fused rows through every C layer in one call."""
+        step_tables = [tables[id(self.rope)], tables[id(self.rope_local)]]
+        if kr.all_rows:
+            return fused_decode.run_all_layers(self, x, attn, step_tables, kv_caches, fused, kr, ple)
+        rows, meta = layer_routing.gemm_only(attn)
+        sub = {k: (c.index_select(0, rows), s.index_select(0, rows)) for k, (c, s) in tables.items()}
+        out = torch.empty_like(x)
+        xg = self._torch_layers(x.index_select(0, rows), None if ple is None else ple.index_select(0, rows), sub,
+                                meta, kv_caches, len(rows))
+        out.index_copy_(0, rows, xg)
+        gen = fused_decode.run_all_layers(self, x.index_select(0, kr.rows), attn, step_tables, kv_caches, fused, kr,
+                                          None if ple is None else ple.index_select(0, kr.rows))
+        out.index_copy_(0, kr.rows, gen)
+        return out

@@ -33,7 +33,7 @@ load = PROMPT_ATTENTION
 def supports(kv_cache_layer: torch.Tensor, num_heads: int, q_dtype: torch.dtype) -> bool:
     kvh, d = kv_cache_layer.shape[1], cache_head_dim(kv_cache_layer)
     return (kv_cache_layer.dtype in KV_TYPE_CODES and q_dtype == torch.float32 and kv_cache_layer.is_contiguous()
-            and kv_cache_layer.device.type == "cpu" and d % 16 == 0 and d <= 256 and num_heads % kvh == 0
+            and kv_cache_layer.device.type == "cpu" and d % 16 == 0 and d <= 512 and num_heads % kvh == 0
             and num_heads // kvh <= 16 and load() is not None)
 
 

@@ -20,7 +20,7 @@ from hitenter.models.kv_dtype import type_codes
 
 BS = 16
 LENS = [1000, 257, 256, 40, 513]   # four chunks (the last short), one over, exactly one, short, two and a key
-SHAPES = [(4, 1, 256), (12, 2, 128), (9, 3, 64)]   # Gemma 3 270M, Qwen2.5-1.5B, SmolLM2-135M
+SHAPES = [(4, 1, 256), (12, 2, 128), (9, 3, 64), (8, 1, 512)]   # Gemma 3 270M, Qwen2.5-1.5B, SmolLM2-135M, Gemma 4 E2B global
 
 pytestmark = pytest.mark.skipif(DK.load() is None, reason="no C compiler: torch path only")
 

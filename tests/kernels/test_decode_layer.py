@@ -27,7 +27,7 @@ from hitenter.models.registry import model_path
 from hitenter.sampling_params import SamplingParams
 from hitenter.testing.model_runs import sequence_logits as _logits
 from hitenter.testing.perplexity import english_text
-from hitenter.testing.tiny_families import write_tiny_family
+from hitenter.testing.tiny_families import GEMMA4, write_tiny_family
 from hitenter.testing.tiny_gemma import write_tiny_gemma3
 from hitenter.testing.tiny_model import write_tiny_gguf
 
@@ -86,17 +86,28 @@ def test_fused_layer_matches_the_torch_layer(paths: dict[str, Path], name: str) 
 
 # what each family adds to the C layer: rope_freqs tables, QK-norm per head, a partial rotary, multipliers,
 # no pre-norms with QK-norm over the whole projection, NoPE layers, experts, OLMo 3's local layers with their
-# own (unscaled) RoPE beside YaRN, Ministral 3's query temperature
+# own (unscaled) RoPE beside YaRN, Ministral 3's query temperature, Gemma 4's per-layer head sizes, shared KV,
+# K = V, V-norm, per-layer inputs and output scales
 @pytest.mark.parametrize("family", ["llama3", "qwen3", "phi3_partial", "granite", "olmo2", "smollm3", "mixtral",
-                                    "qwen3moe", "olmo3", "mistral3"])
-def test_fused_layer_matches_the_torch_layer_per_family(family: str, tmp_path: Path) -> None:
+                                    "qwen3moe", "olmo3", "mistral3", "gemma4"])
+def test_fused_layer_matches_the_torch_layer_per_family(family: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    _wide_per_layer_inputs(monkeypatch)
     _compare(write_tiny_family(tmp_path / f"{family}.gguf", family, seed=3, quant="Q8_0"))
 
 
-@pytest.mark.parametrize("name", ["kmix_llama", "qwen3moe"])
-def test_fused_rows_batch_invariant(paths: dict[str, Path], name: str, tmp_path: Path) -> None:
+def _wide_per_layer_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny gemma4 with per-layer inputs of 32 (a Q8_0 block; the golden files' 16 leave the per-layer
+    projection dense, which the C layer does not take)."""
+    monkeypatch.setitem(GEMMA4, "per_layer", 32)
+
+
+@pytest.mark.parametrize("name", ["kmix_llama", "qwen3moe", "gemma4"])
+def test_fused_rows_batch_invariant(paths: dict[str, Path], name: str, tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A generation row's logits are the same bits alone and beside other rows (each row's own context);
-    with experts too (rows grouped by expert in C)."""
+    with experts too (rows grouped by expert in C), and Gemma 4's per-layer shapes and shared KV."""
+    _wide_per_layer_inputs(monkeypatch)
     path = paths.get(name) or write_tiny_family(tmp_path / f"{name}.gguf", name, seed=4, quant="Q8_0")
     model, cfg = load_model(path)
     ids = torch.randint(3, cfg.vocab_size, (24,), generator=torch.Generator().manual_seed(2)).tolist()

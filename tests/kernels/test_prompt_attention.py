@@ -49,7 +49,7 @@ def keys(kv: torch.Tensor, table: list[int], length: int) -> tuple[torch.Tensor,
     return k, v
 
 
-@pytest.mark.parametrize("h,kvh,d", [(9, 3, 64), (12, 2, 128), (4, 1, 256), (2, 2, 16)])
+@pytest.mark.parametrize("h,kvh,d", [(9, 3, 64), (12, 2, 128), (4, 1, 256), (2, 2, 16), (8, 1, 512)])
 @pytest.mark.parametrize("window", [None, 37])
 def test_matches_reference_and_the_gemm_path(h: int, kvh: int, d: int, window: int | None) -> None:
     n = 203

@@ -182,8 +182,8 @@ def test_the_playground_trace_declines_gemma4(tiny_path: Path) -> None:
 
 def test_layers_the_decode_kernel_cannot_take_run_on_the_gemm_path(q8_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """The engine's plan checks the first layer's cache; a Gemma 4 global layer's wider heads (512 on E2B,
-    past the kernel's 256; here 32 past a lowered limit of 16) take the GEMM path instead of failing."""
+    """The engine's plan checks the first layer's cache; a Gemma 4 global layer's wider heads (were they
+    past the kernel's limit, 512; here 32 past a lowered limit of 16) take the GEMM path instead of failing."""
     from hitenter.models import decode_kernel
 
     if decode_kernel.load() is None:

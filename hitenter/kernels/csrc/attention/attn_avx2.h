@@ -269,7 +269,7 @@ A2_INLINE void item_finish(void *out, float *part, const float *acc, const float
 A2_INLINE void decode_half_avx2(const void *q, void *out, float *part, const void *kv, const int kt, int qt,
                                 int64_t r, int h, int64_t first, int64_t end, const int64_t *table, int H, int KVH,
                                 int64_t NB, int BS, const int NV, float scale) {
-    enum { MG = 16, MD = 256 };
+    enum { MG = 16, MD = 512 };
     const int G = H / KVH, D = 8 * NV;
     const int64_t rb = kv_row_bytes(kt, D);   /* a cache row's bytes */
     float qf[MG * MD] __attribute__((aligned(32))), acc[MG * MD] __attribute__((aligned(32)));
@@ -321,7 +321,7 @@ A2_INLINE void pv_row(float *acc, float corr, const float *pr, const float *cons
 A2_INLINE void decode_item_avx2(const void *q, void *out, float *part, const void *kv, const int kt, int qt,
                                 int64_t r, int h, int64_t first, int64_t end, const int64_t *table, int H, int KVH,
                                 int64_t NB, int BS, const int NV, float scale) {
-    enum { MG = 16, MD = 256 };
+    enum { MG = 16, MD = 512 };
     const int G = H / KVH, D = 8 * NV;
     const int64_t rb = kv_row_bytes(kt, D);   /* a cache row's bytes */
     float qf[MG * MD] __attribute__((aligned(32))), acc[MG * MD] __attribute__((aligned(32)));

@@ -10,7 +10,7 @@
    a row's output is the same alone or in any batch. Cache layout: [2, KVH, NB, BS, D], fp32, bf16 or
    f16 (each element widened exactly to fp32 as it is loaded: the bits of an fp32 cache holding the same
    values), or q8_0 rows of D / 32 blocks of 34 bytes (a tile of 16 keys dequantized once into fp32, the
-   same way); q / out: [R, H, D], fp32, bf16 or f16 (`types`). Requires D % 16 == 0, D <= 256, H / KVH <= 16.
+   same way); q / out: [R, H, D], fp32, bf16 or f16 (`types`). Requires D % 16 == 0, D <= 512, H / KVH <= 16.
    window > 0 (sliding-window layers): a row sees only its last `window` keys, ctx-window .. ctx-1; the
    key loop simply starts there (a function of the row's position only, so the bits stay batch invariant). 
    GCC / Clang vector extensions only (no intrinsics); -march=native picks the vector width. */
@@ -27,7 +27,7 @@
 #endif
 
 #define MAXG 16
-#define MAXNV 16   /* head_dim up to 256 */
+#define MAXNV 32   /* head_dim up to 512 */
 
 #define load16 load16t
 

@@ -12,7 +12,7 @@
    exact zeros; a tile fully masked for a row is skipped for it. Cache [2, KVH, NB, BS, D] of fp32, bf16
    or f16, or q8_0 rows of D / 32 blocks of 34 bytes (`types`, vec16.h): a half-precision tile's 16 K and V
    rows are widened (exactly) to fp32 once, a q8_0 tile's dequantized once (d * q, exact), and serve every
-   query of the block, so the arithmetic is that of an fp32 cache holding the same values. q / out fp32. D % 16 == 0, D <= 256, H / KVH <= 16. */
+   query of the block, so the arithmetic is that of an fp32 cache holding the same values. q / out fp32. D % 16 == 0, D <= 512, H / KVH <= 16. */
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
@@ -30,7 +30,7 @@
 #define RB 32         /* rows per work item */
 #define QG 8          /* query vectors whose scores are computed together */
 #define MAXG 16
-#define MAXNV 16
+#define MAXNV 32   /* head_dim up to 512 */
 
 static inline v16 vmax16(v16 a, v16 b) { return vsel(a > b, a, b); }
 

@@ -78,6 +78,17 @@ typedef struct {   /* one layer's weights and shapes (built once at load, fused_
     /* q_temp: the rotated queries times the step's per-row temperature qscale (Ministral 3, Llama 4's NoPE
        layers; models/query_temperature.py) */
     int32_t q_temp, pad5;
+    /* Gemma 4 (0 / NULL for the others; hitenter/models/gemma4.py states the math):
+       kv_shared: the layer projects only q and attends over another layer's cache (the one it is given),
+       writing none; v_from_k: V is the K projection before K's norm and RoPE (no Wv: qkv's V columns are
+       filled from K's); v_norm: V RMS-normed per head without a weight before it is written;
+       per-layer input (ple_n > 0): after the FFN, x += ple_norm(ple_proj(gelu(ple_gate(x)) * p)), p the
+       row's ple_n values at column ple_off of the step's per-layer inputs; out_scale: x times it at the end (0: none) */
+    int32_t kv_shared, v_from_k, v_norm, ple_n;
+    int64_t ple_off;
+    proj ple_gate, ple_proj;
+    const float *ple_norm;
+    float out_scale, pad6;
 } layer;
 
 typedef struct {   /* one step's generation rows (shared by the layers) */
@@ -98,6 +109,8 @@ typedef struct {   /* one step's generation rows (shared by the layers) */
     const int64_t *slots2, *tables2;
     int64_t NB2;
     const float *qscale;   /* [R]: each row's query temperature, for the layers with q_temp (NULL: none) */
+    const float *ple;      /* [R, ple_ld]: each row's per-layer inputs (Gemma 4; NULL: none) */
+    int64_t ple_ld;
 } step;
 
 static inline v16 ld(const float *p) { v16 v; memcpy(&v, p, 64); return v; }
@@ -109,6 +122,14 @@ static void rmsnorm(const float *x, const float *w, float *y, int n, float eps) 
     for (int i = 0; i < n; i += 16) { v16 v = ld(x + i); acc += v * v; }
     const float inv = 1.0f / sqrtf(hsum(acc) / (float)n + eps);
     for (int i = 0; i < n; i += 16) st(y + i, ld(x + i) * inv * ld(w + i));
+}
+
+/* y[n] = x[n] / sqrt(mean(x^2) + eps) (no weight: ggml_rms_norm); n % 16 == 0 */
+static void rms_plain(const float *x, float *y, int n, float eps) {
+    v16 acc = (v16){0};
+    for (int i = 0; i < n; i += 16) { v16 v = ld(x + i); acc += v * v; }
+    const float inv = 1.0f / sqrtf(hsum(acc) / (float)n + eps);
+    for (int i = 0; i < n; i += 16) st(y + i, ld(x + i) * inv);
 }
 
 /* rotate-half RoPE of the first rd dims of `heads` heads of D at p, in place: pairs (i, i + rd/2); cos/sin
@@ -194,7 +215,8 @@ static int project(const proj *pr, const float *x, int64_t R, int64_t ldx, float
 /* scratch floats needed for R rows */
 int64_t dl_scratch(const layer *L, int64_t R) {
     const int64_t q = (int64_t)L->NH * L->D, kv = (int64_t)L->KVH * L->D;
-    const int64_t dense = R * (L->H + (q + 2 * kv) + q + q + L->H + 2 * (int64_t)L->F + L->F) + 2 * R * q;
+    const int64_t f = L->F > L->ple_n ? L->F : L->ple_n;   /* the per-layer input's gate uses the FFN's buffer */
+    const int64_t dense = R * (L->H + (q + 2 * kv) + q + q + L->H + 2 * f + f) + 2 * R * q;
     /* experts, per (row, rank) pair: weights, ids, order; gathered rows, outputs [H] each, gate+up [2F],
        act [F]; per row the router logits [E]; the E + 1 offsets */
     const int64_t P = R * L->K;
@@ -337,16 +359,20 @@ static int attention_heads(const layer *L, const step *S, float *qkv, float *qbu
         float *row = qkv + r * n;
         if (L->qkv_bias)
             for (int64_t i = 0; i < n; i++) row[i] += L->qkv_bias[i];
+        const int heads = L->kv_shared ? L->NH : L->NH + L->KVH;   /* the heads this layer projects */
+        if (L->v_from_k && !L->kv_shared) memcpy(row + q + kvw, row + q, kvw * sizeof(float));
         if (L->q_norm && L->qk_full) {
             rmsnorm(row, L->q_norm, row, (int)q, L->eps);
             rmsnorm(row + q, L->k_norm, row + q, (int)kvw, L->eps);
         } else if (L->q_norm)
-            for (int h = 0; h < L->NH + L->KVH; h++)
+            for (int h = 0; h < heads; h++)
                 rmsnorm(row + (int64_t)h * D, h < L->NH ? L->q_norm : L->k_norm, row + (int64_t)h * D, D, L->eps);
+        if (L->v_norm && !L->kv_shared)
+            for (int h = 0; h < L->KVH; h++) rms_plain(row + q + kvw + (int64_t)h * D, row + q + kvw + (int64_t)h * D, D, L->eps);
         if (!L->no_rope) {
             const int rd = L->rope_dim ? L->rope_dim : D;
             const float *cs = L->rope_table ? S->cos2 : S->cos, *sn = L->rope_table ? S->sin2 : S->sin;
-            rope(row, L->NH + L->KVH, D, rd, cs + r * rd, sn + r * rd);
+            rope(row, heads, D, rd, cs + r * rd, sn + r * rd);
         }
         if (L->q_temp && S->qscale) {
             const float t = S->qscale[r];
@@ -355,7 +381,7 @@ static int attention_heads(const layer *L, const step *S, float *qkv, float *qbu
         memcpy(qbuf + r * q, row, q * sizeof(float));
         if (kt == KV_Q8_0)   /* its keys are stored rotated, H k: the queries meet them as H q (kv_q8_0.py) */
             for (int h = 0; h < L->NH; h++) q8_0_rotate_row(qbuf + r * q + (int64_t)h * D, D);
-        for (int h = 0; h < L->KVH; h++) {   /* plane h of K and of V: [KVH][NB * BS][D] */
+        for (int h = 0; h < (L->kv_shared ? 0 : L->KVH); h++) {   /* plane h of K and of V: [KVH][NB * BS][D] */
             const int64_t at = ((int64_t)h * NB * S->BS + slots[r]) * rb;
             const float *kr = row + q + (int64_t)h * D, *vr = row + q + kvw + (int64_t)h * D;
             if (kt == KV_F32) {
@@ -406,17 +432,18 @@ static int attention_part(const layer *L, const step *S, float *qkv, float *qbuf
 int dl_layer(const layer *L, const step *S, float *x, void *kv, float *scratch) {
     const int64_t R = S->R, H = L->H, F = L->F, q = (int64_t)L->NH * L->D, n = q + 2 * (int64_t)L->KVH * L->D;
     float *h = scratch, *qkv = h + R * H, *qbuf = qkv + R * n, *obuf = qbuf + R * q, *tmp = obuf + R * q;
-    float *gu = tmp + R * H, *act = gu + R * 2 * F;
+    const int64_t f = F > L->ple_n ? F : L->ple_n;   /* dl_scratch's FFN buffers */
+    float *gu = tmp + R * H, *act = gu + R * 2 * f;
     int rc;
     if (!g_qm || !g_attn) return -10;
     const int nth = S->nthreads;
     pre_norm(L->attn_norm, x, h, R, (int)H, L->eps, nth);
     if ((rc = project(&L->qkv, h, R, H, qkv, n, nth))) return rc;
-    if ((rc = attention_part(L, S, qkv, qbuf, obuf, kv, act + R * F))) return rc;
+    if ((rc = attention_part(L, S, qkv, qbuf, obuf, kv, act + R * f))) return rc;
     if ((rc = project(&L->o, obuf, R, q, tmp, H, nth))) return rc;
     block_out(L->post_attn_norm, L->ffn_norm, x, tmp, h, R, (int)H, L->eps, L->residual_scale, nth);
     if (L->E) {
-        if ((rc = moe(L, S, h, tmp, act + R * F))) return rc;
+        if ((rc = moe(L, S, h, tmp, act + R * f))) return rc;
     } else {
         if ((rc = project(&L->gate_up, h, R, H, gu, 2 * F, S->nthreads))) return rc;
 #pragma omp parallel for schedule(static) num_threads(nth) if (R >= PAR_ROWS && nth > 1)
@@ -424,6 +451,18 @@ int dl_layer(const layer *L, const step *S, float *x, void *kv, float *scratch) 
         if ((rc = project(&L->down, act, R, F, tmp, H, nth))) return rc;
     }
     block_out(L->post_ffw_norm, NULL, x, tmp, NULL, R, (int)H, L->eps, L->residual_scale, nth);
+    if (L->ple_n) {
+        if (!S->ple) return -11;
+        const int64_t np = L->ple_n;
+        if ((rc = project(&L->ple_gate, x, R, H, gu, np, nth))) return rc;
+        for (int64_t r = 0; r < R; r++) gelu_mul(gu + r * np, S->ple + r * S->ple_ld + L->ple_off, act + r * np, np);
+        if ((rc = project(&L->ple_proj, act, R, np, tmp, H, nth))) return rc;
+        block_out(L->ple_norm, NULL, x, tmp, NULL, R, (int)H, L->eps, 1.0f, nth);
+    }
+    if (L->out_scale != 0.0f && L->out_scale != 1.0f) {   /* 0: not set (the families without one) */
+        const v16 s = (v16){0} + L->out_scale;
+        for (int64_t i = 0; i < R * H; i += 16) st(x + i, ld(x + i) * s);
+    }
     return 0;
 }
 
