@@ -15,7 +15,7 @@ its protection against forged control tokens.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from hitenter.request import ImageRun
@@ -25,12 +25,17 @@ MEDIA_MARKER = "<__media__>"
 Segment = tuple[str, bool]
 
 
-@dataclass(frozen=True)
-class ImagePrompt:
-    """Token ids (placeholders at image rows) and the images' runs, in order."""
+class ImagePrompt(list):
+    """Token ids (placeholders at image rows: a list of ints, so whatever reads a prompt's ids reads these)
+    and the images' runs, in order (``runs``)."""
 
-    ids: list[int]
-    runs: tuple[ImageRun, ...]
+    def __init__(self, ids: Sequence[int], runs: Sequence[ImageRun]) -> None:
+        super().__init__(ids)
+        self.runs: tuple[ImageRun, ...] = tuple(runs)
+
+    @property
+    def ids(self) -> list[int]:
+        return list(self)
 
 
 def chat_segments(tokenizer: Any, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
@@ -78,3 +83,13 @@ def image_prompt(tokenizer: Any, segments: Sequence[Segment], images: Sequence[A
         if group:
             ids += tokenizer.encode_segments(group, add_bos=False)
     return ImagePrompt(ids, tuple(runs))
+
+
+def with_prefix(prefix: list[int], prompt: list[int]) -> list[int]:
+    """``prefix + prompt``, an ImagePrompt's runs moved along by the prefix (earlier context ids)."""
+    if not isinstance(prompt, ImagePrompt):
+        return prefix + list(prompt)
+    if not prefix:
+        return prompt
+    k = len(prefix)
+    return ImagePrompt(prefix + list(prompt), [replace(r, start=r.start + k) for r in prompt.runs])

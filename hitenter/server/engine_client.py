@@ -56,6 +56,7 @@ class ModelInfo:
     embedding_size: int = 0          # the size of one pooled vector (a reranker: its scores)
     pooling_from_file: bool = False  # the file states its pooling (an embedding model: Matryoshka truncation)
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)   # GGUF key/values
+    vision: bool = False             # a vision encoder (mmproj) is loaded: chat requests may hold images
 
 
 class EngineInspector(Protocol):
@@ -112,6 +113,18 @@ class EngineClient(Protocol):
 
     @property
     def inspector(self) -> EngineInspector: ...
+
+    def vision_stats(self) -> tuple[int, int] | None:
+        """(images encoded, images served from the encoder cache) so far; None without a vision encoder
+        (a client without this method has none)."""
+        ...
+
+    def image_prompt(self, messages: list[dict[str, Any]], images: list[Any], add_generation_prompt: bool,
+                     special_in_content: bool, **template_kw: Any) -> Any:
+        """Blocking (call it off the loop): the engine's ImagePrompt of a conversation whose images are
+        MEDIA_MARKER texts, with their RGB pixels in order (hitenter/engine/image_prompt.py); ValueError
+        for a template that rejects it or markers that do not match the images. Only where info.vision."""
+        ...
 
     async def add(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> Handle:
         """Queue a request; raises ValueError / ContextOverflowError / QueueFullError before queueing."""

@@ -29,10 +29,12 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from hitenter.errors import ContextOverflowError, QueueFullError
+from hitenter.models.vision.content import image_parts
 from hitenter.outputs import RequestOutput
 from hitenter.sampling_params import SamplingParams
 from hitenter.server.api_error import APIError, SafeJSONResponse, internal_message, overflow_error, param_of
 from hitenter.server.engine_client import Handle
+from hitenter.server.image_chat import image_chat_ids
 from hitenter.server.metrics import ServerMetrics
 from hitenter.server.model_manager import DEFAULT, ModelManager, UnknownModel
 from hitenter.server.schema_types import MAX_N
@@ -149,10 +151,15 @@ async def chat_ids(state: ServerState, m: ServedModel, messages: list[dict[str, 
     if m.client.info.encoder:     # before the template: an encoder file has none, and generates nothing
         raise APIError(400, f"model: {m.name} is an embedding model ({m.client.info.architecture}); it does not "
                        "generate text: use /v1/embeddings (or /v1/rerank for a reranker)", "model")
-    check_chars(m, sum(len(x.get("content") or "") for x in messages), param)
+    check_chars(m, sum(_chars(x.get("content")) for x in messages), param)
     problem = _role_problem(m, messages, param)
     if problem is not None:
         raise problem
+    if image_parts(messages):   # images: an ImagePrompt (hitenter/server/image_chat.py)
+        if continue_final:
+            raise APIError(400, "continue_final_message: not supported with images", "continue_final_message")
+        return await image_chat_ids(m, messages, add_generation_prompt, state.special_in_content, param,
+                                    **template_kw)
     try:
         ids = await asyncio.to_thread(m.tokenizer.apply_chat_template, messages,
                                       add_generation_prompt=add_generation_prompt, tokenize=True,
@@ -166,6 +173,13 @@ async def chat_ids(state: ServerState, m: ServedModel, messages: list[dict[str, 
     except Exception as e:   # a template that rejects the conversation (roles, order) is the caller's error
         raise APIError(400, f"{param}: the chat template rejected them: {e}", param) from e
     return list(ids)
+
+
+def _chars(content: Any) -> int:
+    """Characters of a message's text (a content list: its text parts')."""
+    if isinstance(content, list):
+        return sum(len(str(p.get("text") or "")) for p in content if isinstance(p, dict))
+    return len(content or "")
 
 
 def _cut_after_final(m: ServedModel, ids: list[int], text: str, messages: list[dict[str, Any]]) -> list[int]:

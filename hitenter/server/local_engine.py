@@ -21,6 +21,7 @@ from typing import Any
 from hitenter.engine import structured
 from hitenter.engine.async_engine import AsyncLLMEngine
 from hitenter.engine.events import EngineEvent
+from hitenter.engine.image_prompt import chat_segments
 from hitenter.engine.snapshot import EngineSnapshot, SnapshotView
 from hitenter.engine.structured import backend_for
 from hitenter.outputs import RequestOutput
@@ -72,6 +73,7 @@ def model_info(llm: Any) -> ModelInfo:
         parameter_count=_parameter_count(c), path=path, file_size=Path(path).stat().st_size if path else 0,
         toy=hasattr(parts.model, "lookup"), metadata=_metadata(path), layer_types=tuple(c.layer_types),
         state_bytes_per_sequence=int(getattr(parts.model, "state_bytes_per_slot", lambda: 0)()),
+        vision=llm.vision is not None,
         **_pooling_info(c, parts.model))
 
 
@@ -106,6 +108,16 @@ class LocalEngineClient:
     @property
     def inspector(self) -> LocalInspector:
         return self._inspector
+
+    def vision_stats(self) -> tuple[int, int] | None:
+        cache = self._llm.vision
+        return None if cache is None else (cache.runs, cache.hits)
+
+    def image_prompt(self, messages: list[dict[str, Any]], images: list[Any], add_generation_prompt: bool,
+                     special_in_content: bool, **template_kw: Any) -> Any:
+        segments = chat_segments(self._llm.tokenizer, messages, add_generation_prompt, special_in_content,
+                                 **template_kw)
+        return self._llm.image_prompt(segments, images, add_bos=False)
 
     async def add(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> Handle:
         if params.structured is not None:

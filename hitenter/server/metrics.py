@@ -60,6 +60,10 @@ class ServerMetrics:
                                registry=r)
         self.spec_len = Gauge("hitenter:spec_decode_mean_accepted_length", "Accepted drafts per verification "
                               "pass.", labels, registry=r)
+        self.encoder_runs = Gauge("hitenter:vision_encoder_runs", "Images the vision encoder encoded so far.",
+                                  labels, registry=r)
+        self.encoder_hits = Gauge("hitenter:vision_encoder_cache_hits", "Images served from the encoder cache "
+                                  "without encoding so far.", labels, registry=r)
         for name in model_names:     # every series exists (at 0) from the start
             for metric in (self.prompt_tokens, self.generation_tokens, self.cached_tokens, self.preemptions,
                            self.aborted, self.running, self.waiting, self.kv_usage):
@@ -78,6 +82,10 @@ class ServerMetrics:
                 self.spec_accepted.labels(m).set(spec.num_accepted_tokens)
                 self.spec_rate.labels(m).set(spec.acceptance_rate)
                 self.spec_len.labels(m).set(spec.mean_accepted_length)
+            vision = getattr(client, "vision_stats", lambda: None)()
+            if vision is not None:
+                self.encoder_runs.labels(m).set(vision[0])
+                self.encoder_hits.labels(m).set(vision[1])
             self.running.labels(m).set(snap.num_running)
             self.waiting.labels(m).set(snap.num_waiting)
             self.kv_usage.labels(m).set(float(snap.kv_usage))

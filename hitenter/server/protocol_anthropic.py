@@ -71,16 +71,25 @@ class ThinkingBlock(_Nested):
         return ""
 
 
+class ImageBlock(_Nested):
+    """An image: ``source`` {"type": "base64", "media_type", "data"} (hitenter/server/image_chat.py checks it;
+    url and file sources are refused: nothing is fetched)."""
+    type: Literal["image"]
+    source: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
 def _block_kind(v: Any) -> str | None:
     t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
-    return t if t in ("text", "tool_use", "tool_result", "thinking") else None
+    return t if t in ("text", "tool_use", "tool_result", "thinking", "image") else None
 
 
 Block = Annotated[Annotated[TextBlock, Tag("text")] | Annotated[ToolUseBlock, Tag("tool_use")]
-                  | Annotated[ToolResultBlock, Tag("tool_result")] | Annotated[ThinkingBlock, Tag("thinking")],
+                  | Annotated[ToolResultBlock, Tag("tool_result")] | Annotated[ThinkingBlock, Tag("thinking")]
+                  | Annotated[ImageBlock, Tag("image")],
                   Discriminator(_block_kind, custom_error_type="unsupported_block", custom_error_message=(
-                      "unsupported content block (image, document, server tool and MCP blocks are not "
-                      "supported here): give text, thinking, tool_use or tool_result blocks"))]
+                      "unsupported content block (document, server tool and MCP blocks are not "
+                      "supported here): give text, image, thinking, tool_use or tool_result blocks"))]
 
 
 class Message(_Nested):
@@ -164,6 +173,9 @@ class _Conversation(_Nested):
                       "function": {"name": b.name, "arguments": b.input}}
                      for b in blocks if isinstance(b, ToolUseBlock)]
             thought = "".join(b.thinking for b in blocks if isinstance(b, ThinkingBlock))
+            if any(isinstance(b, ImageBlock) for b in blocks):   # text and images in order (image_chat.py)
+                text = [{"type": "text", "text": b.text} if isinstance(b, TextBlock) else b.model_dump(exclude_none=True)
+                        for b in blocks if isinstance(b, (TextBlock, ImageBlock))]
             if text or calls or not any(isinstance(b, ToolResultBlock) for b in blocks):
                 out.append({"role": msg.role, "content": text, **({"tool_calls": calls} if calls else {}),
                             **({"reasoning_content": thought} if thought and msg.role == "assistant" else {})})

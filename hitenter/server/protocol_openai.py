@@ -202,9 +202,23 @@ _RESERVED_VARS = {"messages", "add_generation_prompt", "tokenize", "special_in_c
                   "param", "tools", "documents"}
 
 
+class ImageUrl(_Nested):
+    url: str
+    detail: str | None = None                          # OpenAI's hint; the encoder's own size is used
+
+
 class ContentPart(_Nested):
-    type: Literal["text"]
-    text: str
+    type: Literal["text", "image_url"]
+    text: str | None = None
+    image_url: ImageUrl | str | None = None            # a base64 data: URL (hitenter/server/image_chat.py)
+
+    def as_dict(self, param: str) -> dict[str, Any]:
+        """The part as the chat path takes it; 400 for a part without its field."""
+        if self.type == "text" and self.text is None:
+            raise APIError(400, f"{param}.text: a text part needs its text", f"{param}.text")
+        if self.type == "image_url" and self.image_url is None:
+            raise APIError(400, f"{param}.image_url: an image_url part needs its image_url", f"{param}.image_url")
+        return self.model_dump(exclude_none=True)
 
 
 class FunctionCall(_Nested):
@@ -235,7 +249,9 @@ class ChatMessage(_Nested):
 
     def as_dict(self) -> dict[str, Any]:
         c = self.content
-        if isinstance(c, list):
+        if isinstance(c, list) and any(p.type == "image_url" for p in c):   # kept as parts: images
+            c = [p.as_dict(f"messages.content.{j}") for j, p in enumerate(c)]
+        elif isinstance(c, list):
             bad = [p.type for p in c if p.type != "text" or p.text is None]
             if bad:
                 raise APIError(400, f"messages: only text content parts are supported, got {bad[0]!r}",

@@ -36,15 +36,31 @@ class TextPart(_Nested):
     logprobs: list[Any] | None = None
 
 
+class ImagePart(_Nested):
+    """An ``input_image``: ``image_url`` a base64 data: URL (hitenter/server/image_chat.py); file ids are refused."""
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None
+
+
 class MessageItem(_Nested):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[TextPart]
+    content: str | list[TextPart | ImagePart]
     id: str | None = None
     status: str | None = None
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    def template_content(self) -> str | list[dict[str, Any]]:
+        """The text, or with images its parts in order (dicts, as the chat path takes them)."""
+        if isinstance(self.content, list) and any(isinstance(p, ImagePart) for p in self.content):
+            return [p.model_dump(exclude_none=True) for p in self.content]
+        return self.text()
 
 
 class FunctionCallItem(_Nested):

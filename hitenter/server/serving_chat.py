@@ -74,6 +74,8 @@ async def scores_for(m: ServedModel, req: Any, prompts: list[list[int]]) -> list
         return None
     if legacy:
         k = max(k or 0, req.logprobs)
+    if any(getattr(p, "runs", None) for p in prompts):   # an ImagePrompt: scoring runs on token ids alone
+        raise APIError(400, "prompt_logprobs: not available for a prompt holding images", "prompt_logprobs")
     try:
         return await m.client.score(prompts, k or 0)      # engine work, between its steps
     except ValueError as e:

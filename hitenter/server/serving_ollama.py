@@ -46,6 +46,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, model_validator
 
+from hitenter.engine.image_prompt import with_prefix
 from hitenter.outputs import PositionLogprobs
 from hitenter.sampling_params import SamplingParams, StructuredSpec
 from hitenter.server import structured_fields as SF
@@ -168,7 +169,7 @@ class ToolCall(_Nested):
 class Message(_Nested):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
-    images: list[Any] | None = None                                  # refused when not empty (no vision)
+    images: list[Any] | None = None                                  # base64 images (server/image_chat.py)
     thinking: str | None = None                                      # an earlier turn's thinking
     tool_calls: list[ToolCall] | None = None
     tool_name: str | None = None
@@ -420,8 +421,8 @@ def _format_spec(fmt: str | dict[str, Any] | None) -> StructuredSpec | None:
 
 
 def _refuse_unsupported(req: ChatRequest | GenerateRequest) -> None:
-    if isinstance(req, GenerateRequest) and req.images:
-        raise APIError(400, "images: no served model takes images", "images")
+    if isinstance(req, GenerateRequest) and req.images and (req.raw or req.suffix):
+        raise APIError(400, "images: not taken with raw or suffix (images go through the chat template)", "images")
     if isinstance(req, GenerateRequest) and req.template:
         raise APIError(400, "template: a custom prompt template is not supported (the model's own renders)",
                        "template")
@@ -465,9 +466,9 @@ def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
     an id gets a 9-character one, the form Mistral's templates insist on, and its result the same)."""
     out = []
     for i, msg in enumerate(req.messages):
-        if msg.images:
-            raise APIError(400, f"messages.{i}.images: no served model takes images", f"messages.{i}.images")
         d: dict[str, Any] = {"role": msg.role, "content": msg.content}
+        if msg.images:
+            d["images"] = list(msg.images)
         if msg.thinking:
             d["reasoning_content"] = msg.thinking
         if msg.tool_calls:
@@ -517,9 +518,9 @@ async def generate_ids(state: ServerState, m: ServedModel, req: GenerateRequest)
         ids = await encode(m, req.prompt, "prompt", None if not req.context else False)
     else:
         msgs = ([{"role": "system", "content": req.system}] if req.system else []) + [
-            {"role": "user", "content": req.prompt}]
+            {"role": "user", "content": req.prompt, **({"images": list(req.images)} if req.images else {})}]
         ids = await chat_ids(state, m, msgs, True, param="prompt", **think_kwargs(m, req.think))
-    ids = list(req.context or []) + ids
+    ids = with_prefix(list(req.context or []), ids)
     check_ids(m, ids, "prompt")
     return ids
 

@@ -101,7 +101,7 @@ def template_messages(items: list[Item]) -> list[dict[str, Any]]:
             continue
         if isinstance(item, MessageItem):
             role = "system" if item.role == "developer" else item.role
-            out.append({"role": role, "content": item.text()})
+            out.append({"role": role, "content": item.template_content()})
         elif isinstance(item, FunctionCallItem):
             call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
             if not (out and out[-1]["role"] == "assistant"):

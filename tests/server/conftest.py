@@ -35,3 +35,12 @@ def qwen_coder_engine() -> Iterator[object]:
     from hitenter.models.registry import resolve_model
 
     yield LLMEngine(str(resolve_model("qwen2.5-coder-0.5b-instruct")), max_model_len=2048)
+
+
+@pytest.fixture(scope="module")
+def vision_engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
+    """The tiny random Gemma 3 with its tiny mmproj beside it (found by the engine: images accepted)."""
+    from hitenter.testing.tiny_vision import write_tiny_gemma3_with_mmproj
+
+    text, _ = write_tiny_gemma3_with_mmproj(tmp_path_factory.mktemp("vision"))
+    return LLMEngine(str(text))

@@ -1,0 +1,71 @@
+"""A conversation holding images, as every API's chat path takes it (generation.chat_ids hands it here).
+
+Images arrive as content parts in the messages (OpenAI `image_url`, Anthropic `image` blocks, Responses
+`input_image`, the Python API's `image`) or as Ollama's `images` list on a message. Contract, in order:
+- a model without a vision encoder: 400 naming the image and the fix (--mmproj);
+- more than MAX_IMAGES images: 400, before any is decoded;
+- each image decoded under ImageLimits (hitenter/models/vision/image_input.py: bytes checked before
+  decoding, pixels and sides from the header, formats and MIME types; remote URLs refused, nothing is
+  fetched): any failure is a 400 naming the image's place (`messages[1].content[0]`), never a 5xx;
+- the conversation rendered with MEDIA_MARKER where each image was (text parts joined as llama.cpp's server
+  joins them) and laid out by the engine (hitenter/engine/image_prompt.py): an ImagePrompt, a list of ids
+  that carries the images' runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hitenter.engine.image_prompt import MEDIA_MARKER, ImagePrompt
+from hitenter.models.vision.content import image_parts, with_markers
+from hitenter.models.vision.image_input import DEFAULT_LIMITS, ImageInputError, ImageLimits
+from hitenter.models.vision.image_source import image_rgb
+from hitenter.server.api_error import APIError
+
+MAX_IMAGES = 16   # images in one request
+
+
+def _param(where: str, param: str) -> str:
+    """`messages[1].content[0]` as the request spells its field (`input[1].content[0]` for Responses)."""
+    return param + where.removeprefix("messages") if param != "messages" else where
+
+
+def check_vision(m: Any, where: str, param: str) -> None:
+    """400 unless the model `m` (a ServedModel) has a vision encoder loaded."""
+    if not getattr(m.client.info, "vision", False):
+        p = _param(where, param)
+        raise APIError(400, f"{p}: the model `{m.name}` has no vision encoder loaded, so it cannot take images; "
+                       "start the server with the model's projector file, --mmproj mmproj.gguf (or put its "
+                       "mmproj*.gguf beside the model)", p)
+
+
+def decode_images(images: list[tuple[str, Any]], param: str, limits: ImageLimits = DEFAULT_LIMITS) -> list[Any]:
+    """Each image's RGB pixels; the first bad one is a 400 naming its place."""
+    out = []
+    for where, source in images:
+        try:
+            out.append(image_rgb(source, limits))
+        except ImageInputError as e:
+            p = _param(where, param)
+            raise APIError(400, f"{p}: {e}", p) from None
+    return out
+
+
+async def image_chat_ids(m: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                         special_in_content: bool, param: str = "messages", **template_kw: Any) -> ImagePrompt:
+    """The conversation's ImagePrompt (see the module contract)."""
+    found = image_parts(messages)
+    check_vision(m, found[0][0], param)
+    if len(found) > MAX_IMAGES:
+        raise APIError(400, f"{param}: {len(found)} images in one request, more than {MAX_IMAGES}", param)
+    try:
+        marked, images = with_markers(messages, MEDIA_MARKER)
+    except ValueError as e:
+        raise APIError(400, f"{param}: {e}", param) from None
+    rgbs = await asyncio.to_thread(decode_images, images, param)
+    try:
+        return await asyncio.to_thread(m.client.image_prompt, marked, rgbs, add_generation_prompt,
+                                       special_in_content, **template_kw)
+    except ValueError as e:   # the template rejected the conversation, or markers and images differ
+        raise APIError(400, f"{param}: {e}", param) from e
