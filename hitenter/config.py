@@ -84,6 +84,9 @@ class ModelConfig:
     rope_yarn_beta_fast: float = 32.0
     rope_yarn_beta_slow: float = 1.0
     no_rope_interval: int = 0         # layer i has no RoPE when (i + 1) % interval == 0 (SmolLM3); 0 = none
+    rope_sections: tuple[int, ...] = ()   # M-RoPE (Qwen-VL): rotated pairs per position axis (t, h, w, e), () = one axis
+    rope_interleaved: bool = False    # M-RoPE sections interleaved pair by pair (llama.cpp IMROPE: qwen3vl)
+    deepstack_layers: int = 0         # Qwen3-VL: image rows carry this many extra blocks, one added after each first layer
     # query temperature (Ministral 3, Llama 4): q x (1 + scale ln(floor((pos + offset) / floor) + 1)) after RoPE
     attn_temperature_scale: float = 0.0   # 0 = none
     attn_temperature_floor: int = 0

@@ -65,7 +65,7 @@ def worker() -> None:
     ctx = mtmd.mtmd_init_from_file(req["mmproj"].encode(), model, cparams)
     assert ctx, "mmproj failed to load"
     arrays: dict[str, np.ndarray] = {"version": np.array(llama_cpp.__version__)}
-    n_embd = llama_cpp.llama_model_n_embd(model)
+    n_embd = llama_cpp.llama_model_n_embd_inp(model)   # the image rows' width (Qwen3-VL: with DeepStack)
     for i, path in enumerate(req["images"]):
         img = np.ascontiguousarray(np.load(path))
         h, w = img.shape[:2]

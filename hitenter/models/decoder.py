@@ -20,7 +20,9 @@ then the optional final soft-cap.
 Contracts (as before the families): `model(input_ids [T], positions [T], attn, kv_caches) -> hidden [T, H]`
 after the final norm, the new tokens' K/V written into `kv_caches` (one tensor per layer, attention.py);
 `embeds=(rows [K], values [K, H])` puts `values` in place of rows' token embeddings (an image's soft
-tokens; not scaled by embedding_scale, as llama.cpp's embedding batches);
+tokens; not scaled by embedding_scale, as llama.cpp's embedding batches; with cfg.deepstack_layers n,
+values are [K, H x (1 + n)], models/deepstack.py); positions [T, 4] for M-RoPE families (models/mrope.py:
+an image's rows and the text after it), [T] otherwise;
 `model.compute_logits(hidden [N, H]) -> fp32 logits [N, V]`. Batch invariance: every op is row-wise and
 dense GEMMs run on row counts padded to a multiple of 8 (quantized kernels are row-count invariant, so
 such models skip the padding). Tensor parallelism (hitenter/distributed): Q/K/V and gate/up
@@ -38,7 +40,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
-from hitenter.models import layer_routing
+from hitenter.models import deepstack, layer_routing
 from hitenter.models.attention import KEY_TILE, AttentionMetadata, paged_attention, write_kv
 from hitenter.models.chunked_attention import chunk_view
 from hitenter.models.layers import (
@@ -52,6 +54,7 @@ from hitenter.models.layers import (
     pad_rows,
     yarn_freq_factors,
 )
+from hitenter.models.mrope import MRope
 from hitenter.models.query_temperature import row_positions, temperature
 from hitenter.models.row_invariance import attention_row_multiple
 from hitenter.models.shard import TensorParallel, rank_shard, row_parallel, tp_shard
@@ -236,6 +239,9 @@ def rope_factors(cfg: ModelConfig, w: dict[str, Any], served_len: int) -> torch.
 
 def _ropes(cfg: ModelConfig, w: dict[str, Any], max_pos: int, served_len: int) -> tuple[Rope, Rope]:
     """(the global layers' RoPE, the local layers') from the config and the file's frequency factors."""
+    if cfg.rope_sections:   # M-RoPE (Qwen-VL): no factors, no scaling, no local layers
+        mrope = MRope(cfg.head_dim, cfg.rope_theta, max_pos, cfg.rope_dim, cfg.rope_sections, cfg.rope_interleaved)
+        return mrope, mrope
     glob = Rope(cfg.head_dim, cfg.rope_theta, max_pos, cfg.rope_dim, rope_factors(cfg, w, served_len),
                 cfg.rope_scaling_factor, cfg.rope_attn_factor)
     if not cfg.sliding_window or not cfg.rope_local_theta:
@@ -289,14 +295,19 @@ class CausalLM(nn.Module):
         x = self.embed(ids)
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
+        blocks = None
         if embeds is not None:
             rows, values = embeds
+            if self.config.deepstack_layers:
+                values, blocks = deepstack.split(values, x.shape[-1], self.config.deepstack_layers)
             x = x.index_copy(0, rows.long(), values.to(x.dtype))
         tables = {id(r): r.table(pos, x.dtype) for r in (self.rope, self.rope_local)}
         layer_ropes = []
         for layer in self.layers:
             rope = self.layer_rope(layer)
             layer_ropes.append((rope, None if rope is None else tables[id(rope)]))
+        if blocks is not None:
+            return self.norm(deepstack.run_layers(self, x, attn, kv_caches, layer_ropes, n, rows.long(), blocks))[:n]
         step_tables = [tables[id(self.rope)]] + ([tables[id(self.rope_local)]] if self.rope_local is not self.rope else [])
         return self.norm(layer_routing.run_layers(self, x, attn, kv_caches, layer_ropes, step_tables, n))[:n]
 

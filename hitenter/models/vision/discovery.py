@@ -18,7 +18,12 @@ from hitenter.models.gguf import open_gguf, read_gguf_metadata
 from hitenter.models.vision.mmproj import MmprojConfig, mmproj_config
 
 # the text architectures each projector feeds
-PROJECTOR_ARCHS: dict[str, frozenset[str]] = {"gemma3": frozenset({"gemma3"})}
+PROJECTOR_ARCHS: dict[str, frozenset[str]] = {
+    "gemma3": frozenset({"gemma3"}),
+    "qwen2vl_merger": frozenset({"qwen2vl"}),
+    "qwen2.5vl_merger": frozenset({"qwen2vl"}),
+    "qwen3vl_merger": frozenset({"qwen3vl", "qwen3vlmoe"}),
+}
 
 
 def read_mmproj_config(path: str | os.PathLike[str]) -> MmprojConfig:

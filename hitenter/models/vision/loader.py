@@ -3,8 +3,12 @@
 Contract (what the engine relies on, for every family):
 - ``encoder.prepare(rgb [H, W, 3] uint8) -> ImageInput``: the encoder's input (preprocessed pixels) and how
   many soft-token rows the image takes in the text sequence; a pure function of the pixels.
-- ``encoder.encode(image_input) -> [image_input.num_tokens, projection_dim]`` float32: the rows the text model
-  takes in place of the image's soft tokens (CausalLM embeds=).
+- ``encoder.encode(image_input) -> [image_input.num_tokens, output_width]`` float32: the rows the text model
+  takes in place of the image's soft tokens (CausalLM embeds=); output_width is projection_dim, or for
+  Qwen3-VL projection_dim x (1 + DeepStack blocks) (the text model's n_embd_inp, models/deepstack.py).
+- ``mrope``: whether the text model places the image's rows by M-RoPE (Qwen-VL): then
+  ``image_input.grid`` = (rows, columns) of its token grid, and the rows' positions and the text's after
+  them come from hitenter/models/mrope.py (image_positions, after_image).
 - ``image_begin`` / ``image_end``: the text llama.cpp's mtmd puts before and after an image's rows (tokenized
   as text with special tokens parsed, each on its own); ``bidirectional``: whether the text model attends
   an image's rows to each other both ways (Gemma 3).
@@ -26,7 +30,9 @@ import torch
 from hitenter.errors import ModelLoadError
 from hitenter.models.vision.gemma3 import Gemma3Vision
 from hitenter.models.vision.mmproj import MmprojConfig, read_mmproj
-from hitenter.models.vision.preprocess import fixed_size_pixels
+from hitenter.models.vision.preprocess import dynamic_size_pixels, fixed_size_pixels
+from hitenter.models.vision.qwen3vl import Qwen3VLVision
+from hitenter.models.vision.qwen25vl import QwenVLVision
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,6 +41,7 @@ class ImageInput:
 
     pixels: torch.Tensor
     num_tokens: int
+    grid: tuple[int, int] | None = None   # (rows, columns) of the token grid (M-RoPE families)
 
 
 class VisionEncoder:
@@ -43,12 +50,17 @@ class VisionEncoder:
     image_begin: str = ""
     image_end: str = ""
     bidirectional: bool = False
+    mrope: bool = False
 
     def __init__(self, config: MmprojConfig) -> None:
         self.config = config
 
     @property
     def projection_dim(self) -> int:
+        return self.config.projection_dim
+
+    @property
+    def output_width(self) -> int:
         return self.config.projection_dim
 
     def prepare(self, rgb: np.ndarray) -> ImageInput:
@@ -96,7 +108,40 @@ class Gemma3Encoder(VisionEncoder):
         return self.tower(pixels)
 
 
-ENCODERS: dict[str, type] = {"gemma3": Gemma3Encoder}
+class QwenVLEncoder(VisionEncoder):
+    """Qwen2-VL / Qwen2.5-VL (qwen25vl.py) and Qwen3-VL (qwen3vl.py): the image resized to its own size in
+    multiples of patch x 2 (preprocess.py dynamic_size_pixels), `<|vision_start|>` rows `<|vision_end|>`
+    (mtmd.cpp PROJECTOR_TYPE_QWEN*VL), causal, placed by M-RoPE over its token grid."""
+
+    image_begin = "<|vision_start|>"
+    image_end = "<|vision_end|>"
+    mrope = True
+
+    def __init__(self, config: MmprojConfig, tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__(config)
+        self.tower = Qwen3VLVision(config, tensors) if config.projector == "qwen3vl_merger" \
+            else QwenVLVision(config, tensors)
+
+    @property
+    def output_width(self) -> int:
+        return getattr(self.tower, "output_width", self.config.projection_dim)
+
+    def preprocess(self, rgb: np.ndarray) -> torch.Tensor:
+        cfg = self.config
+        return dynamic_size_pixels(rgb, cfg.patch_size * cfg.merge, *cfg.pixel_limits, cfg.image_mean, cfg.image_std)
+
+    def prepare(self, rgb: np.ndarray) -> ImageInput:
+        pixels = self.preprocess(rgb)
+        side = self.config.patch_size * self.config.merge
+        rows, cols = pixels.shape[1] // side, pixels.shape[2] // side
+        return ImageInput(pixels, rows * cols, (rows, cols))
+
+    def encode(self, image: ImageInput) -> torch.Tensor:
+        return self.tower(image.pixels)
+
+
+ENCODERS: dict[str, type] = {"gemma3": Gemma3Encoder, "qwen2vl_merger": QwenVLEncoder,
+                             "qwen2.5vl_merger": QwenVLEncoder, "qwen3vl_merger": QwenVLEncoder}
 
 
 def load_vision_encoder(path: str | os.PathLike[str]) -> VisionEncoder:

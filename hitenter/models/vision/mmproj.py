@@ -1,6 +1,8 @@
 """Reading a llama.cpp mmproj GGUF (the projector file beside a text model): its `clip.*` metadata as an
 MmprojConfig and its tensors by llama.cpp's names (tools/mtmd/clip-impl.h: v.patch_embd, v.position_embd,
-v.blk.N.{ln1,attn_q,attn_k,attn_v,attn_out,ln2,ffn_up,ffn_down}, v.post_ln, mm.*).
+v.blk.N.{ln1,attn_q,attn_k,attn_v,attn_out,ln2,ffn_up,ffn_down}, v.post_ln, mm.*). Projectors: gemma3, and the
+Qwen-VL mergers qwen2vl_merger, qwen2.5vl_merger (clip.vision.n_wa_pattern: every n-th layer attends fully,
+the others by windows) and qwen3vl_merger (DeepStack features from the v.deepstack.N.* layers).
 
 Contract: read_mmproj(path) -> (MmprojConfig, {name: fp32 tensor in torch order}); a file that is not a
 vision mmproj, names a projector this package does not run, or lacks a needed key or tensor is a
@@ -19,8 +21,11 @@ import torch
 from hitenter.errors import ModelLoadError
 from hitenter.models.gguf import load_tensors, open_gguf, read_gguf_metadata
 
-SUPPORTED_PROJECTORS: tuple[str, ...] = ("gemma3",)
+SUPPORTED_PROJECTORS: tuple[str, ...] = ("gemma3", "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
+QWEN_PROJECTORS: tuple[str, ...] = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
 GEMMA3_DEFAULT_MERGE = 4   # clip.cpp: patches per side pooled by 4 unless the file says otherwise
+QWEN_DEFAULT_MERGE = 2     # clip.cpp: Qwen-VL merges 2 x 2 patches unless clip.vision.spatial_merge_size says
+QWEN_TOKEN_LIMITS = (8, 4096)   # clip.cpp set_limit_image_tokens(8, 4096) for the Qwen-VL projectors
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,18 @@ class MmprojConfig:
     image_std: tuple[float, float, float]
     merge: int
     activation: str   # "gelu" (tanh form), "gelu_quick" or "silu"
+    n_wa_pattern: int = 0   # qwen2.5vl_merger: layer i attends fully where (i + 1) % n == 0, else by windows
+
+    @property
+    def dynamic_size(self) -> bool:
+        """Whether images keep their aspect at a size of their own (Qwen-VL) instead of image_size^2."""
+        return self.projector in QWEN_PROJECTORS
+
+    @property
+    def pixel_limits(self) -> tuple[int, int]:
+        """(min, max) pixels of a dynamic-size image after resizing (clip.cpp set_limit_image_tokens)."""
+        area = (self.patch_size * self.merge) ** 2
+        return QWEN_TOKEN_LIMITS[0] * area, QWEN_TOKEN_LIMITS[1] * area
 
     @property
     def patches_per_side(self) -> int:
@@ -60,6 +77,12 @@ def _activation(meta: dict[str, Any], path: Path) -> str:
     if gelu and silu:
         raise ModelLoadError(f"{path}: clip.use_gelu and clip.use_silu are both set")
     return "gelu" if gelu else "silu" if silu else "gelu_quick"
+
+
+def _merge(meta: dict[str, Any], projector: str) -> int:
+    if projector in QWEN_PROJECTORS:
+        return int(meta.get("clip.vision.spatial_merge_size", QWEN_DEFAULT_MERGE))
+    return int(meta.get("clip.vision.projector.scale_factor", GEMMA3_DEFAULT_MERGE))
 
 
 def _triple(meta: dict[str, Any], key: str, path: Path) -> tuple[float, float, float]:
@@ -90,9 +113,15 @@ def mmproj_config(meta: dict[str, Any], path: Path) -> MmprojConfig:
         projection_dim=int(_need(meta, "clip.vision.projection_dim", path)),
         image_mean=_triple(meta, "clip.vision.image_mean", path),
         image_std=_triple(meta, "clip.vision.image_std", path),
-        merge=int(meta.get("clip.vision.projector.scale_factor", GEMMA3_DEFAULT_MERGE)),
+        merge=_merge(meta, projector),
         activation=_activation(meta, path),
+        n_wa_pattern=int(meta.get("clip.vision.n_wa_pattern", 0)),
     )
+    if projector == "qwen2.5vl_merger" and "clip.vision.n_wa_pattern" not in meta:
+        raise ModelLoadError(f"{path}: a qwen2.5vl_merger file needs clip.vision.n_wa_pattern")
+    if projector in QWEN_PROJECTORS and cfg.merge != 2:
+        raise ModelLoadError(f"{path}: the Qwen-VL merger concatenates 2 x 2 patches; spatial_merge_size "
+                             f"{cfg.merge} is not supported")
     _check_shape(cfg, path)
     return cfg
 
@@ -103,11 +132,15 @@ def _check_shape(cfg: MmprojConfig, path: Path) -> None:
     bad = [k for k, v in positive.items() if v <= 0]
     if bad:
         raise ModelLoadError(f"{path}: mmproj values must be positive: {', '.join(bad)}")
-    if cfg.image_size % cfg.patch_size or cfg.patches_per_side % cfg.merge:
+    if cfg.n_wa_pattern < 0:
+        raise ModelLoadError(f"{path}: clip.vision.n_wa_pattern must not be negative")
+    if not cfg.dynamic_size and (cfg.image_size % cfg.patch_size or cfg.patches_per_side % cfg.merge):
         raise ModelLoadError(f"{path}: image_size {cfg.image_size} is not patch_size {cfg.patch_size} x a "
                              f"multiple of the merge factor {cfg.merge}")
     if cfg.hidden % cfg.heads:
         raise ModelLoadError(f"{path}: vision embedding_length {cfg.hidden} is not a multiple of head_count")
+    if cfg.dynamic_size and (cfg.hidden // cfg.heads) % 4:
+        raise ModelLoadError(f"{path}: the Qwen-VL vision RoPE needs a head size that is a multiple of 4")
     if cfg.image_size > 4096:
         raise ModelLoadError(f"{path}: vision image_size {cfg.image_size} is over 4096")
     if any(s == 0 for s in cfg.image_std):

@@ -115,10 +115,10 @@ def test_refusals(tmp_path: Path, mmproj: Path) -> None:
     other = tmp_path / "other.gguf"
     w = gguf.GGUFWriter(str(other), "clip")
     w.add_clip_has_vision_encoder(True)
-    w.add_clip_projector_type("qwen2vl_merger")
+    w.add_clip_projector_type("llama4")
     w.add_tensor("x", np.zeros(4, dtype=np.float32))
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
-    with pytest.raises(ModelLoadError, match="qwen2vl_merger.*not supported"):
+    with pytest.raises(ModelLoadError, match="llama4.*not supported"):
         read_mmproj(other)
     with pytest.raises(ModelLoadError, match="not found"):
         read_mmproj(tmp_path / "missing.gguf")
