@@ -23,7 +23,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = (None, "gguf", "int8", "int4")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "q8_0")
-SPEC_METHODS = ("ngram", "draft_model")
+SPEC_METHODS = ("ngram", "draft_model", "mtp")
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 
 
@@ -322,10 +322,12 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding (hitenter/engine/speculative). ``speculative_model`` "ngram" / "[ngram]" selects
-    prompt lookup; a model alone selects "draft_model"; ``method`` is None when speculation is off."""
+    prompt lookup; a model alone selects "draft_model"; method "mtp" drafts with the target file's own MTP
+    block; ``method`` is None when speculation is off."""
 
     speculative_model: str | None = _opt(None, "draft model sharing the target's tokenizer")
-    speculative_method: str | None = _opt(None, "'ngram' (prompt lookup, no draft model) or 'draft_model'",
+    speculative_method: str | None = _opt(None, "'ngram' (prompt lookup, no draft model), 'draft_model', or "
+                                                "'mtp' (the model file's own MTP block; Qwen3.5 / 3.6)",
                                           choices=SPEC_METHODS)
     num_speculative_tokens: int | None = _opt(None, "tokens drafted per step when speculating (default 4)")
 
@@ -339,7 +341,8 @@ class SpeculativeConfig:
             _require(k is None, "num_speculative_tokens", "needs speculative_model or speculative_method")
         else:
             _require(method in SPEC_METHODS, "speculative_method", f"must be one of {list(SPEC_METHODS)}, got {method!r}")
-            _require(method != "ngram" or not model, "speculative_model", "not used with speculative_method='ngram'")
+            _require(method not in ("ngram", "mtp") or not model, "speculative_model",
+                     f"not used with speculative_method={method!r}")
             _require(method != "draft_model" or bool(model), "speculative_model",
                      "required for speculative_method='draft_model'")
             k = DEFAULT_NUM_SPECULATIVE_TOKENS if k is None else k

@@ -239,6 +239,8 @@ class LLMEngine:
         self._before_schedule()
         sched = self.scheduler.schedule()
         ran = self.runner.execute(sched)
+        if self.spec is not None and ran.hidden is not None:   # an MTP drafter reads the target's rows
+            self.spec.observe_target(sched, ran.hidden)
         sampled = self._sample(ran)
         new_tokens = self._new_tokens(ran, sampled)
         finished = self.scheduler.update(sched, new_tokens)

@@ -34,6 +34,7 @@ class ModelRunnerOutput:
     sample_request_ids: list[str]
     t_model: float                   # seconds spent in the forward pass
     num_rows: list[int] = field(default_factory=list)   # 1 + drafted tokens, per sample_request_ids
+    hidden: torch.Tensor | None = None   # [num_batched_tokens, H] every row's final hidden state (keep_hidden)
 
 
 class ModelRunner:
@@ -52,6 +53,7 @@ class ModelRunner:
         self.block_size = block_size
         self.workspace: dict[torch.dtype, torch.Tensor] = {}   # attention scratch reused across steps
         self.plan: KernelPlan | None = None   # set by engine_setup; None: attention checks its kernel per call
+        self.keep_hidden = False   # return every row's hidden state (an MTP drafter reads the target's rows)
         self.encoder_cache: EncoderCache | None = None   # the vision encoder's rows by image (engine_setup)
 
     @torch.inference_mode()
@@ -146,7 +148,8 @@ class ModelRunner:
         logits = None
         if sample_rows:
             logits = self.logits(hidden[torch.tensor(sample_rows, dtype=torch.long)])
-        return ModelRunnerOutput(logits, sample_ids, time.perf_counter() - t0, num_rows)
+        return ModelRunnerOutput(logits, sample_ids, time.perf_counter() - t0, num_rows,
+                                 hidden if self.keep_hidden else None)
 
     def _images(self, req: Any, start: int, n: int, row0: int, rows: list[int],
                 values: list[torch.Tensor]) -> list[tuple[int, int]]:

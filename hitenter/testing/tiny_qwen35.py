@@ -27,6 +27,10 @@ ssm_out [64, 64]. Every layer: attn_norm, post_attention_norm (the FFN's input n
   (expert_shared_feed_forward_length 48): ffn_gate_inp [8, 64], ffn_{gate,up}_exps [8, 32, 64],
   ffn_down_exps [8, 64, 32], ffn_{gate,up}_shexp [48, 64], ffn_down_shexp [64, 48],
   ffn_gate_inp_shexp [64]. No feed_forward_length key.
+- qwen35moe_mtp (qwen35moe, in MTP_HYBRIDS only, not HYBRIDS): qwen35moe's layout (random weights of its
+  own) with block_count 5, nextn_predict_layers 1 and blk.4 an MTP block whose FFN is the trunk's experts
+  plus shared expert (llama.cpp's qwen35moe load_block_mtp). qwen35_copy / qwen35moe_copy (MTP_HYBRIDS):
+  qwen35 / qwen35moe_mtp whose MTP block drafts exactly what the trunk predicts (_copying).
 - qwen35moe_gate_up (qwen35moe): qwen35moe's layout (random weights of its own) with each layer's gate and up
   experts merged as llama.cpp also loads them: ffn_gate_up_exps [8, 64, 64] = per expert 32 gate rows then
   32 up rows.
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -77,7 +82,8 @@ WIDE = Shape(head_dim=256, rope_dim=64, sections=(11, 11, 10, 0), key_heads=8, v
 
 
 def _f32(f: _Writer, name: str, arr: np.ndarray) -> None:
-    add_weight(f.w, name, arr, None, f.rng)
+    edit = getattr(f, "edit", None)   # _copying's
+    add_weight(f.w, name, arr if edit is None else edit(name, arr), None, f.rng)
 
 
 def _metadata(f: _Writer, s: Shape, layers: int, moe: bool, next_rope: bool) -> None:
@@ -172,22 +178,24 @@ def _ffn(f: _Writer, p: str, moe: bool, merged: bool = False) -> None:
     _f32(f, p + "ffn_gate_inp_shexp.weight", f.normal(HIDDEN, std=0.3))
 
 
-def _mtp(f: _Writer, p: str, s: Shape) -> None:
-    """An MTP block (convert's _QwenMtpMixin): a full-attention layer plus the nextn tensors."""
+def _mtp(f: _Writer, p: str, s: Shape, moe: bool = False) -> None:
+    """An MTP block (convert's _QwenMtpMixin): a full-attention layer plus the nextn tensors (the FFN the
+    trunk's: experts + shared expert in a qwen35moe file)."""
     _f32(f, p + "attn_norm.weight", f.norm(HIDDEN))
     _f32(f, p + "post_attention_norm.weight", f.norm(HIDDEN))
     _attention(f, p, s)
-    _ffn(f, p, moe=False)
+    _ffn(f, p, moe=moe)
     f.add(p + "nextn.eh_proj.weight", f.normal(HIDDEN, 2 * HIDDEN, std=0.1))
     for name in ("enorm", "hnorm", "shared_head_norm"):
         _f32(f, p + f"nextn.{name}.weight", f.norm(HIDDEN))
 
 
-def _write(f: _Writer, family: str) -> None:
+def _write(f: _Writer, family: str, mtp: bool | None = None) -> None:
+    """`mtp`: append an MTP block (default: qwen35 only)."""
     moe = family not in ("qwen35", "qwen35_wide")
     nxt = family.startswith("qwen3next")
     kinds = ["gdn", "attention", "gdn", "attention"] if nxt else ["gdn", "gdn", "gdn", "attention"]
-    mtp = family == "qwen35"
+    mtp = family == "qwen35" if mtp is None else mtp
     s = WIDE if family == "qwen35_wide" else NEXT if nxt else TINY
     _metadata(f, s, len(kinds) + mtp, moe, nxt)
     if mtp:
@@ -211,7 +219,7 @@ def _write(f: _Writer, family: str) -> None:
         _f32(f, p + "post_attention_norm.weight", f.norm(HIDDEN))
         _ffn(f, p, moe, merged=family == "qwen35moe_gate_up")
     if mtp:
-        _mtp(f, f"blk.{len(kinds)}.", s)
+        _mtp(f, f"blk.{len(kinds)}.", s, moe)
 
 
 QWEN35_HYBRIDS: dict[str, tuple[str, Callable[[_Writer], None]]] = {
@@ -222,3 +230,53 @@ QWEN35_HYBRIDS: dict[str, tuple[str, Callable[[_Writer], None]]] = {
     "qwen3next": ("qwen3next", lambda f: _write(f, "qwen3next")),
     "qwen3next_ssm_in": ("qwen3next", lambda f: _write(f, "qwen3next_ssm_in")),
 }
+
+def _copying(f: _Writer) -> _Writer:
+    """`f` writing a file whose MTP block drafts exactly what the trunk will predict: every layer's output
+    projections (ssm_out, attn_output, ffn_down and the experts') zero, so the trunk's hidden state at a
+    position is output_norm of its token's embedding (a bigram model); the MTP block's eh_proj takes the
+    token half only ([I | 0]), its enorm is 1, its attention and FFN add zero and its shared_head_norm is
+    output_norm, so its logits for (token, h) are the trunk's for that token. Greedy drafts are then all
+    accepted (up to float rounding): a test of the drafter's plumbing."""
+    add, kept = f.add, {}
+
+    def edit(name: str, arr: np.ndarray) -> np.ndarray:
+        if name.endswith(("ssm_out.weight", "attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight",
+                          "ffn_down_shexp.weight")):
+            return np.zeros_like(arr)
+        if name.endswith("nextn.eh_proj.weight"):
+            return np.eye(*arr.shape, dtype=arr.dtype)
+        if name.endswith("nextn.enorm.weight"):
+            return np.ones_like(arr)
+        if name == "output_norm.weight":
+            kept[name] = arr
+        if name.endswith("nextn.shared_head_norm.weight"):
+            return kept["output_norm.weight"]
+        return arr
+
+    f.add = lambda name, arr: add(name, edit(name, arr))   # type: ignore[method-assign]
+    f.edit = edit   # type: ignore[attr-defined]
+    return f
+
+
+# the files with an MTP block (the speculative MTP drafter's tests: hitenter/models/mtp.py); *_copy: the
+# block drafts what the trunk predicts (_copying)
+MTP_HYBRIDS: dict[str, tuple[str, Callable[[_Writer], None]]] = {
+    "qwen35": QWEN35_HYBRIDS["qwen35"],
+    "qwen35moe_mtp": ("qwen35moe", lambda f: _write(f, "qwen35moe", mtp=True)),
+    "qwen35_copy": ("qwen35", lambda f: _write(_copying(f), "qwen35")),
+    "qwen35moe_copy": ("qwen35moe", lambda f: _write(_copying(f), "qwen35moe", mtp=True)),
+}
+
+
+def write_tiny_mtp(path: str | Path, family: str, seed: int = 0, quant: str | None = None) -> Path:
+    """Write the tiny hybrid `family` of MTP_HYBRIDS (one with an MTP block) to `path`; return it."""
+    if family not in MTP_HYBRIDS:
+        raise ValueError(f"unknown MTP family {family!r}; families: {', '.join(MTP_HYBRIDS)}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arch, write = MTP_HYBRIDS[family]
+    f = _Writer(path, arch, family, seed, quant)
+    write(f)
+    f.close()
+    return path

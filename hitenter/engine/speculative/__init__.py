@@ -6,6 +6,7 @@ Engine options: ``SpeculativeConfig`` in hitenter/config.py (``speculative_model
 request to its acceptance and the measured costs (adaptive.py; HITENTER_SPEC_ADAPTIVE=0: always K); a
 draft model scores the first HITENTER_DRAFT_VOCAB ids only (draft_head.py, default 32768; 0: all) and
 is skipped where prompt lookup finds the last 4+ tokens earlier (HITENTER_DRAFT_LOOKUP=0: never).
+Method "mtp" drafts with the target file's own MTP block (mtp.py, hitenter/models/mtp.py).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from hitenter import envs
 from hitenter.config import SpeculativeConfig
 from hitenter.engine.speculative.adaptive import AdaptiveK
 from hitenter.engine.speculative.draft_head import draft_logits, draft_vocab_size
+from hitenter.engine.speculative.mtp import MTPProposer
 from hitenter.engine.speculative.proposers import DraftModelProposer, NgramProposer
 from hitenter.engine.speculative.rejection import greedy_accept, point_mass, rejection_sample
 from hitenter.engine.speculative.spec_step import SpecDecoder, SpecDecodeStats, spec_request_stats
 
 __all__ = ["SpecDecoder", "SpecDecodeStats", "spec_request_stats", "build_spec_decoder", "check_vocab_compatible",
-           "NgramProposer", "DraftModelProposer", "AdaptiveK", "adaptive_k", "rejection_sample", "greedy_accept", "point_mass"]
+           "NgramProposer", "DraftModelProposer", "MTPProposer", "AdaptiveK", "adaptive_k", "rejection_sample", "greedy_accept", "point_mass"]
 
 def check_vocab_compatible(target_tok: Any, draft_tok: Any, target_vocab: int, draft_vocab: int,
                            draft_name: str) -> None:
@@ -43,15 +45,23 @@ def check_vocab_compatible(target_tok: Any, draft_tok: Any, target_vocab: int, d
 
 def build_spec_decoder(cfg: SpeculativeConfig, tokenizer: Any, vocab_size: int, max_model_len: int,
                        num_blocks: int, block_size: int, dtype: torch.dtype, load_dtype: str = "auto",
-                       quantization: str | None = None, kv_dtype: torch.dtype | None = None) -> SpecDecoder | None:
+                       quantization: str | None = None, kv_dtype: torch.dtype | None = None,
+                       target: torch.nn.Module | None = None, target_path: str | None = None) -> SpecDecoder | None:
     """The engine's SpecDecoder from its (validated) speculative options, or None when speculation is off.
-    `kv_dtype`: the draft's KV cache elements, the target's (default: `dtype`)."""
+    `kv_dtype`: the draft's KV cache elements, the target's (default: `dtype`). `target`, `target_path`:
+    the loaded target and its file (method "mtp" reads the file's MTP block and shares the target's
+    embedding and head; the engine's runner must then keep its hidden rows: SpecDecoder.wants_hidden)."""
     method, model, k = cfg.speculative_method, cfg.speculative_model, cfg.num_speculative_tokens
     if method is None:
         return None
     assert k is not None
     if method == "ngram":
         return SpecDecoder(NgramProposer(), k, method, adaptive_k(k))
+    if method == "mtp":
+        if target is None or target_path is None:
+            raise ValueError("speculative_method 'mtp': needs the target model and its file")
+        return SpecDecoder(mtp_proposer(target, target_path, num_blocks, block_size, kv_dtype or dtype), k, method,
+                           adaptive_k(k))
     from hitenter.engine.model_runner import ModelRunner
     from hitenter.kv_cache.manager import KVCacheManager
     from hitenter.models.attention import allocate_kv_caches
@@ -77,6 +87,17 @@ def build_spec_decoder(cfg: SpeculativeConfig, tokenizer: Any, vocab_size: int, 
     runner.plan = plan
     lookup = NgramProposer() if envs.HITENTER_DRAFT_LOOKUP.get() else None
     return SpecDecoder(DraftModelProposer(runner, kv, lookup), k, method, adaptive_k(k))
+
+
+def mtp_proposer(target: torch.nn.Module, path: str, num_blocks: int, block_size: int,
+                 kv_dtype: torch.dtype) -> MTPProposer:
+    """The file's MTP block on its own one-layer cache of the target's token capacity."""
+    from hitenter.kv_cache.manager import KVCacheManager
+    from hitenter.models.mtp import load_mtp_head
+
+    head = load_mtp_head(path, target)
+    return MTPProposer(head, KVCacheManager(num_blocks, block_size, enable_prefix_caching=False),
+                       head.allocate_cache(num_blocks, block_size, kv_dtype))
 
 
 def adaptive_k(k_max: int) -> AdaptiveK | None:

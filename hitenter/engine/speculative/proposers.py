@@ -216,20 +216,31 @@ class DraftModelProposer:
             assert out.logits is not None and len(out.sample_request_ids) == len(rows)
             for sr in scheduled:
                 sr.request.num_computed_tokens += sr.num_new_tokens
-            sel = [mirrors[i] for i in rows]
-            cons = [grammars[i] for i in rows]
-            batch = BatchState([m.sampling_params for m in sel], [m.prompt_token_ids for m in sel],
-                               [m.output_token_ids for m in sel], [stop_ids(m) for m in sel],
-                               cons if any(c is not None for c in cons) else ())
-            x, _ = run_chain(chain, out.logits, batch)
-            for j, i in enumerate(rows):
-                row_seeds = seeds[i]
-                if row_seeds is None:
-                    tok = int(greedy_argmax(x[j]))
-                else:
-                    tok = int(race(x[j:j + 1], [row_seeds[len(toks[i])]])[0])
-                toks[i].append(tok)
-                mirrors[i].output_token_ids.append(tok)
-                if grammars[i] is not None and grammars[i].push(tok):
-                    pushed[i] += 1
+            draw_drafts(chain, out.logits, mirrors, rows, seeds, toks, grammars, pushed)
         return [Draft(t) for t in toks]
+
+
+def draw_drafts(chain: Sequence[LogitsProcessor], logits: torch.Tensor, mirrors: Sequence[Request],
+                rows: Sequence[int], seeds: Sequence[list[int] | None], toks: list[list[int]], grammars: list[Any],
+                pushed: list[int]) -> None:
+    """Draw each request's next draft: ``logits[j]`` is mirror ``rows[j]``'s, put through the request's
+    logits-processor chain (output history: its verified tokens + the drafts so far, the mirror's), then
+    greedy (argmax) or, for a sampling request (``seeds[i]``: the row seeds its target rows will draw),
+    the sampler's race with the seed of that draft's row. The token is appended to ``toks[i]`` and the
+    mirror's outputs, and pushed into the request's grammar (``pushed[i]`` counts the pushes)."""
+    sel = [mirrors[i] for i in rows]
+    cons = [grammars[i] for i in rows]
+    batch = BatchState([m.sampling_params for m in sel], [m.prompt_token_ids for m in sel],
+                       [m.output_token_ids for m in sel], [stop_ids(m) for m in sel],
+                       cons if any(c is not None for c in cons) else ())
+    x, _ = run_chain(chain, logits, batch)
+    for j, i in enumerate(rows):
+        row_seeds = seeds[i]
+        if row_seeds is None:
+            tok = int(greedy_argmax(x[j]))
+        else:
+            tok = int(race(x[j:j + 1], [row_seeds[len(toks[i])]])[0])
+        toks[i].append(tok)
+        mirrors[i].output_token_ids.append(tok)
+        if grammars[i] is not None and grammars[i].push(tok):
+            pushed[i] += 1

@@ -45,6 +45,7 @@ from hitenter.engine.sampler import (
     run_chain,
     token_logprobs,
 )
+from hitenter.engine.scheduler import SchedulerOutput
 from hitenter.engine.speculative.adaptive import AdaptiveK
 from hitenter.engine.speculative.proposers import Proposer, stop_ids
 from hitenter.engine.speculative.rejection import greedy_accept, race_accept
@@ -117,6 +118,17 @@ class SpecDecoder:
         if len(num_rows) == num_requests and sum(num_rows) == num_tokens:
             self.adaptive.costs.observe_pass(num_tokens, step_seconds - self._t_propose)
         self._t_propose = 0.0
+
+    @property
+    def wants_hidden(self) -> bool:
+        """The proposer reads the target's hidden rows (the runner must keep them: ModelRunner.keep_hidden)."""
+        return bool(getattr(self.proposer, "wants_hidden", False))
+
+    def observe_target(self, sched: SchedulerOutput, hidden: Tensor) -> None:
+        """The target's forward over `sched` gave these hidden rows (an MTP proposer keeps them)."""
+        observe = getattr(self.proposer, "observe_target", None)
+        if observe is not None:
+            observe(sched, hidden)
 
     def _draft_length(self, r: Request, other_rows: int) -> int:
         if self.adaptive is None:

@@ -1,0 +1,132 @@
+"""Speculative decoding with the file's own MTP block (hitenter/engine/speculative/mtp.py) on the tiny
+Qwen3.5 files with one (hitenter/testing/tiny_qwen35.py MTP_HYBRIDS).
+
+- The drafter's protocol against llama.cpp: fed llama.cpp's own trunk hidden states (h_nextn, the goldens of
+  scripts/make_mtp_goldens.py), the block's logits for the newest token are llama.cpp's MTP logits at that
+  position (row p pairs the token at p with h at p - 1, common/speculative.cpp's draft-mtp), on the first
+  proposal over a whole prompt and after a verification accepted tokens (catch-up rows, the rows computed
+  from drafts recomputed).
+- Through LLM, qwen35 and qwen35moe, several requests batched (greedy and seeded): the tokens and logprobs
+  of decoding without speculation, drafting every step (fixed K); on the *_copy files, whose MTP block
+  drafts exactly what the trunk predicts, every greedy draft is accepted (the hidden rows reach the right
+  requests and positions).
+- Through the server: the same text with and without it; the option's validation.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+import torch
+
+from hitenter import LLM, SamplingParams
+from hitenter.config import SpeculativeConfig
+from hitenter.engine.llm_engine import LLMEngine
+from hitenter.engine.scheduler import ScheduledRequest, SchedulerOutput
+from hitenter.engine.speculative import mtp_proposer
+from hitenter.models.loader import load_model
+from hitenter.request import Request, RequestStatus
+from hitenter.server.api import create_app
+from hitenter.testing.live_server import live_server
+from hitenter.testing.paths import GOLDENS
+from hitenter.testing.tiny_qwen35 import write_tiny_mtp
+
+pytestmark = pytest.mark.slow   # engine builds on tiny files, ~1-3 s each on 2 cores
+
+
+def _golden(family: str) -> dict[str, np.ndarray]:
+    with np.load(GOLDENS / "families" / f"mtp_{family}.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.mark.parametrize("family", ["qwen35", "qwen35moe_mtp"])
+def test_drafter_pairs_tokens_and_hidden_rows_as_llama_cpp(family: str, tmp_path: Path) -> None:
+    gold = _golden(family)
+    path = write_tiny_mtp(tmp_path / f"{family}.gguf", family, seed=int(gold["seed"]))
+    net, _ = load_model(path, dtype="float32")
+    prop = mtp_proposer(net, str(path), 8, 16, torch.float32)
+    seen: list[torch.Tensor] = []
+    score = prop.head.compute_logits
+    prop.head.compute_logits = lambda h: seen.append(score(h)) or seen[-1]   # type: ignore[method-assign]
+    toks, h = gold["tokens"].tolist(), torch.from_numpy(gold["target_h"])
+    req = Request("r", toks[:17], SamplingParams(temperature=0.0, max_tokens=64), 64, frozenset(),
+                  status=RequestStatus.RUNNING)
+
+    def target_step(start: int, end: int) -> None:   # the target computed positions start..end-1
+        prop.observe_target(SchedulerOutput(0, [ScheduledRequest(req, end - start, start, [])], [], end - start),
+                            h[start:end])
+        req.output_token_ids[:] = toks[17:end + 1]   # its tokens: the golden's
+        req.num_computed_tokens = end
+
+    for start, end, k in ((0, 17, 3), (17, 19, 2), (19, 30, 3)):   # a prompt, then verified runs of 2 and 11
+        target_step(start, end)
+        seen.clear()
+        drafts = prop.propose([req], [k], [], [None])[0].token_ids
+        ref = gold["mtp_logits"][end]    # the block's row at `end`: the token there, h at end - 1
+        got = seen[0][-1].double().numpy()
+        assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max(), (end, np.abs(got - ref).max())
+        assert drafts[0] == int(np.argmax(got)) and len(drafts) == k
+    prop.release("r")
+    assert not prop.request_ids and prop.kv.num_free_blocks == 8
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 250) for _ in range(rng.randint(3, 60))] for _ in range(n)]
+
+
+def _params(n: int) -> list[SamplingParams]:
+    return [SamplingParams(temperature=0.0, max_tokens=14 + i % 5, ignore_eos=True, logprobs=1) if i % 3 else
+            SamplingParams(temperature=0.8, seed=7 + i, max_tokens=12, ignore_eos=True, logprobs=1) for i in range(n)]
+
+
+def _sig(out):  # noqa: ANN001, ANN202 -- tokens and logprobs, bitwise
+    c = out.outputs[0]
+    return c.token_ids, [(p.chosen.token_id, p.chosen.logprob) for p in c.logprobs]
+
+
+@pytest.mark.parametrize("family", ["qwen35", "qwen35moe_mtp", "qwen35_copy", "qwen35moe_copy"])
+def test_batched_requests_emit_the_tokens_of_decoding_without_it(family: str, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HITENTER_SPEC_ADAPTIVE", "0")   # draft K every step, whatever the acceptance
+    path = str(write_tiny_mtp(tmp_path / f"{family}.gguf", family, seed=3, quant="Q8_0"))
+    prompts, params = _prompts(6), _params(6)
+    ref = LLM(path).generate(prompts, params)
+    spec = LLM(path, speculative_method="mtp", num_speculative_tokens=3)
+    got = spec.generate(prompts, params)
+    assert [_sig(o) for o in got] == [_sig(o) for o in ref]
+    stats = spec.engine.spec.stats
+    assert stats.num_draft_tokens > 0
+    if family.endswith("_copy"):   # the block drafts the trunk's own next token: every greedy draft accepted
+        for o, p in zip(got, params, strict=True):
+            if p.temperature == 0:
+                assert o.extra["spec_decode"]["acceptance_rate"] == 1.0, o.extra
+    proposer = spec.engine.spec.proposer
+    assert not proposer.request_ids and proposer.kv.num_free_blocks == proposer.cache.shape[2]
+
+
+def test_server_text_is_the_same_with_and_without_it(tmp_path: Path) -> None:
+    path = str(write_tiny_mtp(tmp_path / "qwen35moe_copy.gguf", "qwen35moe_copy", seed=3, quant="Q8_0"))
+    texts = []
+    for opts in ({}, {"speculative_method": "mtp", "num_speculative_tokens": 3}):
+        eng = LLMEngine(path, **opts)
+        with live_server(create_app(eng, "m", playground=False)) as srv:
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+            r = client.completions.create(model="m", prompt="abc def", max_tokens=20, temperature=0,
+                                          extra_body={"ignore_eos": True})
+            texts.append(r.choices[0].text)
+        if opts:
+            assert eng.spec.stats.num_accepted_tokens > 0
+    assert texts[0] == texts[1]
+
+
+def test_the_option_is_validated(tiny_llama_path: Path) -> None:
+    assert SpeculativeConfig(speculative_method="mtp").num_speculative_tokens == 4
+    with pytest.raises(ValueError, match="not used with speculative_method='mtp'"):
+        SpeculativeConfig(speculative_method="mtp", speculative_model="x.gguf")
+    with pytest.raises(Exception, match="no MTP drafter"):
+        LLM(str(tiny_llama_path), speculative_method="mtp")
