@@ -20,6 +20,7 @@ from hitenter.sampling_params import SamplingParams
 from hitenter.testing.tiny_vision import sample_image, write_tiny_gemma3_with_mmproj
 
 GOLDEN = Path(__file__).resolve().parents[1] / "goldens" / "vision" / "gemma3.npz"
+TWO = GOLDEN.with_name("gemma3_two_images.npz")
 PROMPT = "Look at this: <__media__> It shows a small cat on a red mat, and the sky is blue today."
 GREEDY = SamplingParams(max_tokens=3, temperature=0.0)
 
@@ -58,8 +59,9 @@ class RowCapture:
             return h
         self.model.forward = forward
 
-    def logits(self, n: int) -> np.ndarray:
-        h = torch.stack([self.rows[p] for p in range(n)])
+    def logits(self, n: int, start: int = 0) -> np.ndarray:
+        """Logits of positions start..n-1."""
+        h = torch.stack([self.rows[p] for p in range(start, n)])
         return self.model.compute_logits(h).double().numpy()
 
 
@@ -97,6 +99,36 @@ def test_prompt_logits_match_llama_cpp(files: tuple[Path, Path], golden: dict[st
     assert len(ref) >= 40 and agree >= len(ref) - len(ref) // 40, f"{agree}/{len(ref)}"
     assert np.abs(ours - ref).max() <= 5e-3 * np.abs(ref).max()
     assert eng.vision.runs == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", [2048, 40, 16])
+def test_two_images_match_llama_cpp(files: tuple[Path, Path], budget: int) -> None:
+    """A prompt with two images (tests/goldens/vision/gemma3_two_images.npz, scripts/make_vision_prompt_goldens.py):
+    the layout and the per-position logits against llama.cpp's, whole and in steps cut around each image; run
+    again, the prefix cache serves both images (the encoder ran once per image) and the rows after the hit
+    still match."""
+    with np.load(TWO) as z:
+        gold = {k: z[k] for k in z.files}
+    assert hashlib.sha256(files[0].read_bytes()).hexdigest() == str(gold["text_sha256"])
+    eng = _engine(files, max_num_batched_tokens=budget, block_size=16)
+    images = [gold["image0"], gold["image1"]]
+    ip = eng.image_prompt(str(gold["prompt"]), images, add_bos=False)
+    ours = np.array(ip.ids)
+    for run in ip.runs:
+        ours[run.start:run.end] = -1
+    tokens, ref = gold["tokens"], gold["logits"]
+    assert np.array_equal(ours, tokens)
+    for again in (False, True):
+        cap = RowCapture(eng)
+        _, cached = _run(eng, images, str(gold["prompt"]))
+        assert (cached > ip.runs[1].end) == again and eng.vision.runs == 2
+        got = cap.logits(len(tokens), cached)[tokens[cached:] >= 0]
+        want = ref[int((tokens[:cached] >= 0).sum()):]
+        agree = int((got.argmax(-1) == want.argmax(-1)).sum())
+        assert (again or len(want) >= 40) and agree >= len(want) - len(want) // 40, f"{agree}/{len(want)}"
+        assert np.abs(got - want).max() <= 5e-3 * np.abs(want).max()
+        cap.model.forward = cap._forward
 
 
 @pytest.mark.slow
