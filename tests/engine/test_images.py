@@ -258,3 +258,23 @@ def test_an_encoded_image_costs_its_rows_only(scheduler_with_image: tuple) -> No
     sched.update(out, {})
     out = sched.schedule()
     assert [(s.num_computed_tokens, s.num_new_tokens) for s in out.scheduled] == [(5, 12)]
+
+
+@pytest.mark.slow
+def test_preempted_image_requests_give_the_same_tokens(files: tuple[Path, Path], golden: dict[str, np.ndarray]) -> None:
+    """Three image requests in a KV cache that holds one: preempted ones recompute (prefix hits end at an
+    image's start, never inside it) and answer as they do with room to spare."""
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+    def answers(**options: object) -> tuple[list[list[int]], int]:
+        eng = _engine(files, block_size=16, **options)
+        ids = [eng.add_request(None, eng.image_prompt(PROMPT, [golden[f"image{i}"]], add_bos=False), params)
+               for i in range(3)]
+        outs: dict[str, list[int]] = {}
+        while eng.has_unfinished_requests():
+            outs.update({o.request_id: list(o.outputs[0].token_ids) for o in eng.step() if o.finished})
+        return [outs[i] for i in ids], eng.scheduler.stats.num_preemptions
+
+    roomy, _ = answers()
+    tight, preemptions = answers(kv_cache_memory=2048 * 16 * 16)   # 16 blocks: one 256-token window
+    assert preemptions > 0 and tight == roomy
