@@ -23,6 +23,7 @@ PROJECTOR_ARCHS: dict[str, frozenset[str]] = {
     "qwen2vl_merger": frozenset({"qwen2vl"}),
     "qwen2.5vl_merger": frozenset({"qwen2vl"}),
     "qwen3vl_merger": frozenset({"qwen3vl", "qwen3vlmoe"}),
+    "pixtral": frozenset({"llama", "mistral3"}),   # Pixtral 12B / Mistral Small 3.1 (llama), Ministral 3
 }
 
 

@@ -30,6 +30,7 @@ import torch
 from hitenter.errors import ModelLoadError
 from hitenter.models.vision.gemma3 import Gemma3Vision
 from hitenter.models.vision.mmproj import MmprojConfig, read_mmproj
+from hitenter.models.vision.pixtral import PixtralVision
 from hitenter.models.vision.preprocess import dynamic_size_pixels, fixed_size_pixels
 from hitenter.models.vision.qwen3vl import Qwen3VLVision
 from hitenter.models.vision.qwen25vl import QwenVLVision
@@ -140,8 +141,34 @@ class QwenVLEncoder(VisionEncoder):
         return self.tower(image.pixels)
 
 
+class PixtralEncoder(VisionEncoder):
+    """Pixtral / Mistral Small 3.1 / Ministral 3 (pixtral.py): the image resized to its own size in multiples
+    of patch x merge (preprocess.py dynamic_size_pixels), its rows (an [IMG_BREAK] row after each token
+    row but the last) then `[IMG_END]` (mtmd.cpp PROJECTOR_TYPE_PIXTRAL), causal, one position per row."""
+
+    image_end = "[IMG_END]"
+
+    def __init__(self, config: MmprojConfig, tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__(config)
+        self.tower = PixtralVision(config, tensors)
+
+    def preprocess(self, rgb: np.ndarray) -> torch.Tensor:
+        cfg = self.config
+        return dynamic_size_pixels(rgb, cfg.patch_size * cfg.merge, *cfg.pixel_limits, cfg.image_mean, cfg.image_std)
+
+    def prepare(self, rgb: np.ndarray) -> ImageInput:
+        pixels = self.preprocess(rgb)
+        side = self.config.patch_size * self.config.merge
+        rows, cols = pixels.shape[1] // side, pixels.shape[2] // side
+        return ImageInput(pixels, rows * cols + rows - 1)
+
+    def encode(self, image: ImageInput) -> torch.Tensor:
+        return self.tower(image.pixels)
+
+
 ENCODERS: dict[str, type] = {"gemma3": Gemma3Encoder, "qwen2vl_merger": QwenVLEncoder,
-                             "qwen2.5vl_merger": QwenVLEncoder, "qwen3vl_merger": QwenVLEncoder}
+                             "qwen2.5vl_merger": QwenVLEncoder, "qwen3vl_merger": QwenVLEncoder,
+                             "pixtral": PixtralEncoder}
 
 
 def load_vision_encoder(path: str | os.PathLike[str]) -> VisionEncoder:

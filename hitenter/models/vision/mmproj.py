@@ -2,7 +2,8 @@
 MmprojConfig and its tensors by llama.cpp's names (tools/mtmd/clip-impl.h: v.patch_embd, v.position_embd,
 v.blk.N.{ln1,attn_q,attn_k,attn_v,attn_out,ln2,ffn_up,ffn_down}, v.post_ln, mm.*). Projectors: gemma3, and the
 Qwen-VL mergers qwen2vl_merger, qwen2.5vl_merger (clip.vision.n_wa_pattern: every n-th layer attends fully,
-the others by windows) and qwen3vl_merger (DeepStack features from the v.deepstack.N.* layers).
+the others by windows) and qwen3vl_merger (DeepStack features from the v.deepstack.N.* layers), and pixtral
+(Pixtral / Mistral Small 3.1 / Ministral 3: 2D RoPE, optional patch merger, [IMG_BREAK] rows).
 
 Contract: read_mmproj(path) -> (MmprojConfig, {name: fp32 tensor in torch order}); a file that is not a
 vision mmproj, names a projector this package does not run, or lacks a needed key or tensor is a
@@ -21,11 +22,12 @@ import torch
 from hitenter.errors import ModelLoadError
 from hitenter.models.gguf import load_tensors, open_gguf, read_gguf_metadata
 
-SUPPORTED_PROJECTORS: tuple[str, ...] = ("gemma3", "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
+SUPPORTED_PROJECTORS: tuple[str, ...] = ("gemma3", "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger", "pixtral")
 QWEN_PROJECTORS: tuple[str, ...] = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
 GEMMA3_DEFAULT_MERGE = 4   # clip.cpp: patches per side pooled by 4 unless the file says otherwise
 QWEN_DEFAULT_MERGE = 2     # clip.cpp: Qwen-VL merges 2 x 2 patches unless clip.vision.spatial_merge_size says
-QWEN_TOKEN_LIMITS = (8, 4096)   # clip.cpp set_limit_image_tokens(8, 4096) for the Qwen-VL projectors
+# clip.cpp set_limit_image_tokens for the dynamic-size projectors: (min, max) tokens of patch x merge pixels
+TOKEN_LIMITS = {**dict.fromkeys(QWEN_PROJECTORS, (8, 4096)), "pixtral": (8, 1024)}
 
 
 @dataclass(frozen=True)
@@ -49,13 +51,14 @@ class MmprojConfig:
     @property
     def dynamic_size(self) -> bool:
         """Whether images keep their aspect at a size of their own (Qwen-VL) instead of image_size^2."""
-        return self.projector in QWEN_PROJECTORS
+        return self.projector in TOKEN_LIMITS
 
     @property
     def pixel_limits(self) -> tuple[int, int]:
         """(min, max) pixels of a dynamic-size image after resizing (clip.cpp set_limit_image_tokens)."""
         area = (self.patch_size * self.merge) ** 2
-        return QWEN_TOKEN_LIMITS[0] * area, QWEN_TOKEN_LIMITS[1] * area
+        lo, hi = TOKEN_LIMITS[self.projector]
+        return lo * area, hi * area
 
     @property
     def patches_per_side(self) -> int:
@@ -82,6 +85,8 @@ def _activation(meta: dict[str, Any], path: Path) -> str:
 def _merge(meta: dict[str, Any], projector: str) -> int:
     if projector in QWEN_PROJECTORS:
         return int(meta.get("clip.vision.spatial_merge_size", QWEN_DEFAULT_MERGE))
+    if projector == "pixtral":   # Pixtral 12B merges nothing; Mistral Small 3.1 / Ministral 3 say 2
+        return int(meta.get("clip.vision.spatial_merge_size", 1))
     return int(meta.get("clip.vision.projector.scale_factor", GEMMA3_DEFAULT_MERGE))
 
 
@@ -140,7 +145,7 @@ def _check_shape(cfg: MmprojConfig, path: Path) -> None:
     if cfg.hidden % cfg.heads:
         raise ModelLoadError(f"{path}: vision embedding_length {cfg.hidden} is not a multiple of head_count")
     if cfg.dynamic_size and (cfg.hidden // cfg.heads) % 4:
-        raise ModelLoadError(f"{path}: the Qwen-VL vision RoPE needs a head size that is a multiple of 4")
+        raise ModelLoadError(f"{path}: the 2D vision RoPE needs a head size that is a multiple of 4")
     if cfg.image_size > 4096:
         raise ModelLoadError(f"{path}: vision image_size {cfg.image_size} is over 4096")
     if any(s == 0 for s in cfg.image_std):

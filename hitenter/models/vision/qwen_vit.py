@@ -1,5 +1,6 @@
-"""The pieces the Qwen-VL vision transformers share (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), as llama.cpp's
-tools/mtmd/models/qwen2vl.cpp and qwen3vl.cpp build them:
+"""The pieces the Qwen-VL vision transformers share (Qwen2-VL, Qwen2.5-VL, Qwen3-VL; Pixtral takes the
+generic ones: patch GEMM, attention, norms, MLP), as llama.cpp's tools/mtmd/models/qwen2vl.cpp and
+qwen3vl.cpp build them:
 
 - the patch embedding: Qwen's 3D patch (2 frames x patch x patch) split by the converter into two 2D
   kernels (v.patch_embd.weight and .weight.1); a still image is both frames, so the two convolutions of the
@@ -59,21 +60,23 @@ def merge_order(ph: int, pw: int) -> torch.Tensor:
 
 def patch_grid(cfg: MmprojConfig, pixels: torch.Tensor) -> tuple[int, int]:
     """(rows, columns) of patches of a [3, H, W] image; ValueError unless both sides are multiples of
-    patch x 2."""
-    align = 2 * cfg.patch_size
+    patch x merge."""
+    align = cfg.merge * cfg.patch_size
     if pixels.ndim != 3 or pixels.shape[0] != 3 or pixels.shape[1] % align or pixels.shape[2] % align \
             or pixels.shape[1] == 0 or pixels.shape[2] == 0:
         raise ValueError(f"expected pixels [3, H, W] with H and W multiples of {align}, got {tuple(pixels.shape)}")
     return pixels.shape[1] // cfg.patch_size, pixels.shape[2] // cfg.patch_size
 
 
-def patch_embed(pixels: torch.Tensor, w0: torch.Tensor, w1: torch.Tensor, patch: int) -> torch.Tensor:
-    """Both temporal halves' convolutions (stride = kernel = patch) of the same pixels, added, as one GEMM
-    each over the patches: [ph * pw, D] in row-major order."""
+def patch_embed(pixels: torch.Tensor, w0: torch.Tensor, w1: torch.Tensor | None, patch: int) -> torch.Tensor:
+    """The convolutions (stride = kernel = patch) of the pixels by w0 and w1 (both temporal halves of
+    the same frame; w1 None: one kernel), added, as one GEMM each over the patches: [ph * pw, D] in
+    row-major order."""
     c, h, w = pixels.shape
     x = pixels.to(w0.dtype).reshape(c, h // patch, patch, w // patch, patch).permute(1, 3, 0, 2, 4)
     x = x.reshape((h // patch) * (w // patch), c * patch * patch)
-    return x @ w0.reshape(w0.shape[0], -1).T + x @ w1.reshape(w1.shape[0], -1).T
+    y = x @ w0.reshape(w0.shape[0], -1).T
+    return y if w1 is None else y + x @ w1.reshape(w1.shape[0], -1).T
 
 
 def rope_tables(rows: torch.Tensor, cols: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

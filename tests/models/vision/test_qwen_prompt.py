@@ -1,5 +1,5 @@
 """A Qwen2.5-VL / Qwen3-VL prompt holding an image, against llama.cpp's mtmd (tests/goldens/vision/
-qwen25vl.npz, qwen3vl.npz, from scripts/make_qwen_vision_goldens.py): the tiny text model (qwen2vl: M-RoPE;
+qwen25vl.npz, qwen3vl.npz, from scripts/make_dynamic_vision_goldens.py): the tiny text model (qwen2vl: M-RoPE;
 qwen3vl: interleaved M-RoPE + DeepStack) run over the prompt with the image's rows put in place of token
 embeddings (CausalLM embeds=) at M-RoPE positions (models/mrope.py: the image's rows at (p0, p0 + row,
 p0 + column), the text after it from p0 + max(rows, columns)), causal as llama.cpp decodes a Qwen image,

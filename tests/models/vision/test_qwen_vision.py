@@ -1,5 +1,5 @@
 """The Qwen2.5-VL and Qwen3-VL vision encoders against llama.cpp's mtmd (tests/goldens/vision/qwen25vl.npz,
-qwen3vl.npz, written by scripts/make_qwen_vision_goldens.py): the same tiny random mmproj, the same RGB
+qwen3vl.npz, written by scripts/make_dynamic_vision_goldens.py): the same tiny random mmproj, the same RGB
 pixels, the image embeddings (Qwen3-VL's with their DeepStack blocks).
 
 llama.cpp rounds to fp16 what this implementation keeps in fp32: the patch convolutions' inputs (im2col

@@ -1,28 +1,31 @@
-"""Goldens for the Qwen-VL vision encoders: llama.cpp's mtmd image embeddings of tiny random mmproj files
-(Qwen2.5-VL and Qwen3-VL), and the logits of a prompt holding an image (M-RoPE positions).
+"""Goldens for the dynamic-size vision encoders: llama.cpp's mtmd image embeddings of tiny random mmproj
+files (Qwen2.5-VL, Qwen3-VL, Pixtral), and the logits of a prompt holding an image (M-RoPE positions for
+the Qwen-VL ones).
 
 goldens: tests/goldens/vision/qwen25vl.npz and qwen3vl.npz, checked by tests/models/vision/test_qwen_vision.py
-and test_qwen_prompt.py.
+and test_qwen_prompt.py; pixtral.npz, checked by tests/models/vision/test_pixtral.py.
 
 The reference is llama-cpp-python 0.3.36's mtmd bindings (its own venv, CPU, flash attention off, extra CPU
 buffer types off: this build crashes with them on AVX-512 + AMX machines). The embeddings come from
 scripts/make_vision_goldens.py's worker (raw RGB pixels to mtmd_bitmap_init, "<__media__>" tokenized,
 mtmd_encode_chunk, mtmd_get_output_embd), run here on the tiny text model (hitenter/testing/
 tiny_qwen_vision.py write_tiny_qwen_vl_text: qwen2vl / qwen3vl, whose n_embd_inp is the mmproj's output
-width) and mmproj (write_tiny_qwen25vl_mmproj / write_tiny_qwen3vl_mmproj). The prompt worker below
+width; Pixtral: tiny_families.py's mistral3) and mmproj (write_tiny_qwen25vl_mmproj / write_tiny_qwen3vl_mmproj,
+tiny_pixtral.py write_tiny_pixtral_mmproj). The prompt worker below
 tokenizes PROMPT with the image (mtmd_tokenize: text, <|vision_start|>, the image chunk, <|vision_end|>,
-text), decodes text chunks as token batches at positions n_past.. (one position on every M-RoPE axis, the
-4th 0: llama.cpp's llm_graph_input_pos) with every row's logits, and the image chunk by
-mtmd_helper_eval_chunk_single (M-RoPE: t = n_past, h = n_past + row, w = n_past + column per token;
-n_past then advances by max(rows, columns) of the token grid, not by the token count).
+text; Pixtral: the image chunk, [IMG_END], text), decodes text chunks as token batches at positions
+n_past.. (one position on every M-RoPE axis, the 4th 0: llama.cpp's llm_graph_input_pos) with every row's
+logits, and the image chunk by mtmd_helper_eval_chunk_single (M-RoPE: t = n_past, h = n_past + row,
+w = n_past + column per token; n_past then advances by max(rows, columns) of the token grid, not by the
+token count; Pixtral: one position per row, causal).
 
 Each npz holds: mmproj_sha256, text_sha256, llama_cpp_version, per image i image<i> [H, W, 3] uint8 and
 embd<i> [n_tokens, n_embd_inp] float32; prompt_tokens [N] (-1 at image rows), prompt_pos [N] (each row's
-first M-RoPE position, as llama.cpp placed it), prompt_grid [2] (token rows, columns of the image),
+first M-RoPE position, as llama.cpp placed it), prompt_grid [2] (token rows, columns of the image; Pixtral's columns count the [IMG_BREAK] rows),
 prompt_logits [text rows, V], prompt_embd, prompt_image.
 
 Regenerate (from the repo root, with the project venv):
-    .venv/bin/python scripts/make_qwen_vision_goldens.py [--llama-python PY]
+    .venv/bin/python scripts/make_dynamic_vision_goldens.py [--llama-python PY]
 Deterministic: a rerun writes the same embeddings.
 """
 
@@ -46,8 +49,9 @@ SEED = 0
 IMAGES = {
     "qwen25vl": [(48, 40, 1), (300, 200, 2), (90, 250, 3), (224, 224, 4)],
     "qwen3vl": [(48, 40, 1), (300, 200, 2), (30, 90, 3), (96, 96, 4)],
+    "pixtral": [(48, 40, 1), (100, 70, 2), (30, 90, 3), (500, 400, 4)],
 }
-TEXT_ARCH = {"qwen25vl": "qwen2vl", "qwen3vl": "qwen3vl"}
+TEXT_ARCH = {"qwen25vl": "qwen2vl", "qwen3vl": "qwen3vl", "pixtral": "mistral3"}
 PROMPT = "Look at this: <__media__> It shows a small cat on a red mat, and the sky is blue today."
 PROMPT_IMAGE = 1
 
@@ -74,7 +78,7 @@ def prompt_worker() -> None:
     cparams.use_gpu, cparams.n_threads, cparams.warmup = False, 2, False
     cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
     ctx = mtmd.mtmd_init_from_file(req["mmproj"].encode(), model, cparams)
-    assert mtmd.mtmd_decode_use_mrope(ctx)
+    use_mrope = mtmd.mtmd_decode_use_mrope(ctx)
     img = np.ascontiguousarray(np.load(req["image"]))
     buf = (ctypes.c_uint8 * img.size).from_buffer_copy(img.tobytes())
     bitmap = mtmd.mtmd_bitmap_init(img.shape[1], img.shape[0], buf)
@@ -115,7 +119,7 @@ def prompt_worker() -> None:
                                                   ctypes.byref(new_past)) == 0
         embd = np.ctypeslib.as_array(mtmd.mtmd_get_output_embd(ctx), shape=(n_img * n_embd,)).reshape(n_img, -1).copy()
         tokens += [-1] * n_img
-        pos += [n_past] * n_img
+        pos += [n_past] * n_img if use_mrope else [n_past + j for j in range(n_img)]
         n_past = new_past.value
     np.savez(req["out"], tokens=np.array(tokens, dtype=np.int64), pos=np.array(pos, dtype=np.int64),
              grid=np.array(grid, dtype=np.int64), logits=np.concatenate(logits).astype(np.float32), embd=embd,
@@ -133,6 +137,8 @@ def _run(llama_python: str, mode: str, req: dict) -> dict[str, np.ndarray]:
 
 
 def make(family: str, llama_python: str, tmp: Path) -> Path:
+    from hitenter.testing.tiny_families import write_tiny_family
+    from hitenter.testing.tiny_pixtral import write_tiny_pixtral_mmproj
     from hitenter.testing.tiny_qwen_vision import (
         write_tiny_qwen3vl_mmproj,
         write_tiny_qwen25vl_mmproj,
@@ -140,8 +146,12 @@ def make(family: str, llama_python: str, tmp: Path) -> Path:
     )
     from hitenter.testing.tiny_vision import sample_image
 
-    text = write_tiny_qwen_vl_text(tmp / f"{family}-text.gguf", TEXT_ARCH[family], seed=SEED)
-    writer = write_tiny_qwen25vl_mmproj if family == "qwen25vl" else write_tiny_qwen3vl_mmproj
+    if family == "pixtral":
+        text = write_tiny_family(tmp / f"{family}-text.gguf", TEXT_ARCH[family], seed=SEED)
+    else:
+        text = write_tiny_qwen_vl_text(tmp / f"{family}-text.gguf", TEXT_ARCH[family], seed=SEED)
+    writer = {"qwen25vl": write_tiny_qwen25vl_mmproj, "qwen3vl": write_tiny_qwen3vl_mmproj,
+              "pixtral": write_tiny_pixtral_mmproj}[family]
     mmproj = writer(tmp / f"{family}-mmproj.gguf", seed=SEED)
     images = [sample_image(w, h, s) for w, h, s in IMAGES[family]]
     paths = []
