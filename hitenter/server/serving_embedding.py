@@ -9,15 +9,16 @@ allow only their own size. A model with pooling none (one vector per token) or r
 from __future__ import annotations
 
 import base64
-from typing import Annotated, Any, Literal
+from collections.abc import Awaitable
+from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
 from annotated_types import MinLen
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import ConfigDict
 
 from hitenter.server.api_error import APIError, check_known_fields, error_responses
-from hitenter.server.generation import ServedModel, State, check_ids
+from hitenter.server.generation import ServedModel, State, check_ids, until_disconnected
 from hitenter.server.schema_types import Lenient, NonEmpty, PositiveInt, TokenId
 
 MAX_EMBED_INPUTS = 2048
@@ -68,11 +69,26 @@ def check_embedding_model(m: ServedModel, dimensions: int | None) -> None:
         raise APIError(400, f"dimensions: at most the model's embedding size ({size})", "dimensions")
 
 
-async def embed(m: ServedModel, prompts: list[list[int]], param: str = "input",
-                dimensions: int | None = None) -> list[list[float]]:
-    """L2-normalized vectors of the prompts; with ``dimensions``, their first values renormalized."""
+T = TypeVar("T")
+
+
+async def pooled(request: Request | None, work: Awaitable[T]) -> T:
+    """``work``'s result; when ``request``'s client goes away first the work is cancelled (its engine job is
+    dropped before its next forward) and the request ends with 499, nothing sent."""
+    if request is None:
+        return await work
+    out = await until_disconnected(request, work)
+    if out is None:
+        raise APIError(499, "the client closed the connection before the work finished")
+    return out
+
+
+async def embed(m: ServedModel, prompts: list[list[int]], param: str = "input", dimensions: int | None = None,
+                request: Request | None = None) -> list[list[float]]:
+    """L2-normalized vectors of the prompts; with ``dimensions``, their first values renormalized; the work
+    stops when ``request``'s client leaves (``pooled``)."""
     try:
-        vecs = await m.client.embed(prompts)
+        vecs = await pooled(request, m.client.embed(prompts))
     except ValueError as e:
         raise APIError(400, str(e), param) from e
     if dimensions is None or dimensions >= len(vecs[0]):
@@ -87,12 +103,12 @@ def b64(vec: list[float]) -> str:
 
 
 @router.post("/v1/embeddings")
-async def embeddings(req: EmbeddingRequest, state: State) -> dict[str, Any]:
+async def embeddings(req: EmbeddingRequest, state: State, request: Request) -> dict[str, Any]:
     check_known_fields(req)
     m = await state.model_for(req.model)
     check_embedding_model(m, req.dimensions)
     prompts = embed_inputs(m, req.input)
-    vecs: list[Any] = await embed(m, prompts, dimensions=req.dimensions)
+    vecs: list[Any] = await embed(m, prompts, dimensions=req.dimensions, request=request)
     if req.encoding_format == "base64":
         vecs = [b64(v) for v in vecs]
     n = sum(map(len, prompts))

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from hitenter.server.api_error import APIError, error_responses
 from hitenter.server.generation import ServedModel, State, check_chars
@@ -183,24 +183,24 @@ def _inputs(m: ServedModel, texts: list[str], truncate: bool | None, param: str,
 
 
 @router.post("/api/embed")
-async def embed_route(req: EmbedRequest, state: State) -> dict[str, Any]:
+async def embed_route(req: EmbedRequest, state: State, request: Request) -> dict[str, Any]:
     t0 = time.monotonic()
     m = await model_of(state, req.model, req.keep_alive)
     check_embedding_model(m, req.dimensions)
     texts = [req.input] if isinstance(req.input, str) else list(req.input)
     prompts = _inputs(m, texts, req.truncate, "input", _window(m, req.options))
-    vecs = await embed(m, prompts, dimensions=req.dimensions)
+    vecs = await embed(m, prompts, dimensions=req.dimensions, request=request)
     took = int((time.monotonic() - t0) * NS)
     return {"model": req.model, "embeddings": vecs, "total_duration": took, "load_duration": 0,
             "prompt_eval_count": sum(map(len, prompts))}
 
 
 @router.post("/api/embeddings")
-async def embeddings_route(req: EmbeddingsRequest, state: State) -> dict[str, Any]:
+async def embeddings_route(req: EmbeddingsRequest, state: State, request: Request) -> dict[str, Any]:
     m = await model_of(state, req.model, req.keep_alive)
     if not req.prompt:
         return {"embedding": []}               # Ollama's answer to an empty prompt (a load)
     check_embedding_model(m, None)
     prompts = _inputs(m, [req.prompt], False, "prompt", _window(m, req.options))
-    return {"embedding": (await embed(m, prompts, "prompt"))[0]}
+    return {"embedding": (await embed(m, prompts, "prompt", request=request))[0]}
 

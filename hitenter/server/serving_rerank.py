@@ -27,13 +27,13 @@ import uuid
 from typing import Annotated, Any
 
 from annotated_types import MinLen
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import ConfigDict
 
 from hitenter.server.api_error import APIError, check_known_fields, error_responses
 from hitenter.server.generation import ServedModel, State, check_ids
 from hitenter.server.schema_types import Bool, Lenient, Nested, PositiveInt
-from hitenter.server.serving_embedding import MAX_EMBED_INPUTS, embed
+from hitenter.server.serving_embedding import MAX_EMBED_INPUTS, embed, pooled
 
 router = APIRouter(responses=error_responses(400, 404, 413))
 
@@ -78,8 +78,10 @@ def rerank_tokens(tok: Any, template: str | None, query: str, doc: str) -> list[
     return ids + tok.encode(doc, add_bos=False, parse_special=False) + ([eos] if add_eos else [])
 
 
-async def score_pairs(m: ServedModel, pairs: list[tuple[str, str]], param: str) -> tuple[list[float], int]:
-    """(a score per pair, tokens evaluated): the cross-encoder's, or an embedding model's cosine similarity."""
+async def score_pairs(m: ServedModel, pairs: list[tuple[str, str]], param: str,
+                      request: Request | None = None) -> tuple[list[float], int]:
+    """(a score per pair, tokens evaluated): the cross-encoder's, or an embedding model's cosine similarity;
+    the work stops when ``request``'s client leaves (serving_embedding.pooled)."""
     info = m.client.info
     if len(pairs) > MAX_EMBED_INPUTS:
         raise APIError(400, f"{param}: at most {MAX_EMBED_INPUTS} pairs per request", param)
@@ -92,7 +94,7 @@ async def score_pairs(m: ServedModel, pairs: list[tuple[str, str]], param: str) 
         for p in prompts:
             check_ids(m, p, param)
         try:
-            out = await m.client.pool(prompts)
+            out = await pooled(request, m.client.pool(prompts))
         except ValueError as e:
             raise APIError(400, str(e), param) from e
         return [float(v[0]) for v in out], sum(map(len, prompts))
@@ -102,7 +104,7 @@ async def score_pairs(m: ServedModel, pairs: list[tuple[str, str]], param: str) 
         if not p:
             raise APIError(400, f"{param}: an input is empty", param)
         check_ids(m, p, param)
-    vecs = dict(zip(texts, await embed(m, prompts, param), strict=True))
+    vecs = dict(zip(texts, await embed(m, prompts, param, request=request), strict=True))
     return [sum(a * b for a, b in zip(vecs[q], vecs[d], strict=True)) for q, d in pairs], sum(map(len, prompts))
 
 
@@ -116,11 +118,11 @@ def _texts(req: RerankRequest) -> list[str]:
 @router.post("/v1/rerank")
 @router.post("/rerank")
 @router.post("/v2/rerank")
-async def rerank(req: RerankRequest, state: State) -> Any:
+async def rerank(req: RerankRequest, state: State, request: Request) -> Any:
     check_known_fields(req)
     m = await state.model_for(req.model)
     docs = _texts(req)
-    scores, n_tokens = await score_pairs(m, [(req.query, d) for d in docs], "documents")
+    scores, n_tokens = await score_pairs(m, [(req.query, d) for d in docs], "documents", request)
     order = sorted(range(len(docs)), key=lambda i: -scores[i])[:req.top_n or len(docs)]
     if req.texts is not None:     # TEI's reply: a bare list
         return [{"index": i, "score": scores[i], **({"text": docs[i]} if req.return_text else {})} for i in order]
@@ -144,10 +146,10 @@ def _pairs(req: ScoreRequest) -> list[tuple[str, str]]:
 
 @router.post("/score")
 @router.post("/v1/score")
-async def score(req: ScoreRequest, state: State) -> dict[str, Any]:
+async def score(req: ScoreRequest, state: State, request: Request) -> dict[str, Any]:
     check_known_fields(req)
     m = await state.model_for(req.model)
-    scores, n_tokens = await score_pairs(m, _pairs(req), "text_2")
+    scores, n_tokens = await score_pairs(m, _pairs(req), "text_2", request)
     return {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
             "model": req.model or m.name, "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
             "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]}
