@@ -14,7 +14,9 @@ image of a rows x cols token grid placed at p0 puts its token (r, c) (row-major)
 and the text after it continues at p0 + max(rows, cols).
 
 Contract: MRope.table(positions [T] (text) or [T, 4]) -> cos, sin [T, 1, rope_dim]; a text row's values are
-the same bits in either form. image_positions / text_positions / after_image lay out a prompt.
+the same bits in either form. image_positions / text_positions / after_image lay out a prompt;
+sequence_positions(start, stop, images) gives rows start..stop of a sequence holding images (each
+(first row, rows, cols)) at once, for any cut of a prompt into steps and for the generated rows after it.
 """
 
 from __future__ import annotations
@@ -86,3 +88,25 @@ def image_positions(start: int, rows: int, cols: int) -> torch.Tensor:
 def after_image(start: int, rows: int, cols: int) -> int:
     """The position of the first token after an image placed at `start` (mtmd_image_tokens_get_n_pos)."""
     return start + max(rows, cols)
+
+
+def sequence_positions(start: int, stop: int, images: list[tuple[int, int, int]]) -> torch.Tensor:
+    """M-RoPE positions [stop - start, 4] of a sequence's rows start..stop-1, the sequence holding `images`
+    as (first row, rows, cols) in row order: text rows count on from the previous row's t (+1), an image
+    takes its grid's positions at the t its first row would have had, and the text after it resumes at
+    that t + max(rows, cols)."""
+    out = text_positions(start, stop - start)
+    shift = 0   # rows minus positions taken by the images before the current row
+    for first, rows, cols in sorted(images):
+        n = rows * cols
+        if first >= stop:
+            break
+        t0 = first - shift
+        lo, hi = max(first, start), min(first + n, stop)
+        if lo < hi:
+            out[lo - start:hi - start] = image_positions(t0, rows, cols)[lo - first:hi - first]
+        shift += n - (after_image(t0, rows, cols) - t0)
+        tail = max(first + n, start)
+        if tail < stop:
+            out[tail - start:] = text_positions(tail - shift, stop - tail)
+    return out

@@ -150,3 +150,27 @@ def test_text_rows_take_the_same_table_either_way(case: dict) -> None:
     p = torch.arange(0, 300, 7)
     one, four = rope.table(p, torch.float32), rope.table(mrope.text_positions_of(p), torch.float32)
     assert torch.equal(one[0], four[0]) and torch.equal(one[1], four[1])
+
+
+def test_sequence_positions_for_any_cut(case: dict) -> None:
+    """sequence_positions (what a runner asks for a step's rows) gives llama.cpp's positions whole, and the
+    same rows for any cut, generated rows after the prompt included."""
+    g = case["golden"]
+    tokens = g["prompt_tokens"]
+    s, _ = _span(tokens)
+    images = [(s, *(int(v) for v in g["prompt_grid"]))]
+    n = len(tokens)
+    whole = mrope.sequence_positions(0, n + 3, images)
+    assert torch.equal(whole[:n], _positions(tokens, images[0][1:]))
+    cuts = (0, 5, s + 3, n - 2, n + 3)
+    parts = torch.cat([mrope.sequence_positions(a, b, images) for a, b in zip(cuts, cuts[1:])])
+    assert torch.equal(parts, whole)
+    assert whole[n:, 0].tolist() == [int(whole[n - 1, 0]) + k for k in (1, 2, 3)]
+
+
+def test_sequence_positions_with_two_images() -> None:
+    """Worked by hand from mtmd's rule: text at 0; a 2 x 2 image from row 1 at t = 1 (rows 1-2, columns
+    1-2), the text after it at 1 + 2 = 3; a 1 x 3 image from row 6 at t = 4, the text after it at 7."""
+    got = mrope.sequence_positions(0, 11, [(6, 1, 3), (1, 2, 2)]).tolist()
+    assert got == [[0, 0, 0, 0], [1, 1, 1, 0], [1, 1, 2, 0], [1, 2, 1, 0], [1, 2, 2, 0], [3, 3, 3, 0],
+                   [4, 4, 4, 0], [4, 4, 5, 0], [4, 4, 6, 0], [7, 7, 7, 0], [8, 8, 8, 0]]
