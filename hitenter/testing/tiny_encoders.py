@@ -46,6 +46,7 @@ POOLING = {"bert": gguf.PoolingType.CLS, "bert_rank": gguf.PoolingType.RANK, "no
            "gemma-embedding": gguf.PoolingType.MEAN, "qwen3_embed": gguf.PoolingType.LAST,
            "qwen3_rank": gguf.PoolingType.RANK}
 HIDDEN, HEADS, FFN, CONTEXT = 64, 4, 128, 128
+LAYERS, QWEN3_HEAD_DIM, QWEN3_KV_HEADS = 2, 32, 2   # bench/embeddings.py writes realistic shapes by setting these
 # Qwen3-Reranker's template in the shape convert writes it (tokenizer.chat_template.rerank), shortened
 RERANK_TEMPLATE = ("<|im_start|>system\nJudge: yes or no.<|im_end|>\n<|im_start|>user\n<Query>: {query}\n"
                    "<Document>: {document}<|im_end|>\n<|im_start|>assistant\n")
@@ -92,7 +93,7 @@ def add_wordpiece_tokenizer(w: gguf.GGUFWriter) -> int:
 def _bert(f: _Writer, family: str) -> None:
     nomic = family == "nomic-bert"
     w = f.w
-    w.add_block_count(2)
+    w.add_block_count(LAYERS)
     w.add_context_length(CONTEXT)
     w.add_embedding_length(HIDDEN)
     w.add_feed_forward_length(FFN)
@@ -109,7 +110,7 @@ def _bert(f: _Writer, family: str) -> None:
         f.add("position_embd.weight", f.normal(CONTEXT, HIDDEN, std=0.3))
     f.add("token_embd_norm.weight", f.norm(HIDDEN))
     f.add("token_embd_norm.bias", f.normal(HIDDEN, std=0.1))
-    for i in range(2):
+    for i in range(LAYERS):
         p = f"blk.{i}."
         if nomic:
             f.add(p + "attn_qkv.weight", f.normal(3 * HIDDEN, HIDDEN, std=0.2))
@@ -174,9 +175,9 @@ def _gemma_embedding(f: _Writer) -> None:
 
 
 def _qwen3(f: _Writer, family: str) -> None:
-    head_dim, kv_heads = 32, 2
+    head_dim, kv_heads = QWEN3_HEAD_DIM, QWEN3_KV_HEADS
     w = f.w
-    f.hparams(2, 4096, FFN, 1e-6, heads=HEADS, kv_heads=kv_heads)
+    f.hparams(LAYERS, 4096, FFN, 1e-6, heads=HEADS, kv_heads=kv_heads)
     w.add_rope_freq_base(1e6)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
@@ -188,7 +189,7 @@ def _qwen3(f: _Writer, family: str) -> None:
         w.add_string("tokenizer.chat_template.rerank", RERANK_TEMPLATE)
     f.add("token_embd.weight", f.normal(vocab, HIDDEN, std=0.5))
     f.add("output_norm.weight", f.norm(HIDDEN))
-    for i in range(2):
+    for i in range(LAYERS):
         p = f"blk.{i}."
         f.add(p + "attn_norm.weight", f.norm(HIDDEN))
         f.add(p + "attn_q.weight", f.normal(HEADS * head_dim, HIDDEN, std=0.2))
