@@ -97,13 +97,14 @@ def _check_hybrid(cfg: EngineConfig) -> None:
 
 
 def state_slots(cfg: EngineConfig, bytes_per_slot: int) -> int:
-    """State slots of a hybrid model: one live slot per running sequence (and the scratch slots of speculative
-    verification, one per draft token of every sequence) plus snapshots of the prefix cache: at least 4, at
-    most 2 per sequence + 8, as many as fit a quarter of ``kv_cache_memory`` (the states are counted in it)
-    or, by default, a twentieth of RAM."""
+    """State slots of a hybrid model: one live slot per running sequence (and, speculating, per sequence the
+    scratch slots of a verification, one per draft token, plus the slot the last verification's accepted run
+    ended in, held until the next step has restored it: kv_cache/state_group.py) plus snapshots of the prefix
+    cache: at least 4, at most 2 per sequence + 8, as many as fit a quarter of ``kv_cache_memory`` (the states
+    are counted in it) or, by default, a twentieth of RAM."""
     live = cfg.scheduler.max_num_seqs
     if cfg.speculative.speculative_method is not None:
-        live *= 1 + (cfg.speculative.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS)
+        live *= 2 + (cfg.speculative.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS)
     if not cfg.cache.enable_prefix_caching:
         return live
     share = cfg.cache.kv_cache_memory // 4 if cfg.cache.kv_cache_memory else total_ram_bytes() // 20

@@ -130,3 +130,17 @@ def test_the_option_is_validated(tiny_llama_path: Path) -> None:
         SpeculativeConfig(speculative_method="mtp", speculative_model="x.gguf")
     with pytest.raises(Exception, match="no MTP drafter"):
         LLM(str(tiny_llama_path), speculative_method="mtp")
+
+
+def test_rejections_with_one_sequence_and_no_prefix_cache_fit_the_state_slots(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verification that rejects holds the slot its accepted run ended in until the next step restores it,
+    beside that step's K scratch slots and the live one: the slots are sized for it with no snapshot slack."""
+    monkeypatch.setenv("HITENTER_SPEC_ADAPTIVE", "0")
+    path = str(write_tiny_mtp(tmp_path / "qwen35.gguf", "qwen35", seed=3, quant="Q8_0"))
+    llm = LLM(path, max_num_seqs=1, enable_prefix_caching=False, speculative_method="mtp", num_speculative_tokens=3)
+    out = llm.generate(_prompts(2, seed=1), [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)] * 2)
+    assert all(len(o.outputs[0].token_ids) == 24 for o in out)
+    assert llm.engine.spec.stats.num_draft_tokens > llm.engine.spec.stats.num_accepted_tokens   # rejections ran
+    state = llm.engine.kv_manager.state
+    assert state.num_free_slots == state.num_slots
