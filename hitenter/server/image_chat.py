@@ -27,8 +27,14 @@ MAX_IMAGES = 16   # images in one request
 
 
 def _param(where: str, param: str) -> str:
-    """`messages[1].content[0]` as the request spells its field (`input[1].content[0]` for Responses)."""
-    return param + where.removeprefix("messages") if param != "messages" else where
+    """Where an image is, as the request spells it: `messages[1].content[0]` on the chat APIs (their messages
+    are the template's), `images[0]` on Ollama's /api/generate (param "prompt"), else the field itself (the
+    Responses API's messages also hold earlier turns, so their indexes are not the request's)."""
+    if param == "messages":
+        return where
+    if param == "prompt" and ".images[" in where:
+        return where[where.index(".images[") + 1:]
+    return param
 
 
 def check_vision(m: Any, where: str, param: str) -> None:
@@ -43,12 +49,12 @@ def check_vision(m: Any, where: str, param: str) -> None:
 def decode_images(images: list[tuple[str, Any]], param: str, limits: ImageLimits = DEFAULT_LIMITS) -> list[Any]:
     """Each image's RGB pixels; the first bad one is a 400 naming its place."""
     out = []
-    for where, source in images:
+    for n, (where, source) in enumerate(images):
         try:
             out.append(image_rgb(source, limits))
         except ImageInputError as e:
             p = _param(where, param)
-            raise APIError(400, f"{p}: {e}", p) from None
+            raise APIError(400, f"{p}: image {n + 1} of {len(images)}: {e}", p) from None
     return out
 
 

@@ -56,7 +56,8 @@ def test_bad_images_are_a_400(server: LiveServer, name: str, path: str) -> None:
     body = ({"messages": [{"role": "user", "content": "x", "images": [data]}]} if path == "/api/chat"
             else {"prompt": "x", "images": [data]})
     r = httpx.post(server.url + path, json={"model": MODEL, "stream": False, **body}, timeout=30)
-    assert r.status_code == 400 and r.json()["error"], r.text
+    assert r.status_code == 400 and r.json()["error"].startswith(
+        "messages[0].images[0]: " if path == "/api/chat" else "images[0]: "), r.text
 
 
 def test_raw_generate_with_images_is_refused(client: ollama.Client) -> None:

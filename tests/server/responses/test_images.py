@@ -48,7 +48,7 @@ def test_bad_images_are_a_400(server: LiveServer, name: str) -> None:
     mime, data = bad_images()[name]
     r = httpx.post(server.url + "/v1/responses", timeout=30, json={
         "model": MODEL, "input": _input({"type": "input_image", "image_url": f"data:{mime};base64,{data}"})})
-    assert_error(r, 400)
+    assert_error(r, 400, "input")
 
 
 def test_file_ids_are_refused(server: LiveServer) -> None:
