@@ -2,7 +2,7 @@
 files (Qwen2.5-VL, Qwen3-VL, Pixtral), and the logits of a prompt holding an image (M-RoPE positions for
 the Qwen-VL ones).
 
-goldens: tests/goldens/vision/qwen25vl.npz and qwen3vl.npz, checked by tests/models/vision/test_qwen_vision.py
+goldens: tests/goldens/vision/qwen25vl.npz, qwen2vl.npz and qwen3vl.npz, checked by tests/models/vision/test_qwen_vision.py
 and test_qwen_prompt.py; pixtral.npz, checked by tests/models/vision/test_pixtral.py.
 
 The reference is llama-cpp-python 0.3.36's mtmd bindings (its own venv, CPU, flash attention off, extra CPU
@@ -48,10 +48,11 @@ SEED = 0
 # and (Qwen3-VL) the position table's own size
 IMAGES = {
     "qwen25vl": [(48, 40, 1), (300, 200, 2), (90, 250, 3), (224, 224, 4)],
+    "qwen2vl": [(48, 40, 1), (300, 200, 2), (90, 250, 3)],
     "qwen3vl": [(48, 40, 1), (300, 200, 2), (30, 90, 3), (96, 96, 4)],
     "pixtral": [(48, 40, 1), (100, 70, 2), (30, 90, 3), (500, 400, 4)],
 }
-TEXT_ARCH = {"qwen25vl": "qwen2vl", "qwen3vl": "qwen3vl", "pixtral": "mistral3"}
+TEXT_ARCH = {"qwen25vl": "qwen2vl", "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl", "pixtral": "mistral3"}
 PROMPT = "Look at this: <__media__> It shows a small cat on a red mat, and the sky is blue today."
 PROMPT_IMAGE = 1
 
@@ -140,6 +141,7 @@ def make(family: str, llama_python: str, tmp: Path) -> Path:
     from hitenter.testing.tiny_families import write_tiny_family
     from hitenter.testing.tiny_pixtral import write_tiny_pixtral_mmproj
     from hitenter.testing.tiny_qwen_vision import (
+        write_tiny_qwen2vl_mmproj,
         write_tiny_qwen3vl_mmproj,
         write_tiny_qwen25vl_mmproj,
         write_tiny_qwen_vl_text,
@@ -151,7 +153,7 @@ def make(family: str, llama_python: str, tmp: Path) -> Path:
     else:
         text = write_tiny_qwen_vl_text(tmp / f"{family}-text.gguf", TEXT_ARCH[family], seed=SEED)
     writer = {"qwen25vl": write_tiny_qwen25vl_mmproj, "qwen3vl": write_tiny_qwen3vl_mmproj,
-              "pixtral": write_tiny_pixtral_mmproj}[family]
+              "pixtral": write_tiny_pixtral_mmproj, "qwen2vl": write_tiny_qwen2vl_mmproj}[family]
     mmproj = writer(tmp / f"{family}-mmproj.gguf", seed=SEED)
     images = [sample_image(w, h, s) for w, h, s in IMAGES[family]]
     paths = []

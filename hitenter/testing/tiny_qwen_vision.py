@@ -58,38 +58,52 @@ def _tools(rng: np.random.Generator) -> tuple[Callable[..., np.ndarray], Callabl
 
 def write_tiny_qwen25vl_mmproj(path: str | Path, seed: int = 0, text_hidden: int = 64, hidden: int = 32,
                                ffn: int = 48, layers: int = 4, heads: int = 2, patch_size: int = 14,
-                               n_wa_pattern: int = 2, image_size: int = 56) -> Path:
+                               n_wa_pattern: int = 2, image_size: int = 56, qwen2: bool = False) -> Path:
     """A random Qwen2.5-VL mmproj (qwen2.5vl_merger, SiLU SwiGLU MLP, RMSNorm, window attention with every
-    n_wa_pattern-th layer full) at `path`; output width `text_hidden`."""
+    n_wa_pattern-th layer full) at `path`; output width `text_hidden`. `qwen2`: a Qwen2-VL one instead
+    (qwen2vl_merger: LayerNorm with biases, quick-GELU MLP without a gate, no windows)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     normal, gain = _tools(np.random.default_rng(seed))
     w = gguf.GGUFWriter(str(path), "clip")
-    _vision_header(w, "tiny-qwen2.5vl-mmproj", gguf.VisionProjectorType.QWEN25VL, text_hidden, hidden, ffn,
-                   layers, heads, image_size, patch_size)
-    w.add_vision_use_silu(True)
-    w.add_vision_n_wa_pattern(n_wa_pattern)
+    projector = gguf.VisionProjectorType.QWEN2VL if qwen2 else gguf.VisionProjectorType.QWEN25VL
+    name = "tiny-qwen2vl-mmproj" if qwen2 else "tiny-qwen2.5vl-mmproj"
+    _vision_header(w, name, projector, text_hidden, hidden, ffn, layers, heads, image_size, patch_size)
+    if not qwen2:
+        w.add_vision_use_silu(True)
+        w.add_vision_n_wa_pattern(n_wa_pattern)
+
+    def norm(name: str) -> None:
+        w.add_tensor(name + ".weight", gain(hidden))
+        if qwen2:
+            w.add_tensor(name + ".bias", normal(hidden, std=0.05))
+
     w.add_tensor("v.patch_embd.weight", normal(hidden, 3, patch_size, patch_size, std=0.05))
     w.add_tensor("v.patch_embd.weight.1", normal(hidden, 3, patch_size, patch_size, std=0.05))
     for i in range(layers):
         p = f"v.blk.{i}."
-        w.add_tensor(p + "ln1.weight", gain(hidden))
-        w.add_tensor(p + "ln2.weight", gain(hidden))
+        norm(p + "ln1")
+        norm(p + "ln2")
         for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
             w.add_tensor(p + name + ".weight", normal(hidden, hidden, std=0.25))
             w.add_tensor(p + name + ".bias", normal(hidden, std=0.05))
-        for name in ("ffn_gate", "ffn_up"):
+        for name in ("ffn_up",) if qwen2 else ("ffn_gate", "ffn_up"):
             w.add_tensor(p + name + ".weight", normal(ffn, hidden, std=0.2))
             w.add_tensor(p + name + ".bias", normal(ffn, std=0.05))
         w.add_tensor(p + "ffn_down.weight", normal(hidden, ffn, std=0.2))
         w.add_tensor(p + "ffn_down.bias", normal(hidden, std=0.05))
-    w.add_tensor("v.post_ln.weight", gain(hidden))
+    norm("v.post_ln")
     w.add_tensor("mm.0.weight", normal(4 * hidden, 4 * hidden, std=0.1))
     w.add_tensor("mm.0.bias", normal(4 * hidden, std=0.05))
     w.add_tensor("mm.2.weight", normal(text_hidden, 4 * hidden, std=0.1))
     w.add_tensor("mm.2.bias", normal(text_hidden, std=0.05))
     _close(w)
     return path
+
+
+def write_tiny_qwen2vl_mmproj(path: str | Path, seed: int = 0, **kw: int) -> Path:
+    """A random Qwen2-VL mmproj (write_tiny_qwen25vl_mmproj with qwen2=True)."""
+    return write_tiny_qwen25vl_mmproj(path, seed, qwen2=True, **kw)
 
 
 def write_tiny_qwen3vl_mmproj(path: str | Path, seed: int = 0, text_hidden: int = 64, hidden: int = 32,

@@ -1,5 +1,5 @@
-"""A Qwen2.5-VL / Qwen3-VL prompt holding an image, against llama.cpp's mtmd (tests/goldens/vision/
-qwen25vl.npz, qwen3vl.npz, from scripts/make_dynamic_vision_goldens.py): the tiny text model (qwen2vl: M-RoPE;
+"""A Qwen2.5-VL / Qwen2-VL / Qwen3-VL prompt holding an image, against llama.cpp's mtmd (tests/goldens/vision/
+qwen25vl.npz, qwen2vl.npz, qwen3vl.npz, from scripts/make_dynamic_vision_goldens.py): the tiny text model (qwen2vl: M-RoPE;
 qwen3vl: interleaved M-RoPE + DeepStack) run over the prompt with the image's rows put in place of token
 embeddings (CausalLM embeds=) at M-RoPE positions (models/mrope.py: the image's rows at (p0, p0 + row,
 p0 + column), the text after it from p0 + max(rows, columns)), causal as llama.cpp decodes a Qwen image,
@@ -12,6 +12,7 @@ logit: 1e-4 on llama.cpp's own embeddings (measured <= 7e-6), 5e-3 with this pac
 from __future__ import annotations
 
 import hashlib
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from hitenter.models.attention import AttentionMetadata, allocate_kv_caches
 from hitenter.models.loader import load_model
 from hitenter.models.vision.loader import load_vision_encoder
 from hitenter.testing.tiny_qwen_vision import (
+    write_tiny_qwen2vl_mmproj,
     write_tiny_qwen3vl_mmproj,
     write_tiny_qwen25vl_mmproj,
     write_tiny_qwen_vl_text,
@@ -30,7 +32,8 @@ from hitenter.testing.tiny_qwen_vision import (
 
 GOLDENS = Path(__file__).resolve().parents[2] / "goldens" / "vision"
 BS = 16
-FAMILIES = {"qwen25vl": ("qwen2vl", write_tiny_qwen25vl_mmproj), "qwen3vl": ("qwen3vl", write_tiny_qwen3vl_mmproj)}
+FAMILIES = {"qwen25vl": ("qwen2vl", write_tiny_qwen25vl_mmproj), "qwen2vl": ("qwen2vl", write_tiny_qwen2vl_mmproj),
+            "qwen3vl": ("qwen3vl", write_tiny_qwen3vl_mmproj)}
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -163,7 +166,7 @@ def test_sequence_positions_for_any_cut(case: dict) -> None:
     whole = mrope.sequence_positions(0, n + 3, images)
     assert torch.equal(whole[:n], _positions(tokens, images[0][1:]))
     cuts = (0, 5, s + 3, n - 2, n + 3)
-    parts = torch.cat([mrope.sequence_positions(a, b, images) for a, b in zip(cuts, cuts[1:])])
+    parts = torch.cat([mrope.sequence_positions(a, b, images) for a, b in itertools.pairwise(cuts)])
     assert torch.equal(parts, whole)
     assert whole[n:, 0].tolist() == [int(whole[n - 1, 0]) + k for k in (1, 2, 3)]
 
