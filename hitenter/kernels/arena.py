@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import warnings
 
 import numpy as np
 import torch
@@ -21,6 +22,7 @@ from hitenter import envs
 
 ALIGN = 64          # each tensor starts on a cache line (the kernels' loads never straddle one needlessly)
 HUGE = 2 << 20      # the huge page size the mapping is rounded to
+_MADV_POPULATE_READ = 22   # Linux's value (Python 3.11's mmap module does not name it)
 
 
 def hugepages_wanted() -> bool:
@@ -44,6 +46,7 @@ class WeightArena:
                 pass
         self.storage = torch.from_numpy(np.frombuffer(self._map, dtype=np.uint8))
         self.used = 0
+        self.read_only = False
 
     def take(self, nbytes: int) -> torch.Tensor:
         """The next free, 64-byte aligned slot of `nbytes` (uint8, 1-D, contents undefined)."""
@@ -56,12 +59,51 @@ class WeightArena:
 
     def place(self, t: torch.Tensor) -> torch.Tensor:
         """A copy of `t` (uint8, any shape) inside the arena, contiguous."""
+        if self.read_only:
+            raise ValueError("WeightArena.place: a mapped arena is read-only")
         view = self.take(t.numel()).view(t.shape)
         view.copy_(t)
         return view
 
     def owns(self, t: torch.Tensor) -> bool:
         return t.untyped_storage().data_ptr() == self.storage.untyped_storage().data_ptr()
+
+    @classmethod
+    def mapped(cls, fileno: int, offset: int, nbytes: int) -> WeightArena:
+        """An arena over `nbytes` of an open file from `offset` (a multiple of HUGE), mapped shared and
+        read-only, its page-table entries filled now from the page cache: nothing is copied, every process
+        mapping the file shares its pages, and a file written in large pieces is mapped with 2 MB pages
+        where the OS has them. `take` returns views in the order the arena was filled; `place` is refused."""
+        if offset % HUGE:
+            raise ValueError(f"WeightArena.mapped: offset {offset} is not a multiple of {HUGE}")
+        self = cls.__new__(cls)
+        self.size = nbytes
+        self._map = mmap.mmap(fileno, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=offset)
+        self.huge = False
+        if hugepages_wanted():
+            try:   # before the pages are read in: what readahead brings in then comes as 2 MB folios
+                self._map.madvise(mmap.MADV_HUGEPAGE)
+                self.huge = True
+            except OSError:
+                pass
+        try:   # the page-table entries now, not a fault per page in the first steps
+            self._map.madvise(getattr(mmap, "MADV_POPULATE_READ", _MADV_POPULATE_READ))
+        except OSError:   # before Linux 5.14: faulted in as the kernels read
+            pass
+        with warnings.catch_warnings():   # a read-only buffer viewed by torch: the weights are never written
+            warnings.simplefilter("ignore", UserWarning)
+            self.storage = torch.from_numpy(np.frombuffer(self._map, dtype=np.uint8))
+        self.used = 0
+        self.read_only = True
+        return self
+
+    def filled(self) -> memoryview:
+        """The bytes taken so far (from the arena's start), for writing the arena to a file."""
+        return memoryview(self._map)[:self.used]
+
+    def rewind(self) -> None:
+        """Take from the start again: the same sizes taken in the same order give the same views."""
+        self.used = 0
 
 
 def _libc() -> ctypes.CDLL:

@@ -72,6 +72,9 @@ class BlockWeight:
 
     def index_rows(self, index: torch.Tensor) -> BlockWeight:
         self._rows_only("index_rows")
+        if self.data.is_meta:
+            return BlockWeight(_placeholder(int(index.numel()), int(self.data.shape[1])), self.qtype,
+                               (int(index.numel()), self.shape[1]))
         return BlockWeight(self.data.index_select(0, index).contiguous(), self.qtype,
                            (int(index.numel()), self.shape[1]))
 
@@ -141,8 +144,17 @@ def cat_block_rows(ws: list[BlockWeight]) -> BlockWeight:
     """Rows of several weights of one type and input size, in order (one copy)."""
     if len({w.qtype for w in ws}) != 1 or len({w.shape[1] for w in ws}) != 1 or any(w.lanes for w in ws):
         raise ValueError("cat_block_rows: weights differ in block type or input size, or are repacked")
-    data = torch.cat([w.data for w in ws])
+    if any(w.data.is_meta for w in ws):   # placeholders (a cached arena's build): the shape, nothing to copy
+        data = _placeholder(sum(int(w.data.shape[0]) for w in ws), int(ws[0].data.shape[1]))
+    else:
+        data = torch.cat([w.data for w in ws])
     return BlockWeight(data, ws[0].qtype, (int(data.shape[0]), ws[0].shape[1]))
+
+
+def _placeholder(rows: int, row_bytes: int) -> torch.Tensor:
+    """A meta tensor of uint8 [rows, row_bytes], made without torch's Python meta kernels (whose first use
+    imports torch._dynamo: seconds)."""
+    return torch.empty((rows, row_bytes), dtype=torch.uint8, device="meta")
 
 
 def block_weight_from_gguf(tensor: gguf.ReaderTensor) -> BlockWeight:

@@ -147,6 +147,11 @@ def repack_enabled() -> bool:
     return kern is not None and kern.lanes > 0 and envs.HITENTER_REPACK.get()
 
 
+def repack_lanes() -> int:
+    """Rows per group of a repacked weight in this build (0 where nothing is repacked)."""
+    return int(QMATMUL().lanes) if repack_enabled() else 0
+
+
 def repacked_nbytes(w: BlockWeight) -> int:
     """Bytes `w` takes repacked (csrc/qmatmul/qm_repack.h), 0 where it stays as the file's rows (its type is not
     repacked in this build, it already is, or repacking is off)."""

@@ -15,13 +15,18 @@ once per storage.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from hitenter import kernels
 from hitenter.kernels import BlockWeight, cat_block_rows, qmatmul
 from hitenter.kernels.arena import WeightArena, trim_heap
-from hitenter.kernels.qmatmul import repack, repacked_nbytes
+from hitenter.kernels.qmatmul import repack, repack_lanes, repacked_nbytes
+
+if TYPE_CHECKING:
+    from hitenter.models.weight_cache import WeightCache
 
 
 def fuse_rows(ws: list[BlockWeight]) -> list[BlockWeight]:
@@ -35,43 +40,94 @@ def fuse_rows(ws: list[BlockWeight]) -> list[BlockWeight]:
     return [r[0] if len(r) == 1 else cat_block_rows(r) for r in runs]
 
 
-def own_block_bytes(model: nn.Module) -> None:
+def own_block_bytes(model: nn.Module, cache: WeightCache | None = None) -> None:
     """Copy every BlockLinear weight into one WeightArena (huge pages where the OS has them, see
     hitenter/kernels/arena.py), with a BlockEmbedding that shares it (a tied head) pointed at the same
     copy, so the build's temporary copies (fused Q/K/V, gate/up) and the mapped pages are released.
 
-    Why copy at all: a mapped file's pages stay in this process's RSS beside the fused copies made from
+    Why copy at all: a mapped GGUF's pages stay in this process's RSS beside the fused copies made from
     them, the file could change under a running server (a re-pull), and 4 KB pages slow a decode step
-    (arena.py). The copy is a one-time memcpy at load."""
+    (arena.py). With `cache` (hitenter/models/weight_cache.py) the arena is the cache file's map when it
+    holds these slots (the model may then have been built over meta placeholders: nothing is copied),
+    and otherwise is built here, written there and mapped back. Raises StaleWeightCache when a
+    placeholder is left that the arena does not replace (the loader then builds from the file)."""
     linears = [m for m in model.modules() if isinstance(m, BlockLinear)]
-    unique = {p.data.data_ptr(): p.data for m in linears for p in m.parts}
+    unique = {_key(p.data): p for m in linears for p in m.parts}
     # an embedding table not shared with a head is only ever read by rows: left on the map, it costs
     # resident memory for the rows looked up, not the whole table (Qwen2.5-1.5B: 125 MB)
     owners = linears + [m for m in model.modules() if isinstance(m, BlockEmbedding)
-                        and m.table.data.data_ptr() in unique]
+                        and _key(m.table.data) in unique]
     if not unique:
         return
     # every matmul weight of a repacked type (Q4_0, Q4_1, Q8_0) goes into the arena repacked
     # (kernels/csrc/qmatmul/qm_repack.h: no per-call unpacking, same size, same bits), a tied head's too: its
     # embedding then reads the rows it looks up out of the repacked groups (BlockWeight.file_rows)
-    weights = {p.data.data_ptr(): p for m in linears for p in m.parts}
-    repacked = {ptr: n for ptr, w in weights.items() if (n := repacked_nbytes(w))}
-    arena = WeightArena([repacked.get(ptr, t.numel()) for ptr, t in unique.items()])
-    placed: dict[int, BlockWeight] = {}
-    for ptr, w in weights.items():
-        placed[ptr] = (repack(w, arena.take(repacked[ptr])) if ptr in repacked
-                       else BlockWeight(arena.place(w.data.contiguous()), w.qtype, w.shape))
+    lanes = repack_lanes()
+    slots = [_slot(w, lanes) for w in unique.values()]
+    arena = cache.map(slots) if cache is not None else None
+    if arena is None:
+        if any(w.data.is_meta for w in unique.values()):
+            raise StaleWeightCache("the cached weights do not match this build")
+        arena = _fill(list(unique.values()), slots)
+        stored = cache.store(arena, slots) if cache is not None else None
+        arena = stored or arena
+    arena.rewind()
+    placed = {k: BlockWeight(arena.take(s[4]) if s[3] else arena.take(s[4]).view(w.shape[0], -1), w.qtype,
+                             w.shape, s[3])
+              for (k, w), s in zip(unique.items(), slots, strict=True)}
 
     def own(w: BlockWeight) -> BlockWeight:
-        return placed[w.data.data_ptr()]
+        return placed[_key(w.data)]
 
     for m in owners:
         if isinstance(m, BlockLinear):
             m.set_parts([own(p) for p in m.parts])
         else:
             m.set_table(own(m.table))
+    _replace_placeholders(model, cache)
     model.__dict__["weight_arena"] = arena
     trim_heap()
+
+
+class StaleWeightCache(RuntimeError):
+    """The model was built over placeholders for a cached arena that does not hold its weights."""
+
+
+def _key(t: torch.Tensor) -> int:
+    """A weight's identity: its address (views of one copy are one weight), a placeholder's object id."""
+    return id(t) if t.is_meta else t.data_ptr()
+
+
+def _slot(w: BlockWeight, lanes: int) -> tuple[int, int, int, int, int]:
+    """(type, rows, columns, repack lanes, bytes) of `w` in the arena."""
+    n = repacked_nbytes(w)
+    return (w.qtype, w.shape[0], w.shape[1], lanes if n else 0, n or w.data.numel())
+
+
+def _fill(weights: list[BlockWeight], slots: list[tuple[int, int, int, int, int]]) -> WeightArena:
+    """A fresh arena holding `weights` in order, repacked where their slot says so."""
+    arena = WeightArena([s[4] for s in slots])
+    for w, s in zip(weights, slots, strict=True):
+        if s[3]:
+            repack(w, arena.take(s[4]))
+        else:
+            arena.place(w.data.contiguous())
+    return arena
+
+
+def _replace_placeholders(model: nn.Module, cache: WeightCache | None) -> None:
+    """Swap the meta placeholders of tables left on the GGUF's map (an untied embedding) for the real
+    views the cache's build recorded; StaleWeightCache when any placeholder remains."""
+    for m in model.modules():
+        if isinstance(m, BlockEmbedding) and m.table.data.is_meta:
+            real = cache.real.get(id(m.table.data)) if cache is not None else None
+            if real is None:
+                raise StaleWeightCache("an embedding table has no bytes")
+            m.set_table(real)
+        tensors = [*m._buffers.values(), *m._parameters.values()]
+        tensors += [getattr(v, "data", v) for v in m.__dict__.values() if isinstance(v, torch.Tensor | BlockWeight)]
+        if any(isinstance(t, torch.Tensor) and t.is_meta for t in tensors):
+            raise StaleWeightCache(f"{type(m).__name__} holds a weight with no bytes")
 
 
 class BlockLinear(nn.Module):

@@ -25,11 +25,33 @@ from hitenter.models.gguf_checks import (
     need,
     short,
 )
+from hitenter.tokenizer.gguf_meta import hand_over
 
 if TYPE_CHECKING:
     import torch
 
     from hitenter.config import ModelConfig
+
+
+_STRINGS = -1   # the data index FastGGUFReader gives a string array it has walked but not split
+
+
+class StringArrayField(gguf.ReaderField):
+    """A string array as FastGGUFReader reads it: parts [key length, key, type, element type, count, the
+    strings' bytes (each a u64 length then its bytes), their start offsets]; `contents()` is gguf's
+    (strict UTF-8), decoded in one pass when first asked for."""
+
+    __slots__ = ()
+
+    def contents(self, index_or_slice: int | slice = slice(None)) -> Any:
+        region, starts = self.parts[-2].tobytes(), self.parts[-1]
+        # the strings lie back to back: each ends where the next one's length field starts
+        ends = [*starts[1:].tolist(), len(region)]
+        if isinstance(index_or_slice, int):
+            i = range(len(ends))[index_or_slice]
+            return str(region[int(starts[i]) + 8:ends[i]], encoding="utf-8")
+        return [str(region[s + 8:e], encoding="utf-8")
+                for s, e in zip(starts.tolist()[index_or_slice], ends[index_or_slice], strict=True)]
 
 
 class FastGGUFReader(gguf.GGUFReader):
@@ -74,8 +96,9 @@ class FastGGUFReader(gguf.GGUFReader):
                 raise ModelLoadError(f"metadata key {short(key)}: {e}") from None
             if key == "general.alignment" and types != [vt.UINT32]:
                 raise ModelLoadError(f"metadata key 'general.alignment' is a {types[0].name}, expected UINT32")
-            self._push_field(gguf.ReaderField(orig, key, [kv_klen, kv_kdata, raw_type, *parts],
-                                              [i + 3 for i in idxs], types), skip_sum=True)
+            kind = StringArrayField if idxs == [_STRINGS] else gguf.ReaderField
+            self._push_field(kind(orig, key, [kv_klen, kv_kdata, raw_type, *parts], [i + 3 for i in idxs], types),
+                             skip_sum=True)
             offs += size
         return offs
 
@@ -100,18 +123,21 @@ class FastGGUFReader(gguf.GGUFReader):
         if nptype is not None:
             arr = self._get(offs, nptype, n)
             return 12 + int(arr.nbytes), [raw_itype, alen, arr], [2], [vt.ARRAY, itype]
+        # the strings are only walked here (lengths checked); StringArrayField decodes them when asked
         buf = np.asarray(self.data)   # a plain ndarray: slicing it skips memmap's per-view bookkeeping
-        mv, size = memoryview(buf), len(buf)
-        parts: list[Any] = [raw_itype, alen]
-        idxs: list[int] = []
+        mv, size, first = memoryview(buf), len(buf), offs
+        starts = [0] * n
+        unpack = struct.Struct("<Q").unpack_from
         for i in range(n):
-            need(offs + 8, size, f"string {i} of the array")
-            (k,) = struct.unpack_from("<Q", mv, offs)
-            need(offs + 8 + k, size, f"string {i} of the array ({k} bytes)")
-            parts += [buf[offs:offs + 8].view(np.uint64), buf[offs + 8:offs + 8 + k]]
-            idxs.append(len(parts) - 1)
+            if offs + 8 > size:
+                need(offs + 8, size, f"string {i} of the array")
+            (k,) = unpack(mv, offs)
+            if offs + 8 + k > size:
+                need(offs + 8 + k, size, f"string {i} of the array ({k} bytes)")
+            starts[i] = offs - first
             offs += 8 + k
-        return offs - orig_offs, parts, idxs, [vt.ARRAY, vt.STRING]
+        parts = [raw_itype, alen, buf[first:offs], np.array(starts, dtype=np.int64)]
+        return offs - orig_offs, parts, [_STRINGS], [vt.ARRAY, vt.STRING]
 
     def _build_tensor_info(self, offs: int, count: int) -> tuple[int, list[Any]]:
         check_count(int(count), MIN_TENSOR_INFO_BYTES, len(self.data) - offs, "tensors")
@@ -183,6 +209,7 @@ def read_gguf_metadata(reader_or_path: gguf.GGUFReader | str | os.PathLike[str])
             out[key] = _field_value(field)
         except Exception as e:
             raise ModelLoadError(one_line(f"GGUF metadata key {short(key)} is corrupt: {type(e).__name__}: {e}")) from e
+    hand_over(reader.data.filename, out)   # the tokenizer of this load reads the header from here
     return out
 
 

@@ -24,7 +24,7 @@ import torch
 
 from hitenter.config import ModelConfig
 from hitenter.errors import ModelLoadError
-from hitenter.kernels import BLOCK_TYPES, block_weight_from_gguf
+from hitenter.kernels import BLOCK_TYPES, BlockWeight, block_weight_from_gguf
 from hitenter.kernels.arena import drop_mapped_pages
 from hitenter.models.block_linear import own_block_bytes
 from hitenter.models.decoder import CausalLM
@@ -38,6 +38,7 @@ from hitenter.models.mapped_rows import mapped_table
 from hitenter.models.moe import ExpertWeight, expert_weights
 from hitenter.models.pooling import Pooler, head_shapes
 from hitenter.models.shard import TensorParallel
+from hitenter.models.weight_cache import WeightCache
 from hitenter.quant.weights import quantize_weights
 
 log = logging.getLogger("hitenter.loader")
@@ -61,7 +62,26 @@ def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "auto",
     context the engine will serve (LongRoPE files pick their factors by it; default the model's own)."""
     act_dtype, fmt = resolve_format(dtype, quantization, tp is not None)
     reader = open_gguf(path)
-    cfg, weights = load_weights_from(reader, "none" if fmt == "dense" else fmt)
+    cache = WeightCache.for_gguf(path) if fmt == "gguf" and tp is None else None
+    if cache is not None and cache.hit:   # built over placeholders, the weights mapped from the cache file
+        try:
+            return _finish(path, reader, *_build(reader, act_dtype, fmt, tp, batch_invariant, max_model_len,
+                                                  cache), act_dtype, fmt, cache)
+        except ModelLoadError:
+            raise
+        except Exception as e:   # a build that reads weight bytes, or a cache that does not match
+            log.info("weight cache %s not used (%s: %s): building from the file", cache.path, type(e).__name__, e)
+            cache.hit = False
+    return _finish(path, reader, *_build(reader, act_dtype, fmt, tp, batch_invariant, max_model_len),
+                   act_dtype, fmt, cache)
+
+
+def _build(reader: Any, act_dtype: torch.dtype, fmt: str, tp: TensorParallel | None, batch_invariant: bool,
+           max_model_len: int | None, cache: WeightCache | None = None) -> tuple[Any, ModelConfig]:
+    """The model of `reader`'s file in format `fmt`, its block weights still where the build left them;
+    with a cache hit every block weight read through `block_weights` is a meta placeholder."""
+    cfg, weights = load_weights_from(reader, "none" if fmt == "dense" else fmt,
+                                     cache.real if cache is not None and cache.hit else None)
     if tp is not None:
         check_shardable(cfg)
     if not cfg.causal:   # an encoder (bert, nomic-bert, gemma-embedding): bidirectional, pooled
@@ -78,7 +98,13 @@ def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "auto",
         model = CausalLM(cfg, weights, act_dtype, tp, batch_invariant, fmt, max_model_len)
     if cfg.causal:   # a decoder's embeddings: the file's pooling and heads (Qwen3-Embedding, -Reranker)
         model.pooler = Pooler(cfg, weights)
-    own_block_bytes(model)
+    return model, cfg
+
+
+def _finish(path: str | os.PathLike[str], reader: Any, model: Any, cfg: ModelConfig, act_dtype: torch.dtype,
+            fmt: str, cache: WeightCache | None) -> tuple[Any, ModelConfig]:
+    """The built model with its block weights in their arena (own_block_bytes), the map released."""
+    own_block_bytes(model, cache)
     # the build read the whole map (copies into the arena); what still views it (an untied embedding
     # table) faults back in only the rows it looks up
     drop_mapped_pages(reader.data.ctypes.data, reader.data.nbytes)
@@ -107,8 +133,10 @@ def load_weights(path: str | os.PathLike[str], quantization: str = "none") -> tu
     return load_weights_from(open_gguf(path), quantization)
 
 
-def load_weights_from(reader: Any, quantization: str = "none") -> tuple[ModelConfig, dict[str, Any]]:
-    """`load_weights` on an open GGUF reader (its map stays the caller's to release)."""
+def load_weights_from(reader: Any, quantization: str = "none",
+                      placeholders: dict[int, Any] | None = None) -> tuple[ModelConfig, dict[str, Any]]:
+    """`load_weights` on an open GGUF reader (its map stays the caller's to release). `placeholders`
+    (quantization "gguf" only): block matrices as meta placeholders, see `block_weights`."""
     path = reader.data.filename
     meta = read_gguf_metadata(reader)
     names = {t.name for t in reader.tensors}
@@ -121,7 +149,8 @@ def load_weights_from(reader: Any, quantization: str = "none") -> tuple[ModelCon
     mapped = {t.name: mapped_table(t) for t in reader.tensors    # row tables: left on the map, any format
               if t.name in shapes and t.name in family_for(cfg.architecture).mapped_tables}
     rest = set(shapes) - set(mapped)
-    weights = {**(block_weights(reader, rest) if quantization == "gguf" else load_tensors(reader, rest)), **mapped}
+    weights = {**(block_weights(reader, rest, placeholders) if quantization == "gguf" else load_tensors(reader, rest)),
+               **mapped}
     for name, shape in shapes.items():   # -1: any size (a classifier's outputs, a dense head's width)
         got = _shape(weights[name])
         if len(got) != len(shape) or any(s not in (-1, g) for s, g in zip(shape, got, strict=True)):
@@ -138,12 +167,14 @@ def _shape(w: Any) -> tuple[int, ...]:
     return tuple(w.shape)
 
 
-def block_weights(reader: Any, names: set[str]) -> dict[str, Any]:
+def block_weights(reader: Any, names: set[str], placeholders: dict[int, Any] | None = None) -> dict[str, Any]:
     """`names`' tensors: matrices of a native block type as BlockWeight, everything else dequantized fp32.
 
     The BlockWeights view the reader's memory map; `own_block_bytes` copies what the built model still
     views (fused and un-permuted weights were copied while building), so each byte is copied once and
-    the map is released with the reader. Raises ModelLoadError for data past the end of the file."""
+    the map is released with the reader. With `placeholders` (a weight cache hit) each such matrix is a
+    BlockWeight over a meta tensor of its shape (the build then copies nothing), recorded there by the
+    placeholder's id beside its view of the map. Raises ModelLoadError for data past the end of the file."""
     out: dict[str, Any] = {}
     file_size = len(reader.data)
     for t in reader.tensors:
@@ -157,5 +188,10 @@ def block_weights(reader: Any, names: set[str]) -> dict[str, Any]:
         with warnings.catch_warnings():   # a read-only map viewed by torch: never written, copied after the build
             warnings.simplefilter("ignore", UserWarning)
             out[t.name] = block_weight_from_gguf(t)
+        if placeholders is not None:
+            real = out[t.name]
+            out[t.name] = BlockWeight(torch.empty(real.data.shape, dtype=torch.uint8, device="meta"),
+                                      real.qtype, real.shape)
+            placeholders[id(out[t.name].data)] = real
     out.update(load_tensors(reader, names - set(out)))
     return out

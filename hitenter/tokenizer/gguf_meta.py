@@ -15,6 +15,7 @@ from hitenter.errors import ModelLoadError
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 _MIN_KV_BYTES = 8 + 4 + 1          # key length, value type, the smallest value
 _MAX_KEY_BYTES = 1 << 16
 
@@ -64,11 +65,22 @@ class _Header:
             dt = np.dtype(_SCALARS[et].replace("?", "u1"))
             arr = np.frombuffer(self.buf, dtype=dt, count=n, offset=off)
             return (arr.astype(bool) if et == 7 else arr).tolist(), off + n * dt.itemsize
-        items = []
+        return self.strings(n, off, key)
+
+    def strings(self, n: int, off: int, key: str) -> tuple[list[str], int]:
+        """`n` strings (each a u64 length, then its bytes) from `off`: the list and the offset after them."""
+        buf, size, unpack = self.buf, self.size, _U64.unpack_from
+        items: list[Any] = [None] * n
         for i in range(n):
-            raw, off = self.raw_string(off, f"string {i} of {key!r}")
-            items.append(raw.decode("utf-8", "replace"))
-        return items, off
+            if off + 8 > size:
+                self.need(off + 8, f"string {i} of {key!r}")
+            (k,) = unpack(buf, off)
+            end = off + 8 + k
+            if end > size:
+                self.need(end, f"string {i} of {key!r} ({k} bytes)")
+            items[i] = buf[off + 8:end]
+            off = end
+        return [b.decode("utf-8", "replace") for b in items], off
 
     def key(self, off: int) -> tuple[str, int]:
         (n,) = self.unpack("<Q", off, "a metadata key")
@@ -81,6 +93,29 @@ class _Header:
             raise ModelLoadError(f"the metadata key {raw[:60]!r} is not valid UTF-8: the file is corrupt") from None
 
 
+_HANDED: dict[tuple[str, int, int, int], dict[str, Any]] = {}   # at most one entry: see hand_over
+
+
+def _identity(path: str | os.PathLike[str]) -> tuple[str, int, int, int] | None:
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+    except (OSError, ValueError):
+        return None
+    return real, st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def hand_over(path: str | os.PathLike[str], metadata: dict[str, Any]) -> None:
+    """Keep the key/values another reader has just parsed from `path` (every string valid UTF-8, so they
+    equal what `read_tokenizer_metadata` would read) for the next `read_tokenizer_metadata(path)` of
+    the same unchanged file, which takes them instead of parsing the header again. One file at a time:
+    a later hand-over replaces an earlier one that was never taken."""
+    key = _identity(path)
+    _HANDED.clear()
+    if key is not None:
+        _HANDED[key] = metadata
+
+
 def read_tokenizer_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """All GGUF key/values (v2/v3, little-endian) as plain Python values, parsed straight from the header.
 
@@ -90,6 +125,11 @@ def read_tokenizer_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     file: any count or length the bytes left cannot hold fails before it is looped over or allocated.
     """
     p = Path(path)
+    if _HANDED:
+        handed = _HANDED.pop(_identity(p), None)   # type: ignore[arg-type]
+        _HANDED.clear()
+        if handed is not None:
+            return handed
     try:
         with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             if mm[:4] != b"GGUF":

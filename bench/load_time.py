@@ -1,0 +1,154 @@
+"""How long a fresh process takes to be ready to generate, hitenter vs llama.cpp, on one GGUF (warm page cache).
+
+Each round starts one process per engine, alternating: `python -c` that imports the engine and loads the
+file (hitenter: `LLM(model)`; llama.cpp: `llama_cpp.Llama(model_path, n_ctx)`, through
+/work/venvs/llamacpp with its extra CPU buffer types off: this llama.cpp build crashes with its repacked
+buffers on AVX-512 + AMX machines) and prints READY. The figure is the wall time from the start of the
+process to READY: interpreter start, imports and load included; the child's own split (imports / load)
+is printed beside it. Medians of the rounds and their ratio; the load average before and after.
+
+Then memory: a first hitenter process loads the model and waits; a second one on the same file loads
+it too; what the second adds to the machine's used memory (MemTotal - MemAvailable) is reported beside
+its private (anonymous) RSS and the file's size. Pages of a mapped file (the weight cache, the GGUF)
+are shared, so the second process adds its private memory only.
+
+    .venv/bin/python bench/load_time.py [--model qwen2.5-coder-1.5b-instruct] [--rounds 5]
+        [--llama-python /work/venvs/llamacpp/bin/python] [--no-llamacpp] [--no-memory]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import baseline_env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HITENTER = """
+import time, sys
+t0 = time.perf_counter()
+from hitenter import LLM
+t1 = time.perf_counter()
+llm = LLM(sys.argv[1])
+t2 = time.perf_counter()
+print(f"READY import={t1 - t0:.3f} load={t2 - t1:.3f}", flush=True)
+if len(sys.argv) > 2:
+    sys.stdin.readline()
+"""
+
+LLAMACPP = """
+import time, sys
+t0 = time.perf_counter()
+import llama_cpp
+t1 = time.perf_counter()
+defaults = llama_cpp.llama_cpp.llama_model_default_params
+def params():
+    p = defaults()
+    p.use_extra_bufts = False
+    return p
+llama_cpp.llama_cpp.llama_model_default_params = params
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=int(sys.argv[2]), verbose=False)
+t2 = time.perf_counter()
+print(f"READY import={t1 - t0:.3f} load={t2 - t1:.3f}", flush=True)
+"""
+
+
+def uptime() -> str:
+    return Path("/proc/loadavg").read_text().split(" 1")[0].strip() if Path("/proc/loadavg").exists() else "?"
+
+
+def run_ready(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
+    """Wall seconds from the process's start to its READY line, and that line."""
+    t0 = time.perf_counter()
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+    wall = time.perf_counter() - t0
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("READY")), "")
+    if not line:
+        raise SystemExit(f"{argv[0]} failed ({out.returncode}):\n{out.stderr[-2000:]}")
+    return wall, line
+
+
+def mem_used() -> int:
+    info = dict(ln.split(":", 1) for ln in Path("/proc/meminfo").read_text().splitlines())
+    return (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) * 1024
+
+
+def private_rss(pid: int) -> int:
+    for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if ln.startswith("RssAnon:"):
+            return int(ln.split()[1]) * 1024
+    return 0
+
+
+def held(model: str) -> subprocess.Popen[str]:
+    """A hitenter process that has loaded `model` and waits for a line on stdin."""
+    p = subprocess.Popen([sys.executable, "-c", HITENTER, model, "hold"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    if not line.startswith("READY"):
+        p.kill()
+        raise SystemExit("the held hitenter process did not load")
+    return p
+
+
+def memory(model: str, size: int) -> None:
+    first = held(model)
+    time.sleep(1.0)
+    before = mem_used()
+    second = held(model)
+    time.sleep(1.0)
+    added, own = mem_used() - before, private_rss(second.pid)
+    for p in (second, first):
+        p.communicate("\n", timeout=60)
+    print(f"second process on the same file: used memory +{added / 1e6:.0f} MB ({100 * added / size:.1f}% of the "
+          f"{size / 1e6:.0f} MB file), its private RSS {own / 1e6:.0f} MB ({100 * own / size:.1f}%); "
+          f"load average {uptime()}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--n-ctx", type=int, default=4096, help="llama.cpp's context (hitenter: its default)")
+    ap.add_argument("--llama-python", default="/work/venvs/llamacpp/bin/python")
+    ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--no-memory", action="store_true")
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from hitenter.models.registry import resolve_model
+
+    path = str(resolve_model(args.model))
+    size = os.path.getsize(path)
+    print(f"{args.model}: {path} ({size / 1e6:.0f} MB); load average {uptime()}")
+    run_ready([sys.executable, "-c", HITENTER, args.model])   # warm: page cache, weight cache, kernels built
+    if not args.no_llamacpp:
+        run_ready([args.llama_python, "-c", LLAMACPP, path, str(args.n_ctx)], baseline_env())
+    ours: list[float] = []
+    theirs: list[float] = []
+    for r in range(args.rounds):
+        wall, line = run_ready([sys.executable, "-c", HITENTER, args.model])
+        ours.append(wall)
+        msg = f"round {r + 1}: hitenter {wall:.2f} s ({line[6:]})"
+        if not args.no_llamacpp:
+            wall, line = run_ready([args.llama_python, "-c", LLAMACPP, path, str(args.n_ctx)], baseline_env())
+            theirs.append(wall)
+            msg += f", llama.cpp {wall:.2f} s ({line[6:]})"
+        print(f"{msg}; load average {uptime()}", flush=True)
+    med = statistics.median(ours)
+    summary = f"median ready: hitenter {med:.2f} s"
+    if theirs:
+        summary += f", llama.cpp {statistics.median(theirs):.2f} s, ratio {med / statistics.median(theirs):.2f}x"
+    print(f"{summary}; load average {uptime()}")
+    if not args.no_memory:
+        memory(args.model, size)
+
+
+if __name__ == "__main__":
+    main()
