@@ -103,7 +103,7 @@ class PixtralVision(nn.Module):
         h = self._rms(x, layer.ln1)
         q, k, v = (vit.linear(h, *lin).view(n, heads, -1) for lin in (layer.q, layer.k, layer.v))
         q, k = rotate_pairs(q, *cos_sin), rotate_pairs(k, *cos_sin)
-        x = x + vit.linear(vit.attention(q, k, v, None), *layer.out)
+        x = x + vit.linear(vit.attention(q, k, v), *layer.out)
         return x + vit.mlp(self._rms(x, layer.ln2), layer.up, layer.gate, layer.down, self.act)
 
     def _merge(self, x: torch.Tensor, ph: int, pw: int) -> torch.Tensor:

@@ -23,6 +23,8 @@ Contract: QwenVLVision(cfg, tensors)(pixels [3, H, W] float32, H and W multiples
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -103,39 +105,38 @@ class QwenVLVision(nn.Module):
         return vit.norm(x, wb[0], wb[1], self.cfg.eps, self.rms)
 
     def _block(self, x: torch.Tensor, layer: _Layer, cos_sin: tuple[torch.Tensor, torch.Tensor],
-               mask: torch.Tensor | None) -> torch.Tensor:
+               windows: list[tuple[int, int]] | None) -> torch.Tensor:
         n, heads = x.shape[0], self.cfg.heads
         h = self._norm(x, layer.ln1)
         q, k, v = (vit.linear(h, *lin).view(n, heads, -1) for lin in (layer.q, layer.k, layer.v))
         q, k = vit.apply_rope(q, *cos_sin), vit.apply_rope(k, *cos_sin)
-        x = x + vit.linear(vit.attention(q, k, v, mask), *layer.out)
+        x = x + vit.linear(vit.attention(q, k, v, windows), *layer.out)
         return x + vit.mlp(self._norm(x, layer.ln2), layer.up, layer.gate, layer.down, self.act)
 
-    def _layout(self, ph: int, pw: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """(patch order: row-major patch index at each slot, window mask or None, unit order of the
-        tower's output rows)."""
+    def _layout(self, ph: int, pw: int) -> tuple[torch.Tensor, list[tuple[int, int]] | None, torch.Tensor]:
+        """(patch order: row-major patch index at each slot, the windows' slot ranges or None, unit order of
+        the tower's output rows)."""
         uh, uw = ph // 2, pw // 2
         per_unit = vit.merge_order(ph, pw).view(uh * uw, 4)
         if self.cfg.projector != "qwen2.5vl_merger" or self.cfg.n_wa_pattern <= 0:
             return per_unit.reshape(-1), None, torch.arange(uh * uw)
         order, wid = windows(uh, uw, self.window_units)
-        slot_wid = wid.repeat_interleave(4)
-        mask = torch.full((4 * len(order),) * 2, torch.finfo(torch.float32).min)
-        mask[slot_wid[:, None] == slot_wid[None, :]] = 0.0
-        return per_unit[order].reshape(-1), mask, order
+        counts = torch.bincount(wid).tolist()
+        bounds = [4 * sum(counts[:i]) for i in range(len(counts) + 1)]
+        return per_unit[order].reshape(-1), list(itertools.pairwise(bounds)), order
 
     def encode(self, pixels: torch.Tensor, layout: tuple | None = None) -> torch.Tensor:
         """The tower's last rows after post_ln, in the tower's slot order: [patches, hidden]."""
         ph, pw = vit.patch_grid(self.cfg, pixels)
-        patch_order, mask, _ = layout or self._layout(ph, pw)
+        patch_order, windows, _ = layout or self._layout(ph, pw)
         x = vit.patch_embed(pixels, *self.patch_w, self.cfg.patch_size)[patch_order]
         if self.pre_ln is not None:
             x = self._norm(x, self.pre_ln)
         cos_sin = vit.rope_tables(patch_order // pw, patch_order % pw, self.cfg.hidden // self.cfg.heads)
         wa = self.cfg.n_wa_pattern
         for i, layer in enumerate(self.layers):
-            full = mask is None or (i + 1) % wa == 0
-            x = self._block(x, layer, cos_sin, None if full else mask)
+            full = windows is None or (i + 1) % wa == 0
+            x = self._block(x, layer, cos_sin, None if full else windows)
         return x if self.post_ln is None else self._norm(x, self.post_ln)
 
     @torch.inference_mode()

@@ -118,7 +118,7 @@ class Qwen3VLVision(nn.Module):
         n, heads = x.shape[0], self.cfg.heads
         q, k, v = vit.linear(self._ln(x, layer.ln1), *layer.qkv).view(n, 3, heads, -1).unbind(1)
         q, k = vit.apply_rope(q, *cos_sin), vit.apply_rope(k, *cos_sin)
-        x = x + vit.linear(vit.attention(q, k, v, None), *layer.out)
+        x = x + vit.linear(vit.attention(q, k, v), *layer.out)
         return x + vit.mlp(self._ln(x, layer.ln2), layer.up, layer.gate, layer.down, self.act)
 
     @torch.inference_mode()

@@ -10,7 +10,9 @@ qwen3vl.cpp build them:
 - the 2D vision RoPE (ggml_rope_multi, GGML_ROPE_TYPE_VISION, sections d/4 x 4, base 10000): pairs (k,
   k + d/2) of each head rotate by the patch's row for k < d/4 and by its column for d/4 <= k < d/2, angle
   pos x 10000^(-4j/d) with j the index within the section;
-- attention (scale 1/sqrt(d), an additive mask where given), LayerNorm / RMSNorm, the MLP (up, optional
+- attention (scale 1/sqrt(d); all rows, or within contiguous windows of rows: llama.cpp's block-diagonal
+  mask run window by window, so memory grows with the largest window, not the square of the image),
+  LayerNorm / RMSNorm, the MLP (up, optional
   gate: act(gate) * up, down; biases where the file has them) and the GELU merger mm.0 -> GELU -> mm.2.
 
 Contract: pure tensor functions on fp32 tensors; weights by llama.cpp's names (take() raises
@@ -102,14 +104,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([x0 * c - x1 * s, x0 * s + x1 * c], dim=-1)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Bidirectional multi-head attention: q, k, v [n, heads, d] -> [n, heads * d]."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              windows: list[tuple[int, int]] | None = None) -> torch.Tensor:
+    """Bidirectional multi-head attention: q, k, v [n, heads, d] -> [n, heads * d]; with `windows`
+    (contiguous [start, stop) ranges covering the rows), each row attends within its window only."""
     n = q.shape[0]
     qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-    scores = (qh @ kh.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
-    if mask is not None:
-        scores = scores + mask
-    return (torch.softmax(scores, dim=-1) @ vh).transpose(0, 1).reshape(n, -1)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if windows is None:
+        out = F.scaled_dot_product_attention(qh, kh, vh, scale=scale)
+    else:
+        out = torch.cat([F.scaled_dot_product_attention(qh[:, a:b], kh[:, a:b], vh[:, a:b], scale=scale)
+                         for a, b in windows], dim=1)
+    return out.transpose(0, 1).reshape(n, -1)
 
 
 def norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, rms: bool) -> torch.Tensor:
