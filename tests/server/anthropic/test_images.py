@@ -48,8 +48,10 @@ def test_image_answered_streamed_and_not(client: anthropic.Anthropic) -> None:
 
 def test_same_image_again_without_the_encoder(client: anthropic.Anthropic, vision_engine: LLMEngine) -> None:
     msgs = _user(_b64(sample_image(50, 36, 22)), "What colour dominates?")
+    before = vision_engine.vision.runs
     first = client.messages.create(model=MODEL, max_tokens=3, messages=msgs, extra_body={"temperature": 0})  # type: ignore[arg-type]
     runs = vision_engine.vision.runs
+    assert runs == before + 1                                   # a new image: encoded once
     again = client.messages.create(model=MODEL, max_tokens=3, messages=msgs, extra_body={"temperature": 0})  # type: ignore[arg-type]
     assert vision_engine.vision.runs == runs and again.content == first.content
 

@@ -30,9 +30,11 @@ def client(server: LiveServer) -> ollama.Client:
     return ollama.Client(host=server.url, timeout=60)
 
 
-def test_chat_with_an_image_streamed_and_not(client: ollama.Client) -> None:
+def test_chat_with_an_image_streamed_and_not(client: ollama.Client, vision_engine: LLMEngine) -> None:
     msgs = [{"role": "user", "content": "What is this?", "images": [image_base64(sample_image(44, 30, 31))]}]
+    before = vision_engine.vision.runs
     r = client.chat(model=MODEL, messages=msgs, options=GREEDY)
+    assert vision_engine.vision.runs == before + 1
     assert r.done and r.eval_count == 5 and (r.prompt_eval_count or 0) > 16
     text = "".join(p.message.content for p in client.chat(model=MODEL, messages=msgs, options=GREEDY, stream=True))
     assert text == r.message.content
@@ -40,8 +42,10 @@ def test_chat_with_an_image_streamed_and_not(client: ollama.Client) -> None:
 
 def test_generate_with_an_image_streamed_and_not(client: ollama.Client, vision_engine: LLMEngine) -> None:
     img = image_base64(sample_image(30, 44, 32))
+    before = vision_engine.vision.runs
     r = client.generate(model=MODEL, prompt="Describe it", images=[img], options=GREEDY)
     runs = vision_engine.vision.runs
+    assert runs == before + 1
     text = "".join(p.response for p in client.generate(model=MODEL, prompt="Describe it", images=[img],
                                                         options=GREEDY, stream=True))
     assert text == r.response and vision_engine.vision.runs == runs   # the same image: not encoded again

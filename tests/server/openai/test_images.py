@@ -53,8 +53,10 @@ def test_image_answered_streamed_and_not(client: openai.OpenAI, vision_engine: L
 def test_same_image_again_hits_the_prefix_cache_without_the_encoder(client: openai.OpenAI,
                                                                     vision_engine: LLMEngine) -> None:
     msgs = _chat(data_url(sample_image(64, 30, 12)), "Describe it")
+    before = vision_engine.vision.runs
     first = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0)  # type: ignore[arg-type]
     runs = vision_engine.vision.runs
+    assert runs == before + 1                                    # a new image: encoded once
     again = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0)  # type: ignore[arg-type]
     assert vision_engine.vision.runs == runs                     # the encoder did not run again
     cached = again.usage.prompt_tokens_details.cached_tokens    # type: ignore[union-attr]

@@ -35,9 +35,11 @@ def client(server: LiveServer) -> openai.OpenAI:
 
 def test_image_answered_streamed_and_not(client: openai.OpenAI, vision_engine: LLMEngine) -> None:
     inp = _input({"type": "input_image", "image_url": data_url(sample_image(52, 40, 41)), "detail": "auto"})
+    before = vision_engine.vision.runs
     r = client.responses.create(model=MODEL, input=inp, max_output_tokens=5, temperature=0)  # type: ignore[arg-type]
     assert r.usage is not None and r.usage.output_tokens == 5 and r.usage.input_tokens > 16
     runs = vision_engine.vision.runs
+    assert runs == before + 1
     events = list(client.responses.create(model=MODEL, input=inp, max_output_tokens=5, temperature=0, stream=True))  # type: ignore[arg-type]
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == r.output_text and vision_engine.vision.runs == runs
