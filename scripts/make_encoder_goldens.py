@@ -8,11 +8,11 @@ n_cls_out for rank pooling), not normalized. The sequences are random token ids 
 LENGTHS; llama.cpp's tokens of its rerank prompts for the (QUERY, doc) pairs of tiny_encoders (server-common.cpp
 format_prompt_rerank: the file's `rerank` chat template with {query} / {document} replaced, tokenized with
 special tokens parsed and none added; else BOS, query, EOS where add_eos, SEP where add_sep, document, EOS
-where add_eos) and their pooled outputs; for the WordPiece families, llama.cpp's tokenization of tiny_encoders.TEXTS
-(add_special=true, parse_special=false).
+where add_eos) and their pooled outputs; for the WordPiece and unigram families, llama.cpp's tokenization of
+tiny_encoders.TEXTS (add_special=true, parse_special=false).
 
 npz keys: seed, gguf_sha256, ids (flat int32), lengths, pooled [len(lengths), n], rerank_ids /
-rerank_lengths / rerank_pooled (per DOCS), and for WordPiece files text_ids / text_lengths (per TEXTS).
+rerank_lengths / rerank_pooled (per DOCS), and for WordPiece / unigram files text_ids / text_lengths (per TEXTS).
 
 Regenerate (from the repo root, with the project venv):
     .venv/bin/python scripts/make_encoder_goldens.py --llama-python /work/venvs/llamacpp/bin/python [family ...]
@@ -52,7 +52,7 @@ def _worker(path: str, seqs: list[list[int]], texts: list[str], query: str, docs
         pooled.append([float(ptr[i]) for i in range(n)])
     out = {"pooled": pooled}
     vocab = llama_cpp.llama_model_get_vocab(llm.model)
-    if llama_cpp.llama_vocab_type(vocab) == llama_cpp.LLAMA_VOCAB_TYPE_WPM:
+    if llama_cpp.llama_vocab_type(vocab) in (llama_cpp.LLAMA_VOCAB_TYPE_WPM, llama_cpp.LLAMA_VOCAB_TYPE_UGM):
         out["text_ids"] = [llm.tokenize(t.encode(), add_bos=True, special=False) for t in texts]
     template = llama_cpp.llama_model_chat_template(llm.model, b"rerank")
     rerank = []

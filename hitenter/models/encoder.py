@@ -1,4 +1,4 @@
-"""The encoder every bidirectional family runs (bert, nomic-bert, gemma-embedding): sequences packed one
+"""The encoder every bidirectional family runs (bert, nomic-bert, nomic-bert-moe, gemma-embedding): sequences packed one
 after another without padding, each attending to all of its own tokens (no causal mask, no KV cache kept),
 then pooled (models/pooling.py). PyTorch, fp32 (or bf16) activations on CPU, built from the loader's tensors
 by llama.cpp's names (src/models/bert.cpp, gemma-embedding.cpp).
@@ -12,7 +12,8 @@ by llama.cpp's names (src/models/bert.cpp, gemma-embedding.cpp).
         x = x + rms(attn(rms(x)));  x = x + rms(ffn(rms(x)))
     attn: q, k, v from attn_q/k/v (+ biases) or the fused attn_qkv; RoPE (NEOX) where the family rotates;
           softmax(scale q.k) v over the sequence's keys (a local layer's symmetric window: |i - j| <= window/2)
-    ffn:  down(act(gate(x)) * up(x)) where the file has ffn_gate (SwiGLU, GeGLU), else down(act(up(x) + b) + b)
+    ffn:  down(act(gate(x)) * up(x)) where the file has ffn_gate (SwiGLU, GeGLU), else down(act(up(x) + b) + b);
+          on a mixture-of-experts layer (nomic-bert-moe) models/moe.py's MoEFFN with the config's routing
     hidden = rms(x, output_norm) where the file has output_norm
 
 Contract: `model(ids [T], lengths)` -> the final hidden rows `[T, H]` of the packed sequences;
@@ -22,7 +23,6 @@ depends only on its own sequence.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -33,6 +33,7 @@ from hitenter.config import ModelConfig
 from hitenter.kernels import BlockWeight
 from hitenter.models.block_linear import BlockEmbedding
 from hitenter.models.layers import LayerNorm, RMSNorm, Rope, fused_linear, make_linear
+from hitenter.models.moe import ExpertWeight, MoEFFN, dense_experts
 from hitenter.models.pooling import Pooler
 from hitenter.quant import ExactEmbedding, HeadWeight, weight_bytes
 
@@ -61,11 +62,9 @@ class EncoderLayer(nn.Module):
             self.qkv = fused_linear([w[p + n + ".weight"] for n in names], bias, dtype)
         self.o_proj = make_linear(w[p + "attn_output.weight"], w.get(p + "attn_output.bias"), dtype)
         self.gated = p + "ffn_gate.weight" in w
-        if self.gated:
-            self.gate_up = fused_linear([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]], None, dtype)
-        else:
-            self.up = make_linear(w[p + "ffn_up.weight"], w.get(p + "ffn_up.bias"), dtype)
-        self.down = make_linear(w[p + "ffn_down.weight"], w.get(p + "ffn_down.bias"), dtype)
+        self.moe = _experts(cfg, w, p) if cfg.layer_has_experts(i) else None
+        if self.moe is None:
+            self._dense_ffn(w, p, dtype)
         self.post_residual = cfg.norm_placement == "post_residual"
         if self.post_residual:
             self.attn_out_norm = _layer_norm(w, p + "attn_output_norm", cfg, dtype)
@@ -78,6 +77,13 @@ class EncoderLayer(nn.Module):
             self.q_norm = RMSNorm(w[p + "attn_q_norm.weight"], cfg.rms_norm_eps, dtype)
             self.k_norm = RMSNorm(w[p + "attn_k_norm.weight"], cfg.rms_norm_eps, dtype)
         self.scale = cfg.attn_scale
+
+    def _dense_ffn(self, w: dict[str, Any], p: str, dtype: torch.dtype) -> None:
+        if self.gated:
+            self.gate_up = fused_linear([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]], None, dtype)
+        else:
+            self.up = make_linear(w[p + "ffn_up.weight"], w.get(p + "ffn_up.bias"), dtype)
+        self.down = make_linear(w[p + "ffn_down.weight"], w.get(p + "ffn_down.bias"), dtype)
 
     def _norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
         return self.norms[name](x) if name in self.norms else x
@@ -122,11 +128,27 @@ class EncoderLayer(nn.Module):
         return o.transpose(1, 2).reshape(b * n, -1, q.shape[-1])
 
     def ffn(self, h: torch.Tensor) -> torch.Tensor:
+        if self.moe is not None:
+            return self.moe(h.float()).to(h.dtype)
         act = (lambda y: F.gelu(y, approximate="tanh")) if self.cfg.activation == "gelu_tanh" else F.silu
         if self.gated:
             gate, up = self.gate_up(h).chunk(2, dim=-1)
             return self.down(act(gate) * up)
         return self.down(act(self.up(h)))
+
+
+def _experts(cfg: ModelConfig, w: dict[str, Any], p: str) -> MoEFFN:
+    """A mixture-of-experts FFN of ungated experts (nomic-bert-moe): the config's router gating and top-k,
+    the expert tensors as the loader read them (the file's blocks, or dense fp32)."""
+    def experts(name: str) -> ExpertWeight:
+        t = w[p + name]
+        return t if isinstance(t, ExpertWeight) else dense_experts(t)
+
+    router = _dense(w[p + "ffn_gate_inp.weight"]).float()
+    act = {"gelu_tanh": "gelu"}.get(cfg.activation, cfg.activation)
+    scale = cfg.expert_weights_scale if cfg.expert_weights_scale not in (0.0, 1.0) else None
+    return MoEFFN(router, None, experts("ffn_up_exps.weight"), experts("ffn_down_exps.weight"),
+                  cfg.num_experts_used, cfg.expert_norm_topk, gating=cfg.expert_gating, act=act, weights_scale=scale)
 
 
 def _embedding(table: Any, dtype: torch.dtype) -> nn.Module:

@@ -68,7 +68,8 @@ GLUS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "relu": lambda g, u: F.relu(g).mul_(u),
     "swiglu_oai": _swiglu_oai,
 }
-UNGATED: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"relu2": lambda u: F.relu(u).square()}
+UNGATED: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"relu2": lambda u: F.relu(u).square(),
+                                                              "gelu": lambda u: F.gelu(u, approximate="tanh")}
 Biases = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
 
 

@@ -16,6 +16,10 @@ projections in `quant`). Families (name: general.architecture, pooling_type):
 - nomic-bert (nomic-bert, mean): nomic-embed-text-shaped. 2 layers, fused attn_qkv [192, 64] without biases,
   RoPE NEOX at rope.freq_base 1000, SwiGLU ffn_gate / ffn_up / ffn_down, BERT's LayerNorms, token_types,
   no position embeddings. WordPiece vocabulary.
+- nomic-bert-moe (nomic-bert-moe, mean): nomic-embed-text-v2-moe-shaped. nomic-bert's attention with an
+  attn_qkv bias, token_types [1, 64]; layer 0 BERT's GELU ffn_up / ffn_down with biases, layer 1
+  (moe_every_n_layers 2) a mixture: ffn_gate_inp [4, 64], ffn_up_exps [4, 128, 64], ffn_down_exps
+  [4, 64, 128], 2 experts used. The unigram ("t5") vocabulary of `add_unigram_tokenizer`.
 - gemma-embedding (gemma-embedding, mean): EmbeddingGemma-shaped. 6 layers (llama.cpp's pattern 6: 0-4
   local, 5 global), head_dim 32, 4 heads / 2 KV heads, sliding_window 8 (symmetric: |i - j| <= 4), rope
   freq_base 1e6 and freq_base_swa 1e4, Gemma 3's norms (1 + w stored), QK-norm, GeGLU, output_norm, and the
@@ -34,19 +38,20 @@ import math
 from pathlib import Path
 
 import gguf
-import numpy as np
 
 from hitenter.testing.tiny_families import _Writer
 from hitenter.testing.tiny_model import add_tokenizer
 
-ENCODERS = ("bert", "bert_rank", "nomic-bert", "gemma-embedding", "qwen3_embed", "qwen3_rank")
-ARCHITECTURES = {"bert": "bert", "bert_rank": "bert", "nomic-bert": "nomic-bert",
+ENCODERS = ("bert", "bert_rank", "nomic-bert", "nomic-bert-moe", "gemma-embedding", "qwen3_embed", "qwen3_rank")
+ARCHITECTURES = {"bert": "bert", "bert_rank": "bert", "nomic-bert": "nomic-bert", "nomic-bert-moe": "nomic-bert-moe",
                  "gemma-embedding": "gemma-embedding", "qwen3_embed": "qwen3", "qwen3_rank": "qwen3"}
 POOLING = {"bert": gguf.PoolingType.CLS, "bert_rank": gguf.PoolingType.RANK, "nomic-bert": gguf.PoolingType.MEAN,
+           "nomic-bert-moe": gguf.PoolingType.MEAN,
            "gemma-embedding": gguf.PoolingType.MEAN, "qwen3_embed": gguf.PoolingType.LAST,
            "qwen3_rank": gguf.PoolingType.RANK}
 HIDDEN, HEADS, FFN, CONTEXT = 64, 4, 128, 128
-LAYERS, QWEN3_HEAD_DIM, QWEN3_KV_HEADS = 2, 32, 2   # bench/embeddings.py writes realistic shapes by setting these
+LAYERS, QWEN3_HEAD_DIM, QWEN3_KV_HEADS = 2, 32, 2
+MOE_EXPERTS = 4   # bench/embeddings.py writes realistic shapes by setting these
 # Qwen3-Reranker's template in the shape convert writes it (tokenizer.chat_template.rerank), shortened
 RERANK_TEMPLATE = ("<|im_start|>system\nJudge: yes or no.<|im_end|>\n<|im_start|>user\n<Query>: {query}\n"
                    "<Document>: {document}<|im_end|>\n<|im_start|>assistant\n")
@@ -90,8 +95,35 @@ def add_wordpiece_tokenizer(w: gguf.GGUFWriter) -> int:
     return len(tokens)
 
 
+def add_unigram_tokenizer(w: gguf.GGUFWriter) -> int:
+    """A tiny SentencePiece unigram ("t5") vocabulary shaped as XLM-R's (<s> <pad> </s> <unk> first, word
+    pieces with "▁", scores by length, add_bos / add_eos, dummy prefix, extra spaces removed; no
+    precompiled charsmap); the vocab size."""
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [str(d) for d in range(10)]
+    pieces = list(dict.fromkeys(["▁" + t for t in WORDS + letters] + ["▁"] + letters + PIECES + PUNCT))
+    tokens = ["<s>", "<pad>", "</s>", "<unk>"] + pieces
+    w.add_tokenizer_model("t5")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 4 + [-1.0 - 8.0 / (1 + len(t)) for t in pieces])
+    w.add_token_types([int(gguf.TokenType.CONTROL)] * 3 + [int(gguf.TokenType.UNKNOWN)]
+                      + [int(gguf.TokenType.NORMAL)] * len(pieces))
+    w.add_token_type_count(1)
+    w.add_add_space_prefix(True)
+    w.add_remove_extra_whitespaces(True)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(3)
+    w.add_sep_token_id(2)
+    w.add_pad_token_id(1)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(True)
+    return len(tokens)
+
+
 def _bert(f: _Writer, family: str) -> None:
-    nomic = family == "nomic-bert"
+    nomic = family in ("nomic-bert", "nomic-bert-moe")
+    moe = family == "nomic-bert-moe"
     w = f.w
     w.add_block_count(LAYERS)
     w.add_context_length(CONTEXT)
@@ -103,9 +135,13 @@ def _bert(f: _Writer, family: str) -> None:
     w.add_pooling_type(POOLING[family])
     if nomic:
         w.add_rope_freq_base(1000.0)
+    if moe:
+        w.add_expert_count(MOE_EXPERTS)
+        w.add_expert_used_count(2)
+        w.add_uint32("nomic-bert-moe.moe_every_n_layers", 2)
     vocab = f.finish_metadata()
     f.add("token_embd.weight", f.normal(vocab, HIDDEN, std=0.5))
-    f.add("token_types.weight", f.normal(2, HIDDEN, std=0.3))
+    f.add("token_types.weight", f.normal(1 if moe else 2, HIDDEN, std=0.3))
     if not nomic:
         f.add("position_embd.weight", f.normal(CONTEXT, HIDDEN, std=0.3))
     f.add("token_embd_norm.weight", f.norm(HIDDEN))
@@ -114,6 +150,8 @@ def _bert(f: _Writer, family: str) -> None:
         p = f"blk.{i}."
         if nomic:
             f.add(p + "attn_qkv.weight", f.normal(3 * HIDDEN, HIDDEN, std=0.2))
+            if moe:
+                f.add(p + "attn_qkv.bias", f.normal(3 * HIDDEN, std=0.1))
         else:
             for n in ("attn_q", "attn_k", "attn_v"):
                 f.add(p + n + ".weight", f.normal(HIDDEN, HIDDEN, std=0.2))
@@ -122,14 +160,12 @@ def _bert(f: _Writer, family: str) -> None:
         f.add(p + "attn_output.bias", f.normal(HIDDEN, std=0.1))
         f.add(p + "attn_output_norm.weight", f.norm(HIDDEN))
         f.add(p + "attn_output_norm.bias", f.normal(HIDDEN, std=0.1))
-        f.add(p + "ffn_up.weight", f.normal(FFN, HIDDEN, std=0.15))
-        if nomic:
-            f.add(p + "ffn_gate.weight", f.normal(FFN, HIDDEN, std=0.15))
+        if moe and i % 2 == 1:
+            f.add(p + "ffn_gate_inp.weight", f.normal(MOE_EXPERTS, HIDDEN, std=0.3))
+            f.add(p + "ffn_up_exps.weight", f.normal(MOE_EXPERTS, FFN, HIDDEN, std=0.15))
+            f.add(p + "ffn_down_exps.weight", f.normal(MOE_EXPERTS, HIDDEN, FFN, std=0.15))
         else:
-            f.add(p + "ffn_up.bias", f.normal(FFN, std=0.1))
-        f.add(p + "ffn_down.weight", f.normal(HIDDEN, FFN, std=0.15))
-        if not nomic:
-            f.add(p + "ffn_down.bias", f.normal(HIDDEN, std=0.1))
+            _ffn(f, p, gated=nomic and not moe)
         f.add(p + "layer_output_norm.weight", f.norm(HIDDEN))
         f.add(p + "layer_output_norm.bias", f.normal(HIDDEN, std=0.1))
     if family == "bert_rank":
@@ -137,6 +173,18 @@ def _bert(f: _Writer, family: str) -> None:
         f.add("cls.bias", f.normal(HIDDEN, std=0.1))
         f.add("cls.output.weight", f.normal(1, HIDDEN, std=0.5))
         f.add("cls.output.bias", f.normal(1, std=0.1))
+
+
+def _ffn(f: _Writer, p: str, gated: bool) -> None:
+    """SwiGLU without biases (nomic-bert), or BERT's GELU up / down with biases."""
+    f.add(p + "ffn_up.weight", f.normal(FFN, HIDDEN, std=0.15))
+    if gated:
+        f.add(p + "ffn_gate.weight", f.normal(FFN, HIDDEN, std=0.15))
+    else:
+        f.add(p + "ffn_up.bias", f.normal(FFN, std=0.1))
+    f.add(p + "ffn_down.weight", f.normal(HIDDEN, FFN, std=0.15))
+    if not gated:
+        f.add(p + "ffn_down.bias", f.normal(HIDDEN, std=0.1))
 
 
 def _gemma_embedding(f: _Writer) -> None:
@@ -212,9 +260,10 @@ def write_tiny_encoder(path: str | Path, family: str, seed: int = 0, quant: str 
     if family not in ENCODERS:
         raise ValueError(f"unknown tiny encoder {family!r}; known: {', '.join(ENCODERS)}")
     path = Path(path)
-    bert_like = family in ("bert", "bert_rank", "nomic-bert")
-    f = _Writer(path, ARCHITECTURES[family], family, seed, quant,
-                tokenizer=add_wordpiece_tokenizer if bert_like else add_tokenizer)
+    bert_like = family in ("bert", "bert_rank", "nomic-bert", "nomic-bert-moe")
+    tokenizer = {"nomic-bert-moe": add_unigram_tokenizer}.get(family, add_wordpiece_tokenizer if bert_like
+                                                                else add_tokenizer)
+    f = _Writer(path, ARCHITECTURES[family], family, seed, quant, tokenizer=tokenizer)
     if bert_like:
         _bert(f, family)
     elif family == "gemma-embedding":

@@ -17,7 +17,9 @@ The algorithm is llama.cpp's llm_tokenizer_ugm (llama-vocab.cpp), ported step fo
   doubles, a challenger replaces a position's best only when strictly greater, spans are tried by start
   then length; consecutive unknown tokens in the best path merge into one.
 - Specials: BOS first and EOS last when adding specials (`tokenizer.ggml.add_bos_token`, default false;
-  `add_eos_token`, default true); defaults EOS 1, UNK 2, PAD 0 when the keys are absent.
+  `add_eos_token`, default true); defaults EOS 1, UNK 2, PAD 0 when the keys are absent. `sep_token_id`
+  (`seperator_token_id`) and `add_sep` (`add_sep_token`, default false) are read for the rerank pair
+  format only (llama.cpp adds no SEP when tokenizing a unigram vocabulary).
   `encode(text, add_bos=None)` adds them as the file says (llama.cpp's add_special=true),
   `add_bos=False` adds neither, `add_bos=True` adds BOS and, when the file says so, EOS.
 - Decoding as llama.cpp: NORMAL pieces with "\u2581" as spaces, the first piece's leading space dropped
@@ -137,6 +139,9 @@ class UgmTokenizer(Tokenizer):
             raise ModelLoadError(f"tokenizer.ggml.unknown_token_id {unk} is outside the {n}-token vocabulary")
         self.unk_token_id = int(unk)
         self.add_eos = bool(md.get("tokenizer.ggml.add_eos_token", True)) and self.eos_token_id is not None
+        sep = md.get("tokenizer.ggml.seperator_token_id")
+        self.sep_token_id = int(sep) if sep is not None and 0 <= int(sep) < n else None
+        self.add_sep = bool(md.get("tokenizer.ggml.add_sep_token", False)) and self.sep_token_id is not None
         self.add_space_prefix = bool(md.get("tokenizer.ggml.add_space_prefix", False))
         self.clean_spaces = False
         self._merge_spaces = bool(md.get("tokenizer.ggml.remove_extra_whitespaces", False))

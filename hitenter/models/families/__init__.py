@@ -15,7 +15,8 @@ from hitenter.models.families.base import Family
 
 _MODULES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite", "olmo2", "smollm3",
             "gpt_oss", "qwen35", "qwen35moe", "qwen3next", "lfm2", "lfm2moe",
-            "granitehybrid", "nemotron_h", "nemotron_h_moe", "bert", "nomic_bert", "gemma_embedding",
+            "granitehybrid", "nemotron_h", "nemotron_h_moe", "bert", "nomic_bert", "nomic_bert_moe",
+            "gemma_embedding",
             "mistral3", "llama4", "gemma4", "qwen2vl", "qwen3vl", "qwen3vlmoe")
 FAMILIES: dict[str, Family] = {
     fam.arch: fam for fam in (importlib.import_module(f"{__name__}.{m}").FAMILY for m in _MODULES)}

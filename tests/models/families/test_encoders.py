@@ -29,7 +29,7 @@ from hitenter.testing.tiny_encoders import ENCODERS, write_tiny_encoder
 
 TOL = 1e-5
 TOL_FP16_GELU = 2e-3
-FP16_GELU = ("bert", "bert_rank", "gemma-embedding")
+FP16_GELU = ("bert", "bert_rank", "nomic-bert-moe", "gemma-embedding")
 _EXACT_GELU = F.gelu
 
 
@@ -105,7 +105,7 @@ def test_fp16_gelu_explains_the_gap(family: str, tmp_path: Path, monkeypatch: py
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["bert", "nomic-bert", "gemma-embedding"])
+@pytest.mark.parametrize("family", ["bert", "nomic-bert", "nomic-bert-moe", "gemma-embedding"])
 def test_packed_sequences_are_independent(family: str, tmp_path: Path) -> None:
     """Sequences packed into one forward give each sequence's lone result (bidirectional attention stays
     within a sequence; the window and positions restart with it)."""
@@ -115,6 +115,30 @@ def test_packed_sequences_are_independent(family: str, tmp_path: Path) -> None:
     together = model.embed_sequences(seqs)
     alone = torch.cat([model.embed_sequences([s]) for s in seqs])
     torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_unigram_text_ids_match_llama_cpp(tmp_path: Path) -> None:
+    """nomic-bert-moe's unigram ("t5") vocabulary tokenizes TEXTS as llama.cpp does (<s> ... </s>)."""
+    from hitenter.testing.tiny_encoders import TEXTS
+    from hitenter.tokenizer import Tokenizer, UgmTokenizer
+
+    gold = _golden("nomic-bert-moe")
+    tok = Tokenizer.from_gguf(_tiny("nomic-bert-moe", gold, tmp_path))
+    assert isinstance(tok, UgmTokenizer)
+    assert [tok.encode(t, parse_special=False) for t in TEXTS] == _split(gold["text_ids"], gold["text_lengths"])
+    from hitenter.server.serving_rerank import rerank_tokens
+    from hitenter.testing.tiny_encoders import DOCS, QUERY
+
+    pairs = [rerank_tokens(tok, None, QUERY, d) for d in DOCS]      # <s> query </s> document </s>
+    assert pairs == _split(gold["rerank_ids"], gold["rerank_lengths"])
+
+
+def test_moe_every_other_layer_only(tmp_path: Path) -> None:
+    """nomic-bert-moe: experts on layer 1 (llama.cpp's i % 2 == 1), a dense GELU FFN on layer 0."""
+    gold = _golden("nomic-bert-moe")
+    model = load_model(_tiny("nomic-bert-moe", gold, tmp_path), dtype="float32")[0]
+    assert [layer.moe is not None for layer in model.layers] == [False, True]
+    assert model.layers[1].moe.top_k == 2 and not model.layers[1].moe.norm_topk
 
 
 def test_quantized_projections_stay_close(tmp_path: Path) -> None:
@@ -136,3 +160,17 @@ def test_unknown_pooling_type_is_refused() -> None:
               "bert.context_length": 128, "bert.attention.layer_norm_epsilon": 1e-12, "bert.vocab_size": 10}
     with pytest.raises(ModelLoadError, match="pooling_type"):
         model_config_from_metadata(values)
+
+
+def test_other_moe_layer_steps_are_refused() -> None:
+    from hitenter.models.gguf import model_config_from_metadata
+
+    a = "nomic-bert-moe"
+    values = {"general.architecture": a, f"{a}.embedding_length": 64, f"{a}.attention.head_count": 4,
+              f"{a}.feed_forward_length": 128, f"{a}.block_count": 4, f"{a}.context_length": 128,
+              f"{a}.attention.layer_norm_epsilon": 1e-5, f"{a}.vocab_size": 10, f"{a}.expert_count": 4,
+              f"{a}.expert_used_count": 2, f"{a}.moe_every_n_layers": 2}
+    cfg = model_config_from_metadata(values)
+    assert [cfg.layer_has_experts(i) for i in range(4)] == [False, True, False, True]
+    with pytest.raises(ModelLoadError, match="moe_every_n_layers 3"):
+        model_config_from_metadata({**values, f"{a}.moe_every_n_layers": 3})
