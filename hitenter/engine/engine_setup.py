@@ -316,9 +316,11 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
 def _vision(cfg: EngineConfig, path: str, mcfg: ModelConfig, runner: ModelRunner) -> EncoderCache | None:
     """The vision encoder (in its EncoderCache, given to the runner) of the file named by ``mmproj``, or of the
     one beside the model that fits it (models/vision/discovery.py); None without one or with mmproj 'none'.
-    A named file that does not fit the model, or a runner that cannot take image rows, is an error."""
+    A named file that does not fit the model, or a runner that cannot take image rows, is an error (a file
+    found beside the model is then left out, with a warning)."""
     from pathlib import Path
 
+    from hitenter.errors import ModelLoadError
     from hitenter.models.vision.discovery import check_mmproj_fits, find_mmproj, read_mmproj_config
     from hitenter.models.vision.loader import load_vision_encoder
 
@@ -335,9 +337,18 @@ def _vision(cfg: EngineConfig, path: str, mcfg: ModelConfig, runner: ModelRunner
         if mm is None:
             return None
     if type(runner) is not ModelRunner:
-        raise ValueError("mmproj: image input runs on the single-process runner only (no tensor parallelism "
-                         "or disaggregated prefill with it)")
-    cache = EncoderCache(load_vision_encoder(mm))
+        why = "image input runs on the single-process runner only (no tensor parallelism or disaggregated prefill)"
+        if named is None:   # found beside the model: serve text as before
+            log.warning("vision encoder %s not loaded: %s", mm, why)
+            return None
+        raise ValueError(f"mmproj: {why}")
+    try:
+        cache = EncoderCache(load_vision_encoder(mm))
+    except ModelLoadError as e:
+        if named is not None:
+            raise
+        log.warning("vision encoder %s beside the model not loaded: %s", mm, e)   # text still serves
+        return None
     runner.encoder_cache = cache
     log.info("vision encoder: %s (%s, %d tokens per image)", mm, cache.encoder.config.projector,
              cache.encoder.config.tokens_per_image)
