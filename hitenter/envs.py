@@ -127,8 +127,11 @@ HITENTER_RACE_KERNEL = Flag("HITENTER_RACE_KERNEL", True, "0: the sampler's expo
                             "of the native pass", _KERNELS)
 HITENTER_DELTA_RULE = Flag("HITENTER_DELTA_RULE", True, "0: Gated DeltaNet layers' delta rule on the torch "
                            "reference instead of the native kernel", _KERNELS)
-HITENTER_DELTA_RULE_ISA = Text("HITENTER_DELTA_RULE_ISA", "auto", "force a variant of the delta-rule kernel: "
-                               "auto, avx2 or generic", _KERNELS)
+HITENTER_DELTA_RULE_ISA = Text("HITENTER_DELTA_RULE_ISA", "auto", "force a variant of the delta-rule kernels "
+                               "(the delta rule and the fused Gated DeltaNet step): auto, avx2 or generic", _KERNELS)
+HITENTER_GDN_FUSED = Flag("HITENTER_GDN_FUSED", True, "0: Gated DeltaNet layers' conv, norms, gates, delta rule and "
+                          "gated norm as separate torch ops and kernel calls instead of one fused native call per "
+                          "layer", _KERNELS)
 HITENTER_SSM_SCAN = Flag("HITENTER_SSM_SCAN", True, "0: the causal conv and Mamba2's scan on the torch "
                          "reference instead of the native kernel", _KERNELS)
 HITENTER_SSM_SCAN_ISA = Text("HITENTER_SSM_SCAN_ISA", "auto", "force a variant of the SSM scan kernel: auto, "

@@ -265,6 +265,17 @@ DELTA_RULE = NativeLibrary(
                 "delta_rule_rows": (ctypes.c_int, [p, p, i64, p, p, p, p, p, p, i64, i64, i64, i64, f32,
                                                    ctypes.c_int])})
 
+# a Gated DeltaNet layer's recurrent part (conv, silu, l2 norms, gates, delta rule, gated norm) for a step's spans in
+# one call (kernels/gated_deltanet.py); the delta rule's code and bits (csrc/recurrent/delta_rule.h), the same ISA
+# switch
+GATED_DELTANET = NativeLibrary(
+    "gated_deltanet", "recurrent/gated_deltanet.c", env="HITENTER_GDN_FUSED", what="fused Gated DeltaNet step",
+    fallback="the layer's torch ops and the delta rule kernel run instead", flags=["-ffp-contract=off"],
+    variants={"auto": [], "avx2": ["-mno-avx512f"], "generic": ["-mno-avx512f", "-mno-avx2", "-mno-fma"]},
+    variant_env="HITENTER_DELTA_RULE_ISA",
+    signatures={"gdn_spans": (ctypes.c_int, [p, p, p, p, p, p, p, p, p, p, p, i64, p, i64, p, i64, p,
+                                             ctypes.c_int])})
+
 # the causal conv and Mamba2's selective scan over a sequence's span (kernels/ssm_scan.py); -ffp-contract=off:
 # the conv and the scan's state bit-equal to the torch reference. HITENTER_SSM_SCAN_ISA forces a variant.
 SSM_SCAN = NativeLibrary(
@@ -276,4 +287,4 @@ SSM_SCAN = NativeLibrary(
                 "mamba2_scan": (ctypes.c_int, [p, p, p, p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_int])})
 
 LIBRARIES: tuple[NativeLibrary, ...] = (QMATMUL, DECODE_ATTENTION, PROMPT_ATTENTION, RACE, DECODE_LAYER, DELTA_RULE,
-                                        SSM_SCAN)
+                                        GATED_DELTANET, SSM_SCAN)

@@ -18,11 +18,14 @@ For the normed rows h of a sequence, token by token:
     y      = ssm_out . (rms(o_j, ssm_norm) * silu(z_j)) per value head j, z = attn_gate . h
 
 State per sequence (float32): ``conv`` [K - 1, C], the last K - 1 rows of x (zeros before the first token),
-and ``ssm`` [Hv, dk, dv]. Projections run on all rows at once; the conv (K shifted products summed in
-tap order over [tail ; the span's rows]) and the delta rule run per sequence span, token by token (narrow
-elementwise ops through models/row_ops.py), so a row's bits depend only on its sequence's tokens (the conv:
-models/recurrent/causal_conv.py). Generation rows of several sequences (one row each, no save due) go
-through the conv and the delta rule together, each with its one-row span's arithmetic.
+and ``ssm`` [Hv, dk, dv]. Projections run on all rows at once. Where its kernel is built, everything
+between the projections (conv through the gated norm) runs fused (kernels/gated_deltanet.py): the step's
+generation rows in one call, each other span in its own, every row on the same per-token code. Otherwise
+(unfused) the conv (K shifted products summed in tap order over [tail ; the span's rows]) and the delta rule
+run per sequence span, token by token (narrow elementwise ops through models/row_ops.py), so a row's bits
+depend only on its sequence's tokens (the conv: models/recurrent/causal_conv.py); generation rows of several
+sequences (one row each, no save due) go through the conv and the delta rule together, each with its
+one-row span's arithmetic.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
 from hitenter.kernels.delta_rule import delta_rule, delta_rule_rows
+from hitenter.kernels.gated_deltanet import GdnLayer, gdn_spans, l2_norm
 from hitenter.models.layers import fused_linear, make_linear
 from hitenter.models.recurrent.base import RecurrentMixer, StateCache, for_each_span, single_rows
 from hitenter.models.recurrent.causal_conv import causal_conv
@@ -42,14 +46,6 @@ from hitenter.models.row_ops import rowwise
 
 def _dense(w: Any) -> torch.Tensor:
     return (w if isinstance(w, torch.Tensor) else w.dequantize()).float()
-
-
-def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(sum(x^2) + eps) over the last dim, n wide, computed as llama.cpp's build_gdn_l2_norm does:
-    rms_norm(x, eps / n) / sqrt(n) (the fused row-wise norm every layer uses, so a row's bits never depend
-    on how many rows there are)."""
-    n = x.shape[-1]
-    return F.rms_norm(x, (n,), None, eps / n) * (1.0 / n ** 0.5)
 
 
 class GatedDeltaNet(RecurrentMixer):
@@ -75,6 +71,8 @@ class GatedDeltaNet(RecurrentMixer):
         heads = torch.arange(hv)
         self.key_head = heads // (hv // hk) if cfg.ssm_grouped_heads else heads % hk
         self.scale = dk ** -0.5
+        self.fused = GdnLayer(hk, dk, hv, dv, cfg.ssm_grouped_heads, self.eps, self.conv_w, self.dt_bias.contiguous(),
+                              self.a.contiguous(), self.norm_w.contiguous())
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         return {"conv": (self.taps - 1, self.channels), "ssm": (self.hv, self.dk, self.dv)}
@@ -100,11 +98,31 @@ class GatedDeltaNet(RecurrentMixer):
         q, k, v = self._qkv(y)
         o[rows] = delta_rule_rows(cache["ssm"], slots, q, k, v, g[rows], beta[rows], self.scale)
 
+    def _fused(self, xz: torch.Tensor, ba: torch.Tensor, attn: Any, cache: StateCache) -> torch.Tensor | None:
+        """The recurrent part of every row on the fused kernel (kernels/gated_deltanet.py): the generation rows
+        of the step in one call, each other span in its own (saves taken between), or None where the kernel is
+        not built. y [T, Hv dv], padding rows zero."""
+        y = torch.zeros(xz.shape[0], self.hv * self.dv)
+        singles = single_rows(attn)
+        qsl = attn.query_start_loc
+        one_rows = [(qsl[i], 1, attn.state_slots[i]) for i in singles]
+        if not gdn_spans(self.fused, cache["conv"], cache["ssm"], one_rows, xz, ba, y):
+            return None
+
+        def run(a: int, b: int, slot: int) -> None:
+            gdn_spans(self.fused, cache["conv"], cache["ssm"], [(a, b - a, slot)], xz, ba, y)
+
+        for_each_span(attn, cache, run, skip=set(singles))
+        return y
+
     def forward(self, h: torch.Tensor, attn: Any, cache: StateCache) -> torch.Tensor:
         t = h.shape[0]
         xz = self.in_proj(h).float()
-        x, z = xz[:, :self.channels], xz[:, self.channels:]
         ba = self.ba_proj(h).float()
+        fused = self._fused(xz, ba, attn, cache)
+        if fused is not None:
+            return self.out_proj(fused.to(self.dtype))
+        x, z = xz[:, :self.channels], xz[:, self.channels:]
         beta = rowwise(torch.sigmoid, ba[:, :self.hv])
         g = rowwise(F.softplus, ba[:, self.hv:] + self.dt_bias) * self.a
         o = torch.zeros(t, self.hv, self.dv)

@@ -3,7 +3,7 @@ and Qwen3-Next (qwen3next, also in its older fused-ssm_in layout):
 models/families/qwen35.py and the Gated DeltaNet mixer (models/recurrent/gated_deltanet.py) against
 llama.cpp's logits on the tiny GGUFs of hitenter/testing/tiny_qwen35.py (goldens:
 scripts/make_hybrid_goldens.py; the checks and their tolerances: hitenter/testing/hybrid_goldens.py), on the
-native delta-rule kernel where it is built and on the torch reference."""
+fused Gated DeltaNet kernel, on the native delta-rule kernel alone and on the torch reference."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 
 from hitenter.errors import ModelLoadError
 from hitenter.kernels import BlockWeight
-from hitenter.kernels.native import DELTA_RULE
+from hitenter.kernels.native import DELTA_RULE, GATED_DELTANET
 from hitenter.models.experts import ExpertWeight
 from hitenter.models.families import family_for
 from hitenter.models.families.qwen35 import imrope_axis, split_gate_up
@@ -41,9 +41,16 @@ def _lanes(families: tuple[str, ...] | list[str]) -> list[object]:
     return [f if f in FAST else pytest.param(f, marks=pytest.mark.slow) for f in families]
 
 
-@pytest.fixture(params=["native", pytest.param("reference", marks=pytest.mark.slow)])
+@pytest.fixture(params=["fused", pytest.param("native", marks=pytest.mark.slow),
+                        pytest.param("reference", marks=pytest.mark.slow)])
 def delta_rule_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The delta rule on the native kernel (skipped where it is not built) or on the torch reference."""
+    """The layer's recurrent part on the fused kernel (kernels/gated_deltanet.py), or unfused: the delta rule on
+    its native kernel, or everything on the torch reference (each skipped where its kernel is not built)."""
+    if request.param == "fused":
+        if GATED_DELTANET() is None:
+            pytest.skip("no fused Gated DeltaNet kernel here")
+        return "fused"
+    monkeypatch.setattr("hitenter.kernels.gated_deltanet.load", lambda: None)
     if request.param == "reference":
         monkeypatch.setattr("hitenter.kernels.delta_rule.load", lambda: None)
     elif DELTA_RULE() is None:

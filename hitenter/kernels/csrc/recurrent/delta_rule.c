@@ -13,91 +13,16 @@
 
    Layouts (float32, contiguous): state [H, dk, dv] (updated in place), q and k [T, H, dk], v and o
    [T, H, dv], g and beta [T, H]. dv a multiple of 16 up to 256 takes the vector code, any other dv the
-   scalar loop (same order of operations). */
-#include <math.h>
+   scalar loop (same order of operations); the per-head code is in delta_rule.h. */
 #include <stdint.h>
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef float v16u __attribute__((vector_size(64), aligned(4)));   /* an unaligned load / store */
+#include "delta_rule.h"
 
-#define MAXNV 16
-
-static inline __attribute__((always_inline)) void head_span_vec(
-        float *S, const float *q, const float *k, const float *v, const float *g, const float *beta, float *o,
-        int64_t T, int64_t H, int64_t dk, int64_t h, const int nv, float scale) {
-    const int64_t dv = 16 * nv;
-    for (int64_t t = 0; t < T; t++) {
-        const float *qt = q + (t * H + h) * dk, *kt = k + (t * H + h) * dk;
-        const float *vt = v + (t * H + h) * dv;
-        const float e = expf(g[t * H + h]), b = beta[t * H + h];
-        v16 ak[MAXNV], aq[MAXNV], d[MAXNV];
-        for (int u = 0; u < nv; u++) ak[u] = aq[u] = (v16){0};
-        float qk = 0.0f;
-        for (int64_t i = 0; i < dk; i++) {           /* pass 1, read only: k S and q S */
-            const v16u *row = (const v16u *)(S + i * dv);
-            const float ki = kt[i], qi = qt[i];
-            qk = qk + qi * ki;
-            for (int u = 0; u < nv; u++) {
-                const v16 r = row[u];
-                ak[u] = ak[u] + r * ki;
-                aq[u] = aq[u] + r * qi;
-            }
-        }
-        v16u *ot = (v16u *)(o + (t * H + h) * dv);
-        for (int u = 0; u < nv; u++) {
-            d[u] = (((const v16u *)vt)[u] - ak[u] * e) * b;
-            ot[u] = (aq[u] * e + d[u] * qk) * scale;
-        }
-        for (int64_t i = 0; i < dk; i++) {           /* pass 2: S = S e + k d */
-            v16u *row = (v16u *)(S + i * dv);
-            const float ki = kt[i];
-            for (int u = 0; u < nv; u++) row[u] = row[u] * e + d[u] * ki;
-        }
-    }
-}
-
-static void head_span_scalar(float *S, const float *q, const float *k, const float *v, const float *g,
-                             const float *beta, float *o, int64_t T, int64_t H, int64_t dk, int64_t dv, int64_t h,
-                             float scale, float *ak, float *aq) {
-    for (int64_t t = 0; t < T; t++) {
-        const float *qt = q + (t * H + h) * dk, *kt = k + (t * H + h) * dk;
-        const float *vt = v + (t * H + h) * dv;
-        const float e = expf(g[t * H + h]), b = beta[t * H + h];
-        for (int64_t j = 0; j < dv; j++) ak[j] = aq[j] = 0.0f;
-        float qk = 0.0f;
-        for (int64_t i = 0; i < dk; i++) {
-            const float *row = S + i * dv;
-            qk = qk + qt[i] * kt[i];
-            for (int64_t j = 0; j < dv; j++) {
-                ak[j] = ak[j] + row[j] * kt[i];
-                aq[j] = aq[j] + row[j] * qt[i];
-            }
-        }
-        float *ot = o + (t * H + h) * dv;
-        for (int64_t j = 0; j < dv; j++) {
-            ak[j] = (vt[j] - ak[j] * e) * b;          /* d */
-            ot[j] = (aq[j] * e + ak[j] * qk) * scale;
-        }
-        for (int64_t i = 0; i < dk; i++) {
-            float *row = S + i * dv;
-            for (int64_t j = 0; j < dv; j++) row[j] = row[j] * e + ak[j] * kt[i];
-        }
-    }
-}
-
-#define CASE(NV) case NV: head_span_vec(S, q, k, v, g, beta, o, T, H, dk, h, NV, scale); break;
-
+/* Head h of the packed layouts below. */
 static void head_span(float *S, const float *q, const float *k, const float *v, const float *g, const float *beta,
                       float *o, int64_t T, int64_t H, int64_t dk, int64_t dv, int64_t h, float scale) {
-    if (dv % 16 == 0 && dv / 16 <= MAXNV) {
-        switch (dv / 16) {
-            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
-            CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
-        }
-        return;
-    }
-    float ak[dv], aq[dv];
-    head_span_scalar(S, q, k, v, g, beta, o, T, H, dk, dv, h, scale, ak, aq);
+    const dr_span sp = {q + h * dk, k + h * dk, v + h * dv, g + h, beta + h, o + h * dv, H * dk, H * dv, H, H * dv};
+    dr_head_span(S, &sp, T, dk, dv, scale);
 }
 
 /* Threads only for work worth waking them for (T H dk dv state elements passed over): a lone token of 16
