@@ -49,6 +49,15 @@ CASES = [
     (GraniteReasoningParser, "<response>Only.</response>", ("", "Only.")),
     (Gemma4ReasoningParser, "<|channel>thought\nhmm<channel|>Yes.", ("hmm", "Yes.")),
     (Gemma4ReasoningParser, "Yes.", ("", "Yes.")),
+    # llama.cpp's reading of the content: a trailing (empty) thought block, a late one, a stray end marker,
+    # an empty channel marker
+    (Gemma4ReasoningParser, "<|channel>thought\nhmm<channel|>Yes.<|channel>thought\n<channel|>", ("hmm", "Yes.")),
+    (Gemma4ReasoningParser, "Yes.<|channel>thought\n more<channel|> And.", ("more", "Yes. And.")),
+    (Gemma4ReasoningParser, "Yes.<channel|>dropped<|channel>thought x<channel|>", ("", "Yes.")),
+    (Gemma4ReasoningParser, "Yes.<|channel> and<|channel>", ("", "Yes.")),
+    (Gemma4ReasoningParser, "Yes.<|channel>though", ("", "Yes.")),
+    (Gemma4ReasoningParser, "Yes.<|channel><|channel>thought x<channel|>z", ("x", "Yes.z")),
+    (Gemma4ReasoningParser, "Yes.<|channel>thought\nunclosed", ("unclosed", "Yes.")),
     (HarmonyReasoningParser, "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final"
                              "<|message|>Answer.", ("Think.", "Answer.")),
     (HarmonyReasoningParser, "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>commentary"

@@ -174,3 +174,22 @@ def test_json_call_streams_as_written(cls: type[ToolParser], text: str) -> None:
     args = [(i, e.arguments) for i, e in seen if e.arguments]
     assert len(args) >= 3 and args[0][0] < text.index('"days"') + 2
     assert "".join(a for _, a in args) == p.calls[0]["function"]["arguments"] == '{"city": "Paris", "days": 3}'
+
+
+def test_gemma4_forced_call_grammar_admits_what_its_parser_reads() -> None:
+    """The forced-call grammar (tool_choice required / named) admits Gemma 4 calls with nested objects and
+    lists (as llama.cpp's gemma4 grammar does), each of which the parser reads, and refuses undeclared keys
+    and JSON-quoted strings."""
+    from xgrammar import Grammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    fn = {"name": "plan", "parameters": {"properties": {"city": {}, "stops": {}, "opts": {}}}}
+    grammar = Grammar.from_ebnf(Gemma4ToolParser().grammar([fn])[0]["ebnf"])
+    good = ['<|tool_call>call:plan{city:<|"|>Paris <3<|"|>,stops:[1,-2.5e3,<|"|>x<|"|>],'
+            'opts:{fast:true,none:null,deep:{k:[]}}}<tool_call|>', "<|tool_call>call:plan{}<tool_call|>"]
+    for text in good:
+        assert _is_grammar_accept_string(grammar, text), text
+        assert _parse(Gemma4ToolParser, text)[1], text
+    for bad in ['<|tool_call>call:plan{town:1}<tool_call|>', '<|tool_call>call:plan{city:"Paris"}<tool_call|>',
+                '<|tool_call>call:other{}<tool_call|>']:
+        assert not _is_grammar_accept_string(grammar, bad), bad

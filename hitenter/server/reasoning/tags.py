@@ -117,10 +117,75 @@ class LFM2ReasoningParser(TagReasoningParser):
 
 class Gemma4ReasoningParser(TagReasoningParser):
     """Gemma 4: ``<|channel>thought\\n...<channel|>`` (control tokens); with thinking off the template
-    writes an empty channel into the prompt, and the reply is content."""
+    writes an empty channel into the prompt, and the reply is content.
+
+    In the content, as llama.cpp's gemma4 parser reads it: a later ``<|channel>thought ... <channel|>``
+    block (the model may append an empty one; empty ``<|channel>`` markers before it dropped) is reasoning
+    too (its leading whitespace dropped); any other ``<|channel>`` or an unmatched ``<channel|>`` ends the
+    reply (it and what follows are dropped: llama.cpp's lenient parse stops there)."""
     name = "gemma4"
     needs_special = True
     start, end_tag = "<|channel>thought", "<channel|>"
+    OPEN, WORD = "<|channel>", "thought"
+
+    def __init__(self, opened: bool = False) -> None:
+        super().__init__(opened)
+        self.late = False         # inside a thought block that follows content
+        self.late_start = False   # ... before its first non-space character
+        self.ended = False        # an unmatched <channel|> was read: the rest is dropped
+
+    @property
+    def in_thought(self) -> bool:
+        return self.late or super().in_thought
+
+    def _content(self, final: bool) -> str:
+        out: list[str] = []
+        while self.buf and not self.ended:
+            if self.late:
+                if not self._late_thought(final):
+                    break
+                continue
+            i, j = self.buf.find(self.OPEN), self.buf.find(self.end_tag)
+            if i < 0 and j < 0:
+                keep = 0 if final else partial_tail(self.buf, [self.OPEN, self.end_tag])
+                out.append(self.buf[:len(self.buf) - keep])
+                self.buf = self.buf[len(self.buf) - keep:]
+                break
+            if j >= 0 and (i < 0 or j < i):   # an unmatched end: the reply ends here
+                out.append(self.buf[:j])
+                self.ended = True
+                break
+            out.append(self.buf[:i])
+            rest = self.buf[i:]
+            while rest.startswith(self.OPEN):   # empty channel markers before a thought block: dropped
+                rest = rest[len(self.OPEN):]
+            if rest.startswith(self.WORD):
+                self.buf, self.late, self.late_start = rest[len(self.WORD):], True, True
+            elif (self.WORD.startswith(rest) or self.OPEN.startswith(rest)) and not final:
+                self.buf = self.buf[i:]   # may still become "<|channel>thought"
+                break
+            else:                         # a channel that is not a thought block: the reply ends here
+                self.ended = True
+        if self.ended:
+            self.buf = ""
+        return "".join(out)
+
+    def _late_thought(self, final: bool) -> bool:
+        """Reasoning of a thought block after content, up to its end tag; True once it closed."""
+        if self.late_start:
+            self.buf = self.buf.lstrip()
+            if not self.buf:
+                return False
+            self.late_start = False
+        k = self.buf.find(self.end_tag)
+        if k >= 0:
+            self.reasoning.append(self.buf[:k])
+            self.buf, self.late = self.buf[k + len(self.end_tag):], False
+            return True
+        keep = 0 if final else partial_tail(self.buf, [self.end_tag])
+        self.reasoning.append(self.buf[:len(self.buf) - keep])
+        self.buf = self.buf[len(self.buf) - keep:]
+        return False
 
 
 class GraniteReasoningParser(TagReasoningParser):

@@ -127,12 +127,24 @@ class Gemma4ToolParser(ToolParser):
         return None if args is None else [(m.group(1), args)]
 
     def grammar(self, fns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One call of each function in Gemma 4's syntax (what llama.cpp's gemma4 grammar admits): its declared
+        parameters as keys, values of any Gemma 4 type (strings, numbers, booleans, null, nested objects with
+        bare keys, lists), not typed by the schema (llama.cpp's is not either)."""
         out = []
         for f in fns:
             keys = list((f.get("parameters") or {}).get("properties") or {})
             key = " | ".join(json.dumps(k) for k in keys) or '""'
             out.append({"ebnf": (
                 f'root ::= "<|tool_call>call:" {json.dumps(f["name"])} "{{" (pair ("," pair)*)? "}}<tool_call|>"\n'
-                f'pair ::= ({key}) ":" value\n'
-                'value ::= "<|\\"|>" [^<]* "<|\\"|>" | "-"? [0-9]+ ("." [0-9]+)? | "true" | "false" | "null"')})
+                f'pair ::= ({key}) ":" value\n' + VALUE_EBNF)})
         return out
+
+
+# a Gemma 4 value (gemma_to_json reads every text this admits); a string holds no "<|" (its closing quote's start)
+VALUE_EBNF = (
+    'value ::= string | number | "true" | "false" | "null" | object | list\n'
+    'string ::= "<|\\"|>" ([^<] | "<" [^|])* "<|\\"|>"\n'
+    'number ::= "-"? [0-9]+ ("." [0-9]+)? ([eE] [-+]? [0-9]+)?\n'
+    'object ::= "{" (member ("," member)*)? "}"\n'
+    'member ::= [^:},<{\\[\\]]+ ":" value\n'
+    'list ::= "[" (value ("," value)*)? "]"')
