@@ -2,8 +2,9 @@
 files (Qwen2.5-VL, Qwen3-VL, Pixtral), and the logits of a prompt holding an image (M-RoPE positions for
 the Qwen-VL ones).
 
-goldens: tests/goldens/vision/qwen25vl.npz, qwen2vl.npz and qwen3vl.npz, checked by tests/models/vision/test_qwen_vision.py
-and test_qwen_prompt.py; pixtral.npz, checked by tests/models/vision/test_pixtral.py.
+goldens: tests/goldens/vision/qwen25vl.npz, qwen2vl.npz, qwen3vl.npz and qwen3vlmoe.npz, checked by
+tests/models/vision/test_qwen_vision.py and test_qwen_prompt.py; pixtral.npz, checked by
+tests/models/vision/test_pixtral.py.
 
 The reference is llama-cpp-python 0.3.36's mtmd bindings (its own venv, CPU, flash attention off, extra CPU
 buffer types off: this build crashes with them on AVX-512 + AMX machines). The embeddings come from
@@ -21,8 +22,8 @@ token count; Pixtral: one position per row, causal).
 
 Each npz holds: mmproj_sha256, text_sha256, llama_cpp_version, per image i image<i> [H, W, 3] uint8 and
 embd<i> [n_tokens, n_embd_inp] float32; prompt_tokens [N] (-1 at image rows), prompt_pos [N] (each row's
-first M-RoPE position, as llama.cpp placed it), prompt_grid [2] (token rows, columns of the image; Pixtral's columns count the [IMG_BREAK] rows),
-prompt_logits [text rows, V], prompt_embd, prompt_image.
+first M-RoPE position, as llama.cpp placed it), prompt_grid [2] (token rows, columns of the image, as
+mtmd reports them), prompt_logits [text rows, V], prompt_embd, prompt_image.
 
 Regenerate (from the repo root, with the project venv):
     .venv/bin/python scripts/make_dynamic_vision_goldens.py [--llama-python PY]
@@ -50,11 +51,13 @@ IMAGES = {
     "qwen25vl": [(48, 40, 1), (300, 200, 2), (90, 250, 3), (224, 224, 4)],
     "qwen2vl": [(48, 40, 1), (300, 200, 2), (90, 250, 3)],
     "qwen3vl": [(48, 40, 1), (300, 200, 2), (30, 90, 3), (96, 96, 4)],
+    "qwen3vlmoe": [(300, 200, 2)],
     "pixtral": [(48, 40, 1), (100, 70, 2), (30, 90, 3), (500, 400, 4)],
 }
-TEXT_ARCH = {"qwen25vl": "qwen2vl", "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl", "pixtral": "mistral3"}
+TEXT_ARCH = {"qwen25vl": "qwen2vl", "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl", "qwen3vlmoe": "qwen3vlmoe",
+             "pixtral": "mistral3"}
 PROMPT = "Look at this: <__media__> It shows a small cat on a red mat, and the sky is blue today."
-PROMPT_IMAGE = 1
+PROMPT_IMAGE = 1   # or a family's last image where it has fewer (qwen3vlmoe: the Qwen3-VL mmproj, MoE text)
 
 
 def prompt_worker() -> None:
@@ -153,7 +156,8 @@ def make(family: str, llama_python: str, tmp: Path) -> Path:
     else:
         text = write_tiny_qwen_vl_text(tmp / f"{family}-text.gguf", TEXT_ARCH[family], seed=SEED)
     writer = {"qwen25vl": write_tiny_qwen25vl_mmproj, "qwen3vl": write_tiny_qwen3vl_mmproj,
-              "pixtral": write_tiny_pixtral_mmproj, "qwen2vl": write_tiny_qwen2vl_mmproj}[family]
+              "pixtral": write_tiny_pixtral_mmproj, "qwen2vl": write_tiny_qwen2vl_mmproj,
+              "qwen3vlmoe": write_tiny_qwen3vl_mmproj}[family]
     mmproj = writer(tmp / f"{family}-mmproj.gguf", seed=SEED)
     images = [sample_image(w, h, s) for w, h, s in IMAGES[family]]
     paths = []
@@ -169,10 +173,11 @@ def make(family: str, llama_python: str, tmp: Path) -> Path:
     }
     for i, img in enumerate(images):
         result[f"image{i}"], result[f"embd{i}"] = img, arrays[f"embd{i}"].astype(np.float32)
-    p = _run(llama_python, "--prompt-worker", {"text": str(text), "mmproj": str(mmproj), "image": paths[PROMPT_IMAGE],
+    which = min(PROMPT_IMAGE, len(images) - 1)
+    p = _run(llama_python, "--prompt-worker", {"text": str(text), "mmproj": str(mmproj), "image": paths[which],
                                                "prompt": PROMPT, "out": str(tmp / f"{family}-prompt.npz")})
     result.update(prompt_tokens=p["tokens"], prompt_pos=p["pos"], prompt_grid=p["grid"], prompt_logits=p["logits"],
-                  prompt_embd=p["embd"], prompt_image=np.array(PROMPT_IMAGE))
+                  prompt_embd=p["embd"], prompt_image=np.array(which))
     out = OUT / f"{family}.npz"
     np.savez_compressed(out, **result)
     print(f"wrote {out}: " + ", ".join(f"embd{i} {result[f'embd{i}'].shape}" for i in range(len(images)))

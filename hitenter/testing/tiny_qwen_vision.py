@@ -162,9 +162,10 @@ def write_tiny_qwen_vl_text(path: str | Path, arch: str, seed: int = 0, hidden: 
                             heads: int = 4, kv_heads: int = 2, ffn: int = 128, deepstack: int = 2,
                             context_length: int = 512) -> Path:
     """A random Qwen-VL text model: arch "qwen2vl" (Qwen2: Q/K/V biases, head 16, M-RoPE sections
-    [2, 3, 3, 0]) or "qwen3vl" (Qwen3: QK-norm, head 32, interleaved M-RoPE sections [6, 5, 5, 0],
-    n_deepstack_layers `deepstack`); untied output, rope base 1e6, rms eps 1e-6."""
-    if arch not in ("qwen2vl", "qwen3vl"):
+    [2, 3, 3, 0]), "qwen3vl" (Qwen3: QK-norm, head 32, interleaved M-RoPE sections [6, 5, 5, 0],
+    n_deepstack_layers `deepstack`) or "qwen3vlmoe" (qwen3vl with 8 experts of 64, top-2, in every layer);
+    untied output, rope base 1e6, rms eps 1e-6."""
+    if arch not in ("qwen2vl", "qwen3vl", "qwen3vlmoe"):
         raise ValueError(f"unknown Qwen-VL text arch {arch!r}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,7 +182,11 @@ def write_tiny_qwen_vl_text(path: str | Path, arch: str, seed: int = 0, hidden: 
     w.add_rope_freq_base(1e6)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_dimension_sections(sections)
-    if arch == "qwen3vl":
+    if arch == "qwen3vlmoe":
+        w.add_expert_count(8)
+        w.add_expert_used_count(2)
+        w.add_expert_feed_forward_length(64)
+    if arch != "qwen2vl":
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
         w.add_uint32(f"{arch}.n_deepstack_layers", deepstack)
@@ -204,6 +209,12 @@ def write_tiny_qwen_vl_text(path: str | Path, arch: str, seed: int = 0, hidden: 
             w.add_tensor(p + "attn_q_norm.weight", gain(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", gain(head_dim))
         w.add_tensor(p + "attn_output.weight", normal(hidden, heads * head_dim, std=0.1))
+        if arch == "qwen3vlmoe":
+            w.add_tensor(p + "ffn_gate_inp.weight", normal(8, hidden, std=0.3))
+            w.add_tensor(p + "ffn_gate_exps.weight", normal(8, 64, hidden, std=0.15))
+            w.add_tensor(p + "ffn_up_exps.weight", normal(8, 64, hidden, std=0.15))
+            w.add_tensor(p + "ffn_down_exps.weight", normal(8, hidden, 64, std=0.1))
+            continue
         w.add_tensor(p + "ffn_gate.weight", normal(ffn, hidden, std=0.1))
         w.add_tensor(p + "ffn_up.weight", normal(ffn, hidden, std=0.1))
         w.add_tensor(p + "ffn_down.weight", normal(hidden, ffn, std=0.1))

@@ -71,9 +71,11 @@ class _Layer:
         if q + "fc1.weight" in tensors:
             fc1 = vit.take_linear(tensors, q + "fc1", None)
             if fc1[0].ndim != 2 or fc1[0].shape[1] != 4 * d:
-                raise ModelLoadError(f"mmproj tensor {q}fc1.weight has shape {tuple(fc1[0].shape)}, expected (*, {4 * d})")
-            self.deepstack = ((vit.take(tensors, q + "norm.weight", (4 * d,)), vit.take(tensors, q + "norm.bias", (4 * d,))),
-                              fc1, vit.take_linear(tensors, q + "fc2", (cfg.projection_dim, int(fc1[0].shape[0]))))
+                raise ModelLoadError(f"mmproj tensor {q}fc1.weight has shape {tuple(fc1[0].shape)}, "
+                                     f"expected (*, {4 * d})")
+            norm = (vit.take(tensors, q + "norm.weight", (4 * d,)), vit.take(tensors, q + "norm.bias", (4 * d,)))
+            fc2 = vit.take_linear(tensors, q + "fc2", (cfg.projection_dim, int(fc1[0].shape[0])))
+            self.deepstack = (norm, fc1, fc2)
 
 
 class Qwen3VLVision(nn.Module):

@@ -41,7 +41,8 @@ def golden() -> dict[str, np.ndarray]:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory, golden: dict) -> tuple[Path, Path]:
     d = tmp_path_factory.mktemp("pixtral")
-    text, mmproj = write_tiny_family(d / "text.gguf", "mistral3", seed=0), write_tiny_pixtral_mmproj(d / "mmproj.gguf", seed=0)
+    text = write_tiny_family(d / "text.gguf", "mistral3", seed=0)
+    mmproj = write_tiny_pixtral_mmproj(d / "mmproj.gguf", seed=0)
     assert hashlib.sha256(mmproj.read_bytes()).hexdigest() == str(golden["mmproj_sha256"])
     assert hashlib.sha256(text.read_bytes()).hexdigest() == str(golden["text_sha256"])
     return text, mmproj

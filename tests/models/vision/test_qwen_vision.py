@@ -1,11 +1,11 @@
 """The Qwen2.5-VL, Qwen2-VL and Qwen3-VL vision encoders against llama.cpp's mtmd (tests/goldens/vision/
-qwen25vl.npz, qwen2vl.npz, qwen3vl.npz, written by scripts/make_dynamic_vision_goldens.py): the same tiny random mmproj, the same RGB
-pixels, the image embeddings (Qwen3-VL's with their DeepStack blocks).
+qwen25vl.npz, qwen2vl.npz, qwen3vl.npz, written by scripts/make_dynamic_vision_goldens.py): the same tiny
+random mmproj, the same RGB pixels, the image embeddings (Qwen3-VL's with their DeepStack blocks).
 
 llama.cpp rounds to fp16 what this implementation keeps in fp32: the patch convolutions' inputs (im2col
-F16) and the GELU (ggml-cpu's fp16 tables; the mergers', Qwen3-VL's MLP, Qwen2-VL's quick GELU). These tiny random towers are
-sensitive: this implementation in fp32 and in fp64 differ by ~3e-4 of the range. So: in fp32 the embeddings
-agree to 1e-3 of their range; with those roundings copied, to 5e-4 (measured <= 2.8e-4)."""
+F16) and the GELU (ggml-cpu's fp16 tables; the mergers', Qwen3-VL's MLP, Qwen2-VL's quick GELU). These tiny
+random towers are sensitive: this implementation in fp32 and in fp64 differ by ~3e-4 of the range. So: in
+fp32 the embeddings agree to 1e-3 of their range; with those roundings copied, to 5e-4 (measured <= 2.8e-4)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ from hitenter.testing.tiny_qwen_vision import (
 )
 
 GOLDENS = Path(__file__).resolve().parents[2] / "goldens" / "vision"
-FAMILIES = {"qwen25vl": (write_tiny_qwen25vl_mmproj, QwenVLVision), "qwen2vl": (write_tiny_qwen2vl_mmproj, QwenVLVision),
+FAMILIES = {"qwen25vl": (write_tiny_qwen25vl_mmproj, QwenVLVision),
+            "qwen2vl": (write_tiny_qwen2vl_mmproj, QwenVLVision),
             "qwen3vl": (write_tiny_qwen3vl_mmproj, Qwen3VLVision)}
 
 
@@ -128,7 +129,8 @@ def test_deepstack_blocks_are_in_the_output(tmp_path: Path) -> None:
         ref = z["embd0"]
     cfg, tensors = read_mmproj(write_tiny_qwen3vl_mmproj(tmp_path / "m.gguf", seed=0))
     model = Qwen3VLVision(cfg, tensors)
-    assert (model.deepstack_count, model.output_width, ref.shape[1]) == (2, 3 * cfg.projection_dim, 3 * cfg.projection_dim)
+    width = 3 * cfg.projection_dim
+    assert (model.deepstack_count, model.output_width, ref.shape[1]) == (2, width, width)
     blocks = ref.reshape(ref.shape[0], 3, -1)
     assert np.abs(blocks[:, 1] - blocks[:, 2]).max() > 0.1 and np.abs(blocks[:, 0] - blocks[:, 1]).max() > 0.1
 
