@@ -13,8 +13,8 @@ used axes, so where every rotated pair falls on those axes (checked at load: rea
 is partial NEOX RoPE over the first rope.dimension_count dims of each head. The FFN is SwiGLU.
 
 The MTP (next-token prediction) blocks that convert_hf_to_gguf appends after the trunk
-(`nextn_predict_layers` of the `block_count` layers) are not part of the forward pass: they are neither
-read nor required. Stored norms are used as they are (the converter adds 1 to them already).
+(`nextn_predict_layers` of the `block_count` layers) are not part of the forward pass: the model neither
+reads nor requires them; speculative_method "mtp" loads the block as a drafter (hitenter/models/mtp.py). Stored norms are used as they are (the converter adds 1 to them already).
 """
 
 from __future__ import annotations
