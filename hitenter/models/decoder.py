@@ -298,6 +298,9 @@ class CausalLM(nn.Module):
         blocks = None
         if embeds is not None:
             rows, values = embeds
+            if self.config.rope_sections and positions.ndim == 1:
+                raise ValueError("image rows in an M-RoPE model need [T, 4] positions (models/mrope.py "
+                                 "sequence_positions); 1-D positions would place the image as text")
             if self.config.deepstack_layers:
                 values, blocks = deepstack.split(values, x.shape[-1], self.config.deepstack_layers)
             x = x.index_copy(0, rows.long(), values.to(x.dtype))

@@ -120,8 +120,8 @@ def test_prompt_with_image_matches_llama_cpp(case: dict) -> None:
 def test_one_axis_positions_do_not_match(case: dict) -> None:
     """The comparison sees M-RoPE: the same prompt at positions 0..N-1 on every axis misses by far."""
     g = case["golden"]
-    n = len(g["prompt_tokens"])
-    ours = _logits(case["model"], g["prompt_tokens"], torch.arange(n), torch.from_numpy(g["prompt_embd"]))
+    pos = mrope.text_positions(0, len(g["prompt_tokens"]))
+    ours = _logits(case["model"], g["prompt_tokens"], pos, torch.from_numpy(g["prompt_embd"]))
     assert _agreement(ours, g)[2] > 100 * 1e-4
 
 
@@ -178,3 +178,10 @@ def test_sequence_positions_with_two_images() -> None:
     got = mrope.sequence_positions(0, 11, [(6, 1, 3), (1, 2, 2)]).tolist()
     assert got == [[0, 0, 0, 0], [1, 1, 1, 0], [1, 1, 2, 0], [1, 2, 1, 0], [1, 2, 2, 0], [3, 3, 3, 0],
                    [4, 4, 4, 0], [4, 4, 5, 0], [4, 4, 6, 0], [7, 7, 7, 0], [8, 8, 8, 0]]
+
+
+def test_image_rows_with_one_axis_positions_are_refused(case: dict) -> None:
+    g = case["golden"]
+    n = len(g["prompt_tokens"])
+    with pytest.raises(ValueError, match=r"\[T, 4\] positions"):
+        _logits(case["model"], g["prompt_tokens"], torch.arange(n), torch.from_numpy(g["prompt_embd"]))
