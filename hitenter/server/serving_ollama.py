@@ -116,7 +116,8 @@ KeepAlive = Annotated[float, STRICT] | str
 
 
 class Options(BaseModel):
-    """Ollama's ``options`` that this server implements; any other option is a 400 naming it."""
+    """Ollama's ``options`` that this server implements; any other option with a value is a 400 naming it
+    (one sent as null is unset, as clients such as LangChain's send every option they know)."""
     temperature: Temperature | None = None
     top_k: TopK | None = None
     top_p: Fraction | None = None
@@ -134,9 +135,10 @@ class Options(BaseModel):
     @classmethod
     def _known(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            extra = sorted(set(data) - set(SUPPORTED))
+            extra = sorted(k for k, v in data.items() if k not in SUPPORTED and v is not None)
             if extra:
                 raise ValueError(f"unsupported option(s) {extra}; this server implements {list(SUPPORTED)}")
+            data = {k: v for k, v in data.items() if k in SUPPORTED}
         return data
 
     def sampling_kwargs(self) -> dict[str, Any]:

@@ -144,6 +144,17 @@ def test_model_routes(client: ollama.Client, server: LiveServer) -> None:
     assert httpx.get(server.url + "/api/version").json()["version"]
 
 
+def test_options_sent_as_null_are_unset(server: LiveServer) -> None:
+    """LangChain's Ollama classes send every option they know, unset ones as null (mirostat, num_thread ...):
+    those are not given, so not refused; a value for one this server lacks still is (below)."""
+    nulls = {"mirostat": None, "num_thread": None, "tfs_z": None, "temperature": None}
+    r = httpx.post(server.url + "/api/embed", json={"model": "tiny", "input": "x", "options": nulls}, timeout=30)
+    assert r.status_code == 200 and len(r.json()["embeddings"]) == 1, r.text
+    r = httpx.post(server.url + "/api/chat", json={"model": "tiny", "messages": USER, "stream": False,
+                                                   "options": {**nulls, "num_predict": 2}}, timeout=30)
+    assert r.status_code == 200 and r.json()["eval_count"] <= 2, r.text
+
+
 @pytest.mark.parametrize("path,body,status", [
     ("/api/chat", {"model": "nope", "messages": USER}, 404),
     ("/api/chat", {"messages": USER}, 400),

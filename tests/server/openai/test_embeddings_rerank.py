@@ -2,7 +2,8 @@
 files (tests/goldens/encoders/, scripts/make_encoder_goldens.py): the openai client's embeddings.create
 (token-id inputs, so the vectors are llama.cpp's pooled ones, L2-normalized), Matryoshka `dimensions`,
 /v1/rerank, /rerank and TEI's shape with llama-server's pair tokens and scores, vLLM's /score, and the 400s
-(a chat request to an encoder, an embedding request to a reranker, a rerank with a model of pooling none)."""
+(a chat request to an encoder, an embedding request to a reranker, a rerank with a model of pooling none);
+text inputs tokenized as llama.cpp does (WordPiece, unigram), also through LangChain's OllamaEmbeddings."""
 
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ from hitenter.testing.live_server import LiveServer, live_server
 from hitenter.testing.paths import GOLDENS
 from hitenter.testing.tiny_encoders import DOCS, QUERY, TEXTS, write_tiny_encoder
 
-FAMILIES = ("bert", "bert_rank", "nomic-bert", "gemma-embedding", "qwen3_embed", "qwen3_rank")
-EMBEDDERS = ("bert", "nomic-bert", "gemma-embedding", "qwen3_embed")
+FAMILIES = ("bert", "bert_rank", "nomic-bert", "nomic-bert-moe", "gemma-embedding", "qwen3_embed", "qwen3_rank")
+EMBEDDERS = ("bert", "nomic-bert", "nomic-bert-moe", "gemma-embedding", "qwen3_embed")
 RERANKERS = ("bert_rank", "qwen3_rank")
-TOL = {"bert": 2e-3, "gemma-embedding": 2e-3, "bert_rank": 2e-3}      # ggml's fp16 GELU (tests/models/families)
+TOL = {"bert": 2e-3, "gemma-embedding": 2e-3, "bert_rank": 2e-3, "nomic-bert-moe": 2e-3}      # ggml's fp16 GELU (tests/models/families)
 
 pytestmark = pytest.mark.slow
 
@@ -83,13 +84,20 @@ def test_matryoshka_dimensions(client: openai.OpenAI, family: str) -> None:
         client.embeddings.create(model=family, input="hello", dimensions=65)
 
 
-def test_text_inputs_use_the_wordpiece_tokenizer(client: openai.OpenAI) -> None:
-    """A text input is embedded as llama.cpp tokenizes it ([CLS] ... [SEP]): the same vector as its ids."""
-    gold = _golden("bert")
+@pytest.mark.parametrize("family", ["bert", "nomic-bert-moe"])
+def test_text_inputs_use_the_files_tokenizer(server: LiveServer, client: openai.OpenAI, family: str) -> None:
+    """A text input is embedded as llama.cpp tokenizes it (WordPiece [CLS] ... [SEP], unigram <s> ... </s>):
+    the same vector as its ids; LangChain's OllamaEmbeddings (/api/embed) gets the same vectors."""
+    from langchain_ollama import OllamaEmbeddings
+
+    gold = _golden(family)
     text_ids = _split(gold["text_ids"], gold["text_lengths"])
-    by_text = client.embeddings.create(model="bert", input=TEXTS, encoding_format="float")
-    by_ids = client.embeddings.create(model="bert", input=text_ids, encoding_format="float")
+    by_text = client.embeddings.create(model=family, input=TEXTS, encoding_format="float")
+    by_ids = client.embeddings.create(model=family, input=text_ids, encoding_format="float")
     assert [d.embedding for d in by_text.data] == [d.embedding for d in by_ids.data]
+    lc = OllamaEmbeddings(model=family, base_url=server.url)
+    np.testing.assert_allclose(lc.embed_documents(TEXTS), [d.embedding for d in by_ids.data], atol=1e-6)
+    np.testing.assert_allclose(lc.embed_query(TEXTS[0]), by_ids.data[0].embedding, atol=1e-6)
 
 
 @pytest.mark.parametrize("family", RERANKERS)
