@@ -13,7 +13,10 @@ its private (anonymous) RSS and the file's size. Pages of a mapped file (the wei
 are shared, so the second process adds its private memory only.
 
     .venv/bin/python bench/load_time.py [--model qwen2.5-coder-1.5b-instruct] [--rounds 5]
-        [--llama-python /work/venvs/llamacpp/bin/python] [--no-llamacpp] [--no-memory]
+        [--llama-python /work/venvs/llamacpp/bin/python] [--no-llamacpp] [--no-memory] [--tree DIR]
+
+`--tree DIR`: also a hitenter process run from another source tree (PYTHONPATH=DIR; e.g. an earlier
+commit, `git archive <commit> hitenter | tar -x -C DIR`), in the same alternating rounds.
 """
 
 from __future__ import annotations
@@ -63,10 +66,14 @@ def uptime() -> str:
     return Path("/proc/loadavg").read_text().split(" 1")[0].strip() if Path("/proc/loadavg").exists() else "?"
 
 
-def run_ready(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
+def tree_env(tree: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([tree, *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
+def run_ready(argv: list[str], env: dict[str, str] | None = None, cwd: str | Path = ROOT) -> tuple[float, str]:
     """Wall seconds from the process's start to its READY line, and that line."""
     t0 = time.perf_counter()
-    out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, check=False)
     wall = time.perf_counter() - t0
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("READY")), "")
     if not line:
@@ -79,17 +86,20 @@ def mem_used() -> int:
     return (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) * 1024
 
 
-def private_rss(pid: int) -> int:
-    for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if ln.startswith("RssAnon:"):
-            return int(ln.split()[1]) * 1024
-    return 0
+def rollup(pid: int) -> dict[str, int]:
+    """/proc/PID/smaps_rollup's byte counts (Rss, Pss, Shared_Clean, Private_Dirty, Anonymous, ...)."""
+    out = {}
+    for ln in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+        k, v = ln.split(":", 1)
+        out[k] = int(v.split()[0]) * 1024
+    return out
 
 
-def held(model: str) -> subprocess.Popen[str]:
-    """A hitenter process that has loaded `model` and waits for a line on stdin."""
+def held(model: str, tree: str | None) -> subprocess.Popen[str]:
+    """A hitenter process (from `tree`, or this one) that has loaded `model` and waits for a line on stdin."""
     p = subprocess.Popen([sys.executable, "-c", HITENTER, model, "hold"], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                         stdout=subprocess.PIPE, text=True, cwd=tree or ROOT,
+                         env=tree_env(tree) if tree else None)
     assert p.stdout is not None
     line = p.stdout.readline()
     if not line.startswith("READY"):
@@ -98,18 +108,20 @@ def held(model: str) -> subprocess.Popen[str]:
     return p
 
 
-def memory(model: str, size: int) -> None:
-    first = held(model)
+def memory(model: str, size: int, tree: str | None = None) -> None:
+    first = held(model, tree)
     time.sleep(1.0)
     before = mem_used()
-    second = held(model)
+    second = held(model, tree)
     time.sleep(1.0)
-    added, own = mem_used() - before, private_rss(second.pid)
+    added, r = mem_used() - before, rollup(second.pid)
+    own = r.get("Private_Clean", 0) + r.get("Private_Dirty", 0)
     for p in (second, first):
         p.communicate("\n", timeout=60)
-    print(f"second process on the same file: used memory +{added / 1e6:.0f} MB ({100 * added / size:.1f}% of the "
-          f"{size / 1e6:.0f} MB file), its private RSS {own / 1e6:.0f} MB ({100 * own / size:.1f}%); "
-          f"load average {uptime()}")
+    print(f"{'hitenter from ' + tree if tree else 'hitenter'}: second process on the same file: RSS {r['Rss'] / 1e6:.0f} MB, of it private {own / 1e6:.0f} MB "
+          f"({100 * own / size:.1f}% of the {size / 1e6:.0f} MB file; anonymous {r.get('Anonymous', 0) / 1e6:.0f} MB) "
+          f"and shared {r.get('Shared_Clean', 0) / 1e6:.0f} MB; the machine's used memory +{added / 1e6:.0f} MB "
+          f"(other processes move it too); load average {uptime()}")
 
 
 def main() -> None:
@@ -120,6 +132,7 @@ def main() -> None:
     ap.add_argument("--llama-python", default="/work/venvs/llamacpp/bin/python")
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--tree", help="also time hitenter from this source tree (PYTHONPATH)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from hitenter.models.registry import resolve_model
@@ -130,12 +143,19 @@ def main() -> None:
     run_ready([sys.executable, "-c", HITENTER, args.model])   # warm: page cache, weight cache, kernels built
     if not args.no_llamacpp:
         run_ready([args.llama_python, "-c", LLAMACPP, path, str(args.n_ctx)], baseline_env())
+    if args.tree:
+        run_ready([sys.executable, "-c", HITENTER, args.model], tree_env(args.tree), args.tree)
     ours: list[float] = []
     theirs: list[float] = []
+    tree: list[float] = []
     for r in range(args.rounds):
         wall, line = run_ready([sys.executable, "-c", HITENTER, args.model])
         ours.append(wall)
         msg = f"round {r + 1}: hitenter {wall:.2f} s ({line[6:]})"
+        if args.tree:
+            wall, line = run_ready([sys.executable, "-c", HITENTER, args.model], tree_env(args.tree), args.tree)
+            tree.append(wall)
+            msg += f", hitenter from {args.tree} {wall:.2f} s ({line[6:]})"
         if not args.no_llamacpp:
             wall, line = run_ready([args.llama_python, "-c", LLAMACPP, path, str(args.n_ctx)], baseline_env())
             theirs.append(wall)
@@ -145,9 +165,13 @@ def main() -> None:
     summary = f"median ready: hitenter {med:.2f} s"
     if theirs:
         summary += f", llama.cpp {statistics.median(theirs):.2f} s, ratio {med / statistics.median(theirs):.2f}x"
+    if tree:
+        summary += f", hitenter from {args.tree} {statistics.median(tree):.2f} s"
     print(f"{summary}; load average {uptime()}")
     if not args.no_memory:
         memory(args.model, size)
+        if args.tree:
+            memory(args.model, size, args.tree)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from hitenter.models.gguf_checks import (
     need,
     short,
 )
-from hitenter.tokenizer.gguf_meta import hand_over
 
 if TYPE_CHECKING:
     import torch
@@ -209,7 +208,6 @@ def read_gguf_metadata(reader_or_path: gguf.GGUFReader | str | os.PathLike[str])
             out[key] = _field_value(field)
         except Exception as e:
             raise ModelLoadError(one_line(f"GGUF metadata key {short(key)} is corrupt: {type(e).__name__}: {e}")) from e
-    hand_over(reader.data.filename, out)   # the tokenizer of this load reads the header from here
     return out
 
 

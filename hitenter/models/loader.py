@@ -40,6 +40,7 @@ from hitenter.models.pooling import Pooler, head_shapes
 from hitenter.models.shard import TensorParallel
 from hitenter.models.weight_cache import WeightCache
 from hitenter.quant.weights import quantize_weights
+from hitenter.tokenizer.gguf_meta import hand_over
 
 log = logging.getLogger("hitenter.loader")
 
@@ -139,6 +140,7 @@ def load_weights_from(reader: Any, quantization: str = "none",
     (quantization "gguf" only): block matrices as meta placeholders, see `block_weights`."""
     path = reader.data.filename
     meta = read_gguf_metadata(reader)
+    hand_over(path, meta)   # the tokenizer of this load takes the header from here instead of parsing it again
     names = {t.name for t in reader.tensors}
     cfg = model_config_from_metadata(meta, names)
     shapes = {**expected_shapes(cfg, names), **head_shapes(cfg, names)}
