@@ -134,8 +134,11 @@ HITENTER_GDN_FUSED = Flag("HITENTER_GDN_FUSED", True, "0: Gated DeltaNet layers'
                           "layer", _KERNELS)
 HITENTER_SSM_SCAN = Flag("HITENTER_SSM_SCAN", True, "0: the causal conv and Mamba2's scan on the torch "
                          "reference instead of the native kernel", _KERNELS)
-HITENTER_SSM_SCAN_ISA = Text("HITENTER_SSM_SCAN_ISA", "auto", "force a variant of the SSM scan kernel: auto, "
-                             "avx2 or generic", _KERNELS)
+HITENTER_SSM_SCAN_ISA = Text("HITENTER_SSM_SCAN_ISA", "auto", "force a variant of the SSM scan kernels (the "
+                             "causal conv and scan, and the fused Mamba2 step): auto, avx2 or generic", _KERNELS)
+HITENTER_MAMBA2_FUSED = Flag("HITENTER_MAMBA2_FUSED", True, "0: Mamba2 layers' conv, gates, scan and gated norm as "
+                             "separate torch ops and kernel calls instead of one fused native call per layer",
+                             _KERNELS)
 
 HITENTER_WINDOW_RELEASE = Flag("HITENTER_WINDOW_RELEASE", True, "0: one block table for all layers; "
                                "sliding-window layers keep the blocks their window left (masked, not released)",

@@ -286,5 +286,15 @@ SSM_SCAN = NativeLibrary(
     signatures={"causal_conv": (ctypes.c_int, [p, p, p, p, i64, i64, i64]),
                 "mamba2_scan": (ctypes.c_int, [p, p, p, p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_int])})
 
+# a Mamba2 layer's recurrent part (conv, gates, scan, gated norm) for a step's spans in one call
+# (kernels/mamba2.py); the scan's code and bits (csrc/recurrent/ssm_scan.h), the same ISA switch
+MAMBA2 = NativeLibrary(
+    "mamba2", "recurrent/mamba2.c", env="HITENTER_MAMBA2_FUSED", what="fused Mamba2 step",
+    fallback="the layer's torch ops and the scan kernel run instead", flags=["-ffp-contract=off"],
+    variants={"auto": [], "avx2": ["-mno-avx512f"], "generic": ["-mno-avx512f", "-mno-avx2", "-mno-fma"]},
+    variant_env="HITENTER_SSM_SCAN_ISA",
+    signatures={"mamba2_spans": (ctypes.c_int, [p, p, p, p, p, p, p, p, p, p, p, p, p, i64, p, i64, p,
+                                                ctypes.c_int])})
+
 LIBRARIES: tuple[NativeLibrary, ...] = (QMATMUL, DECODE_ATTENTION, PROMPT_ATTENTION, RACE, DECODE_LAYER, DELTA_RULE,
-                                        GATED_DELTANET, SSM_SCAN)
+                                        GATED_DELTANET, SSM_SCAN, MAMBA2)

@@ -16,9 +16,13 @@ A is stored as the converter writes it, ssm_a = -exp(A_log) ([Hs, 1]); D as ssm_
 ssm_dt.bias, ssm_a, ssm_d, ssm_norm.weight [G, E / G], ssm_out. State: ``conv`` [K - 1, C] (the tail of
 xBC before the conv) and ``ssm`` [Hs, N, P] (kernels/ssm_scan.py's layout).
 
-Bit invariance: the conv and the scan run token by token on each sequence's own state (kernels/ssm_scan.py:
-the native kernel, else its torch reference); the elementwise exp / softplus / silu run through
-models/row_ops.rowwise (torch computes a tensor's tail elements on a scalar path whose bits can differ).
+Where its kernel is built, everything between the projections runs fused (kernels/mamba2.py): the step's
+generation rows in one call, each other span in its own, every row on the same per-token code.
+
+Bit invariance (unfused): the conv and the scan run token by token on each sequence's own state
+(kernels/ssm_scan.py: the native kernel, else its torch reference); the elementwise exp / softplus / silu run
+through models/row_ops.rowwise (torch computes a tensor's tail elements on a scalar path whose bits can
+differ).
 """
 
 from __future__ import annotations
@@ -29,20 +33,16 @@ import torch
 from torch.nn import functional as F
 
 from hitenter.config import ModelConfig
+from hitenter.kernels.mamba2 import Mamba2Layer, mamba2_spans, softplus
 from hitenter.kernels.ssm_scan import mamba2_scan
 from hitenter.models.layers import make_linear
-from hitenter.models.recurrent.base import RecurrentMixer, StateCache, for_each_span
+from hitenter.models.recurrent.base import RecurrentMixer, StateCache, for_each_span, single_rows
 from hitenter.models.recurrent.causal_conv import causal_conv
 from hitenter.models.row_ops import rowwise
 
 
 def _dense(w: Any) -> torch.Tensor:
     return (w if isinstance(w, torch.Tensor) else w.dequantize()).float().contiguous()
-
-
-def softplus(x: torch.Tensor) -> torch.Tensor:
-    """ggml_compute_softplus_f32: x above 20, else log1p(exp(x))."""
-    return torch.where(x > 20.0, x, torch.log1p(torch.exp(x)))
 
 
 class Mamba2(RecurrentMixer):
@@ -65,14 +65,37 @@ class Mamba2(RecurrentMixer):
         self.a = _dense(w[p + "ssm_a"]).reshape(self.heads)
         self.d = _dense(w[p + "ssm_d"]).reshape(self.heads)
         self.norm = _dense(w[p + "ssm_norm.weight"]).reshape(self.groups, self.inner // self.groups)
+        self.fused = Mamba2Layer(self.inner, self.n_state, self.groups, self.heads, self.eps, self.taps.contiguous(),
+                                 self.conv_bias.contiguous(), self.dt_bias.contiguous(), self.a.contiguous(),
+                                 self.d.contiguous(), self.norm.reshape(-1).contiguous())
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         return {"conv": (self.taps.shape[1] - 1, self.channels),
                 "ssm": (self.heads, self.n_state, self.inner // self.heads)}
 
+    def _fused(self, zs: torch.Tensor, attn: Any, cache: StateCache) -> torch.Tensor | None:
+        """The recurrent part of every row on the fused kernel (kernels/mamba2.py): the generation rows of the
+        step in one call, each other span in its own (saves taken between), or None where the kernel is not
+        built. [T, E], padding rows zero."""
+        out = torch.zeros(zs.shape[0], self.inner)
+        singles = single_rows(attn)
+        qsl = attn.query_start_loc
+        if not mamba2_spans(self.fused, cache["conv"], cache["ssm"], [(qsl[i], 1, attn.state_slots[i]) for i in singles],
+                            zs, out):
+            return None
+
+        def run(a: int, b: int, slot: int) -> None:
+            mamba2_spans(self.fused, cache["conv"], cache["ssm"], [(a, b - a, slot)], zs, out)
+
+        for_each_span(attn, cache, run, skip=set(singles))
+        return out
+
     def forward(self, h: torch.Tensor, attn: Any, cache: StateCache) -> torch.Tensor:
         t, e, nh, g, n = h.shape[0], self.inner, self.heads, self.groups, self.n_state
         zxbcdt = self.in_proj(h).float()
+        fused = self._fused(zxbcdt, attn, cache)
+        if fused is not None:
+            return self.out_proj(fused.to(self.dtype))
         z, xbc, dt = zxbcdt[:, :e], zxbcdt[:, e:e + self.channels], zxbcdt[:, e + self.channels:]
         dt = rowwise(softplus, dt + self.dt_bias)
         da = rowwise(torch.exp, dt * self.a)

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "delta_rule.h"
+#include "vec_math.h"
 
 typedef struct {
     int64_t hk, dk, hv, dv, K, grouped;   /* grouped: value head h reads key head h / (hv / hk), else h % hk */
@@ -36,79 +37,11 @@ typedef struct {
     const float *conv_wt, *dt_bias, *a, *norm_w;   /* [K, C] (the taps transposed), [hv], [hv], [dv] */
 } gdn_params;
 
-typedef int32_t v16i __attribute__((vector_size(64)));
-
-/* e^x on 16 lanes (Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial, times 2^n; within
-   2 ulp of e^x), x clamped to [-87.3, 88.0]; only + - * and bit operations, so every ISA gives the same bits. */
-static inline dr_v16 v_exp(dr_v16 x) {
-    const dr_v16 lo = (dr_v16){0} - 87.3365447f, hi = (dr_v16){0} + 88.0f;
-    v16i m = x < lo;
-    x = (dr_v16)(((v16i)x & ~m) | ((v16i)lo & m));
-    m = x > hi;
-    x = (dr_v16)(((v16i)x & ~m) | ((v16i)hi & m));
-    const float magic = 12582912.0f;   /* 1.5 * 2^23: adding it rounds to an integer */
-    const dr_v16 n = (x * 1.44269504088896341f + magic) - magic;
-    dr_v16 r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    dr_v16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const dr_v16 y = (p * (r * r) + r) + 1.0f;
-    const v16i e = (__builtin_convertvector(n, v16i) + 127) << 23;
-    return y * (dr_v16)e;
-}
-
-static inline dr_v16 v_silu(dr_v16 x) { return x / (v_exp((dr_v16){0} - x) + 1.0f); }
-
-/* The same on one float (the lanes past a multiple of 16). */
-static inline float silu(float x) {
-    dr_v16 v = {0};
-    v[0] = x;
-    return v_silu(v)[0];
-}
-
-/* sum of x^2 over n floats: 16 lanes over the whole vectors, the lanes added pairwise in a fixed order, then
-   the tail in order (the same operations on every ISA). */
-static float sum_squares(const float *x, int64_t n) {
-    dr_v16 acc = {0};
-    const int64_t nv = n / 16;
-    for (int64_t i = 0; i < nv; i++) {
-        const dr_v16 r = ((const dr_v16u *)x)[i];
-        acc = acc + r * r;
-    }
-    float l[16];
-    memcpy(l, &acc, sizeof l);
-    for (int w = 8; w >= 1; w /= 2)
-        for (int j = 0; j < w; j++) l[j] = l[j] + l[j + w];
-    float s = l[0];
-    for (int64_t i = 16 * nv; i < n; i++) s = s + x[i] * x[i];
-    return s;
-}
-
-/* Phase A for one row: the conv of every channel (u_rows[j] = window row j), products rounded then added in
-   tap order, then silu, into c [C]. */
-static void conv_silu(const gdn_params *p, const float *const *u_rows, float *c, int64_t C) {
-    const int64_t K = p->K, nv = C / 16;
-    for (int64_t i = 0; i < nv; i++) {
-        dr_v16 s = ((const dr_v16u *)u_rows[0])[i] * ((const dr_v16u *)p->conv_wt)[i];
-        for (int64_t j = 1; j < K; j++)
-            s = s + ((const dr_v16u *)u_rows[j])[i] * ((const dr_v16u *)(p->conv_wt + j * C))[i];
-        ((dr_v16u *)c)[i] = v_silu(s);
-    }
-    for (int64_t ch = 16 * nv; ch < C; ch++) {
-        float s = u_rows[0][ch] * p->conv_wt[ch];
-        for (int64_t j = 1; j < K; j++) s = s + u_rows[j][ch] * p->conv_wt[j * C + ch];
-        c[ch] = silu(s);
-    }
-}
-
 static void l2_rows(float *x, int64_t heads, int64_t n, float eps) {
     const float inv_n = 1.0f / (float)n, eps_n = eps / (float)n, root = 1.0f / sqrtf((float)n);
     for (int64_t h = 0; h < heads; h++) {
         float *r = x + h * n;
-        const float f = 1.0f / sqrtf(sum_squares(r, n) * inv_n + eps_n);
+        const float f = 1.0f / sqrtf(vm_sum_squares(r, n) * inv_n + eps_n);
         for (int64_t i = 0; i < n; i++) r[i] = (r[i] * f) * root;
     }
 }
@@ -118,7 +51,7 @@ static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 /* One row: conv + silu into c [C], q and k normed in place, the gates into gb [2 Hv] (g | beta). */
 static void row_inputs(const gdn_params *p, const float *const *u_rows, const float *ba, float *c, float *gb) {
     const int64_t kd = p->hk * p->dk, C = 2 * kd + p->hv * p->dv;
-    conv_silu(p, u_rows, c, C);
+    vm_conv_silu(u_rows, p->K, p->conv_wt, NULL, c, C);
     l2_rows(c, 2 * p->hk, p->dk, p->eps);
     for (int64_t h = 0; h < p->hv; h++) {
         gb[h] = softplus(ba[p->hv + h] + p->dt_bias[h]) * p->a[h];
@@ -133,10 +66,10 @@ static void row_output(const gdn_params *p, float *y, const float *z) {
     for (int64_t h = 0; h < p->hv; h++) {
         float *o = y + h * p->dv;
         const float *zh = z + h * p->dv;
-        const float f = 1.0f / sqrtf(sum_squares(o, p->dv) * inv_n + p->eps);
+        const float f = 1.0f / sqrtf(vm_sum_squares(o, p->dv) * inv_n + p->eps);
         for (int64_t i = 0; i < nv; i++) {
-            dr_v16u *ov = (dr_v16u *)o + i;
-            *ov = ((*ov * f) * ((const dr_v16u *)p->norm_w)[i]) * v_silu(((const dr_v16u *)zh)[i]);
+            vm_v16u *ov = (vm_v16u *)o + i;
+            *ov = ((*ov * f) * ((const vm_v16u *)p->norm_w)[i]) * v_silu(((const vm_v16u *)zh)[i]);
         }
         for (int64_t i = 16 * nv; i < p->dv; i++) o[i] = ((o[i] * f) * p->norm_w[i]) * silu(zh[i]);
     }

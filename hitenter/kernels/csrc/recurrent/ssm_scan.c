@@ -14,10 +14,12 @@
    were cut into spans, so a row's bits depend only on its sequence.
 
    Layouts (float32, contiguous): tail [K - 1, C], x [n, C], w [C, K], y [n, C]; state [H, N, P],
-   xs [n, H, P], dt and da [n, H], B and C [n, G, N], ys [n, H, P]. */
+   xs [n, H, P], dt and da [n, H], B and C [n, G, N], ys [n, H, P]. The per-head scan is in ssm_scan.h. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "ssm_scan.h"
 
 int causal_conv(float *tail, const float *x, const float *w, float *y, int64_t n, int64_t C, int64_t K) {
     if (n < 0 || C < 1 || K < 2) return 1;
@@ -39,30 +41,12 @@ int causal_conv(float *tail, const float *x, const float *w, float *y, int64_t n
     return 0;
 }
 
-/* One head's state S [N, P] through the span's tokens: lanes on p (no horizontal sums), the sum over the
-   state index i in order. */
+/* Head h of the packed layouts above. */
 static void head_span(float *S, const float *xs, const float *dt, const float *da, const float *B, const float *Cm,
                       float *ys, int64_t n, int64_t H, int64_t P, int64_t N, int64_t G, int64_t h, float *xdt) {
     const int64_t g = h / (H / G);
-    for (int64_t t = 0; t < n; t++) {
-        const float d = dt[t * H + h], a = da[t * H + h];
-        const float *b = B + (t * G + g) * N, *c = Cm + (t * G + g) * N;
-        const float *x = xs + (t * H + h) * P;
-        float *y = ys + (t * H + h) * P;
-        for (int64_t p = 0; p < P; p++) {
-            xdt[p] = x[p] * d;
-            y[p] = 0.0f;
-        }
-        for (int64_t i = 0; i < N; i++) {
-            float *row = S + i * P;
-            const float bi = b[i], ci = c[i];
-            for (int64_t p = 0; p < P; p++) {
-                const float s = row[p] * a + bi * xdt[p];
-                row[p] = s;
-                y[p] = y[p] + s * ci;
-            }
-        }
-    }
+    const ss_span sp = {xs + h * P, dt + h, da + h, B + g * N, Cm + g * N, ys + h * P, H * P, H, G * N, H * P};
+    ss_head_span(S, &sp, n, P, N, xdt);
 }
 
 int mamba2_scan(float *state, const float *xs, const float *dt, const float *da, const float *B, const float *Cm,
