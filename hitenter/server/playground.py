@@ -13,6 +13,7 @@ Bodies are pydantic models (playground_models.py): a bad one is a 400, never a 5
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -91,10 +92,11 @@ def _sampling_routes(router: APIRouter, pg: Playground) -> None:
 
     @router.post("/generate", openapi_extra=body_doc(GenerateBody))
     async def generate(request: Request) -> StreamingResponse:
+        received = time.monotonic()           # the page's time to first token counts from here, not the engine's arrival
         body = await parse(request, GenerateBody)
         c = pg.engine_of(body.model)
         prompt, templ = pg.prompt_ids_of(c, body)
-        stream = GenerateStream(c, prompt, templ, pg.params_of(body.params), pg.rows)
+        stream = GenerateStream(c, prompt, templ, pg.params_of(body.params), pg.rows, received=received)
         return StreamingResponse(stream.run(), media_type="text/event-stream")
 
     @router.post("/overflow", openapi_extra=body_doc(GenerateBody))

@@ -127,6 +127,11 @@ class CompareBody(_Body):
     word: str = Field("bank", min_length=1, max_length=40)
 
 
+class ProbeBody(_Body):
+    model: str | None = None
+    word: str = Field(min_length=1, max_length=64)      # a word typed to probe the embedding table
+
+
 class OrderBody(_Body):
     model: str | None = None
     a: str = Field("the dog bites the man", min_length=1, max_length=400)

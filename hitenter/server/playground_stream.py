@@ -28,13 +28,14 @@ class GenerateStream:
     """One traced request. ``rows`` is the router's shared cache of logits rows (for /reshape)."""
 
     def __init__(self, client: EngineClient, prompt: list[int], templ: bool, params: SamplingParams,
-                 rows: OrderedDict[tuple[str, int], dict[str, Any]]) -> None:
+                 rows: OrderedDict[tuple[str, int], dict[str, Any]], received: float | None = None) -> None:
         self.client, self.insp, self.tok = client, client.inspector, client.tokenizer
         self.prompt, self.templ, self.params, self.rows = prompt, templ, params, rows
         self.rid = f"pg-{uuid.uuid4().hex[:10]}"
         self.tokens = list(prompt)
         self.per_tok = client.info.kv_bytes_per_token
         self.t0 = time.perf_counter()
+        self.received = received          # time.monotonic() when the server got the HTTP request, if known
         self.q: asyncio.Queue[Any] = asyncio.Queue()
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -117,6 +118,14 @@ class GenerateStream:
             insp.trace(rid, False)
             self.client.abort(rid)
 
+    def _output(self, out: Any) -> dict[str, Any]:
+        """An output event; with ``before_engine``: seconds from the server receiving the request (parsing, chat
+        template, tokenizer) to the engine's arrival time, which the engine's time to first token leaves out."""
+        ev = _output_event(self.tok, out, self.params, self.t0)
+        if self.received is not None and out.metrics is not None:
+            ev["before_engine"] = max(0.0, out.metrics.arrival_time - self.received)
+        return ev
+
     async def _merge(self, outq: asyncio.Queue[Any]) -> Any:
         async def forward() -> None:       # outputs join the step events, in the engine's order
             while not isinstance(out := await outq.get(), BaseException) and not out.finished:
@@ -132,7 +141,7 @@ class GenerateStream:
             if isinstance(item, dict):
                 yield sse(item)
                 continue
-            yield sse(_output_event(self.tok, item, self.params, self.t0))
+            yield sse(self._output(item))
             if item.finished:
                 await fwd
                 await asyncio.sleep(0)                # let the last step event arrive first

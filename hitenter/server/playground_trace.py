@@ -28,6 +28,7 @@ from fastapi import APIRouter, HTTPException, Request
 from hitenter.models.attention import KEY_TILE
 from hitenter.models.trace import (
     Trace,
+    embedding_table,
     logit_lens,
     nearest_tokens,
     trace_forward,
@@ -41,6 +42,7 @@ from hitenter.server.playground_models import (
     CompareBody,
     HeadQuery,
     OrderBody,
+    ProbeBody,
     RopeBody,
     TraceBody,
     TraceQuery,
@@ -152,6 +154,20 @@ def _make_routes(router: APIRouter, T: Traces) -> None:
         ids, sims = await asyncio.to_thread(nearest_tokens, eng.inspector.model(), vec, 8, T.norms)
         return {"index": i, "piece": piece(eng.tokenizer, tr.token_ids[i]), "vector": r4(vec), "norm": float(vec.norm()),
                 "nearest": [{"piece": piece(eng.tokenizer, t), "cos": s} for t, s in zip(ids, sims, strict=True)]}
+
+    @router.post("/trace/probe", openapi_extra=body_doc(ProbeBody))
+    async def probe(request: Request) -> dict[str, Any]:
+        """A typed word's row of the embedding table (its first token's, as the word reads after a space inside a
+        sentence; all its tokens listed) and the rows nearest it by cosine similarity."""
+        b = await parse(request, ProbeBody)
+        model, tok = T.model_of(b.model), T.pg.engine_of(b.model).tokenizer
+        ids = tok.encode(" " + b.word.strip(), add_bos=False, parse_special=False)
+        if not b.word.strip() or not ids:
+            raise HTTPException(400, "word: type a word (letters, not only spaces)")
+        vec = embedding_table(model)[ids[0]].float()
+        near, sims = await asyncio.to_thread(nearest_tokens, model, vec, 9, T.norms)
+        return {"word": b.word.strip(), "pieces": [piece(tok, t) for t in ids], "id": ids[0], "norm": float(vec.norm()),
+                "nearest": [{"piece": piece(tok, t), "cos": s} for t, s in zip(near, sims, strict=True)]}
 
     @router.post("/trace/lens", openapi_extra=body_doc(TraceQuery))
     async def lens(request: Request) -> dict[str, Any]:

@@ -22,6 +22,35 @@ export function strip(vec, { height = 26, width = 560 } = {}) {
 }
 
 const embSeq = sequencer();
+
+// Probe the table with a typed word: its own row (the first token of " word") and the rows nearest it, kept in
+// S.probe across the panel's redraws.
+function probeBox(S) {
+  const P = S.probe || (S.probe = { word: "king", r: null, error: null });
+  const input = el("input", { type: "text", id: "probe-word", value: P.word, size: 12, oninput: () => { P.word = input.value; } });
+  const out = el("div", { id: "probe-out" });
+  const draw = () => {
+    if (P.error) { clear(out, el("p", { class: "err", id: "probe-error" }, P.error)); return; }
+    if (!P.r) { clear(out, el("p", { class: "note" }, "type a word (king, python, Paris…) and look at its neighbours")); return; }
+    const r = P.r;
+    clear(out, el("div", { id: "probe", dataset: { word: r.word, id: r.id, norm: r.norm, model: r.model,
+      nearest: JSON.stringify(r.nearest.map((n) => n.piece.id)), cos: JSON.stringify(r.nearest.map((n) => n.cos)) } },
+    el("p", {}, `“${r.word}” is `, r.pieces.map((p) => tokenChip(p)), r.pieces.length > 1 ? ` (${r.pieces.length} tokens: the first one's row)` : "",
+      `: row ${r.id}. Nearest rows by cosine similarity:`),
+    el("div", { class: "row" }, r.nearest.map((n) => el("span", { class: "near" }, tokenChip(n.piece), el("small", {}, n.cos.toFixed(3)))))));
+  };
+  const go = async () => {
+    P.error = null;
+    try { P.r = { ...(await postJSON("/trace/probe", { model: S.modelName, word: P.word })), model: S.modelName }; } catch (e) {
+      P.r = null; P.error = `probe: ${e.message.replace(/^[^{]*\{"detail":"?|"?\}$/g, "")}`;
+    }
+    draw();
+  };
+  if (P.r && P.r.model !== S.modelName) P.r = null;       // another model's table: not this one's neighbours
+  draw();
+  return el("div", { class: "probe" }, el("p", {}, el("b", {}, "probe a word: "), input, " ",
+    el("button", { id: "btn-probe", onclick: go }, "nearest rows")), out);
+}
 export async function renderEmbedding(body, S, index = null) {
   const tr = S.trace;
   if (!tr) { clear(body, live("the model's embedding table"), el("p", { class: "note" }, "Press Enter to trace the prompt.")); return; }
@@ -39,7 +68,8 @@ export async function renderEmbedding(body, S, index = null) {
     strip(e.vector),
     el("p", { class: "note" }, "each column is one dimension: blue negative, red positive (scaled to the largest)."),
     el("p", {}, el("b", {}, "nearest rows by cosine similarity"), " (tokens the model learned to treat alike):"),
-    el("div", { class: "row" }, e.nearest.map((n) => el("span", { class: "near" }, tokenChip(n.piece), el("small", {}, n.cos.toFixed(3)))))));
+    el("div", { class: "row" }, e.nearest.map((n) => el("span", { class: "near" }, tokenChip(n.piece), el("small", {}, n.cos.toFixed(3)))))),
+    probeBox(S));
 }
 
 // A small SVG line chart: points [[x, y]] in data units.

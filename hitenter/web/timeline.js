@@ -30,7 +30,9 @@ export function renderTimeline(body, run) {
       el("span", {}, el("i", { style: { background: "var(--decode)" } }), "decode (one token each)")),
     el("div", { class: "timeline", id: "timeline", dataset: { steps: steps.length, prefills: prefills.length,
       cached: run.cached ?? 0, ttft: run.ttft ?? "", first_token_end: firstTok ? firstTok.t_end : "" } }, bars),
-    el("p", { id: "ttft" }, `time to first token: ${ms(run.ttft)} (waiting + ${prefills.length} prefill step${prefills.length === 1 ? "" : "s"}`
+    el("p", { id: "ttft", dataset: { beforeEngine: run.beforeEngine ?? "" } }, `time to first token: `
+      + (run.beforeEngine ? `${ms(run.beforeEngine + run.ttft)} = ${ms(run.beforeEngine)} before the engine (template, tokenizer) + ` : "")
+      + `${ms(run.ttft)} in the engine (waiting + ${prefills.length} prefill step${prefills.length === 1 ? "" : "s"}`
       + `${prefills.length > 1 ? ": the long prompt was chunked" : ""})`),
     run.cached ? el("p", { class: "note" }, `${run.cached} prompt tokens were already in the prefix cache and were not recomputed.`) : null,
     el("p", { id: "tbt", dataset: { mean: meanItl ?? "", decode: meanDecode ?? "" } }, `time between tokens: ${ms(meanItl)} on average `

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from hitenter.engine.async_engine import AsyncLLMEngine
 from hitenter.engine.llm_engine import LLMEngine
-from hitenter.models.trace import trace_forward
+from hitenter.models.trace import embedding_table, trace_forward
 from hitenter.server.playground import make_playground_router
 
 OPTS = dict(kv_cache_memory=64 * 4 * 512, block_size=4, max_model_len=128, max_num_batched_tokens=16)
@@ -187,3 +187,22 @@ def test_one_head_and_the_layer_parts(client) -> None:
         assert p["attention"] > 0 and p["mlp"] > 0 and p["error"] <= 1e-3 * max(1.0, p["scale"])
     bad = c.post("/playground/api/trace/head", json={"trace_id": s["trace_id"], "layer": 99, "head": 0, "index": q})
     assert bad.status_code == 400
+
+
+def test_a_typed_word_probes_the_embedding_table(client) -> None:
+    """/trace/probe: the word's first token (as it reads after a space), its row's nearest rows by cosine (itself
+    first), computed here from the model's table; an empty word, a long one and the trigram toy are 400s."""
+    c, eng = client
+    r = c.post("/playground/api/trace/probe", json={"model": "tiny", "word": "hello"})
+    assert r.status_code == 200, r.text
+    j = r.json()
+    ids = eng.tokenizer.encode(" hello", add_bos=False, parse_special=False)
+    assert j["id"] == ids[0] and [p["id"] for p in j["pieces"]] == ids
+    table = embedding_table(eng.runner.model).float()
+    cos = torch.nn.functional.cosine_similarity(table, table[ids[0]][None], dim=-1)
+    want = cos.topk(9).indices.tolist()
+    assert [n["piece"]["id"] for n in j["nearest"]] == want and j["nearest"][0]["cos"] == pytest.approx(1, abs=1e-5)
+    assert j["norm"] == pytest.approx(float(table[ids[0]].norm()), rel=1e-5)
+    for body in ({"model": "tiny", "word": "   "}, {"model": "tiny", "word": "x" * 65}, {"model": "tiny"},
+                 {"model": "trigram", "word": "hello"}):
+        assert c.post("/playground/api/trace/probe", json=body).status_code == 400, body
