@@ -22,7 +22,11 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image
+from PIL import BmpImagePlugin, GifImagePlugin, Image, JpegImagePlugin, PngImagePlugin, WebPImagePlugin
+
+# The decoders of ImageLimits' formats, registered at import: Image.open then never falls back to importing
+# every Pillow plugin (tens of modules) on the first request whose bytes match none of them.
+_PLUGINS = (BmpImagePlugin, GifImagePlugin, JpegImagePlugin, PngImagePlugin, WebPImagePlugin)
 
 MIME_FORMATS: dict[str, str] = {"image/png": "PNG", "image/jpeg": "JPEG", "image/jpg": "JPEG",
                                 "image/webp": "WEBP", "image/gif": "GIF", "image/bmp": "BMP"}
