@@ -159,6 +159,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workloads", default="short,mixed,long,rerank")
+    ap.add_argument("--llama-extra", default="", help="more llama-server arguments, e.g. '--poll 0'")
     ap.add_argument("--files", type=Path, default=Path(tempfile.gettempdir()) / "hitenter-bench-embeddings")
     args = ap.parse_args()
     args.files.mkdir(parents=True, exist_ok=True)
@@ -176,7 +177,7 @@ def main() -> None:
         flag = "--reranking" if kind == "rank" else "--embedding"
         with HitenterServer(file, args.threads, ctx) as hs, \
              LlamaServer(args.llama_server_bin, file, parallel=32, ctx_per_slot=ctx, threads=args.threads,
-                         extra_args=(flag, "--no-repack")) as ls:
+                         extra_args=(flag, "--no-repack", *args.llama_extra.split())) as ls:
             for rnd in range(args.rounds):
                 order = [("hitenter", hs.url), ("llama-server", ls.url)]
                 for name in todo:
@@ -198,6 +199,7 @@ def main() -> None:
                 print(f"round {rnd + 1}: {uptime()}", file=sys.stderr)
     print("after:", uptime(), file=sys.stderr)
     rows, result = [], {"shape": args.shape, "quant": args.quant or "F32", "threads": args.threads,
+                        "llama_extra": args.llama_extra,
                         "rounds": args.rounds, "uptime_after": uptime(), "workloads": {}}
     for name in names:
         th, tl = statistics.median(times[(name, "hitenter")]), statistics.median(times[(name, "llama-server")])
