@@ -153,8 +153,20 @@ def test_chunked_and_batched_rows_keep_the_lone_runs_bits(family: str, fmt: str,
         assert torch.equal(torch.cat(parts[i]), alone[i]), i
 
 
+@pytest.fixture(scope="module")
+def fused_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny gemma4 with per-layer inputs of 32 (one Q8_0 block): every layer's projections native
+    blocks, so its rows run the fused C layer (the golden file's 16 keep the per-layer projection dense)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(GEMMA4, "per_layer", 32)
+        return write_tiny_family(tmp_path_factory.mktemp("gemma4") / "gemma4-fused.gguf", "gemma4", quant="Q8_0")
+
+
 @pytest.mark.slow
-def test_engine_batches_chunks_and_prefix_hits_give_the_lone_runs_tokens(q8_path: Path) -> None:
+@pytest.mark.parametrize("which", ["torch layers", "fused layers"])
+def test_engine_batches_chunks_and_prefix_hits_give_the_lone_runs_tokens(which: str, q8_path: Path,
+                                                                          fused_path: Path) -> None:
+    path = fused_path if which == "fused layers" else q8_path
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(3, 60))] for _ in range(6)]
     prompts[0] = [rng.randrange(3, 300) for _ in range(50)]
@@ -164,12 +176,14 @@ def test_engine_batches_chunks_and_prefix_hits_give_the_lone_runs_tokens(q8_path
     def sig(o):  # noqa: ANN001, ANN202
         return o.outputs[0].token_ids, [(p.chosen.token_id, p.chosen.logprob) for p in o.outputs[0].logprobs]
 
-    llm = LLM(str(q8_path), max_num_batched_tokens=256)
+    llm = LLM(str(path), max_num_batched_tokens=256)
+    fused = llm.engine.parts.runner.plan.fused_prompt_max > 0
+    assert fused == (which == "fused layers"), llm.engine.parts.runner.plan.describe()
     alone = [sig(llm.generate([p], sp)[0]) for p in prompts]
     assert [sig(o) for o in llm.generate(prompts, sp)] == alone
     warm = llm.generate([prompts[1]], sp)[0]
     assert warm.num_cached_tokens >= 32 and sig(warm) == alone[1]
-    chunked = LLM(str(q8_path), max_num_batched_tokens=16, enable_prefix_caching=False)
+    chunked = LLM(str(path), max_num_batched_tokens=16, enable_prefix_caching=False)
     assert [sig(o) for o in chunked.generate(prompts, sp)] == alone
 
 
