@@ -119,9 +119,11 @@ class GenerateStream:
             self.client.abort(rid)
 
     def _output(self, out: Any) -> dict[str, Any]:
-        """An output event; with ``before_engine``: seconds from the server receiving the request (parsing, chat
+        """An output event (with the prefill worker's timings when the engine is disaggregated); with ``before_engine``: seconds from the server receiving the request (parsing, chat
         template, tokenizer) to the engine's arrival time, which the engine's time to first token leaves out."""
         ev = _output_event(self.tok, out, self.params, self.t0)
+        if out.extra.get("disaggregated"):    # prefilled by the worker process: its own timings and the KV shipped
+            ev["disaggregated"] = out.extra["disaggregated"]
         if self.received is not None and out.metrics is not None:
             ev["before_engine"] = max(0.0, out.metrics.arrival_time - self.received)
         return ev

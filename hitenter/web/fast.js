@@ -40,6 +40,19 @@ function measured(m) {
     + `${(b.tokens_per_s / a.tokens_per_s).toFixed(1)}× the throughput (greedy, ${m.tokens} tokens each, the engine's own step times; a shared machine, so noisy).`);
 }
 
+// The disaggregation row's live part: the page's run as the prefill worker reported it, or that this server
+// runs both phases in one engine.
+function disaggRun(run) {
+  const d = run && run.disagg;
+  if (!d) return "this server runs both phases in one engine (see the outlined prefill columns in panel 7).";
+  const msOf = (s) => `${(1000 * s).toFixed(1)} ms`;
+  return el("span", { id: "fast-disagg", dataset: { tokens: d.prefill_tokens, kvBytes: d.kv_bytes, prefillS: d.prefill_s,
+    transferS: d.transfer_s, queueS: d.prefill_queue_s, totalS: d.remote_total_s } },
+  el("b", {}, "this server runs them apart: "), `your prompt's first ${d.prefill_tokens} tokens were prefilled by the worker process in `
+    + `${msOf(d.prefill_s)} (after ${msOf(d.prefill_queue_s)} in its queue); their KV cache, ${bytes(d.kv_bytes)}, came back in `
+    + `${msOf(d.transfer_s)} (${msOf(d.remote_total_s)} in all); this process computed the last prompt token and decoded every token after it.`);
+}
+
 // `ctl`: {n, measure(n), specTokens, spec, speculate(tokens)}: the N to measure with and speculation's run (kept
 // across redraws: the panel is redrawn on every event).
 export function renderFast(body, f, run, eng, m = null, ctl = { n: 8, measure: null }) {
@@ -90,7 +103,7 @@ export function renderFast(body, f, run, eng, m = null, ctl = { n: 8, measure: n
       : "send a burst in panel 7: many requests share each step")),
     row("disaggregation", "prefill and decode on different machines (DistServe, Splitwise) so a long prompt never stalls "
       + "everyone's decode steps: `hitenter serve --disaggregate prefill=1,decode=1` prefills in a worker of its own and ships the KV "
-      + "blocks over; this server runs both phases in one engine (see the outlined prefill columns in panel 7)."),
+      + "blocks over; ", disaggRun(run)),
     row("bigger models", "a model too big for one device is split: `--tensor-parallel-size N` shards every layer's weights "
       + "across N processes, each reading its share per step and exchanging partial results.")));
   if (focusedId && body.querySelector(`#${focusedId}`)) body.querySelector(`#${focusedId}`).focus();   // kept across redraws
