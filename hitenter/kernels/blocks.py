@@ -37,6 +37,9 @@ class BlockWeight:
     shape: tuple[int, int]
     lanes: int = 0
     _lane_bytes: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
+    # of a meta placeholder (a weight-cache build, hitenter/models/weight_cache.py): the file's weight it
+    # stands for, which `dequantize` / `file_rows` read (a router dequantized while the model is built)
+    source: BlockWeight | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         elems, nbytes = BLOCK_TYPES[self.qtype]
@@ -82,6 +85,8 @@ class BlockWeight:
         """fp32 `[N, K]` (or just `rows`), exactly the file's values (gguf's reference dequantizer; for `rows`,
         an embedding lookup, its type's block formulas called directly: through `gguf.quants.dequantize` a
         decode step's one-row lookup would cost far more in wrapper than in arithmetic)."""
+        if self.source is not None:
+            return self.source.dequantize(rows)
         data = self.file_rows(rows)
         blocks = getattr(gguf.quants, Q(self.qtype).name, None) if rows is not None else None
         if blocks is not None and hasattr(blocks, "dequantize_blocks"):
@@ -93,6 +98,8 @@ class BlockWeight:
     def file_rows(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The file's rows `[N, K / block_elems * block_bytes]` (or just `rows`, in that order); of a repacked
         weight the repacking undone, for `rows` reading only their bytes (a tied embedding's lookups)."""
+        if self.source is not None:
+            return self.source.file_rows(rows)
         if not self.lanes:
             return self.data if rows is None else self.data.index_select(0, rows)
         n, k = self.shape

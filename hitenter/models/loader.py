@@ -194,6 +194,7 @@ def block_weights(reader: Any, names: set[str], placeholders: dict[int, Any] | N
             real = out[t.name]
             out[t.name] = BlockWeight(torch.empty(real.data.shape, dtype=torch.uint8, device="meta"),
                                       real.qtype, real.shape)
+            out[t.name].source = real   # what a build that reads the weight's values reads
             placeholders[id(out[t.name].data)] = real
     out.update(load_tensors(reader, names - set(out)))
     return out

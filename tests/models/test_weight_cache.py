@@ -5,6 +5,7 @@ off with HITENTER_WEIGHT_CACHE=0."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -14,7 +15,10 @@ import torch
 from hitenter.models import weight_cache
 from hitenter.models.block_linear import BlockEmbedding, BlockLinear
 from hitenter.models.loader import load_model
+from hitenter.testing.hybrid_goldens import lone_logits
 from hitenter.testing.model_runs import sequence_logits
+from hitenter.testing.tiny_families import FAMILIES, write_tiny_family
+from hitenter.testing.tiny_hybrids import write_tiny_hybrid
 from hitenter.testing.tiny_model import write_tiny_gguf
 
 IDS = [5, 9, 17, 3, 40, 41, 2, 7, 11, 60]
@@ -114,3 +118,21 @@ def test_a_placeholder_left_in_the_model_falls_back_to_the_file(tmp_path: Path,
     assert torch.equal(got, want)
     emb = next(m for m in model.modules() if isinstance(m, BlockEmbedding))
     assert not emb.table.data.is_meta and not any(t.is_meta for t in model.buffers())
+
+
+@pytest.mark.slow   # four loads of a mixture / hybrid model each
+@pytest.mark.parametrize("family", ["qwen3moe", "lfm2moe"])
+def test_mixture_and_hybrid_models_load_from_the_cache(tmp_path: Path, family: str,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A build that dequantizes a router reads the placeholder's file weight: the cached load is used (no
+    fall-back to the file) and its logits are the uncached load's."""
+    write = write_tiny_family if family in FAMILIES else write_tiny_hybrid
+    path = write(tmp_path / "m.gguf", family, quant="Q8_0")
+    os.environ["HITENTER_WEIGHT_CACHE"] = "0"
+    want = lone_logits(load_model(path)[0], IDS)
+    os.environ["HITENTER_WEIGHT_CACHE"] = "1"
+    load_model(path)
+    with caplog.at_level(logging.INFO, logger="hitenter.loader"):
+        model, _ = load_model(path)
+    assert model.weight_arena.read_only and "not used" not in caplog.text
+    assert torch.equal(lone_logits(model, IDS), want)
