@@ -13,6 +13,8 @@ projections in `quant`). Families (name: general.architecture, pooling_type):
   attention.causal false. The WordPiece vocabulary of `add_wordpiece_tokenizer`.
 - bert_rank (bert, rank): bge-reranker-shaped: bert plus the classifier head cls.weight [64, 64],
   cls.bias, cls.output.weight [1, 64], cls.output.bias [1]: score = out(tanh(cls(x[CLS]))).
+- bert_rank_xlmr (bert, rank): bge-reranker-v2-m3-shaped (an XLM-R cross-encoder): bert_rank with the
+  unigram vocabulary of `add_unigram_tokenizer` and token_types [1, 64] (XLM-R has one token type).
 - nomic-bert (nomic-bert, mean): nomic-embed-text-shaped. 2 layers, fused attn_qkv [192, 64] without biases,
   RoPE NEOX at rope.freq_base 1000, SwiGLU ffn_gate / ffn_up / ffn_down, BERT's LayerNorms, token_types,
   no position embeddings. WordPiece vocabulary.
@@ -42,16 +44,19 @@ import gguf
 from hitenter.testing.tiny_families import _Writer
 from hitenter.testing.tiny_model import add_tokenizer
 
-ENCODERS = ("bert", "bert_rank", "nomic-bert", "nomic-bert-moe", "gemma-embedding", "qwen3_embed", "qwen3_rank")
-ARCHITECTURES = {"bert": "bert", "bert_rank": "bert", "nomic-bert": "nomic-bert", "nomic-bert-moe": "nomic-bert-moe",
+ENCODERS = ("bert", "bert_rank", "bert_rank_xlmr", "nomic-bert", "nomic-bert-moe", "gemma-embedding", "qwen3_embed",
+            "qwen3_rank")
+ARCHITECTURES = {"bert": "bert", "bert_rank": "bert", "bert_rank_xlmr": "bert", "nomic-bert": "nomic-bert",
+                 "nomic-bert-moe": "nomic-bert-moe",
                  "gemma-embedding": "gemma-embedding", "qwen3_embed": "qwen3", "qwen3_rank": "qwen3"}
 POOLING = {"bert": gguf.PoolingType.CLS, "bert_rank": gguf.PoolingType.RANK, "nomic-bert": gguf.PoolingType.MEAN,
-           "nomic-bert-moe": gguf.PoolingType.MEAN,
+           "bert_rank_xlmr": gguf.PoolingType.RANK, "nomic-bert-moe": gguf.PoolingType.MEAN,
            "gemma-embedding": gguf.PoolingType.MEAN, "qwen3_embed": gguf.PoolingType.LAST,
            "qwen3_rank": gguf.PoolingType.RANK}
 HIDDEN, HEADS, FFN, CONTEXT = 64, 4, 128, 128
-LAYERS, QWEN3_HEAD_DIM, QWEN3_KV_HEADS = 2, 32, 2
-MOE_EXPERTS = 4   # bench/embeddings.py writes realistic shapes by setting these
+LAYERS, QWEN3_HEAD_DIM, QWEN3_KV_HEADS = 2, 32, 2   # bench/embeddings.py writes realistic shapes by setting these
+MOE_EXPERTS = 4
+UNIGRAM = ("bert_rank_xlmr", "nomic-bert-moe")     # the families with the unigram ("t5") vocabulary
 # Qwen3-Reranker's template in the shape convert writes it (tokenizer.chat_template.rerank), shortened
 RERANK_TEMPLATE = ("<|im_start|>system\nJudge: yes or no.<|im_end|>\n<|im_start|>user\n<Query>: {query}\n"
                    "<Document>: {document}<|im_end|>\n<|im_start|>assistant\n")
@@ -141,7 +146,7 @@ def _bert(f: _Writer, family: str) -> None:
         w.add_uint32("nomic-bert-moe.moe_every_n_layers", 2)
     vocab = f.finish_metadata()
     f.add("token_embd.weight", f.normal(vocab, HIDDEN, std=0.5))
-    f.add("token_types.weight", f.normal(1 if moe else 2, HIDDEN, std=0.3))
+    f.add("token_types.weight", f.normal(1 if family in UNIGRAM else 2, HIDDEN, std=0.3))
     if not nomic:
         f.add("position_embd.weight", f.normal(CONTEXT, HIDDEN, std=0.3))
     f.add("token_embd_norm.weight", f.norm(HIDDEN))
@@ -168,7 +173,7 @@ def _bert(f: _Writer, family: str) -> None:
             _ffn(f, p, gated=nomic and not moe)
         f.add(p + "layer_output_norm.weight", f.norm(HIDDEN))
         f.add(p + "layer_output_norm.bias", f.normal(HIDDEN, std=0.1))
-    if family == "bert_rank":
+    if family in ("bert_rank", "bert_rank_xlmr"):
         f.add("cls.weight", f.normal(HIDDEN, HIDDEN, std=0.2))
         f.add("cls.bias", f.normal(HIDDEN, std=0.1))
         f.add("cls.output.weight", f.normal(1, HIDDEN, std=0.5))
@@ -260,9 +265,9 @@ def write_tiny_encoder(path: str | Path, family: str, seed: int = 0, quant: str 
     if family not in ENCODERS:
         raise ValueError(f"unknown tiny encoder {family!r}; known: {', '.join(ENCODERS)}")
     path = Path(path)
-    bert_like = family in ("bert", "bert_rank", "nomic-bert", "nomic-bert-moe")
-    tokenizer = {"nomic-bert-moe": add_unigram_tokenizer}.get(family, add_wordpiece_tokenizer if bert_like
-                                                                else add_tokenizer)
+    bert_like = family in ("bert", "bert_rank", "bert_rank_xlmr", "nomic-bert", "nomic-bert-moe")
+    tokenizer = (add_unigram_tokenizer if family in UNIGRAM else add_wordpiece_tokenizer if bert_like
+                 else add_tokenizer)
     f = _Writer(path, ARCHITECTURES[family], family, seed, quant, tokenizer=tokenizer)
     if bert_like:
         _bert(f, family)

@@ -29,7 +29,7 @@ from hitenter.testing.tiny_encoders import ENCODERS, write_tiny_encoder
 
 TOL = 1e-5
 TOL_FP16_GELU = 2e-3
-FP16_GELU = ("bert", "bert_rank", "nomic-bert-moe", "gemma-embedding")
+FP16_GELU = ("bert", "bert_rank", "bert_rank_xlmr", "nomic-bert-moe", "gemma-embedding")
 _EXACT_GELU = F.gelu
 
 
@@ -117,13 +117,15 @@ def test_packed_sequences_are_independent(family: str, tmp_path: Path) -> None:
     torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
 
 
-def test_unigram_text_ids_match_llama_cpp(tmp_path: Path) -> None:
-    """nomic-bert-moe's unigram ("t5") vocabulary tokenizes TEXTS as llama.cpp does (<s> ... </s>)."""
+@pytest.mark.parametrize("family", ["bert_rank_xlmr", "nomic-bert-moe"])
+def test_unigram_text_ids_match_llama_cpp(family: str, tmp_path: Path) -> None:
+    """The unigram ("t5") vocabularies (XLM-R's kind) tokenize TEXTS as llama.cpp does (<s> ... </s>), and
+    a rerank pair as llama-server formats it."""
     from hitenter.testing.tiny_encoders import TEXTS
     from hitenter.tokenizer import Tokenizer, UgmTokenizer
 
-    gold = _golden("nomic-bert-moe")
-    tok = Tokenizer.from_gguf(_tiny("nomic-bert-moe", gold, tmp_path))
+    gold = _golden(family)
+    tok = Tokenizer.from_gguf(_tiny(family, gold, tmp_path))
     assert isinstance(tok, UgmTokenizer)
     assert [tok.encode(t, parse_special=False) for t in TEXTS] == _split(gold["text_ids"], gold["text_lengths"])
     from hitenter.server.serving_rerank import rerank_tokens
