@@ -96,8 +96,9 @@ def mtp_proposer(target: torch.nn.Module, path: str, num_blocks: int, block_size
     from hitenter.models.mtp import load_mtp_head
 
     head = load_mtp_head(path, target)
+    trimmed = draft_logits(target, draft_vocab_size()) if head.own_head is None else None   # the shared head
     return MTPProposer(head, KVCacheManager(num_blocks, block_size, enable_prefix_caching=False),
-                       head.allocate_cache(num_blocks, block_size, kv_dtype))
+                       head.allocate_cache(num_blocks, block_size, kv_dtype), trimmed)
 
 
 def adaptive_k(k_max: int) -> AdaptiveK | None:

@@ -18,12 +18,13 @@ output of the row before)`` at ``C + j - 1`` (llama.cpp's chained MTP drafting).
 drafted share each step's pass. After drafting, positions ``<= C`` stay valid; the rows computed from
 drafts are recomputed from the target's hidden states once verification settles them. Drafts are drawn
 as the draft model's are (proposers.draw_drafts: the request's logits processors, greedy or the seeded
-race, grammars).
+race, grammars), on the first HITENTER_DRAFT_VOCAB ids of the shared LM head (draft_head.py; the head is
+most of a block step's bytes: a vocabulary of 150k+ rows against one decoder layer).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -42,8 +43,11 @@ class MTPProposer:
 
     wants_hidden = True   # the engine hands it the target's hidden rows after each forward
 
-    def __init__(self, head: MTPHead, kv: KVCacheManager, cache: torch.Tensor) -> None:
-        self.head, self.kv, self.cache = head, kv, cache
+    def __init__(self, head: MTPHead, kv: KVCacheManager, cache: torch.Tensor,
+                 trimmed: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """`trimmed`: scores the block's output rows on the first ids of the vocabulary only (draft_head.py's
+        TrimmedHead over the target's head, which the block shares); None: the block's full head."""
+        self.head, self.kv, self.cache, self.trimmed = head, kv, cache, trimmed
         self.steps_run = 0
         self._mirrors: dict[str, Request] = {}
         self._valid: dict[str, int] = {}
@@ -156,5 +160,6 @@ class MTPProposer:
                 if step == 0:   # positions <= C were computed from the target's own rows
                     self._valid[m.request_id] = computed[i] + 1
                 own[i] = last[j]
-            draw_drafts(chain, self.head.compute_logits(last), mirrors, rows, seeds, toks, grammars, pushed)
+            logits = self.trimmed(last) if self.trimmed is not None else self.head.compute_logits(last)
+            draw_drafts(chain, logits, mirrors, rows, seeds, toks, grammars, pushed)
         return toks
