@@ -101,6 +101,11 @@ class EngineInspector(Protocol):
         """Weight format and bytes, KV bytes per token, speculative decoding (the "fast" panel)."""
         ...
 
+    def tp_counters(self) -> dict[str, Any] | None:
+        """A tensor-parallel engine's process count and rank 0's collectives so far ({size, calls, seconds});
+        None for one process."""
+        ...
+
 
 class EngineClient(Protocol):
     info: ModelInfo

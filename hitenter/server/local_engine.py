@@ -248,4 +248,14 @@ class LocalInspector:
         layer = getattr(net, "layers", [None])[0]
         fmt = f"{type(getattr(layer, 'qkv', net)).__name__} · {getattr(net, 'dtype', '')}".replace("torch.", "")
         return {"weight_format": fmt, "weight_bytes": int(net.weight_bytes()) if hasattr(net, "weight_bytes") else 0,
-                "spec": None if spec is None else {"method": spec.method, "k": spec.k}}
+                "spec": None if spec is None else {"method": spec.method, "k": spec.k},
+                "tensor_parallel": self.tp_counters()}
+
+    def tp_counters(self) -> dict[str, Any] | None:
+        """A tensor-parallel runner's processes and rank 0's collectives so far (all-reduces, broadcasts,
+        gathers: how many and the seconds spent in them); None for one process."""
+        runner = self._llm.runner
+        group = getattr(getattr(runner, "model", None), "group", None)
+        if not hasattr(runner, "comm_seconds") or group is None:
+            return None
+        return {"size": int(runner.tp_size), "calls": int(group.comm_calls), "seconds": float(runner.comm_seconds)}

@@ -36,6 +36,7 @@ class GenerateStream:
         self.per_tok = client.info.kv_bytes_per_token
         self.t0 = time.perf_counter()
         self.received = received          # time.monotonic() when the server got the HTTP request, if known
+        self.tp0 = self.insp.tp_counters()     # a tensor-parallel engine's collectives before the request
         self.q: asyncio.Queue[Any] = asyncio.Queue()
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -126,6 +127,10 @@ class GenerateStream:
             ev["disaggregated"] = out.extra["disaggregated"]
         if self.received is not None and out.metrics is not None:
             ev["before_engine"] = max(0.0, out.metrics.arrival_time - self.received)
+        if self.tp0 is not None and out.finished:     # the processes' messages while it ran (its steps, and any
+            tp = self.insp.tp_counters() or self.tp0      # other request's that shared them)
+            ev["tensor_parallel"] = {"size": tp["size"], "calls": tp["calls"] - self.tp0["calls"],
+                                     "seconds": tp["seconds"] - self.tp0["seconds"]}
         return ev
 
     async def _merge(self, outq: asyncio.Queue[Any]) -> Any:

@@ -53,6 +53,16 @@ function disaggRun(run) {
     + `${msOf(d.transfer_s)} (${msOf(d.remote_total_s)} in all); this process computed the last prompt token and decoded every token after it.`);
 }
 
+// The tensor-parallel row's live part: the collectives rank 0 ran while the page's request did.
+function tpRun(run, steps) {
+  const t = run && run.tp;
+  if (!t) return "This server runs the model in one process.";
+  return el("span", { id: "fast-tp", dataset: { size: t.size, calls: t.calls, seconds: t.seconds, steps } },
+    el("b", {}, `this server splits it over ${t.size} processes: `), `while your request ran (${steps} steps), this process exchanged `
+      + `${t.calls} collective messages with the other${t.size > 2 ? "s" : ""} (the batch sent out, an all-reduce after each sharded `
+      + `layer, the logits gathered), ${(1000 * t.seconds).toFixed(1)} ms in all.`);
+}
+
 // `ctl`: {n, measure(n), specTokens, spec, speculate(tokens)}: the N to measure with and speculation's run (kept
 // across redraws: the panel is redrawn on every event).
 export function renderFast(body, f, run, eng, m = null, ctl = { n: 8, measure: null }) {
@@ -105,6 +115,6 @@ export function renderFast(body, f, run, eng, m = null, ctl = { n: 8, measure: n
       + "everyone's decode steps: `hitenter serve --disaggregate prefill=1,decode=1` prefills in a worker of its own and ships the KV "
       + "blocks over; ", disaggRun(run)),
     row("bigger models", "a model too big for one device is split: `--tensor-parallel-size N` shards every layer's weights "
-      + "across N processes, each reading its share per step and exchanging partial results.")));
+      + "across N processes, each reading its share per step and exchanging partial results. ", tpRun(run, steps.length))));
   if (focusedId && body.querySelector(`#${focusedId}`)) body.querySelector(`#${focusedId}`).focus();   // kept across redraws
 }

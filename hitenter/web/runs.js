@@ -30,7 +30,8 @@ export function consume(run, ev) {
     // a thinking model: the reply's two stages, as the model's reasoning parser reads them (absent otherwise)
     Object.assign(run, { thinking: ev.thinking, answer: ev.answer });
     Object.assign(run, { ttft: ev.ttft, beforeEngine: ev.before_engine ?? null, itl: ev.itl, cached: ev.num_cached_tokens });
-    if (ev.disaggregated) run.disagg = ev.disaggregated;      // the prefill worker's own timings and the KV it shipped
+    if (ev.disaggregated) run.disagg = ev.disaggregated;
+    if (ev.tensor_parallel) run.tp = ev.tensor_parallel;       // the processes' collectives while it ran      // the prefill worker's own timings and the KV it shipped
     if (ev.finished) {
       const budgetLeft = run.params.max_tokens - run.tokens.length;
       if (run.mode !== "step" || ev.finish_reason === "stop" || budgetLeft <= 0) {

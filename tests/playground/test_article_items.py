@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from hitenter.testing.paths import TEST_OUTPUT
 from hitenter.testing.playground_page import CHROMIUM, finished
@@ -633,8 +634,16 @@ def i_speculative(w: Walk) -> str:
             model="smollm2-spec", trigram=False, max_tokens=4)
     w.pg.wait_for_selector("#fast-spec[data-on=true]", timeout=WAIT)
     w.pg.fill("#spec-tokens", "24")
-    w.pg.click("#btn-spec")
-    w.pg.wait_for_selector("#spec-compare", timeout=WAIT)
+    for _ in range(3):      # the row is redrawn on every engine event: a click on a replaced button is lost
+        w.pg.click("#btn-spec")
+        try:
+            w.pg.wait_for_function("() => !document.querySelector('#spec-result').textContent.includes('not run yet')",
+                                   timeout=10000)
+            break
+        except PlaywrightTimeout:
+            continue
+    w.pg.wait_for_selector("#spec-compare, #spec-result .err", timeout=WAIT)
+    assert w.pg.query_selector("#spec-result .err") is None, w.pg.inner_text("#spec-result")
     s = w.js("() => ({ ...document.querySelector('#spec-compare').dataset })")
     assert s["same"] == "true" and int(s["tokens"]) == 24 and int(s["stepsOff"]) == 24
     assert int(s["stepsOn"]) == 24 - int(s["accepted"]) and int(s["accepted"]) <= int(s["drafted"])
