@@ -36,7 +36,7 @@ from hitenter.models.block_linear import BlockLinear, own_block_bytes
 from hitenter.models.families.qwen35 import split_gate_up
 from hitenter.models.gguf import load_tensors, open_gguf, read_gguf_metadata
 from hitenter.models.hybrid import FFN, AttentionMixer
-from hitenter.models.layers import RMSNorm, finish_logits, make_linear, pad_rows
+from hitenter.models.layers import RMSNorm, finish_logits, has_dense_gemms, make_linear, pad_rows
 from hitenter.models.loader import block_weights
 
 MTP_ARCHS = ("qwen35", "qwen35moe")
@@ -70,7 +70,11 @@ class MTPHead(nn.Module):
         self.own_norm = None if norm is None else RMSNorm(norm, eps, dtype)
         head = w.get(prefix + "nextn.shared_head_head.weight")
         self.own_head = None if head is None else make_linear(head, None, dtype)
-        self.batch_invariant = getattr(target, "batch_invariant", True)
+        # rows padded to a multiple of 8 only where a linear needs it for batch invariance (dense GEMMs), as
+        # the target pads: the native block kernels give a row the same bits at any row count, and an MTP
+        # step is one row (padding it to 8 multiplies the LM head's work)
+        self.padded = getattr(target, "batch_invariant", True) and (
+            has_dense_gemms(self) or bool(getattr(target, "dense_gemms", False)))
 
     @property
     def hidden_size(self) -> int:
@@ -83,7 +87,7 @@ class MTPHead(nn.Module):
                                   layers=[i == first for i in range(self.config.num_layers)])[0]
 
     def _pad(self, x: torch.Tensor) -> torch.Tensor:
-        return pad_rows(x) if self.batch_invariant else x
+        return pad_rows(x) if self.padded else x
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         if self.own_embed is not None:
