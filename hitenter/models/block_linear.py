@@ -84,7 +84,7 @@ def own_block_bytes(model: nn.Module, cache: WeightCache | None = None) -> None:
             m.set_parts([own(p) for p in m.parts])
         else:
             m.set_table(own(m.table))
-    _replace_placeholders(model, cache)
+    _replace_placeholders(model)
     model.__dict__["weight_arena"] = arena
     trim_heap()
 
@@ -115,15 +115,14 @@ def _fill(weights: list[BlockWeight], slots: list[tuple[int, int, int, int, int]
     return arena
 
 
-def _replace_placeholders(model: nn.Module, cache: WeightCache | None) -> None:
-    """Swap the meta placeholders of tables left on the GGUF's map (an untied embedding) for the real
-    views the cache's build recorded; StaleWeightCache when any placeholder remains."""
+def _replace_placeholders(model: nn.Module) -> None:
+    """Swap the meta placeholders of tables left on the GGUF's map (an untied embedding) for the file's
+    weights they stand for (`BlockWeight.source`); StaleWeightCache when any placeholder remains."""
     for m in model.modules():
         if isinstance(m, BlockEmbedding) and m.table.data.is_meta:
-            real = cache.real.get(id(m.table.data)) if cache is not None else None
-            if real is None:
+            if m.table.source is None:
                 raise StaleWeightCache("an embedding table has no bytes")
-            m.set_table(real)
+            m.set_table(m.table.source)
         tensors = [*m._buffers.values(), *m._parameters.values()]
         tensors += [getattr(v, "data", v) for v in m.__dict__.values() if isinstance(v, torch.Tensor | BlockWeight)]
         if any(isinstance(t, torch.Tensor) and t.is_meta for t in tensors):

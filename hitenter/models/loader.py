@@ -82,7 +82,7 @@ def _build(reader: Any, act_dtype: torch.dtype, fmt: str, tp: TensorParallel | N
     """The model of `reader`'s file in format `fmt`, its block weights still where the build left them;
     with a cache hit every block weight read through `block_weights` is a meta placeholder."""
     cfg, weights = load_weights_from(reader, "none" if fmt == "dense" else fmt,
-                                     cache.real if cache is not None and cache.hit else None)
+                                     cache is not None and cache.hit)
     if tp is not None:
         check_shardable(cfg)
     if not cfg.causal:   # an encoder (bert, nomic-bert, gemma-embedding): bidirectional, pooled
@@ -135,7 +135,7 @@ def load_weights(path: str | os.PathLike[str], quantization: str = "none") -> tu
 
 
 def load_weights_from(reader: Any, quantization: str = "none",
-                      placeholders: dict[int, Any] | None = None) -> tuple[ModelConfig, dict[str, Any]]:
+                      placeholders: bool = False) -> tuple[ModelConfig, dict[str, Any]]:
     """`load_weights` on an open GGUF reader (its map stays the caller's to release). `placeholders`
     (quantization "gguf" only): block matrices as meta placeholders, see `block_weights`."""
     path = reader.data.filename
@@ -169,14 +169,14 @@ def _shape(w: Any) -> tuple[int, ...]:
     return tuple(w.shape)
 
 
-def block_weights(reader: Any, names: set[str], placeholders: dict[int, Any] | None = None) -> dict[str, Any]:
+def block_weights(reader: Any, names: set[str], placeholders: bool = False) -> dict[str, Any]:
     """`names`' tensors: matrices of a native block type as BlockWeight, everything else dequantized fp32.
 
     The BlockWeights view the reader's memory map; `own_block_bytes` copies what the built model still
     views (fused and un-permuted weights were copied while building), so each byte is copied once and
     the map is released with the reader. With `placeholders` (a weight cache hit) each such matrix is a
-    BlockWeight over a meta tensor of its shape (the build then copies nothing), recorded there by the
-    placeholder's id beside its view of the map. Raises ModelLoadError for data past the end of the file."""
+    BlockWeight over a meta tensor of its shape (the build then copies nothing) whose `source` is its
+    view of the map. Raises ModelLoadError for data past the end of the file."""
     out: dict[str, Any] = {}
     file_size = len(reader.data)
     for t in reader.tensors:
@@ -190,11 +190,10 @@ def block_weights(reader: Any, names: set[str], placeholders: dict[int, Any] | N
         with warnings.catch_warnings():   # a read-only map viewed by torch: never written, copied after the build
             warnings.simplefilter("ignore", UserWarning)
             out[t.name] = block_weight_from_gguf(t)
-        if placeholders is not None:
+        if placeholders:
             real = out[t.name]
             out[t.name] = BlockWeight(torch.empty(real.data.shape, dtype=torch.uint8, device="meta"),
                                       real.qtype, real.shape)
             out[t.name].source = real   # what a build that reads the weight's values reads
-            placeholders[id(out[t.name].data)] = real
     out.update(load_tensors(reader, names - set(out)))
     return out

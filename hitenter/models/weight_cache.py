@@ -67,15 +67,13 @@ def cache_dir() -> Path:
 @dataclass
 class WeightCache:
     """The cache file of one GGUF: `hit` when a file for this GGUF and code exists (its slots still to be
-    matched by `map`); `real` maps a placeholder's id to the mapped-file BlockWeight it stands for
-    (filled by the loader's meta build, for tables left on the GGUF's map)."""
+    matched by `map`; the loader then builds the model over placeholders)."""
 
     gguf: Path
     path: Path
     key: dict[str, Any]
     hit: bool = False
     slots: list[Slot] = field(default_factory=list)
-    real: dict[int, Any] = field(default_factory=dict)
 
     @classmethod
     def for_gguf(cls, gguf_path: str | os.PathLike[str]) -> WeightCache | None:

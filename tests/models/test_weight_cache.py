@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hitenter.models import weight_cache
+from hitenter.kernels.blocks import BlockWeight
+from hitenter.models import loader, weight_cache
 from hitenter.models.block_linear import BlockEmbedding, BlockLinear
 from hitenter.models.loader import load_model
 from hitenter.testing.hybrid_goldens import lone_logits
@@ -94,27 +95,27 @@ def test_a_cache_file_whose_gguf_is_gone_is_removed(tmp_path: Path, cache_home: 
     assert [p.name.split("-")[0] for p in _arena_files(cache_home)] == ["kept"]
 
 
-class _Forgetful(dict):   # type: ignore[type-arg]
-    def __setitem__(self, key: object, value: object) -> None:   # records nothing
-        pass
-
-
 def test_a_placeholder_left_in_the_model_falls_back_to_the_file(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """A cached build that leaves a placeholder (here: the untied embedding's real view is not recorded)
+    """A cached build that leaves a placeholder (here: the untied embedding's file weight is not kept)
     is built again from the GGUF: the same logits, no meta tensor."""
     path = write_tiny_gguf(tmp_path / "m.gguf", "qwen2", quant="Q8_0", tied=False)
     want, _ = _logits(path)
-    found = weight_cache.WeightCache.for_gguf
+    blocks = loader.block_weights
 
-    def forgetful(gguf_path: str) -> weight_cache.WeightCache | None:
-        cache = found(gguf_path)
-        assert cache is not None and cache.hit
-        cache.real = _Forgetful()
-        return cache
+    builds = []
 
-    monkeypatch.setattr(weight_cache.WeightCache, "for_gguf", staticmethod(forgetful))
+    def without_sources(reader: object, names: set[str], placeholders: bool = False) -> dict[str, object]:
+        builds.append(placeholders)
+        out = blocks(reader, names, placeholders)
+        for w in out.values():
+            if isinstance(w, BlockWeight):
+                w.source = None
+        return out
+
+    monkeypatch.setattr(loader, "block_weights", without_sources)
     got, model = _logits(path)
+    assert builds == [True, False]   # over placeholders (the cache was hit), then from the file
     assert torch.equal(got, want)
     emb = next(m for m in model.modules() if isinstance(m, BlockEmbedding))
     assert not emb.table.data.is_meta and not any(t.is_meta for t in model.buffers())
