@@ -6,8 +6,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hitenter.config import EngineConfig
-from hitenter.engine.llm_engine import LLMEngine
 from hitenter.engine.image_prompt import MEDIA_MARKER, chat_segments
+from hitenter.engine.llm_engine import LLMEngine
 from hitenter.models.vision.content import image_parts, with_markers
 from hitenter.models.vision.image_source import image_rgb
 from hitenter.outputs import RequestOutput
