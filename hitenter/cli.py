@@ -267,8 +267,9 @@ def _server_guard_flags(p: argparse.ArgumentParser) -> None:
     for f in fields(Limits):
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
                        help=f"{_LIMIT_HELP[f.name]} (default {f.default})")
-    p.add_argument("--max-body-bytes", type=int, default=4 << 20,
-                   help="largest request body accepted; larger ones get 413 before parsing (default 4 MiB)")
+    p.add_argument("--max-body-bytes", type=int, default=32 << 20,
+                   help="largest request body accepted; larger ones get 413 before parsing (default 32 MiB: "
+                        "room for a base64 image of up to 20 MiB)")
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a client has to send a request's headers before 408 and close (default 10)")
     p.add_argument("--metrics-public", action="store_true",

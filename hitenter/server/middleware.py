@@ -50,7 +50,7 @@ class CatchAllMiddleware:
                 await APIError(500, internal_message(e)).response(scope["path"])(scope, receive, send)
 
 
-DEFAULT_MAX_BODY_BYTES = 4 << 20
+DEFAULT_MAX_BODY_BYTES = 32 << 20   # room for a base64 image at the images limit (20 MiB raw, ~27 MiB encoded)
 
 
 DRAIN_CAP = 64 << 20

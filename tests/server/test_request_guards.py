@@ -203,3 +203,15 @@ def test_trickled_headers_time_out(engine: LLMEngine) -> None:
             assert h.get("/health").status_code == 200
             time.sleep(1.5)
             assert h.get("/health").status_code == 200
+
+
+def test_default_body_limit_takes_a_phone_photo(engine: LLMEngine) -> None:
+    """An 8 MiB image (a phone photo) as a base64 data URL passes the default body limit and reaches the
+    image checks (here: no vision projector, a 400 naming --mmproj), never a 413."""
+    app = create_app(engine, served_model_name="tiny")
+    url = "data:image/jpeg;base64," + "A" * ((8 << 20) * 4 // 3)
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                         {"type": "image_url", "image_url": {"url": url}}]}]
+    with TestClient(app) as c:
+        e = _err(c.post("/v1/chat/completions", json={"messages": msgs}), 400)
+        assert "--mmproj" in e["message"], e
