@@ -71,13 +71,19 @@ def tree_env(tree: str) -> dict[str, str]:
 
 
 def run_ready(argv: list[str], env: dict[str, str] | None = None, cwd: str | Path = ROOT) -> tuple[float, str]:
-    """Wall seconds from the process's start to its READY line, and that line."""
+    """Wall seconds from the process's start to its READY line (its exit not counted), and that line."""
     t0 = time.perf_counter()
-    out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, check=False)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    assert p.stdout is not None
+    line = ""
+    for ln in p.stdout:
+        if ln.startswith("READY"):
+            line = ln.strip()
+            break
     wall = time.perf_counter() - t0
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("READY")), "")
+    _, err = p.communicate(timeout=600)
     if not line:
-        raise SystemExit(f"{argv[0]} failed ({out.returncode}):\n{out.stderr[-2000:]}")
+        raise SystemExit(f"{argv[0]} failed ({p.returncode}):\n{err[-2000:]}")
     return wall, line
 
 
