@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hitenter.engine.scheduler import SchedulerOutput
+from hitenter.models import mrope
 from hitenter.models.attention import AttentionMetadata
 from hitenter.models.plan import prompt_paths
 
@@ -51,6 +52,7 @@ class ModelRunner:
         self.logits = logits or model.compute_logits
         self.kv_caches = kv_caches
         self.block_size = block_size
+        self.multi_axis = bool(getattr(model.config, "rope_sections", ()))   # M-RoPE (Qwen-VL): [T, 4] positions
         self.workspace: dict[torch.dtype, torch.Tensor] = {}   # attention scratch reused across steps
         self.plan: KernelPlan | None = None   # set by engine_setup; None: attention checks its kernel per call
         self.keep_hidden = False   # return every row's hidden state (an MTP drafter reads the target's rows)
@@ -65,6 +67,8 @@ class ModelRunner:
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
+        multi_axis = self.multi_axis
+        axis_positions: list[torch.Tensor] = []
         slots: list[int] = []
         qsl = [0]
         seq_lens: list[int] = []
@@ -89,6 +93,9 @@ class ModelRunner:
             input_ids.extend(req.token_slice(start, start + n))
             pos = range(start, start + n)
             positions.extend(pos)
+            if multi_axis:
+                grids = [(im.start, *im.pixels.grid) for im in req.images]
+                axis_positions.append(mrope.sequence_positions(start, start + n, grids))
             table = sr.block_ids
             slots.extend(table[p // bs] * bs + p % bs for p in pos)
             qsl.append(qsl[-1] + n)
@@ -140,7 +147,7 @@ class ModelRunner:
             extra["embeds"] = (torch.tensor(embed_rows, dtype=torch.long), torch.cat(embed_values))
         hidden = self.model(
             torch.tensor(input_ids, dtype=torch.long),
-            torch.tensor(positions, dtype=torch.long),
+            torch.cat(axis_positions) if multi_axis else torch.tensor(positions, dtype=torch.long),
             meta,
             self.kv_caches,
             **extra,
