@@ -52,7 +52,7 @@ class ModelRunner:
         self.logits = logits or model.compute_logits
         self.kv_caches = kv_caches
         self.block_size = block_size
-        self.multi_axis = bool(getattr(model.config, "rope_sections", ()))   # M-RoPE (Qwen-VL): [T, 4] positions
+        self.multi_axis = bool(getattr(getattr(model, "config", None), "rope_sections", ()))   # M-RoPE: [T, 4] positions
         self.workspace: dict[torch.dtype, torch.Tensor] = {}   # attention scratch reused across steps
         self.plan: KernelPlan | None = None   # set by engine_setup; None: attention checks its kernel per call
         self.keep_hidden = False   # return every row's hidden state (an MTP drafter reads the target's rows)
