@@ -3,7 +3,8 @@ clip_graph_siglip builds it for PROJECTOR_TYPE_GEMMA3 (tools/mtmd/models/siglip.
 
     x = conv2d(pixels, v.patch_embd, stride = patch) + bias        -> [P, D] patches in row-major order
     x = x + v.position_embd
-    per layer:  x = x + attn_out(MHA(LN(x, ln1)))                   (bidirectional, scale 1/sqrt(head_dim))
+    per layer:  x = x + attn_out(MHA(LN(x, ln1)))                   (bidirectional, scale 1/sqrt(head_dim);
+                                                                    torch's scaled_dot_product_attention)
                 x = x + ffn_down(act(ffn_up(LN(x, ln2))))           (act: clip.use_gelu -> GELU, tanh form)
     x = LN(x, v.post_ln)
     x = avg_pool2d over the side x side patch grid, kernel = stride = merge   -> (side / merge)^2 rows
@@ -83,9 +84,7 @@ class Gemma3Vision(nn.Module):
     def _attention(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
         heads, n = self.cfg.heads, x.shape[0]
         qkv = F.linear(x, layer.qkv_w, layer.qkv_b).view(n, 3, heads, -1).permute(1, 2, 0, 3)
-        q, k, v = qkv[0], qkv[1], qkv[2]
-        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
-        out = torch.softmax(scores, dim=-1) @ v
+        out = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], scale=1.0 / math.sqrt(qkv.shape[-1]))
         return F.linear(out.transpose(0, 1).reshape(n, -1), layer.out_w, layer.out_b)
 
     def encode(self, pixels: torch.Tensor) -> torch.Tensor:
