@@ -106,6 +106,10 @@ class EngineInspector(Protocol):
         None for one process."""
         ...
 
+    def vision_encoder(self) -> Any:
+        """The engine's vision encoder (hitenter/models/vision/loader.py VisionEncoder), None without one."""
+        ...
+
 
 class EngineClient(Protocol):
     info: ModelInfo

@@ -236,6 +236,10 @@ class LocalInspector:
     def model(self) -> Any:
         return self._llm.runner.model
 
+    def vision_encoder(self) -> Any:
+        cache = self._llm.vision
+        return None if cache is None else cache.encoder
+
     def toy_lookup(self, t2: int, t1: int) -> dict[str, Any] | None:
         model = self._llm.parts.model
         return model.lookup(t2, t1) if hasattr(model, "lookup") else None

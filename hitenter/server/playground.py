@@ -43,6 +43,7 @@ from hitenter.server.playground_state import Playground
 from hitenter.server.playground_stream import GenerateStream
 from hitenter.server.playground_trace import trace_routes
 from hitenter.server.playground_util import entropy_bits, piece, sse
+from hitenter.server.playground_vision import vision_routes
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 
@@ -58,7 +59,7 @@ def _info_routes(router: APIRouter, pg: Playground) -> None:
                         "kv_bytes_per_token": i.kv_bytes_per_token, "trigram": i.toy,
                         "layer_types": list(i.layer_types), "state_bytes_per_sequence": i.state_bytes_per_sequence,
                         "eog": [piece(tok, t) for t in sorted(tok.eog_token_ids)],
-                        "thinks": not i.toy and chat_format_of(tok).thinks})
+                        "thinks": not i.toy and chat_format_of(tok).thinks, "vision": bool(i.vision)})
         return out
 
     @router.post("/tokenize", openapi_extra=body_doc(PromptBody))
@@ -225,5 +226,7 @@ def make_playground_router(engines: dict[str, EngineClient] | dict[str, AsyncLLM
     pg = Playground(clients)
     for add in (_info_routes, _sampling_routes, _events_route, _batch_routes, speculative_routes):
         add(router, pg)
-    arithmetic_routes(router, trace_routes(router, pg))
+    traces = trace_routes(router, pg)
+    arithmetic_routes(router, traces)
+    vision_routes(router, pg, traces)
     return router

@@ -21,6 +21,8 @@ MAX_ARITHMETIC_STEPS = 16     # determinism arithmetic: answer steps compared
 MAX_MEASURE_N = 16             # measure: requests in the batched run
 MAX_MEASURE_TOKENS = 64        # measure: tokens each request decodes
 MAX_SPEC_TOKENS = 256          # speculative: tokens each of the two runs decodes
+MAX_IMAGE_URL_CHARS = 28_000_000   # image panel: a data URL (the image limit's 20 MiB, base64-encoded)
+MAX_IMAGE_TRACE_TOKENS = 400   # image panel: prompt (with the image's rows) + generated tokens traced
 
 B = TypeVar("B", bound=BaseModel)
 
@@ -107,6 +109,13 @@ class TraceBody(PromptBody):
     generate: Annotated[int, Interval(ge=0, le=MAX_TRACE_NEW), Strict(), _NUM] = 0
     # a longer prompt: trace its last MAX_TRACE_TOKENS - generate tokens as a prompt of their own (else a 400)
     last: Bool = False
+
+
+class ImageBody(_Body):
+    model: str | None = None
+    image: str = Field(min_length=1, max_length=MAX_IMAGE_URL_CHARS)      # a data:image/...;base64 URL
+    text: str = Field("What is in this picture?", max_length=MAX_TEXT_CHARS)
+    generate: Annotated[int, Interval(ge=0, le=MAX_TRACE_NEW), Strict(), _NUM] = 4   # greedy tokens traced
 
 
 class TraceQuery(_Body):

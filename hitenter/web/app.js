@@ -18,6 +18,7 @@ import { orderIdle } from "./order.js";
 import { renderAnswer, dockWhenHidden } from "./answer.js";
 import { renderArithmetic } from "./arithmetic.js";
 import { watchScrollers } from "./scrollhint.js";
+import { renderVision } from "./vision.js";
 
 const $ = (id) => document.getElementById(id);
 const body = (id) => $(id).querySelector(".body");
@@ -443,6 +444,7 @@ async function init() {
   S.measureCtl.measure = measure;
   S.measureCtl.speculate = speculate;
   orderIdle(body("p-order"), model);
+  renderVision(body("p-vision"), info(), model);
   determinismPanel(body("p-determinism"), async (n, out) => {
     const T = S.sampling.temperature, req = { model: model(), text: $("prompt").value, chat: $("chat").checked };
     clear(out, el("p", { class: "note" }, `running at your temperature ${T}${T === 0 ? " (greedy)" : ""}…`));
@@ -469,7 +471,7 @@ async function init() {
   thinkSwitch();
   $("model").addEventListener("change", thinkSwitch);
   $("think").addEventListener("change", () => { preview(); markStale(S, "the thinking switch changed"); });
-  $("model").addEventListener("change", () => { connect(); preview(); markStale(S, "the model changed");
+  $("model").addEventListener("change", () => { connect(); preview(); markStale(S, "the model changed"); renderVision(body("p-vision"), info(), model);
     S.measured = null; S.measureCtl.spec = null; orderIdle(body("p-order"), model, "the model changed: compare again on this one"); renderDrills(null, S);
     getJSON(`/fast?model=${encodeURIComponent(model())}`).then((f) => { S.fast = f; render(); }); });
   $("btn-step").addEventListener("click", step);

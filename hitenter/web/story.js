@@ -86,6 +86,10 @@ export const STEPS = [
   { key: "faster", title: "Making it faster", panels: ["p-fast"],
     text: "Batching, measured here; the bandwidth ceiling against real tokens/s; quantization as bytes to read; the KV "
       + "cache per token scaled to a 13B model and a 1M-token window; speculative decoding; prefill and decode apart." },
+  { key: "images", title: "An image's way in", panels: ["p-vision"],
+    text: "A model served with its vision projector takes pictures too. The image is resized to what the encoder expects, "
+      + "cut into small square patches, run through a vision transformer, pooled or merged into a few hundred rows and "
+      + "projected to the text model's width: those rows sit in the prompt where the image was, like token embeddings." },
   { key: "cheat", title: "Cheat sheet", panels: ["p-cheat"],
     text: "Everything on one page, with this model's and this run's numbers beside each rule." },
 ];

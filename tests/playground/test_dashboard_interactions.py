@@ -155,7 +155,7 @@ def test_dashboard_keeps_every_panel_when_the_trace_arrives(pg) -> None:
     finished(pg)
     pg.wait_for_function(f"() => document.body.dataset.insideReady && document.body.dataset.insideReady !== '{traced}'")
     pg.wait_for_timeout(300)
-    assert pg.locator("main > section.panel").count() == 22
+    assert pg.locator("main > section.panel").count() == 23
     assert pg.is_visible("#p-loop") and pg.is_visible("#p-kv")
 
 

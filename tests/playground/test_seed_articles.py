@@ -251,7 +251,7 @@ def test_no_stale_panel_after_a_prompt_or_model_change(pg, real) -> None:
     per = real[1]["qwen"].plan.kv_bytes_per_token                      # the engine's (half precision) K/V
     assert per == real[1]["qwen"].model_config.kv_bytes_per_token(2)
     pg.wait_for_function(f"() => +document.querySelector('#fast').dataset.kvPer === {per}")
-    assert pg.locator("main > section.panel").count() == 22
+    assert pg.locator("main > section.panel").count() == 23
     assert pg.is_visible("#dash-flow-bar") and "24 × (attention + MLP)" in pg.inner_text("#dash-flow-bar")
     pg.click("#dash-flow-bar .box[data-keys^='logits']")           # the diagram scrolls to its stage's panel
     pg.wait_for_function("() => Math.abs(document.querySelector('#p-logits').getBoundingClientRect().top) < 120")

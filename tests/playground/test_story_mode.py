@@ -22,12 +22,12 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's /usr/bin/chromium")]
 KEYS = ["prompt", "tokens", "ids", "drill_words", "embeddings", "positions", "order", "attention", "layers", "logits", "softmax",
         "drill_softmax", "temperature", "hot", "top_k", "top_p", "draw", "determinism", "loop", "overrule", "prefill", "stops",
-        "no_eos", "overflow", "trigram", "batching", "faster", "cheat"]
+        "no_eos", "overflow", "trigram", "batching", "faster", "images", "cheat"]
 PANELS = {"tokens": "p-tokens", "drill_words": "p-drill-words", "embeddings": "p-embed", "positions": "p-rope",
           "order": "p-order", "attention": "p-attn", "layers": "p-resid", "logits": "p-logits", "drill_softmax": "p-drill-softmax",
           "temperature": "p-dist", "hot": "p-break", "draw": "p-dice", "determinism": "p-determinism", "loop": "p-loop",
           "overrule": "p-break", "prefill": "p-timeline", "stops": "p-stop", "no_eos": "p-break", "overflow": "p-break",
-          "trigram": "p-trigram", "batching": "p-kv", "faster": "p-fast", "cheat": "p-cheat"}
+          "trigram": "p-trigram", "batching": "p-kv", "faster": "p-fast", "images": "p-vision", "cheat": "p-cheat"}
 
 
 def new_page(browser, server, width: int = 1400):
