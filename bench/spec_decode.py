@@ -10,6 +10,10 @@ Cases (each: the target alone, then every speculative configuration, the same pr
   the trimmed head (the first 32768 ids), the same with prompt lookup first (the default).
 - qwen-ngram: Qwen2.5-Coder-1.5B with prompt lookup on a repeat-this-text prompt and a code edit.
 - smol-ngram: SmolLM2-135M with prompt lookup on a code-copying prompt.
+- hybrid-echo (with ``--echo-gguf``): a synthetic hybrid written by ``bench/synthetic_hybrid.py --echo-cycle``
+  (Qwen3.5-2B's shape; greedy decoding continues a token cycle) with prompt lookup on a prompt holding the
+  cycle twice: every draft can be accepted, so this measures the speculation mechanics on a hybrid model
+  (state scratch slots, rollback, a verification pass over k + 1 rows), not a real model's acceptance.
 `--passes`: the cost model's inputs instead: the target's generation pass over R = 1..9 rows of one
 request (verifying R - 1 drafts), the draft's step with its trimmed head and with the full head.
 Rounds alternate the configurations (all models loaded once); figures are medians over rounds. Every
@@ -87,8 +91,12 @@ def run_prompts(llm: Any, prompts: list[str], max_tokens: int) -> dict[str, Any]
     tokens, wall, cpu, n, drafted, accepted, steps = [], 0.0, 0.0, 0, 0, 0, 0
     for prompt in prompts:
         marks: list[tuple[float, float]] = []
-        out = llm.chat([{"role": "user", "content": prompt}], sp,
-                       on_output=lambda o, m=marks: m.append((time.perf_counter(), time.process_time())))[0]
+        mark = lambda o, m=marks: m.append((time.perf_counter(), time.process_time()))  # noqa: E731
+        if isinstance(prompt, list):   # token ids
+            out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+                               on_output=mark)[0]
+        else:
+            out = llm.chat([{"role": "user", "content": prompt}], sp, on_output=mark)[0]
         toks = out.outputs[0].token_ids
         tokens.append(toks)
         if len(marks) > 1:
@@ -103,14 +111,14 @@ def run_prompts(llm: Any, prompts: list[str], max_tokens: int) -> dict[str, Any]
             "steps": steps}
 
 
-def build(target: str, opts: dict[str, Any], env: dict[str, str]) -> Any:
+def build(target: str, opts: dict[str, Any], env: dict[str, str], base: dict[str, Any] | None = None) -> Any:
     """An LLM built with `env` set (the speculative knobs read at construction), restored afterwards."""
     from hitenter import LLM
 
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        return LLM(target, max_model_len=2048, kv_cache_memory=KV_BYTES, **opts)
+        return LLM(target, **{"max_model_len": 2048, "kv_cache_memory": KV_BYTES, **(base or {}), **opts})
     finally:
         for k, v in old.items():
             if v is None:
@@ -119,10 +127,11 @@ def build(target: str, opts: dict[str, Any], env: dict[str, str]) -> Any:
                 os.environ[k] = v
 
 
-def bench_case(name: str, target: str, prompts: list[str], configs: list[tuple[str, dict[str, Any], dict[str, str]]],
-               max_tokens: int, rounds: int) -> list[list[Any]]:
-    """Target alone + each configuration, alternating rounds after a short warm-up each."""
-    llms = [("none", build(target, {}, {}))] + [(label, build(target, o, e)) for label, o, e in configs]
+def bench_case(name: str, target: str, prompts: list[Any], configs: list[tuple[str, dict[str, Any], dict[str, str]]],
+               max_tokens: int, rounds: int, base: dict[str, Any] | None = None) -> list[list[Any]]:
+    """Target alone + each configuration, alternating rounds after a short warm-up each. A prompt is a
+    chat message's text, or a list of token ids (generated from directly, ignoring end tokens)."""
+    llms = [("none", build(target, {}, {}, base))] + [(label, build(target, o, e, base)) for label, o, e in configs]
     results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in llms}
     for _, llm in llms:
         run_prompts(llm, prompts[:1], 8)   # warm-up
@@ -217,10 +226,23 @@ def passes(target: str, draft: str | None, rounds: int) -> int:
     return 0
 
 
+def _echo_prompt(path: Path) -> list[int]:
+    """The echo file's token cycle twice, then its first few tokens: the model continues the cycle."""
+    import gguf
+    from synthetic_hybrid import ECHO_KEY
+
+    field = gguf.GGUFReader(str(path)).fields.get(ECHO_KEY)
+    if field is None:
+        raise SystemExit(f"{path} has no {ECHO_KEY}: write it with bench/synthetic_hybrid.py --echo-cycle L")
+    cycle = [int(t) for t in field.contents()]
+    return cycle * 2 + cycle[:4]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cases", nargs="+", default=["qwen-draft", "qwen-ngram", "smol-ngram"],
-                    choices=["qwen-draft", "qwen-ngram", "smol-ngram"])
+    ap.add_argument("--cases", nargs="+", default=["qwen-draft", "qwen-ngram", "smol-ngram", "hybrid-echo"],
+                    choices=["qwen-draft", "qwen-ngram", "smol-ngram", "hybrid-echo"])
+    ap.add_argument("--echo-gguf", type=Path, help="a file from bench/synthetic_hybrid.py --echo-cycle (hybrid-echo)")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens (the adaptive length's maximum)")
     ap.add_argument("--ngram-k", type=int, default=8, help="num_speculative_tokens for prompt lookup")
@@ -259,6 +281,10 @@ def main() -> int:
         rows += bench_case("smollm2 copy", smol, [COPY_PROMPT], [(f"ngram K={a.ngram_k}", ngram, fixed),
                                                                  ("ngram adaptive", ngram, adaptive)],
                            a.max_tokens, a.rounds)
+    if "hybrid-echo" in a.cases and a.echo_gguf:
+        rows += bench_case("hybrid echo", str(a.echo_gguf), [_echo_prompt(a.echo_gguf)],
+                           [(f"ngram K={a.ngram_k}", ngram, fixed), ("ngram adaptive", ngram, adaptive)],
+                           a.max_tokens, a.rounds, base={"max_num_seqs": 2, "kv_cache_memory": 1 << 30})
     if not rows:
         print("(no case ran: the models are not cached; `hitenter pull qwen2.5-coder-1.5b-instruct`)")
         return 1
