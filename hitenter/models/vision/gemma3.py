@@ -83,9 +83,11 @@ class Gemma3Vision(nn.Module):
 
     def _attention(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
         heads, n = self.cfg.heads, x.shape[0]
-        qkv = F.linear(x, layer.qkv_w, layer.qkv_b).view(n, 3, heads, -1).permute(1, 2, 0, 3)
+        # [3, 1, heads, n, d]: torch's CPU flash-attention kernel takes 4-D inputs only (3-D ones fall back to
+        # the math path, which materializes the heads x n x n scores)
+        qkv = F.linear(x, layer.qkv_w, layer.qkv_b).view(1, n, 3, heads, -1).permute(2, 0, 3, 1, 4)
         out = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], scale=1.0 / math.sqrt(qkv.shape[-1]))
-        return F.linear(out.transpose(0, 1).reshape(n, -1), layer.out_w, layer.out_b)
+        return F.linear(out[0].transpose(0, 1).reshape(n, -1), layer.out_w, layer.out_b)
 
     def encode(self, pixels: torch.Tensor) -> torch.Tensor:
         """The tower's last hidden rows (after post_ln): [patches, hidden]."""

@@ -109,14 +109,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Bidirectional multi-head attention: q, k, v [n, heads, d] -> [n, heads * d]; with `windows`
     (contiguous [start, stop) ranges covering the rows), each row attends within its window only."""
     n = q.shape[0]
-    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    # [1, heads, n, d]: torch's CPU flash-attention kernel takes 4-D inputs only (3-D ones fall back to the
+    # math path, which materializes the heads x n x n scores)
+    qh, kh, vh = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     scale = 1.0 / math.sqrt(q.shape[-1])
     if windows is None:
         out = F.scaled_dot_product_attention(qh, kh, vh, scale=scale)
     else:
-        out = torch.cat([F.scaled_dot_product_attention(qh[:, a:b], kh[:, a:b], vh[:, a:b], scale=scale)
-                         for a, b in windows], dim=1)
-    return out.transpose(0, 1).reshape(n, -1)
+        out = torch.cat([F.scaled_dot_product_attention(qh[:, :, a:b], kh[:, :, a:b], vh[:, :, a:b], scale=scale)
+                         for a, b in windows], dim=2)
+    return out[0].transpose(0, 1).reshape(n, -1)
 
 
 def norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, rms: bool) -> torch.Tensor:
