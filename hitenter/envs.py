@@ -153,6 +153,9 @@ HITENTER_TP_TIMEOUT_S = Float("HITENTER_TP_TIMEOUT_S", 120.0, "seconds a tensor-
                               "before the group is torn down with TensorParallelError", _ENGINE)
 HITENTER_DISAGG_TIMEOUT_S = Float("HITENTER_DISAGG_TIMEOUT_S", 300.0, "seconds a disaggregated-prefill job may "
                                   "wait at the head of the queue before DisaggregationError", _ENGINE)
+HITENTER_POOLING_SHARE = Float("HITENTER_POOLING_SHARE", 0.2, "the most of the wall time embedding and rerank "
+                               "work takes (over a 1 s window) while any engine of the process generates; "
+                               "1: no limit", _ENGINE)
 
 _CLIENT = "Command line"
 HITENTER_HOST = Text("HITENTER_HOST", "127.0.0.1:8000", "where hitenter run / chat look for a running hitenter "

@@ -3,7 +3,9 @@
 ``step()`` drains the inbox (arrivals and aborts from other threads), then schedule -> run -> sample ->
 update (the scheduler appends tokens and decides token stops) -> output (the output processor:
 detokenizing, stop strings, logprobs, n-groups; hitenter/engine/output_processor.py), then publishes
-the step's events and a snapshot of its state (hitenter/engine/snapshot.py).
+the step's events and a snapshot of its state (hitenter/engine/snapshot.py). The step's work up to the
+events holds the process's ``cpu_share.forward`` (hitenter/engine/cpu_share.py: the engines of one
+process take turns), and the step tells the arbiter whether this engine has generation requests.
 
 Threads: ``add_request`` / ``abort`` / ``step`` belong to the thread that steps the engine (LLM.generate's,
 or AsyncLLMEngine's loop). Other threads call ``prepare_request`` + ``submit`` and ``request_abort``
@@ -23,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hitenter.config import EngineConfig
+from hitenter.engine.cpu_share import process_share
 from hitenter.engine.engine_setup import EngineParts, build_engine_parts
 from hitenter.engine.events import EngineEvent, EventBus, step_event
 from hitenter.engine.image_prompt import ImagePrompt, image_prompt
@@ -65,6 +68,7 @@ class LLMEngine:
         self.prefiller = parts.prefiller
         self.disagg = parts.prefiller if config.parallel.disaggregate is not None else None
         self.events = EventBus()
+        self.cpu_share = process_share()      # the process's cores, shared with its other engines
         self._stopped: list[Request] = []         # finished by a stop string this step
         # callbacks that do not hold the engine: a dropped engine is freed at once (its KV cache with it)
         self.output_processor = OutputProcessor(self.tokenizer, _finisher(self.scheduler, self.spec, self._stopped),
@@ -235,17 +239,19 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
-        self._drain_inbox()
-        self._before_schedule()
-        sched = self.scheduler.schedule()
-        ran = self.runner.execute(sched)
-        if self.spec is not None and ran.hidden is not None:   # an MTP drafter reads the target's rows
-            self.spec.observe_target(sched, ran.hidden)
-        sampled = self._sample(ran)
-        new_tokens = self._new_tokens(ran, sampled)
-        finished = self.scheduler.update(sched, new_tokens)
-        outputs = self.output_processor.process(ran.sample_request_ids, sampled)
-        self._after_step(sched, ran, new_tokens, finished, t0)
+        with self.cpu_share.forward(self):     # never beside another engine's forward in this process
+            self._drain_inbox()
+            self._before_schedule()
+            sched = self.scheduler.schedule()
+            ran = self.runner.execute(sched)
+            if self.spec is not None and ran.hidden is not None:   # an MTP drafter reads the target's rows
+                self.spec.observe_target(sched, ran.hidden)
+            sampled = self._sample(ran)
+            new_tokens = self._new_tokens(ran, sampled)
+            finished = self.scheduler.update(sched, new_tokens)
+            outputs = self.output_processor.process(ran.sample_request_ids, sampled)
+        self.cpu_share.set_generating(self, self.has_unfinished_requests())
+        self._after_step(sched, ran, new_tokens, finished, t0)     # its subscribers may run pooling slices
         return outputs
 
     def _before_schedule(self) -> None:

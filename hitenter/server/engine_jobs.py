@@ -11,6 +11,13 @@ of ``WAKE_ID`` (no request has that id: aborting it does nothing), which makes t
 (empty when nothing else is running) and so reach the subscriber. With no job pending nothing is
 subscribed and the engine runs exactly as without a server.
 
+With an arbiter (``EngineJobs(engine, share)``, hitenter/engine/cpu_share.py) every slice holds its
+``forward`` turn (no other engine of the process runs a forward meanwhile) and a ``paced`` job (embedding,
+rerank) keeps to the pooling share while any engine generates: a slice the share does not admit yet is
+put off to a later step; where this engine has no generation of its own, the engine thread first waits
+out the delay (at most ``MAX_WAIT_S`` at a time, so a request arriving meanwhile waits no longer).
+Without generation anywhere, slices run one per step as without an arbiter.
+
 Contract: ``submit`` from the event loop; the future resolves there. A job that raises fails its
 future only (the engine and other jobs go on). A cancelled future's job is dropped before its next
 slice. ``close()`` fails every pending job.
@@ -25,7 +32,10 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hitenter.engine.cpu_share import CpuShare
+
 WAKE_ID = "\x00hitenter-engine-job-wake"     # never a request id (ids are printable)
+MAX_WAIT_S = 0.05
 
 
 class _Engine(Protocol):
@@ -35,24 +45,27 @@ class _Engine(Protocol):
 
 @dataclass
 class _Job:
-    work: Generator[None, None, Any]
+    work: Generator[Any, None, Any]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
+    paced: bool
     cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 class EngineJobs:
-    def __init__(self, engine: _Engine) -> None:
+    def __init__(self, engine: _Engine, share: CpuShare | None = None) -> None:
         self._engine = engine
+        self._share = share
         self._jobs: deque[_Job] = deque()
         self._lock = threading.Lock()
         self._unsubscribe: Callable[[], None] | None = None
         self._closed = False
 
-    def submit(self, work: Generator[None, None, Any]) -> asyncio.Future[Any]:
-        """Queue ``work``; its result (or exception) arrives on the returned future."""
+    def submit(self, work: Generator[Any, None, Any], paced: bool = False) -> asyncio.Future[Any]:
+        """Queue ``work``; its result (or exception) arrives on the returned future. ``paced``: pooling
+        work, kept to the arbiter's share beside generation."""
         loop = asyncio.get_running_loop()
-        job = _Job(work, loop, loop.create_future())
+        job = _Job(work, loop, loop.create_future(), paced)
         job.future.add_done_callback(lambda f: job.cancelled.set() if f.cancelled() else None)
         with self._lock:
             if self._closed:
@@ -81,8 +94,11 @@ class EngineJobs:
         job = self._head()
         if job is None:
             return
+        if job.paced and not self._admitted():
+            self._engine.request_abort(WAKE_ID)     # ask again at the next step
+            return
         try:
-            next(job.work)
+            self._slice(job)
         except StopIteration as done:
             self._finish(job, result=done.value)
         except Exception as e:       # the job's failure, never the engine's
@@ -93,6 +109,27 @@ class EngineJobs:
                 self._stop_listening()
         if more:
             self._engine.request_abort(WAKE_ID)     # keep an otherwise idle loop stepping
+
+    def _admitted(self) -> bool:
+        """Whether the pooling share lets a slice run now (waiting first where this engine has nothing else)."""
+        share = self._share
+        if share is None or share.pooling_delay() <= 0:
+            return True
+        if share.generating(self._engine):
+            return False
+        share.sleep(min(share.pooling_delay(), MAX_WAIT_S))
+        return share.pooling_delay() <= 0
+
+    def _slice(self, job: _Job) -> None:
+        """One ``next()`` of the job, under the arbiter's turn (and counted against the share when paced)."""
+        if self._share is None:
+            next(job.work)
+        elif job.paced:
+            with self._share.pooling_slice(self._engine) as rec:
+                rec.done(next(job.work))
+        else:
+            with self._share.forward(self._engine):
+                next(job.work)
 
     def _head(self) -> _Job | None:
         with self._lock:

@@ -5,7 +5,9 @@ the engine's attributes; everything else goes through the protocol.
 - ``add`` runs ``AsyncLLMEngine.add_request`` (validation, tokenizing, grammar compilation) in a worker
   thread, so the event loop never waits on it; a caller cancelled mid-add aborts what got added.
 - ``score`` / ``embed`` / ``pool`` are jobs on the engine's own thread between its steps (engine_jobs.py,
-  pooling_jobs.py), one forward of at most ``min(max_num_batched_tokens, SLICE_TOKENS)`` tokens per step.
+  pooling_jobs.py), one forward of at most ``min(max_num_batched_tokens, SLICE_TOKENS)`` tokens per step;
+  ``embed`` / ``pool`` keep to the process's pooling share while any engine generates, in slices it may
+  make smaller (hitenter/engine/cpu_share.py).
 """
 
 from __future__ import annotations
@@ -93,7 +95,8 @@ class LocalEngineClient:
         self.engine = engine
         self._llm = engine.engine
         self.info = model_info(self._llm)
-        self._jobs = EngineJobs(self._llm)
+        self._share = getattr(self._llm, "cpu_share", None)      # the process's arbiter (engine/cpu_share.py)
+        self._jobs = EngineJobs(self._llm, self._share)
         self._slice = max(1, min(self.info.max_num_batched_tokens, SLICE_TOKENS))
         self._inspector = LocalInspector(engine)
 
@@ -169,16 +172,20 @@ class LocalEngineClient:
         return await self._run(score_job(self._llm, prompts, k, self._slice))   # type: ignore[no-any-return]
 
     async def embed(self, prompts: list[list[int]]) -> list[list[float]]:
-        return await self._run(pool_job(self._llm, prompts, self._slice, normalize=True))  # type: ignore[no-any-return]
+        return await self._run(pool_job(self._llm, prompts, self._pooling_slice, normalize=True), paced=True)  # type: ignore[no-any-return]
 
     async def pool(self, prompts: list[list[int]]) -> list[list[float]]:
-        return await self._run(pool_job(self._llm, prompts, self._slice, normalize=False))  # type: ignore[no-any-return]
+        return await self._run(pool_job(self._llm, prompts, self._pooling_slice, normalize=False), paced=True)  # type: ignore[no-any-return]
 
-    async def _run(self, job: Any) -> Any:
+    def _pooling_slice(self) -> int:
+        """A pooling forward's tokens: the step's slice, smaller where the pooling share asks it."""
+        return self._slice if self._share is None else self._share.slice_tokens(self._slice)
+
+    async def _run(self, job: Any, paced: bool = False) -> Any:
         if not self.is_alive:
             job.close()
             raise RuntimeError("the engine loop is not running")
-        return await self._jobs.submit(job)
+        return await self._jobs.submit(job, paced)
 
     def snapshot(self) -> EngineSnapshot:
         return self.engine.snapshot()

@@ -7,9 +7,10 @@ not the prompt's prefix is cached for generation. Rows take the same kernels as 
 (the GEMM path, the last prompt row the fused kernel), so a prompt token's logprob equals the sampler's
 raw logprob for the same text; a forward is cut into chunks of at most ``slice_tokens`` tokens (a long
 prompt continues on its scratch cache, as a chunked prefill does), which batch invariance keeps bitwise
-equal to one forward.
+equal to one forward. ``slice_tokens`` is a number, or a callable asked before each forward (the server's
+pooling share shrinks slices beside generation).
 
-``hidden_states_job`` / ``score_job`` are generators that yield after every forward: the server runs
+``hidden_states_job`` / ``score_job`` are generators that yield each forward's token count: the server runs
 them on the engine thread one slice per engine step (hitenter/server/engine_jobs.py).
 ``forward_hidden`` / ``score_prompts`` run them to the end at once (a caller that owns the engine).
 """
@@ -17,7 +18,7 @@ them on the engine thread one slice per engine step (hitenter/server/engine_jobs
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +56,17 @@ def _groups(prompts: list[list[int]]) -> list[list[int]]:
     return groups
 
 
-def _group_forwards(engine: Any, prompts: list[list[int]], slice_tokens: int) -> Generator[None, None, list[Tensor]]:
-    """Hidden states of prompts sharing one scratch cache, ``slice_tokens`` rows per forward."""
+SliceTokens = int | Callable[[], int]     # a forward's tokens, fixed or asked before each forward
+
+
+def slice_budget(slice_tokens: SliceTokens) -> int:
+    """The tokens of the next forward (at least 1)."""
+    return max(1, slice_tokens() if callable(slice_tokens) else slice_tokens)
+
+
+def _group_forwards(engine: Any, prompts: list[list[int]], slice_tokens: SliceTokens) -> Generator[int, None, list[Tensor]]:
+    """Hidden states of prompts sharing one scratch cache, ``slice_tokens`` rows per forward; yields each
+    forward's rows."""
     model, kvh, dtype, bs = _model_and_cache_shape(engine)
     nblocks = [math.ceil(len(p) / bs) for p in prompts]
     if hasattr(model, "allocate_caches"):   # a hybrid model: prompt i's recurrent state in slot i, from zero
@@ -69,7 +79,7 @@ def _group_forwards(engine: Any, prompts: list[list[int]], slice_tokens: int) ->
     done = [0] * len(prompts)
     parts: list[list[Tensor]] = [[] for _ in prompts]
     while any(d < len(p) for d, p in zip(done, prompts, strict=True)):    # no torch mode held across a yield
-        budget, rows = slice_tokens, []
+        budget, rows = slice_budget(slice_tokens), []
         for i, p in enumerate(prompts):
             n = min(len(p) - done[i], budget)
             if n > 0:
@@ -82,7 +92,7 @@ def _group_forwards(engine: Any, prompts: list[list[int]], slice_tokens: int) ->
         for k, (i, _, n) in enumerate(rows):
             parts[i].append(hidden[qsl[k]:qsl[k + 1]])
             done[i] += n
-        yield
+        yield sum(n for _, _, n in rows)
     return [torch.cat(ps) if len(ps) > 1 else ps[0] for ps in parts]
 
 
@@ -110,12 +120,12 @@ def _forward(model: Any, caches: list[Any], rows: list[tuple[list[int], list[int
 
 
 def hidden_states_job(engine: Any, prompts: list[list[int]],
-                      slice_tokens: int = SLICE_TOKENS) -> Generator[None, None, list[Tensor]]:
-    """Final (normed) hidden states ``[len(p), H]`` of each prompt; yields after every forward."""
+                      slice_tokens: SliceTokens = SLICE_TOKENS) -> Generator[int, None, list[Tensor]]:
+    """Final (normed) hidden states ``[len(p), H]`` of each prompt; yields each forward's tokens."""
     _model_and_cache_shape(engine)            # refuse at once where there is no local model
     out: list[Tensor | None] = [None] * len(prompts)
     for group in _groups(prompts):
-        hidden = yield from _group_forwards(engine, [prompts[i] for i in group], max(1, slice_tokens))
+        hidden = yield from _group_forwards(engine, [prompts[i] for i in group], slice_tokens)
         for i, h in zip(group, hidden, strict=True):
             out[i] = h
     return [h for h in out if h is not None]
@@ -128,7 +138,7 @@ class PromptScores:
 
 
 def score_job(engine: Any, prompts: list[list[int]], k: int,
-              slice_tokens: int = SLICE_TOKENS) -> Generator[None, None, list[PromptScores]]:
+              slice_tokens: SliceTokens = SLICE_TOKENS) -> Generator[int, None, list[PromptScores]]:
     """Raw logprob, rank and top ``k`` of every prompt token given the tokens before it."""
     hidden = yield from hidden_states_job(engine, prompts, slice_tokens)
     return [PromptScores(p, _token_logprobs(engine.runner.model, p, h, k)) for p, h in zip(prompts, hidden, strict=True)]
@@ -144,7 +154,7 @@ def _token_logprobs(model: Any, p: list[int], h: Tensor, k: int) -> list[TokenLo
     return lps
 
 
-def run_now(job: Generator[None, None, Any]) -> Any:
+def run_now(job: Generator[Any, None, Any]) -> Any:
     """Run a job to its end in this thread; its result."""
     while True:
         try:
