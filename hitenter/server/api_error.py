@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -188,7 +189,14 @@ def internal_message(e: BaseException) -> str:
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    """The error's response; one that carries a ``pacer`` (an object with ``delay(client) -> seconds``, e.g.
+    body_limits.RefusalPacer) is answered that much later for the client's address."""
     assert isinstance(exc, APIError)
+    pacer = getattr(exc, "pacer", None)
+    if pacer is not None:
+        delay = pacer.delay(request.client.host if request.client else "")
+        if delay:
+            await asyncio.sleep(delay)
     return exc.response(request.url.path)
 
 

@@ -418,20 +418,21 @@ class BodyChecker:
 
 
 class RefusalPacer:
-    """How late a client's refusal is answered: 0 for its first ``PACE_FREE`` in ``PACE_WINDOW_S``, then
-    ``PACE_DELAY_S`` (event-loop state: called from the loop only)."""
+    """How late a client's refusal is answered: 0 for its first `free` in `window_s`, then `delay_s`
+    (defaults ``PACE_FREE``, ``PACE_WINDOW_S``, ``PACE_DELAY_S``; event-loop state: called from the loop only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, free: int = PACE_FREE, window_s: float = PACE_WINDOW_S, delay_s: float = PACE_DELAY_S) -> None:
         self._seen: OrderedDict[str, deque[float]] = OrderedDict()
+        self.free, self.window_s, self.delay_s = free, window_s, delay_s
 
     def delay(self, client: str) -> float:
         now = time.monotonic()
-        times = self._seen.pop(client, None) or deque(maxlen=PACE_FREE + 1)
+        times = self._seen.pop(client, None) or deque(maxlen=self.free + 1)
         times.append(now)
         self._seen[client] = times
         while len(self._seen) > _PACE_CLIENTS:
             self._seen.popitem(last=False)
-        return PACE_DELAY_S if len(times) > PACE_FREE and now - times[0] < PACE_WINDOW_S else 0.0
+        return self.delay_s if len(times) > self.free and now - times[0] < self.window_s else 0.0
 
 
 CHECKER, PACER = BodyChecker(), RefusalPacer()

@@ -4,6 +4,10 @@ Images arrive as content parts in the messages (OpenAI `image_url`, Anthropic `i
 `input_image`, the Python API's `image`) or as Ollama's `images` list on a message. Contract, in order:
 - a model without a vision encoder: 400 naming the image and the fix (--mmproj);
 - more than MAX_IMAGES images: 400, before any is decoded;
+- refusals of images (too many, or one that fails to decode) are paced per client address (IMAGE_PACER:
+  after IMAGE_PACE_FREE in 10 s, each further one answered IMAGE_PACE_DELAY_S late), so one client posting
+  bad images back to back costs the server a few refusals a second, not hundreds, and its answers stay
+  the same 4xx well within a second;
 - each image decoded under ImageLimits (hitenter/models/vision/image_input.py: bytes checked before
   decoding, pixels and sides from the header, formats and MIME types; remote URLs refused, nothing is
   fetched): any failure is a 400 naming the image's place (`messages[1].content[0]`), never a 5xx;
@@ -22,8 +26,17 @@ from hitenter.models.vision.content import image_parts, with_markers
 from hitenter.models.vision.image_input import DEFAULT_LIMITS, ImageInputError, ImageLimits
 from hitenter.models.vision.image_source import image_rgb
 from hitenter.server.api_error import APIError
+from hitenter.server.body_limits import RefusalPacer
 
 MAX_IMAGES = 16   # images in one request
+IMAGE_PACE_FREE, IMAGE_PACE_DELAY_S = 8, 0.1
+IMAGE_PACER = RefusalPacer(free=IMAGE_PACE_FREE, window_s=10.0, delay_s=IMAGE_PACE_DELAY_S)
+
+
+def _paced(err: APIError) -> APIError:
+    """`err`, answered under IMAGE_PACER (api_error's handler reads the attribute)."""
+    err.pacer = IMAGE_PACER   # type: ignore[attr-defined]
+    return err
 
 
 def _param(where: str, param: str) -> str:
@@ -54,7 +67,7 @@ def decode_images(images: list[tuple[str, Any]], param: str, limits: ImageLimits
             out.append(image_rgb(source, limits))
         except ImageInputError as e:
             p = _param(where, param)
-            raise APIError(400, f"{p}: image {n + 1} of {len(images)}: {e}", p) from None
+            raise _paced(APIError(400, f"{p}: image {n + 1} of {len(images)}: {e}", p)) from None
     return out
 
 
@@ -64,7 +77,7 @@ async def image_chat_ids(m: Any, messages: list[dict[str, Any]], add_generation_
     found = image_parts(messages)
     check_vision(m, found[0][0], param)
     if len(found) > MAX_IMAGES:
-        raise APIError(400, f"{param}: {len(found)} images in one request, more than {MAX_IMAGES}", param)
+        raise _paced(APIError(400, f"{param}: {len(found)} images in one request, more than {MAX_IMAGES}", param))
     try:
         marked, images = with_markers(messages, MEDIA_MARKER)
     except ValueError as e:
