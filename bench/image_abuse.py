@@ -17,6 +17,8 @@ Each attacked run's rate is divided by the mean of the alone runs either side (t
 the figure is the median of those ratios (bound: >= 0.8). Every bad request's status (bound: 4xx; on a
 model without a chat template the image is still checked first, so the refusal is the image's) and
 latency, max and p99 per request kind (bound: max < 1 s). ``uptime`` before and after.
+The server paces a client's image refusals (hitenter/server/image_chat.py), so the looping client's rate
+is a few a second after its first few.
 """
 
 from __future__ import annotations
