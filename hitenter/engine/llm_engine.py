@@ -3,9 +3,11 @@
 ``step()`` drains the inbox (arrivals and aborts from other threads), then schedule -> run -> sample ->
 update (the scheduler appends tokens and decides token stops) -> output (the output processor:
 detokenizing, stop strings, logprobs, n-groups; hitenter/engine/output_processor.py), then publishes
-the step's events and a snapshot of its state (hitenter/engine/snapshot.py). The step's work up to the
-events holds the process's ``cpu_share.forward`` (hitenter/engine/cpu_share.py: the engines of one
-process take turns), and the step tells the arbiter whether this engine has generation requests.
+the step's events and a snapshot of its state (hitenter/engine/snapshot.py). The model run of a step
+that scheduled work holds the process's ``cpu_share.forward`` (hitenter/engine/cpu_share.py: the
+engines of one process take turns on its cores; the step's Python work around it, sampling and
+detokenizing, may overlap another engine's forward), and every step tells the arbiter whether this
+engine has generation requests.
 
 Threads: ``add_request`` / ``abort`` / ``step`` belong to the thread that steps the engine (LLM.generate's,
 or AsyncLLMEngine's loop). Other threads call ``prepare_request`` + ``submit`` and ``request_abort``
@@ -22,6 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from hitenter.config import EngineConfig
@@ -239,17 +242,17 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
-        with self.cpu_share.forward(self):     # never beside another engine's forward in this process
-            self._drain_inbox()
-            self._before_schedule()
-            sched = self.scheduler.schedule()
+        self._drain_inbox()
+        self._before_schedule()
+        sched = self.scheduler.schedule()
+        with self.cpu_share.forward(self) if sched.scheduled else nullcontext():   # one engine's forward at a time
             ran = self.runner.execute(sched)
-            if self.spec is not None and ran.hidden is not None:   # an MTP drafter reads the target's rows
-                self.spec.observe_target(sched, ran.hidden)
-            sampled = self._sample(ran)
-            new_tokens = self._new_tokens(ran, sampled)
-            finished = self.scheduler.update(sched, new_tokens)
-            outputs = self.output_processor.process(ran.sample_request_ids, sampled)
+        if self.spec is not None and ran.hidden is not None:   # an MTP drafter reads the target's rows
+            self.spec.observe_target(sched, ran.hidden)
+        sampled = self._sample(ran)
+        new_tokens = self._new_tokens(ran, sampled)
+        finished = self.scheduler.update(sched, new_tokens)
+        outputs = self.output_processor.process(ran.sample_request_ids, sampled)
         self.cpu_share.set_generating(self, self.has_unfinished_requests())
         self._after_step(sched, ran, new_tokens, finished, t0)     # its subscribers may run pooling slices
         return outputs
