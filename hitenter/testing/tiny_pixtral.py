@@ -12,7 +12,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from hitenter.testing.tiny_qwen_vision import CLIP_MEAN, CLIP_STD
+from hitenter.testing.tiny_mmproj import mmproj_header
 
 
 def write_tiny_pixtral_mmproj(path: str | Path, seed: int = 0, text_hidden: int = 64, hidden: int = 32,
@@ -30,21 +30,8 @@ def write_tiny_pixtral_mmproj(path: str | Path, seed: int = 0, text_hidden: int 
         return (1.0 + rng.standard_normal(n) * 0.1).astype(np.float32)
 
     w = gguf.GGUFWriter(str(path), "clip")
-    w.add_type(gguf.GGUFType.MMPROJ)
-    w.add_name("tiny-pixtral-mmproj")
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_clip_has_vision_encoder(True)
-    w.add_clip_projector_type(gguf.VisionProjectorType.PIXTRAL)
-    w.add_vision_projection_dim(text_hidden)
-    w.add_vision_image_size(image_size)
-    w.add_vision_patch_size(patch_size)
-    w.add_vision_embedding_length(hidden)
-    w.add_vision_feed_forward_length(ffn)
-    w.add_vision_block_count(layers)
-    w.add_vision_head_count(heads)
-    w.add_vision_image_mean(list(CLIP_MEAN))
-    w.add_vision_image_std(list(CLIP_STD))
-    w.add_vision_attention_layernorm_eps(1e-5)
+    mmproj_header(w, "tiny-pixtral-mmproj", gguf.VisionProjectorType.PIXTRAL, text_hidden=text_hidden, hidden=hidden,
+                  ffn=ffn, layers=layers, heads=heads, image_size=image_size, patch_size=patch_size, eps=1e-5)
     w.add_vision_use_silu(True)
     if merge > 1:
         w.add_vision_spatial_merge_size(merge)

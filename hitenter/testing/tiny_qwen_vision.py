@@ -14,29 +14,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from hitenter.testing.tiny_mmproj import mmproj_header
 from hitenter.testing.tiny_model import add_tokenizer
-
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)   # Qwen-VL's preprocessor_config (OpenAI CLIP's)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-
-
-def _vision_header(w: gguf.GGUFWriter, name: str, projector: str, text_hidden: int, hidden: int, ffn: int,
-                   layers: int, heads: int, image_size: int, patch_size: int) -> None:
-    w.add_type(gguf.GGUFType.MMPROJ)
-    w.add_name(name)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_clip_has_vision_encoder(True)
-    w.add_clip_projector_type(projector)
-    w.add_vision_projection_dim(text_hidden)
-    w.add_vision_image_size(image_size)
-    w.add_vision_patch_size(patch_size)
-    w.add_vision_embedding_length(hidden)
-    w.add_vision_feed_forward_length(ffn)
-    w.add_vision_block_count(layers)
-    w.add_vision_head_count(heads)
-    w.add_vision_image_mean(list(CLIP_MEAN))
-    w.add_vision_image_std(list(CLIP_STD))
-    w.add_vision_attention_layernorm_eps(1e-6)
 
 
 def _close(w: gguf.GGUFWriter) -> None:
@@ -68,7 +47,8 @@ def write_tiny_qwen25vl_mmproj(path: str | Path, seed: int = 0, text_hidden: int
     w = gguf.GGUFWriter(str(path), "clip")
     projector = gguf.VisionProjectorType.QWEN2VL if qwen2 else gguf.VisionProjectorType.QWEN25VL
     name = "tiny-qwen2vl-mmproj" if qwen2 else "tiny-qwen2.5vl-mmproj"
-    _vision_header(w, name, projector, text_hidden, hidden, ffn, layers, heads, image_size, patch_size)
+    mmproj_header(w, name, projector, text_hidden=text_hidden, hidden=hidden, ffn=ffn, layers=layers, heads=heads,
+                  image_size=image_size, patch_size=patch_size)
     if not qwen2:
         w.add_vision_use_silu(True)
         w.add_vision_n_wa_pattern(n_wa_pattern)
@@ -115,8 +95,8 @@ def write_tiny_qwen3vl_mmproj(path: str | Path, seed: int = 0, text_hidden: int 
     path.parent.mkdir(parents=True, exist_ok=True)
     normal, gain = _tools(np.random.default_rng(seed))
     w = gguf.GGUFWriter(str(path), "clip")
-    _vision_header(w, "tiny-qwen3vl-mmproj", gguf.VisionProjectorType.QWEN3VL, text_hidden, hidden, ffn,
-                   layers, heads, image_size, patch_size)
+    mmproj_header(w, "tiny-qwen3vl-mmproj", gguf.VisionProjectorType.QWEN3VL, text_hidden=text_hidden, hidden=hidden,
+                  ffn=ffn, layers=layers, heads=heads, image_size=image_size, patch_size=patch_size)
     w.add_vision_use_gelu(True)
     w.add_vision_spatial_merge_size(2)
     w.add_vision_is_deepstack_layers([i in deepstack for i in range(layers)])

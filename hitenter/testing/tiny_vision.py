@@ -9,6 +9,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from hitenter.testing.tiny_mmproj import mmproj_header
+
 
 def write_tiny_gemma3_mmproj(path: str | Path, seed: int = 0, text_hidden: int = 64, hidden: int = 32,
                              ffn: int = 48, layers: int = 2, heads: int = 2, image_size: int = 64,
@@ -21,21 +23,8 @@ def write_tiny_gemma3_mmproj(path: str | Path, seed: int = 0, text_hidden: int =
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "clip")
-    w.add_type(gguf.GGUFType.MMPROJ)
-    w.add_name("tiny-gemma3-mmproj")
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_clip_has_vision_encoder(True)
-    w.add_clip_projector_type(gguf.VisionProjectorType.GEMMA3)
-    w.add_vision_projection_dim(text_hidden)
-    w.add_vision_image_size(image_size)
-    w.add_vision_patch_size(patch_size)
-    w.add_vision_embedding_length(hidden)
-    w.add_vision_feed_forward_length(ffn)
-    w.add_vision_block_count(layers)
-    w.add_vision_head_count(heads)
-    w.add_vision_image_mean(list(mean))
-    w.add_vision_image_std(list(std))
-    w.add_vision_attention_layernorm_eps(1e-6)
+    mmproj_header(w, "tiny-gemma3-mmproj", gguf.VisionProjectorType.GEMMA3, text_hidden=text_hidden, hidden=hidden,
+                  ffn=ffn, layers=layers, heads=heads, image_size=image_size, patch_size=patch_size, mean=mean, std=std)
     w.add_vision_use_gelu(True)
     if merge is not None:
         w.add_vision_projector_scale_factor(merge)
