@@ -685,6 +685,10 @@ def i_summary(w: Walk) -> str:
 
 def i_readable_model(w: Walk) -> str:
     w.enter()
+    # the panel is redrawn after the trigram run finishes: wait until it shows that run's tokens
+    w.pg.wait_for_function("""() => { const n = document.querySelector('#trigram-tokens'), t = window.playground.tri;
+      return Boolean(n && t && t.finish && t.tokens.length
+        && n.dataset.ids === JSON.stringify(t.tokens.map((x) => x.piece.id))); }""", timeout=WAIT)
     tri = json.loads(w.d("#trigram-tokens", "ids"))
     text = w.js("() => window.playground.tri.text")
     v1 = w.post("/v1/completions", {"model": "trigram", "prompt": BASE, "max_tokens": 12, "temperature": 0.8, "seed": 42,
