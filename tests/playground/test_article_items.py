@@ -92,6 +92,7 @@ class Walk:
                              arg=traced, timeout=WAIT)
         if trigram:
             pg.wait_for_function("() => window.playground.tri && window.playground.tri.finish", timeout=WAIT)
+        pg.wait_for_timeout(700)   # panels off screen redraw at most every 500 ms (app.js FULL_MS): let the last one land
         self.last = want
 
     def slide(self, name: str, value: float) -> None:
