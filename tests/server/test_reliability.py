@@ -33,20 +33,21 @@ def _rss_mb() -> float:
 def server(tiny_llama_path: Path) -> Iterator[LiveServer]:
     # a 64-token window (the file's is 256): a request without max_tokens decodes to the window's end, and
     # schemathesis sends ~100 of those (the Responses API's alone took ~70 of this module's ~370 s at 240 tokens)
-    app: Any = create_app(LLMEngine(str(tiny_llama_path), max_model_len=64), served_model_name="tiny", api_key=KEY)
+    app: Any = create_app(LLMEngine(str(tiny_llama_path), max_model_len=64), served_model_name="tiny", api_key=KEY,
+                          max_body_bytes=4 << 20)
     with live_server(app) as srv:
         yield srv
 
 
-def test_ten_40mb_bodies_413_and_memory_returns(server: LiveServer) -> None:
-    body = b'{"prompt": "' + b"a" * (40 << 20) + b'"}'   # over the default limit (32 MiB)
+def test_ten_10mb_bodies_413_and_memory_returns(server: LiveServer) -> None:
+    body = b'{"prompt": "' + b"a" * (10 << 20) + b'"}'   # over the fixture's 4 MiB limit
     headers = {**AUTH, "content-type": "application/json"}
     httpx.post(server.url + "/v1/completions", content=body, headers=headers, timeout=60)   # warm-up
     before = _rss_mb()
     codes = {httpx.post(server.url + "/v1/completions", content=body, headers=headers, timeout=60).status_code
              for _ in range(10)}
     assert codes == {413}
-    assert _rss_mb() - before < 100        # this process holds the client's 40 MB body too
+    assert _rss_mb() - before < 100        # this process holds the client's 10 MB body too
 
 
 @pytest.mark.skipif(shutil.which("schemathesis", path=str(Path(sys.executable).parent)) is None,
