@@ -5,13 +5,10 @@ it shipped back; a server running both phases in one engine says so. Tiny random
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-
 import httpx
 import pytest
 
+from hitenter.testing.live_server import live_server
 from hitenter.testing.paths import TEST_OUTPUT
 from hitenter.testing.playground_page import CHROMIUM, TINY_OPTS, finished
 
@@ -20,25 +17,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason
 
 @pytest.fixture(scope="module")
 def disagg(tiny_llama_path):
-    import uvicorn
-
     from hitenter.engine.llm_engine import LLMEngine
     from hitenter.server.api import create_app
 
     two = LLMEngine(str(tiny_llama_path), disaggregate="prefill=1,decode=1", **TINY_OPTS)
     one = LLMEngine(str(tiny_llama_path), **TINY_OPTS)
     app = create_app(two, "apart", extra_engines={"together": one})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    while not srv.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    th.join(10)
+    with live_server(app) as srv:
+        yield srv.url
     two.runner.close()                    # the prefill worker process (also closed at exit)
 
 

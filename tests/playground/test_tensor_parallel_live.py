@@ -5,12 +5,9 @@ a one-process server says it runs the model in one process. Tiny random Llama, D
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-
 import pytest
 
+from hitenter.testing.live_server import live_server
 from hitenter.testing.paths import TEST_OUTPUT
 from hitenter.testing.playground_page import CHROMIUM, TINY_OPTS, finished
 
@@ -19,25 +16,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason
 
 @pytest.fixture(scope="module")
 def split(tiny_llama_path):
-    import uvicorn
-
     from hitenter.engine.llm_engine import LLMEngine
     from hitenter.server.api import create_app
 
     two = LLMEngine(str(tiny_llama_path), tensor_parallel_size=2, **TINY_OPTS)
     one = LLMEngine(str(tiny_llama_path), **TINY_OPTS)
     app = create_app(two, "split", extra_engines={"whole": one})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    while not srv.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", two
-    srv.should_exit = True
-    th.join(10)
+    with live_server(app) as srv:
+        yield srv.url, two
     two.runner.close()                    # the second process (also closed at exit)
 
 

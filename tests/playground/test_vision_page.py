@@ -6,9 +6,6 @@ drawn over the token grid; a model without a projector says --mmproj and draws n
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +13,7 @@ from typing import Any
 import pytest
 
 from hitenter.engine.image_prompt import MEDIA_MARKER, chat_segments
+from hitenter.testing.live_server import live_server
 from hitenter.testing.playground_page import CHROMIUM, TINY_OPTS
 from hitenter.testing.tiny_vision import image_bytes, sample_image, write_tiny_gemma3_with_mmproj
 
@@ -25,25 +23,14 @@ TEXT = "What is in this picture?"
 
 @pytest.fixture(scope="module")
 def vision_server(tmp_path_factory: pytest.TempPathFactory, tiny_llama_path: Path) -> Iterator[tuple[str, Any]]:
-    import uvicorn
-
     from hitenter.engine.llm_engine import LLMEngine
     from hitenter.server.api import create_app
 
     text, _ = write_tiny_gemma3_with_mmproj(tmp_path_factory.mktemp("vision_page"))
     eng = LLMEngine(str(text))
     app = create_app(eng, "vision", extra_engines={"tiny": LLMEngine(str(tiny_llama_path), **TINY_OPTS)})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    while not srv.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", eng
-    srv.should_exit = True
-    th.join(10)
+    with live_server(app) as srv:
+        yield srv.url, eng
 
 
 SHOWN = """() => {
