@@ -14,11 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from hitenter.models.loader import load_model
-from hitenter.testing.hybrid_goldens import check_fp32, check_invariance, check_q8_0, golden, tiny
-from hitenter.testing.model_runs import Runner
+from hitenter.testing.hybrid_goldens import (
+    check_fp32,
+    check_generation_rows,
+    check_invariance,
+    check_q8_0,
+)
 
 WITH_EXPERTS = ("lfm2moe", "granitehybrid_moe", "nemotron_h_moe")
 FAMILIES = ("lfm2", "granitehybrid", "granitehybrid_rope", "nemotron_h", *WITH_EXPERTS)
@@ -49,22 +51,5 @@ def test_chunked_and_batched_bits_equal_on_q8_0_blocks(family: str, tmp_path: Pa
 
 @pytest.mark.parametrize("family", ["lfm2", pytest.param("nemotron_h", marks=pytest.mark.slow)])
 def test_generation_rows_of_several_sequences_give_their_lone_bits(family: str, tmp_path: Path) -> None:
-    """Three sequences decoded together (their one-row spans updated in one batched conv / fused call) give
-    each row the bits of the sequence run alone, one token per step."""
-    gold = golden(family)
-    model = load_model(tiny(family, gold, tmp_path), dtype="float32")[0]
-    toks = gold["tokens"].tolist()
-    prompts, follow = [toks[:9], toks[9:23], toks[23:26]], [toks[30:36], toks[34:40], toks[26:32]]
-    lone = []
-    with torch.no_grad():
-        for p, f in zip(prompts, follow, strict=True):
-            r = Runner(model, 1, 32)
-            lone.append([r.step({0: p})[0][-1:]] + [r.step({0: [t]})[0] for t in f])
-        r = Runner(model, 3, 32)
-        first = r.step(dict(enumerate(prompts)))
-        got = [[first[i][-1:]] for i in range(3)]
-        for j in range(len(follow[0])):
-            for i, lg in r.step({i: [follow[i][j]] for i in range(3)}).items():
-                got[i].append(lg)
-    for i in range(3):
-        assert torch.equal(torch.cat(got[i]), torch.cat(lone[i])), f"{family}: sequence {i}'s generation rows"
+    """Three sequences decoded together give each row the bits of the sequence run alone."""
+    check_generation_rows(family, tmp_path)

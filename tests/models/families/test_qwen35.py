@@ -24,13 +24,13 @@ from hitenter.models.gguf import open_gguf, read_gguf_metadata
 from hitenter.models.loader import load_model
 from hitenter.testing.hybrid_goldens import (
     check_fp32,
+    check_generation_rows,
     check_invariance,
     check_q8_0,
     golden,
     lone_logits,
     tiny,
 )
-from hitenter.testing.model_runs import Runner
 from hitenter.testing.tiny_hybrids import write_tiny_hybrid
 
 FAMILIES = ("qwen35", "qwen35_wide", "qwen35moe", "qwen35moe_gate_up", "qwen3next", "qwen3next_ssm_in")
@@ -141,22 +141,5 @@ def test_bfloat16_weights_run_and_agree(tmp_path: Path) -> None:
 @pytest.mark.parametrize("family", ["qwen35", pytest.param("qwen3next", marks=pytest.mark.slow)])
 def test_generation_rows_of_several_sequences_give_their_lone_bits(family: str, delta_rule_path: str,
                                                                    tmp_path: Path) -> None:
-    """Three sequences decoded together (their one-row spans updated in one batched call) give each row the
-    bits of the sequence run alone, one token per step."""
-    gold = golden(family)
-    model = load_model(tiny(family, gold, tmp_path), dtype="float32")[0]
-    toks = gold["tokens"].tolist()
-    prompts, follow = [toks[:9], toks[9:23], toks[23:26]], [toks[30:36], toks[34:40], toks[26:32]]
-    lone = []
-    with torch.no_grad():
-        for p, f in zip(prompts, follow, strict=True):
-            r = Runner(model, 1, 32)
-            lone.append([r.step({0: p})[0][-1:]] + [r.step({0: [t]})[0] for t in f])
-        r = Runner(model, 3, 32)
-        first = r.step(dict(enumerate(prompts)))
-        got = [[first[i][-1:]] for i in range(3)]
-        for j in range(len(follow[0])):
-            for i, lg in r.step({i: [follow[i][j]] for i in range(3)}).items():
-                got[i].append(lg)
-    for i in range(3):
-        assert torch.equal(torch.cat(got[i]), torch.cat(lone[i])), f"{family}: sequence {i}'s generation rows"
+    """Three sequences decoded together give each row the bits of the sequence run alone."""
+    check_generation_rows(family, tmp_path)
