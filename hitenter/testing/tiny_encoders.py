@@ -192,6 +192,16 @@ def _ffn(f: _Writer, p: str, gated: bool) -> None:
         f.add(p + "ffn_down.bias", f.normal(HIDDEN, std=0.1))
 
 
+def _qk_norm_attention(f: _Writer, p: str, head_dim: int, kv_heads: int) -> None:
+    """Layer p's q / k / v / output projections and q / k norms, in the order the goldens were drawn in."""
+    f.add(p + "attn_q.weight", f.normal(HEADS * head_dim, HIDDEN, std=0.2))
+    f.add(p + "attn_k.weight", f.normal(kv_heads * head_dim, HIDDEN, std=0.2))
+    f.add(p + "attn_v.weight", f.normal(kv_heads * head_dim, HIDDEN, std=0.2))
+    f.add(p + "attn_output.weight", f.normal(HIDDEN, HEADS * head_dim, std=0.1))
+    f.add(p + "attn_q_norm.weight", f.norm(head_dim))
+    f.add(p + "attn_k_norm.weight", f.norm(head_dim))
+
+
 def _gemma_embedding(f: _Writer) -> None:
     head_dim, layers, kv_heads = 32, 6, 2
     w = f.w
@@ -211,12 +221,7 @@ def _gemma_embedding(f: _Writer) -> None:
     for i in range(layers):
         p = f"blk.{i}."
         f.add(p + "attn_norm.weight", f.norm(HIDDEN))
-        f.add(p + "attn_q.weight", f.normal(HEADS * head_dim, HIDDEN, std=0.2))
-        f.add(p + "attn_k.weight", f.normal(kv_heads * head_dim, HIDDEN, std=0.2))
-        f.add(p + "attn_v.weight", f.normal(kv_heads * head_dim, HIDDEN, std=0.2))
-        f.add(p + "attn_output.weight", f.normal(HIDDEN, HEADS * head_dim, std=0.1))
-        f.add(p + "attn_q_norm.weight", f.norm(head_dim))
-        f.add(p + "attn_k_norm.weight", f.norm(head_dim))
+        _qk_norm_attention(f, p, head_dim, kv_heads)
         f.add(p + "post_attention_norm.weight", f.norm(HIDDEN))
         f.add(p + "ffn_norm.weight", f.norm(HIDDEN))
         for n in ("ffn_gate", "ffn_up"):
@@ -245,12 +250,7 @@ def _qwen3(f: _Writer, family: str) -> None:
     for i in range(LAYERS):
         p = f"blk.{i}."
         f.add(p + "attn_norm.weight", f.norm(HIDDEN))
-        f.add(p + "attn_q.weight", f.normal(HEADS * head_dim, HIDDEN, std=0.2))
-        f.add(p + "attn_k.weight", f.normal(kv_heads * head_dim, HIDDEN, std=0.2))
-        f.add(p + "attn_v.weight", f.normal(kv_heads * head_dim, HIDDEN, std=0.2))
-        f.add(p + "attn_output.weight", f.normal(HIDDEN, HEADS * head_dim, std=0.1))
-        f.add(p + "attn_q_norm.weight", f.norm(head_dim))
-        f.add(p + "attn_k_norm.weight", f.norm(head_dim))
+        _qk_norm_attention(f, p, head_dim, kv_heads)
         f.add(p + "ffn_norm.weight", f.norm(HIDDEN))
         for n in ("ffn_gate", "ffn_up"):
             f.add(p + n + ".weight", f.normal(FFN, HIDDEN, std=0.15))
