@@ -179,6 +179,8 @@ _Table = list[tuple[str, int]]   # (token text, id), longest text first: what a 
 class Tokenizer:
     """A GGUF byte-level BPE vocabulary; see the module docstring for the contracts."""
 
+    sentencepiece_pieces = False   # a SentencePiece vocabulary's NORMAL pieces spell spaces as "\u2581"
+
     def __init__(self, md: Mapping[str, Any], hf: HFTokenizer) -> None:
         self._hf = hf
         self._tokens: list[str] = list(md["tokenizer.ggml.tokens"])
@@ -246,11 +248,13 @@ class Tokenizer:
         return self._types[token_id] in (CONTROL, UNKNOWN)
 
     def token_bytes(self, token_id: int) -> bytes:
-        """Exact bytes of one token."""
+        """Exact bytes of one token (a SentencePiece vocabulary's NORMAL pieces with "\u2581" as spaces)."""
         b = self._token_bytes.get(token_id)
         if b is None:
             piece, kind = self._tokens[token_id], self._types[token_id]
-            if kind == UNUSED:
+            if self.sentencepiece_pieces and kind == NORMAL:
+                b = piece.replace("\u2581", " ").encode("utf-8")
+            elif kind == UNUSED:
                 b = b""
             elif kind in (CONTROL, USER_DEFINED, UNKNOWN):
                 b = piece.encode("utf-8")

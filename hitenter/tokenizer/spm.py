@@ -78,16 +78,6 @@ def build_spm(md: Mapping[str, Any]) -> HFTokenizer:
 class SpmTokenizer(Tokenizer):
     """A GGUF SentencePiece-BPE vocabulary; the contracts are bpe.Tokenizer's, ids equal llama.cpp's."""
 
-    def token_bytes(self, token_id: int) -> bytes:
-        """Exact bytes of one token: NORMAL pieces with "▁" as spaces, the rest as bpe.Tokenizer."""
-        b = self._token_bytes.get(token_id)
-        if b is None:
-            if self._types[token_id] == NORMAL:
-                b = self._tokens[token_id].replace(SPACE, " ").encode("utf-8")
-                self._token_bytes[token_id] = b
-            else:
-                b = super().token_bytes(token_id)
-        return b
-
+    sentencepiece_pieces = True
 
 VOCAB_BUILDERS["llama"] = lambda md: SpmTokenizer(md, build_spm(md))

@@ -123,6 +123,8 @@ class UgmTokenizer(Tokenizer):
     """A GGUF SentencePiece unigram vocabulary; bpe.Tokenizer's contracts with llama.cpp's UGM rules
     (module doc)."""
 
+    sentencepiece_pieces = True
+
     def __init__(self, md: Mapping[str, Any]) -> None:
         tokens = md.get("tokenizer.ggml.tokens")
         if not tokens:
@@ -257,17 +259,6 @@ class UgmTokenizer(Tokenizer):
         if special and self.add_eos and self.eos_token_id is not None:
             ids.append(self.eos_token_id)
         return ids
-
-    def token_bytes(self, token_id: int) -> bytes:
-        """A NORMAL piece with "\u2581" as spaces; the rest as bpe.Tokenizer."""
-        b = self._token_bytes.get(token_id)
-        if b is None:
-            if self._types[token_id] == NORMAL:
-                b = self._tokens[token_id].replace(SPACE, " ").encode("utf-8")
-                self._token_bytes[token_id] = b
-            else:
-                b = super().token_bytes(token_id)
-        return b
 
 
 VOCAB_BUILDERS["t5"] = UgmTokenizer
