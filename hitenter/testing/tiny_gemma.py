@@ -10,7 +10,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from hitenter.testing.tiny_model import add_tokenizer, add_weight
+from hitenter.testing.tiny_model import add_shape, add_tokenizer, add_weight
 
 
 def write_tiny_gemma3(path: str | Path, seed: int = 0, hidden: int = 64, layers: int = 4, heads: int = 4,
@@ -25,12 +25,7 @@ def write_tiny_gemma3(path: str | Path, seed: int = 0, hidden: int = 64, layers:
     arch = "gemma3"
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny-gemma3")
-    w.add_block_count(layers)
-    w.add_context_length(context_length)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
+    add_shape(w, layers, context_length, hidden, ffn, heads, kv_heads)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_rope_freq_base(1e6)

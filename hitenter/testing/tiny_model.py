@@ -91,9 +91,12 @@ def _tensor_type(name: str, quant: str | dict[str, str] | None) -> gguf.GGMLQuan
     return None
 
 
-def add_tokenizer(w: gguf.GGUFWriter) -> int:
-    """The tiny GPT-2-style vocabulary, BOS 1 / EOS 2 (no BOS added) and the ChatML template; the vocab size."""
+def add_tokenizer(w: gguf.GGUFWriter, user_defined: tuple[str, ...] = (), template: str = CHATML_TEMPLATE) -> int:
+    """The tiny GPT-2-style vocabulary (then `user_defined` tokens, type 4), BOS 1 / EOS 2 (no BOS added) and
+    `template` (ChatML by default); the vocab size."""
     tokens, types, merges = tiny_vocab()
+    tokens += list(user_defined)
+    types += [4] * len(user_defined)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
@@ -102,8 +105,19 @@ def add_tokenizer(w: gguf.GGUFWriter) -> int:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
-    w.add_chat_template(CHATML_TEMPLATE)
+    w.add_chat_template(template)
     return len(tokens)
+
+
+def add_shape(w: gguf.GGUFWriter, layers: int, context_length: int, hidden: int, ffn: int, heads: int,
+              kv_heads: int) -> None:
+    """A decoder's block count, context length, widths and head counts."""
+    w.add_block_count(layers)
+    w.add_context_length(context_length)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
 
 
 def add_weight(w: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: gguf.GGMLQuantizationType | None,
@@ -140,12 +154,7 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", seed: int = 0, hidden
 
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny-{arch}")
-    w.add_block_count(layers)
-    w.add_context_length(context_length)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
+    add_shape(w, layers, context_length, hidden, ffn, heads, kv_heads)
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(head_dim)
     w.add_layer_norm_rms_eps(1e-5)

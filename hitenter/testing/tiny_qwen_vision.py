@@ -15,7 +15,7 @@ import gguf
 import numpy as np
 
 from hitenter.testing.tiny_mmproj import mmproj_header
-from hitenter.testing.tiny_model import add_tokenizer
+from hitenter.testing.tiny_model import add_shape, add_tokenizer
 
 
 def _close(w: gguf.GGUFWriter) -> None:
@@ -153,12 +153,7 @@ def write_tiny_qwen_vl_text(path: str | Path, arch: str, seed: int = 0, hidden: 
     head_dim, sections = (16, [2, 3, 3, 0]) if arch == "qwen2vl" else (32, [6, 5, 5, 0])
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny-{arch}")
-    w.add_block_count(layers)
-    w.add_context_length(context_length)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
+    add_shape(w, layers, context_length, hidden, ffn, heads, kv_heads)
     w.add_rope_freq_base(1e6)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_dimension_sections(sections)
