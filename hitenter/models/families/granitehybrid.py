@@ -23,6 +23,7 @@ from hitenter.models.families.base import Family, Meta, experts_fields, unpermut
 from hitenter.models.families.lfm2 import (
     attention_layer_types,
     attention_shapes,
+    embedding_shapes,
     experts_shapes,
     gated_ffn_shapes,
 )
@@ -77,10 +78,8 @@ class GraniteHybrid(Family):
         return out
 
     def file_shapes(self, cfg: ModelConfig, names: set[str]) -> dict[str, tuple[int, ...]]:
-        h, v = cfg.hidden_size, cfg.vocab_size
-        shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (v, h), "output_norm.weight": (h,)}
-        if not cfg.tie_word_embeddings:
-            shapes["output.weight"] = (v, h)
+        h = cfg.hidden_size
+        shapes = embedding_shapes(cfg)
         for i, kind in enumerate(cfg.layer_types):
             p = f"blk.{i}."
             shapes.update({p + "attn_norm.weight": (h,), p + "ffn_norm.weight": (h,)})

@@ -40,6 +40,15 @@ def attention_shapes(cfg: ModelConfig, p: str, qk_norm: bool) -> dict[str, tuple
     return out
 
 
+def embedding_shapes(cfg: ModelConfig, output_norm: str = "output_norm") -> dict[str, tuple[int, ...]]:
+    """The token embedding, the final norm (stored as `output_norm`) and, untied, the output head."""
+    h, v = cfg.hidden_size, cfg.vocab_size
+    out = {"token_embd.weight": (v, h), output_norm + ".weight": (h,)}
+    if not cfg.tie_word_embeddings:
+        out["output.weight"] = (v, h)
+    return out
+
+
 def gated_ffn_shapes(h: int, f: int, p: str, suffix: str = "") -> dict[str, tuple[int, ...]]:
     return {p + f"ffn_gate{suffix}.weight": (f, h), p + f"ffn_up{suffix}.weight": (f, h),
             p + f"ffn_down{suffix}.weight": (h, f)}
@@ -68,10 +77,8 @@ class LFM2(Family):
         return cfg.num_layers
 
     def file_shapes(self, cfg: ModelConfig, names: set[str]) -> dict[str, tuple[int, ...]]:
-        h, v = cfg.hidden_size, cfg.vocab_size
-        shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (v, h), "token_embd_norm.weight": (h,)}
-        if not cfg.tie_word_embeddings:
-            shapes["output.weight"] = (v, h)
+        h = cfg.hidden_size
+        shapes = embedding_shapes(cfg, "token_embd_norm")
         for i, kind in enumerate(cfg.layer_types):
             p = f"blk.{i}."
             shapes.update({p + "attn_norm.weight": (h,), p + "ffn_norm.weight": (h,)})

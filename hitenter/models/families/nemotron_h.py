@@ -18,7 +18,7 @@ from hitenter.config import ModelConfig
 from hitenter.errors import ModelLoadError
 from hitenter.models.families.base import Family, Meta, per_layer
 from hitenter.models.families.granitehybrid import mamba2_shapes, refuse_biases, ssm_fields
-from hitenter.models.families.lfm2 import attention_shapes
+from hitenter.models.families.lfm2 import attention_shapes, embedding_shapes
 
 
 def nemotron_layer_types(meta: Meta, n: int) -> tuple[str, ...]:
@@ -58,10 +58,8 @@ class NemotronH(Family):
         return {p + "ffn_up.weight": (f, h), p + "ffn_down.weight": (h, f)}
 
     def file_shapes(self, cfg: ModelConfig, names: set[str]) -> dict[str, tuple[int, ...]]:
-        h, v = cfg.hidden_size, cfg.vocab_size
-        shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (v, h), "output_norm.weight": (h,)}
-        if not cfg.tie_word_embeddings:
-            shapes["output.weight"] = (v, h)
+        h = cfg.hidden_size
+        shapes = embedding_shapes(cfg)
         for i, kind in enumerate(cfg.layer_types):
             p = f"blk.{i}."
             shapes[p + "attn_norm.weight"] = (h,)
