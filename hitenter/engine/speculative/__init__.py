@@ -46,11 +46,14 @@ def check_vocab_compatible(target_tok: Any, draft_tok: Any, target_vocab: int, d
 def build_spec_decoder(cfg: SpeculativeConfig, tokenizer: Any, vocab_size: int, max_model_len: int,
                        num_blocks: int, block_size: int, dtype: torch.dtype, load_dtype: str = "auto",
                        quantization: str | None = None, kv_dtype: torch.dtype | None = None,
-                       target: torch.nn.Module | None = None, target_path: str | None = None) -> SpecDecoder | None:
+                       target: torch.nn.Module | None = None, target_path: str | None = None,
+                       prefix_caching: bool = True) -> SpecDecoder | None:
     """The engine's SpecDecoder from its (validated) speculative options, or None when speculation is off.
     `kv_dtype`: the draft's KV cache elements, the target's (default: `dtype`). `target`, `target_path`:
     the loaded target and its file (method "mtp" reads the file's MTP block and shares the target's
-    embedding and head; the engine's runner must then keep its hidden rows: SpecDecoder.wants_hidden)."""
+    embedding and head; the engine's runner must then keep its hidden rows: SpecDecoder.wants_hidden).
+    `prefix_caching`: an MTP block caches its own K/V under the target's block hashes (its drafts do not
+    change the output either way)."""
     method, model, k = cfg.speculative_method, cfg.speculative_model, cfg.num_speculative_tokens
     if method is None:
         return None
@@ -60,8 +63,8 @@ def build_spec_decoder(cfg: SpeculativeConfig, tokenizer: Any, vocab_size: int, 
     if method == "mtp":
         if target is None or target_path is None:
             raise ValueError("speculative_method 'mtp': needs the target model and its file")
-        return SpecDecoder(mtp_proposer(target, target_path, num_blocks, block_size, kv_dtype or dtype), k, method,
-                           adaptive_k(k))
+        return SpecDecoder(mtp_proposer(target, target_path, num_blocks, block_size, kv_dtype or dtype,
+                                        prefix_caching), k, method, adaptive_k(k))
     from hitenter.engine.model_runner import ModelRunner
     from hitenter.kv_cache.manager import KVCacheManager
     from hitenter.models.attention import allocate_kv_caches
@@ -90,14 +93,16 @@ def build_spec_decoder(cfg: SpeculativeConfig, tokenizer: Any, vocab_size: int, 
 
 
 def mtp_proposer(target: torch.nn.Module, path: str, num_blocks: int, block_size: int,
-                 kv_dtype: torch.dtype) -> MTPProposer:
-    """The file's MTP block on its own one-layer cache of the target's token capacity."""
+                 kv_dtype: torch.dtype, prefix_caching: bool = False) -> MTPProposer:
+    """The file's MTP block on its own one-layer cache of the target's token capacity (`prefix_caching`: its
+    full blocks cached under the target's block hashes, so a prompt resuming from the target's cache drafts
+    as it does cold)."""
     from hitenter.kv_cache.manager import KVCacheManager
     from hitenter.models.mtp import load_mtp_head
 
     head = load_mtp_head(path, target)
     trimmed = draft_logits(target, draft_vocab_size()) if head.own_head is None else None   # the shared head
-    return MTPProposer(head, KVCacheManager(num_blocks, block_size, enable_prefix_caching=False),
+    return MTPProposer(head, KVCacheManager(num_blocks, block_size, enable_prefix_caching=prefix_caching),
                        head.allocate_cache(num_blocks, block_size, kv_dtype), trimmed)
 
 

@@ -5,11 +5,19 @@ norm) at ``p - 1``, keeps K/V in its own one-layer paged cache, and its logits g
 ``p + 1``. Per request the proposer keeps:
 
 - the target's hidden rows by position, taken from every forward of the engine (``observe_target``: the
-  runner's ``ModelRunnerOutput.hidden``), until the block has consumed them. A position the target did not
-  compute here (a prefix-cache hit, a restored state snapshot) reads zeros, as llama.cpp's first row does:
-  its drafts only get worse; verification keeps the output exact whatever is drafted;
+  runner's ``ModelRunnerOutput.hidden``), until the block has consumed them;
 - a mirror Request over the block's KV (its own KVCacheManager): ``num_computed_tokens`` is the number of
   leading positions whose K/V were computed from the target's own hidden states and verified tokens.
+
+Prefix caching (``kv`` built with it): the block's K/V at position ``p`` depend only on the token at ``p``
+and the target's row at ``p - 1``, itself a function of the tokens before ``p``, so the block's full blocks
+are cached under the target's block-hash chain, and beside each one (``block_hidden``, by block id) the
+target's row at its last position. A new mirror starts from its longest cached prefix: those positions'
+K/V come back with the blocks and the row before the first recomputed position from the last hit block,
+so a request resuming from the target's prefix cache or a state snapshot drafts what it drafts cold. A
+block is cached only when every row in it read the target's own row: a position the target did not compute
+here and no cached block covers (the block's cache evicted before the target's) reads zeros, as llama.cpp's
+first row does, and its drafts only get worse; verification keeps the output exact whatever is drafted.
 
 ``propose``: with ``C`` the request's computed tokens (its newest token at position ``C`` not run yet),
 the first draft step runs the block over positions ``valid .. C`` in one pass (the catch-up rows, then
@@ -53,6 +61,10 @@ class MTPProposer:
         self._valid: dict[str, int] = {}
         self._hidden: dict[str, dict[int, torch.Tensor]] = {}
         self._zeros = torch.zeros(head.hidden_size)
+        # the target's row at each cached block's last position, by block id (prefix caching only)
+        self.block_hidden = torch.zeros(kv.num_blocks if kv.enable_prefix_caching else 0, head.hidden_size)
+        self._cached: dict[str, int] = {}    # rid -> leading blocks of its mirror registered in the cache
+        self._guessed: dict[str, int] = {}   # rid -> first position > 0 whose row read zeros for the target's row
         self._workspace: dict[torch.dtype, torch.Tensor] = {}
 
     @property
@@ -63,6 +75,8 @@ class MTPProposer:
         m = self._mirrors.pop(request_id, None)
         self._valid.pop(request_id, None)
         self._hidden.pop(request_id, None)
+        self._cached.pop(request_id, None)
+        self._guessed.pop(request_id, None)
         if m is not None:
             self.kv.free(m)
 
@@ -80,7 +94,14 @@ class MTPProposer:
             row += n
 
     def _h(self, rid: str, pos: int) -> torch.Tensor:
-        return self._hidden.get(rid, {}).get(pos, self._zeros) if pos >= 0 else self._zeros
+        """The target's row at `pos` (zeros before position 0, or where it is unknown: noted in _guessed)."""
+        if pos < 0:
+            return self._zeros
+        h = self._hidden.get(rid, {}).get(pos)
+        if h is None:
+            self._guessed[rid] = min(self._guessed.get(rid, pos + 1), pos + 1)
+            return self._zeros
+        return h
 
     def _sync(self, req: Request) -> Request:
         """The request's mirror: its verified tokens, the block's KV kept for the valid positions."""
@@ -88,8 +109,10 @@ class MTPProposer:
         m = self._mirrors.get(rid)
         if m is None:
             m = Request(rid, list(req.prompt_token_ids), req.sampling_params, req.max_tokens, req.eos_token_ids,
-                        status=RequestStatus.RUNNING)
+                        status=RequestStatus.RUNNING, images=req.images)
+            m.output_token_ids[:] = req.output_token_ids
             self._mirrors[rid] = m
+            self._resume(m)
         m.output_token_ids[:] = req.output_token_ids
         m.num_computed_tokens = min(self._valid.get(rid, 0), req.num_computed_tokens)
         self.kv.trim(m, m.num_computed_tokens)
@@ -109,12 +132,46 @@ class MTPProposer:
             for g, n in zip(grammars, pushed, strict=True):
                 if g is not None:
                     g.pop(n)        # the target's matchers back where verification expects them
+        for m, c in zip(mirrors, computed, strict=True):
+            self._cache(m, c)
         for r, c in zip(reqs, computed, strict=True):
             store = self._hidden.get(r.request_id)
             if store:   # rows before C - 1 are consumed (position C + 1 reads h C onwards)
                 for p in [p for p in store if p < c]:
                     del store[p]
         return [Draft(t) for t in toks]
+
+    def _resume(self, m: Request) -> None:
+        """A new mirror takes its longest cached prefix: those positions' K/V, and the target's row at the
+        last hit position (which the first recomputed row reads)."""
+        if not self.kv.enable_prefix_caching:
+            return
+        hits, n = self.kv.get_computed_blocks(m)
+        if not hits or self.kv.allocate_slots(m, 0, hits) is None:
+            return
+        rid = m.request_id
+        m.num_computed_tokens = self._valid[rid] = n
+        self._cached[rid] = len(hits)
+        self._hidden.setdefault(rid, {}).setdefault(n - 1, self.block_hidden[hits[-1]].clone())
+
+    def _cache(self, m: Request, computed: int) -> None:
+        """Register the mirror's full blocks whose rows all read the target's own rows, each with the
+        target's row at its last position (known for positions before `computed`)."""
+        rid = m.request_id
+        if not self.kv.enable_prefix_caching:
+            return
+        bs, store = self.kv.block_size, self._hidden.get(rid, {})
+        end = min(computed, self._valid.get(rid, 0), self._guessed.get(rid, computed))
+        table, done = self.kv.block_table(rid), self._cached.get(rid, 0)
+        while done < min(end // bs, len(table)):
+            h = store.get((done + 1) * bs - 1)
+            if h is None:
+                break
+            self.block_hidden[table[done]] = h
+            done += 1
+        if done > self._cached.get(rid, 0):
+            self._cached[rid] = done
+            self.kv.cache_blocks(m, done * bs)
 
     def _draft(self, mirrors: list[Request], computed: list[int], limit: list[int],
                chain: Sequence[LogitsProcessor], generators: Sequence[torch.Generator | None], grammars: list[Any],

@@ -75,6 +75,38 @@ def test_drafter_pairs_tokens_and_hidden_rows_as_llama_cpp(family: str, tmp_path
     assert not prop.request_ids and prop.kv.num_free_blocks == 8
 
 
+@pytest.mark.parametrize("family", ["qwen35", "qwen35moe_mtp"])
+def test_a_cached_prefix_gives_the_logits_of_llama_cpp(family: str, tmp_path: Path) -> None:
+    """A request whose target resumed at position 16 (its rows before that never observed): the block's K/V of
+    positions 0-15 and the target's row at 15 come from the blocks an earlier request with that prefix left
+    cached, and the block's logits at the newest position are llama.cpp's. Without the block's own cache the
+    cached positions read zeros for the target's rows and the logits miss."""
+    gold = _golden(family)
+    path = write_tiny_mtp(tmp_path / f"{family}.gguf", family, seed=int(gold["seed"]))
+    net, _ = load_model(path, dtype="float32")
+    toks, h = gold["tokens"].tolist(), torch.from_numpy(gold["target_h"])
+    errors = []
+    for caching in (True, False):
+        prop = mtp_proposer(net, str(path), 8, 8, torch.float32, prefix_caching=caching)
+        seen: list[torch.Tensor] = []
+        score = prop.head.compute_logits
+        prop.head.compute_logits = lambda x, score=score, seen=seen: seen.append(score(x)) or seen[-1]  # type: ignore[method-assign]
+        for rid, start, end in (("a", 0, 21), ("b", 16, 33)):   # b's target computed only positions 16..32
+            req = Request(rid, toks[:end], SamplingParams(temperature=0.0, max_tokens=8), 8, frozenset(),
+                          status=RequestStatus.RUNNING)
+            prop.observe_target(SchedulerOutput(0, [ScheduledRequest(req, end - start, start, [])], [], end - start),
+                                h[start:end])
+            req.num_computed_tokens = end
+            req.output_token_ids[:] = toks[end:end + 1]
+            seen.clear()
+            prop.propose([req], [1], [], [None])
+            prop.release(rid)
+        ref = gold["mtp_logits"][33]
+        errors.append(np.abs(seen[0][-1].double().numpy() - ref).max() / np.abs(ref).max())
+        assert not prop.request_ids and prop.kv.num_free_blocks == 8
+    assert errors[0] <= 1e-4 and errors[1] > 1e-3, errors
+
+
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, 250) for _ in range(rng.randint(3, 60))] for _ in range(n)]
@@ -155,3 +187,44 @@ def test_rejections_with_one_sequence_and_no_prefix_cache_fit_the_state_slots(tm
     assert llm.engine.spec.stats.num_draft_tokens > llm.engine.spec.stats.num_accepted_tokens   # rejections ran
     state = llm.engine.kv_manager.state
     assert state.num_free_slots == state.num_slots
+
+
+def _drafting_run(llm: LLM, prompt: list[int]) -> tuple[list[list[int]], int, int, tuple]:
+    """Generate greedily from `prompt`: every draft proposed, the drafted and accepted counts, the output."""
+    drafts: list[list[int]] = []
+    prop = llm.engine.spec.proposer
+    propose = prop.propose
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        out = propose(*args, **kwargs)
+        drafts.extend(d.token_ids for d in out)
+        return out
+
+    prop.propose = spy   # type: ignore[method-assign]
+    stats = llm.engine.spec.stats
+    d0, a0 = stats.num_draft_tokens, stats.num_accepted_tokens
+    out = llm.generate([prompt], [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)])[0]
+    prop.propose = propose   # type: ignore[method-assign]
+    return drafts, stats.num_draft_tokens - d0, stats.num_accepted_tokens - a0, _sig(out)
+
+
+@pytest.mark.parametrize("family", ["qwen35", "qwen35_copy"])
+def test_drafts_after_a_prefix_cache_hit_are_those_of_a_cold_run(family: str, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt that resumes from cached blocks and a state snapshot drafts what it drafts with nothing cached:
+    the block's K/V of the cached positions and the target's hidden row before the first recomputed one come
+    back with the blocks (the acceptance counters agree too)."""
+    monkeypatch.setenv("HITENTER_SPEC_ADAPTIVE", "0")
+    path = str(write_tiny_mtp(tmp_path / f"{family}.gguf", family, seed=3, quant="Q8_0"))
+    rng = random.Random(5)
+    first = [rng.randrange(3, 250) for _ in range(70)]
+    second = first + [rng.randrange(3, 250) for _ in range(9)]
+    opts = {"speculative_method": "mtp", "num_speculative_tokens": 3, "block_size": 16}
+    warm = LLM(path, **opts)
+    _drafting_run(warm, first)
+    hits = warm.engine.kv_manager.prefix_cache_stats.hits
+    after_hit = _drafting_run(warm, second)
+    assert warm.engine.kv_manager.prefix_cache_stats.hits - hits >= 64   # resumed at a snapshot, 4+ blocks in
+    cold = _drafting_run(LLM(path, **opts), second)
+    assert cold[1] > 0
+    assert after_hit == cold
