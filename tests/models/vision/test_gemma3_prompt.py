@@ -21,6 +21,7 @@ import torch
 from hitenter.models.attention import AttentionMetadata, allocate_kv_caches
 from hitenter.models.loader import load_model
 from hitenter.models.vision.loader import load_vision_encoder
+from hitenter.testing.image_prompt_runs import image_prompt_logits, image_span
 from hitenter.testing.tiny_gemma import write_tiny_gemma3
 from hitenter.testing.tiny_vision import write_tiny_gemma3_mmproj
 
@@ -49,34 +50,6 @@ def model(files: tuple[Path, Path]) -> torch.nn.Module:
     return load_model(files[0], dtype="float32")[0]
 
 
-def _image_span(tokens: np.ndarray) -> tuple[int, int]:
-    rows = np.flatnonzero(tokens < 0)
-    assert len(rows) and np.array_equal(rows, np.arange(rows[0], rows[-1] + 1))
-    return int(rows[0]), int(rows[-1]) + 1
-
-
-@torch.inference_mode()
-def _prompt_logits(model: torch.nn.Module, tokens: np.ndarray, embd: torch.Tensor, bidirectional: bool,
-                   cuts: tuple[int, ...] = ()) -> torch.Tensor:
-    """Logits of every row of the prompt, in steps cut at `cuts` (a cut never splits the image)."""
-    n = len(tokens)
-    s, e = _image_span(tokens)
-    ids = torch.tensor(np.where(tokens < 0, 0, tokens))
-    blocks = -(-n // BS)
-    caches = allocate_kv_caches(model.config, blocks, BS)
-    out = []
-    for a, b in zip((0, *cuts), (*cuts, n), strict=True):
-        inside = [r for r in range(a, b) if s <= r < e]
-        embeds = None
-        if inside:
-            assert inside == list(range(s, e)), "a step must hold the whole image"
-            embeds = (torch.arange(s - a, e - a), embd)
-        spans = [[(s, e)]] if bidirectional and inside else None
-        meta = AttentionMetadata([0, b - a], [b], [list(range(blocks))], torch.arange(a, b), BS, bidirectional=spans)
-        out.append(model.compute_logits(model(ids[a:b], torch.arange(a, b), meta, caches, embeds=embeds)))
-    return torch.cat(out)
-
-
 def _agreement(ours: torch.Tensor, ref: np.ndarray) -> tuple[int, float]:
     o = ours.double().numpy()
     return int((o.argmax(-1) == ref.argmax(-1)).sum()), float(np.abs(o - ref).max() / np.abs(ref).max())
@@ -97,20 +70,20 @@ def test_prompt_with_image_matches_llama_cpp(model: torch.nn.Module, files: tupl
     enc = load_vision_encoder(files[1])
     embd = enc.encode_image(golden[f"image{int(golden['prompt_image'])}"])
     assert len(golden["prompt_logits"]) >= 40
-    _check(_prompt_logits(model, golden["prompt_tokens"], embd, bidirectional=True), golden)
+    _check(image_prompt_logits(model, golden["prompt_tokens"], embd, bidirectional=True), golden)
 
 
 def test_decoder_on_llama_cpp_embeddings(model: torch.nn.Module, golden: dict[str, np.ndarray]) -> None:
     """The decoder alone: llama.cpp's own image embeddings in, the same logits out."""
     embd = torch.from_numpy(golden["prompt_embd"])
-    _check(_prompt_logits(model, golden["prompt_tokens"], embd, bidirectional=True), golden)
+    _check(image_prompt_logits(model, golden["prompt_tokens"], embd, bidirectional=True), golden)
 
 
 def test_causal_image_does_not_match(model: torch.nn.Module, golden: dict[str, np.ndarray]) -> None:
     """The comparison sees the attention pattern: the image attended causally moves the text rows after it."""
     embd = torch.from_numpy(golden["prompt_embd"])
     tokens, ref = golden["prompt_tokens"], golden["prompt_logits"]
-    ours = _prompt_logits(model, tokens, embd, bidirectional=False)
+    ours = image_prompt_logits(model, tokens, embd, bidirectional=False)
     _, worst = _agreement(ours[torch.from_numpy(np.flatnonzero(tokens >= 0))], ref)
     assert worst > 10 * TOL
 
@@ -118,11 +91,11 @@ def test_causal_image_does_not_match(model: torch.nn.Module, golden: dict[str, n
 def test_chunked_prefill_gives_the_same_bits(model: torch.nn.Module, golden: dict[str, np.ndarray]) -> None:
     """Steps cut before, around and after the image give every row the bits of one whole-prompt step."""
     tokens = golden["prompt_tokens"]
-    s, e = _image_span(tokens)
+    s, e = image_span(tokens)
     embd = torch.from_numpy(golden["prompt_embd"])
-    whole = _prompt_logits(model, tokens, embd, bidirectional=True)
+    whole = image_prompt_logits(model, tokens, embd, bidirectional=True)
     for cuts in ((s,), (s, e), (s - 3, e + 5), (e + 1,)):
-        assert torch.equal(_prompt_logits(model, tokens, embd, bidirectional=True, cuts=cuts), whole), cuts
+        assert torch.equal(image_prompt_logits(model, tokens, embd, bidirectional=True, cuts=cuts), whole), cuts
 
 
 @torch.inference_mode()
@@ -130,11 +103,11 @@ def test_batch_invariance_beside_an_image(model: torch.nn.Module, golden: dict[s
     """A text-only sequence batched with one holding an image keeps its bits (its rows keep the prompt
     kernel), and the image sequence keeps the bits it has alone."""
     tokens = golden["prompt_tokens"]
-    s, e = _image_span(tokens)
+    s, e = image_span(tokens)
     embd = torch.from_numpy(golden["prompt_embd"])
     text = [int(t) for t in np.where(tokens < 0, 7, tokens)[:50]]
     alone_text = _text_logits(model, text)
-    alone_image = _prompt_logits(model, tokens, embd, bidirectional=True)
+    alone_image = image_prompt_logits(model, tokens, embd, bidirectional=True)
     n = len(tokens)
     per = -(-max(n, len(text)) // BS)
     caches = allocate_kv_caches(model.config, 2 * per, BS)
@@ -161,7 +134,7 @@ def _text_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 
 def test_a_range_cut_by_the_step_is_refused(model: torch.nn.Module, golden: dict[str, np.ndarray]) -> None:
     tokens = golden["prompt_tokens"]
-    s, e = _image_span(tokens)
+    s, e = image_span(tokens)
     blocks = -(-len(tokens) // BS)
     caches = allocate_kv_caches(model.config, blocks, BS)
     meta = AttentionMetadata([0, s + 4], [s + 4], [list(range(blocks))], torch.arange(s + 4), BS,

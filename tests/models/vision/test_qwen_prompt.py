@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from hitenter.models import mrope
-from hitenter.models.attention import AttentionMetadata, allocate_kv_caches
 from hitenter.models.loader import load_model
 from hitenter.models.vision.loader import load_vision_encoder
+from hitenter.testing.image_prompt_runs import image_prompt_logits, image_span
 from hitenter.testing.tiny_qwen_vision import (
     write_tiny_qwen2vl_mmproj,
     write_tiny_qwen3vl_mmproj,
@@ -32,7 +32,6 @@ from hitenter.testing.tiny_qwen_vision import (
 )
 
 GOLDENS = Path(__file__).resolve().parents[2] / "goldens" / "vision"
-BS = 16
 FAMILIES = {"qwen25vl": ("qwen2vl", write_tiny_qwen25vl_mmproj), "qwen2vl": ("qwen2vl", write_tiny_qwen2vl_mmproj),
             "qwen3vl": ("qwen3vl", write_tiny_qwen3vl_mmproj), "qwen3vlmoe": ("qwen3vlmoe", write_tiny_qwen3vl_mmproj)}
 
@@ -49,37 +48,10 @@ def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     return {"name": name, "golden": golden, "mmproj": mmproj, "model": load_model(text, dtype="float32")[0]}
 
 
-def _span(tokens: np.ndarray) -> tuple[int, int]:
-    rows = np.flatnonzero(tokens < 0)
-    assert len(rows) and np.array_equal(rows, np.arange(rows[0], rows[-1] + 1))
-    return int(rows[0]), int(rows[-1]) + 1
-
-
 def _positions(tokens: np.ndarray, grid: tuple[int, int]) -> torch.Tensor:
-    s, e = _span(tokens)
+    s, e = image_span(tokens)
     return torch.cat([mrope.text_positions(0, s), mrope.image_positions(s, *grid),
                       mrope.text_positions(mrope.after_image(s, *grid), len(tokens) - e)])
-
-
-@torch.inference_mode()
-def _logits(model: torch.nn.Module, tokens: np.ndarray, pos: torch.Tensor, embd: torch.Tensor,
-            cuts: tuple[int, ...] = ()) -> torch.Tensor:
-    """Logits of every row, in steps cut at `cuts` (a cut never splits the image)."""
-    n = len(tokens)
-    s, e = _span(tokens)
-    ids = torch.tensor(np.where(tokens < 0, 0, tokens))
-    blocks = -(-n // BS)
-    caches = allocate_kv_caches(model.config, blocks, BS)
-    out = []
-    for a, b in zip((0, *cuts), (*cuts, n), strict=True):
-        inside = [r for r in range(a, b) if s <= r < e]
-        embeds = None
-        if inside:
-            assert inside == list(range(s, e)), "a step must hold the whole image"
-            embeds = (torch.arange(s - a, e - a), embd)
-        meta = AttentionMetadata([0, b - a], [b], [list(range(blocks))], torch.arange(a, b), BS)
-        out.append(model.compute_logits(model(ids[a:b], pos[a:b], meta, caches, embeds=embeds)))
-    return torch.cat(out)
 
 
 def _agreement(ours: torch.Tensor, golden: dict) -> tuple[int, int, float]:
@@ -104,7 +76,7 @@ def test_positions_are_llama_cpps(case: dict) -> None:
 def test_decoder_on_llama_cpp_embeddings(case: dict) -> None:
     g = case["golden"]
     pos = _positions(g["prompt_tokens"], tuple(g["prompt_grid"]))
-    _check(_logits(case["model"], g["prompt_tokens"], pos, torch.from_numpy(g["prompt_embd"])), g, 1e-4)
+    _check(image_prompt_logits(case["model"], g["prompt_tokens"], torch.from_numpy(g["prompt_embd"]), pos), g, 1e-4)
 
 
 def test_prompt_with_image_matches_llama_cpp(case: dict) -> None:
@@ -114,14 +86,15 @@ def test_prompt_with_image_matches_llama_cpp(case: dict) -> None:
     image = enc.prepare(g[f"image{int(g['prompt_image'])}"])
     assert image.grid == tuple(int(v) for v in g["prompt_grid"])
     embd = enc.encode(image)
-    _check(_logits(case["model"], g["prompt_tokens"], _positions(g["prompt_tokens"], image.grid), embd), g, 5e-3)
+    pos = _positions(g["prompt_tokens"], image.grid)
+    _check(image_prompt_logits(case["model"], g["prompt_tokens"], embd, pos), g, 5e-3)
 
 
 def test_one_axis_positions_do_not_match(case: dict) -> None:
     """The comparison sees M-RoPE: the same prompt at positions 0..N-1 on every axis misses by far."""
     g = case["golden"]
     pos = mrope.text_positions(0, len(g["prompt_tokens"]))
-    ours = _logits(case["model"], g["prompt_tokens"], pos, torch.from_numpy(g["prompt_embd"]))
+    ours = image_prompt_logits(case["model"], g["prompt_tokens"], torch.from_numpy(g["prompt_embd"]), pos)
     assert _agreement(ours, g)[2] > 100 * 1e-4
 
 
@@ -133,19 +106,19 @@ def test_deepstack_is_added(case: dict) -> None:
     embd = torch.from_numpy(g["prompt_embd"]).clone()
     embd[:, case["model"].config.hidden_size:] = 0
     pos = _positions(g["prompt_tokens"], tuple(g["prompt_grid"]))
-    assert _agreement(_logits(case["model"], g["prompt_tokens"], pos, embd), g)[2] > 100 * 1e-4
+    assert _agreement(image_prompt_logits(case["model"], g["prompt_tokens"], embd, pos), g)[2] > 100 * 1e-4
 
 
 @pytest.mark.slow
 def test_chunked_prefill_gives_the_same_bits(case: dict) -> None:
     g = case["golden"]
     tokens = g["prompt_tokens"]
-    s, e = _span(tokens)
+    s, e = image_span(tokens)
     pos = _positions(tokens, tuple(g["prompt_grid"]))
     embd = torch.from_numpy(g["prompt_embd"])
-    whole = _logits(case["model"], tokens, pos, embd)
+    whole = image_prompt_logits(case["model"], tokens, embd, pos)
     for cuts in ((s,), (s, e), (s - 3, e + 5)):
-        assert torch.equal(_logits(case["model"], tokens, pos, embd, cuts=cuts), whole), cuts
+        assert torch.equal(image_prompt_logits(case["model"], tokens, embd, pos, cuts=cuts), whole), cuts
 
 
 def test_text_rows_take_the_same_table_either_way(case: dict) -> None:
@@ -161,7 +134,7 @@ def test_sequence_positions_for_any_cut(case: dict) -> None:
     same rows for any cut, generated rows after the prompt included."""
     g = case["golden"]
     tokens = g["prompt_tokens"]
-    s, _ = _span(tokens)
+    s, _ = image_span(tokens)
     images = [(s, *(int(v) for v in g["prompt_grid"]))]
     n = len(tokens)
     whole = mrope.sequence_positions(0, n + 3, images)
@@ -184,4 +157,4 @@ def test_image_rows_with_one_axis_positions_are_refused(case: dict) -> None:
     g = case["golden"]
     n = len(g["prompt_tokens"])
     with pytest.raises(ValueError, match=r"\[T, 4\] positions"):
-        _logits(case["model"], g["prompt_tokens"], torch.arange(n), torch.from_numpy(g["prompt_embd"]))
+        image_prompt_logits(case["model"], g["prompt_tokens"], torch.from_numpy(g["prompt_embd"]), torch.arange(n))
