@@ -1,29 +1,33 @@
 """Goldens for the dynamic-size vision encoders: llama.cpp's mtmd image embeddings of tiny random mmproj
-files (Qwen2.5-VL, Qwen3-VL, Pixtral), and the logits of a prompt holding an image (M-RoPE positions for
-the Qwen-VL ones).
+files (Qwen2.5-VL, Qwen3-VL, Pixtral, Gemma 4), and the logits of a prompt holding an image (M-RoPE
+positions for the Qwen-VL ones).
 
 goldens: tests/goldens/vision/qwen25vl.npz, qwen2vl.npz, qwen3vl.npz and qwen3vlmoe.npz, checked by
 tests/models/vision/test_qwen_vision.py and test_qwen_prompt.py; pixtral.npz, checked by
-tests/models/vision/test_pixtral.py.
+tests/models/vision/test_pixtral.py; gemma4v.npz, checked by tests/models/vision/test_gemma4v.py.
 
 The reference is llama-cpp-python 0.3.36's mtmd bindings (its own venv, CPU, flash attention off, extra CPU
 buffer types off: this build crashes with them on AVX-512 + AMX machines). The embeddings come from
 scripts/make_vision_goldens.py's worker (raw RGB pixels to mtmd_bitmap_init, "<__media__>" tokenized,
 mtmd_encode_chunk, mtmd_get_output_embd), run here on the tiny text model (hitenter/testing/
 tiny_qwen_vision.py write_tiny_qwen_vl_text: qwen2vl / qwen3vl, whose n_embd_inp is the mmproj's output
-width; Pixtral: tiny_families.py's mistral3) and mmproj (write_tiny_qwen25vl_mmproj / write_tiny_qwen3vl_mmproj,
-tiny_pixtral.py write_tiny_pixtral_mmproj). The prompt worker below
+width; Pixtral: tiny_families.py's mistral3; Gemma 4: its gemma4) and mmproj (write_tiny_qwen25vl_mmproj /
+write_tiny_qwen3vl_mmproj, tiny_pixtral.py write_tiny_pixtral_mmproj, tiny_gemma4v.py write_tiny_gemma4v_mmproj).
+The prompt worker below
 tokenizes PROMPT with the image (mtmd_tokenize: text, <|vision_start|>, the image chunk, <|vision_end|>,
 text; Pixtral: the image chunk, [IMG_END], text), decodes text chunks as token batches at positions
 n_past.. (one position on every M-RoPE axis, the 4th 0: llama.cpp's llm_graph_input_pos) with every row's
 logits, and the image chunk by mtmd_helper_eval_chunk_single (M-RoPE: t = n_past, h = n_past + row,
 w = n_past + column per token; n_past then advances by max(rows, columns) of the token grid, not by the
-token count; Pixtral: one position per row, causal).
+token count; Pixtral: one position per row, causal; Gemma 4: `<|image>`, the image chunk, `<image|>`,
+one position per row, decoded non-causally (mtmd_decode_use_non_causal: llama.cpp's SWA_ONLY mask, the
+sliding-window layers bidirectional over the image, the global ones causal)).
 
 Each npz holds: mmproj_sha256, text_sha256, llama_cpp_version, per image i image<i> [H, W, 3] uint8 and
 embd<i> [n_tokens, n_embd_inp] float32; prompt_tokens [N] (-1 at image rows), prompt_pos [N] (each row's
 first M-RoPE position, as llama.cpp placed it), prompt_grid [2] (token rows, columns of the image, as
-mtmd reports them), prompt_logits [text rows, V], prompt_embd, prompt_image.
+mtmd reports them), prompt_logits [text rows, V], prompt_embd, prompt_image; for the IMAGE_LOGITS families
+prompt_image_logits [image rows, V] (the image chunk decoded as one embedding batch by hand, with outputs).
 
 Regenerate (from the repo root, with the project venv):
     .venv/bin/python scripts/make_dynamic_vision_goldens.py [--llama-python PY]
@@ -53,10 +57,15 @@ IMAGES = {
     "qwen3vl": [(48, 40, 1), (300, 200, 2), (30, 90, 3), (96, 96, 4)],
     "qwen3vlmoe": [(300, 200, 2)],
     "pixtral": [(48, 40, 1), (100, 70, 2), (30, 90, 3), (500, 400, 4), (700, 600, 5)],   # the last over the maximum
+    # Gemma 4 (12-pixel tokens, 70..1120 of them): upscaled to the minimum, near it, tall, over a few hundred
+    "gemma4v": [(48, 40, 1), (100, 70, 2), (30, 90, 3), (300, 200, 4)],
 }
 TEXT_ARCH = {"qwen25vl": "qwen2vl", "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl", "qwen3vlmoe": "qwen3vlmoe",
-             "pixtral": "mistral3"}
+             "pixtral": "mistral3", "gemma4v": "gemma4"}
 PROMPT = "Look at this: <__media__> It shows a small cat on a red mat, and the sky is blue today."
+# the families whose image rows' logits are kept too (prompt_image_logits): Gemma 4's attention over its image
+# differs by layer (bidirectional on the sliding-window layers only), which the tiny model's text rows do not see
+IMAGE_LOGITS = ("gemma4v",)
 PROMPT_IMAGE = 1   # or a family's last image where it has fewer (qwen3vlmoe: the Qwen3-VL mmproj, MoE text)
 
 
@@ -94,7 +103,7 @@ def prompt_worker() -> None:
     tokens: list[int] = []
     pos: list[int] = []
     logits: list[np.ndarray] = []
-    embd, grid, n_past = None, None, 0
+    embd, grid, n_past, image_logits = None, None, 0, np.zeros((0, n_vocab), np.float32)
     n_embd = llama_cpp.llama_model_n_embd_inp(model)
     for c in range(mtmd.mtmd_input_chunks_size(chunks)):
         chunk = mtmd.mtmd_input_chunks_get(chunks, c)
@@ -118,6 +127,15 @@ def prompt_worker() -> None:
         image_tokens = mtmd.mtmd_input_chunk_get_tokens_image(chunk)
         grid = (mtmd.mtmd_image_tokens_get_ny(image_tokens), mtmd.mtmd_image_tokens_get_nx(image_tokens))
         n_img = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
+        if req.get("image_logits"):   # as mtmd_helper_decode_image_chunk, with every image row's logits
+            assert not use_mrope and mtmd.mtmd_encode_chunk(ctx, chunk) == 0
+            embd = np.ctypeslib.as_array(mtmd.mtmd_get_output_embd(ctx), shape=(n_img * n_embd,))
+            embd = embd.reshape(n_img, -1).copy()
+            image_logits = _decode_embd(lctx, embd, n_past, n_vocab, mtmd.mtmd_decode_use_non_causal(ctx, chunk))
+            tokens += [-1] * n_img
+            pos += [n_past + j for j in range(n_img)]
+            n_past += n_img
+            continue
         new_past = llama_cpp.llama_pos(0)
         assert mtmd.mtmd_helper_eval_chunk_single(ctx, lctx, chunk, n_past, 0, 512, False,
                                                   ctypes.byref(new_past)) == 0
@@ -127,7 +145,29 @@ def prompt_worker() -> None:
         n_past = new_past.value
     np.savez(req["out"], tokens=np.array(tokens, dtype=np.int64), pos=np.array(pos, dtype=np.int64),
              grid=np.array(grid, dtype=np.int64), logits=np.concatenate(logits).astype(np.float32), embd=embd,
-             version=np.array(llama_cpp.__version__))
+             image_logits=image_logits.astype(np.float32), version=np.array(llama_cpp.__version__))
+
+
+def _decode_embd(lctx: object, embd: np.ndarray, n_past: int, n_vocab: int, non_causal: bool) -> np.ndarray:
+    """One embedding batch of the image rows at positions n_past.. (non-causal where mtmd says), every
+    row's logits [rows, V] (what mtmd_helper_decode_image_chunk decodes, its outputs kept)."""
+    import llama_cpp
+
+    n, width = embd.shape
+    batch = llama_cpp.llama_batch_init(n, width, 1)
+    flat = np.ascontiguousarray(embd, dtype=np.float32).reshape(-1)
+    for k, v in enumerate(flat.tolist()):
+        batch.embd[k] = v
+    for j in range(n):
+        batch.pos[j], batch.n_seq_id[j], batch.seq_id[j][0], batch.logits[j] = n_past + j, 1, 0, 1
+    batch.n_tokens = n
+    llama_cpp.llama_set_causal_attn(lctx, not non_causal)
+    assert llama_cpp.llama_decode(lctx, batch) == 0
+    llama_cpp.llama_set_causal_attn(lctx, True)
+    out = np.stack([np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(lctx, j), shape=(n_vocab,)).copy()
+                    for j in range(n)])
+    llama_cpp.llama_batch_free(batch)
+    return out
 
 
 def _run(llama_python: str, mode: str, req: dict) -> dict[str, np.ndarray]:
@@ -142,6 +182,7 @@ def _run(llama_python: str, mode: str, req: dict) -> dict[str, np.ndarray]:
 
 def make(family: str, llama_python: str, tmp: Path) -> Path:
     from hitenter.testing.tiny_families import write_tiny_family
+    from hitenter.testing.tiny_gemma4v import write_tiny_gemma4v_mmproj
     from hitenter.testing.tiny_pixtral import write_tiny_pixtral_mmproj
     from hitenter.testing.tiny_qwen_vision import (
         write_tiny_qwen2vl_mmproj,
@@ -151,13 +192,13 @@ def make(family: str, llama_python: str, tmp: Path) -> Path:
     )
     from hitenter.testing.tiny_vision import sample_image
 
-    if family == "pixtral":
+    if family in ("pixtral", "gemma4v"):
         text = write_tiny_family(tmp / f"{family}-text.gguf", TEXT_ARCH[family], seed=SEED)
     else:
         text = write_tiny_qwen_vl_text(tmp / f"{family}-text.gguf", TEXT_ARCH[family], seed=SEED)
     writer = {"qwen25vl": write_tiny_qwen25vl_mmproj, "qwen3vl": write_tiny_qwen3vl_mmproj,
               "pixtral": write_tiny_pixtral_mmproj, "qwen2vl": write_tiny_qwen2vl_mmproj,
-              "qwen3vlmoe": write_tiny_qwen3vl_mmproj}[family]
+              "qwen3vlmoe": write_tiny_qwen3vl_mmproj, "gemma4v": write_tiny_gemma4v_mmproj}[family]
     mmproj = writer(tmp / f"{family}-mmproj.gguf", seed=SEED)
     images = [sample_image(w, h, s) for w, h, s in IMAGES[family]]
     paths = []
@@ -175,9 +216,12 @@ def make(family: str, llama_python: str, tmp: Path) -> Path:
         result[f"image{i}"], result[f"embd{i}"] = img, arrays[f"embd{i}"].astype(np.float32)
     which = min(PROMPT_IMAGE, len(images) - 1)
     p = _run(llama_python, "--prompt-worker", {"text": str(text), "mmproj": str(mmproj), "image": paths[which],
-                                               "prompt": PROMPT, "out": str(tmp / f"{family}-prompt.npz")})
+                                               "prompt": PROMPT, "out": str(tmp / f"{family}-prompt.npz"),
+                                               "image_logits": family in IMAGE_LOGITS})
     result.update(prompt_tokens=p["tokens"], prompt_pos=p["pos"], prompt_grid=p["grid"], prompt_logits=p["logits"],
                   prompt_embd=p["embd"], prompt_image=np.array(which))
+    if family in IMAGE_LOGITS:
+        result["prompt_image_logits"] = p["image_logits"]
     out = OUT / f"{family}.npz"
     np.savez_compressed(out, **result)
     print(f"wrote {out}: " + ", ".join(f"embd{i} {result[f'embd{i}'].shape}" for i in range(len(images)))

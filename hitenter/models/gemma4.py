@@ -24,7 +24,13 @@ prompts fused) run every layer in the C layer (models/fused_decode.py states the
 source layer's cache, V = K's projection, V's plain RMS norm, the per-layer input, the output scale), when
 every layer's projections are native GGUF blocks and none has experts; the others take `forward_torch`, the
 statement of the math. Every op is row-wise and dense GEMMs run on rows padded to 8 as in decoder.py, so a
-row's bits depend on its path (its position) alone: batch invariance holds."""
+row's bits depend on its path (its position) alone: batch invariance holds.
+
+Images (CausalLM ``embeds=``, the Gemma 4 vision encoder's rows): the rows take the image's values in place of
+the scaled token embedding (unscaled), and their per-layer inputs are token 0's table row plus the
+projection of those values (llama.cpp's embedding batches: the padding token's row). An image's
+bidirectional range (AttentionMetadata.bidirectional) holds on the sliding-window layers only; the global
+layers stay causal (llama.cpp's LLAMA_NON_CAUSAL_TYPE_SWA_ONLY)."""
 
 from __future__ import annotations
 
@@ -61,6 +67,16 @@ def _without_kernel(attn: AttentionMetadata) -> AttentionMetadata:
     if view is None:
         view = dataclasses.replace(attn, use_kernel=False, _plans={}, _kernel_rows=[], fused_steps={}, _local=[])
         attn.fused_steps["no_decode_kernel"] = view  # type: ignore[index]
+    return view  # type: ignore[return-value]
+
+
+def _causal(attn: AttentionMetadata) -> AttentionMetadata:
+    """The step's metadata without bidirectional ranges (built once per step and view): a global layer's,
+    causal over an image's rows (module docstring)."""
+    view = attn.fused_steps.get("causal")  # type: ignore[call-overload]
+    if view is None:
+        view = dataclasses.replace(attn, bidirectional=None, _plans={}, _kernel_rows=[], fused_steps={}, _local=[])
+        attn.fused_steps["causal"] = view  # type: ignore[index]
     return view  # type: ignore[return-value]
 
 
@@ -133,7 +149,7 @@ class Gemma4Layer(nn.Module):
                       attn: AttentionMetadata, kv_cache: torch.Tensor, n_real: int) -> torch.Tensor:
         """The layer on the step's rows x `[T, H]` (ple: this layer's per-layer inputs `[T, n]` or None), the
         statement of the math (the fused C layer, models/fused_decode.py, is compared with it)."""
-        attn = attn.for_window(self.window)
+        attn = attn.for_window(self.window) if self.window is not None or not attn.bidirectional else _causal(attn)
         t, d, nh, kvh = x.shape[0], self.head_dim, self.num_heads, self.num_kv_heads
         qkv = self.qkv(self.attn_norm(x))
         q = rope.rotate(self.q_norm(qkv[:, :nh * d].reshape(t, nh, d)), cos_sin)
@@ -206,16 +222,22 @@ class Gemma4LM(CausalLM):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                 kv_caches: list[torch.Tensor],
                 embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """Hidden states after the final norm, `[T, H]`; writes the new tokens' K/V into kv_caches. `embeds`
-        (CausalLM's image rows): ValueError, Gemma 4's vision input is not supported."""
-        if embeds is not None:
-            raise ValueError("gemma4: image embeddings are not supported (text only)")
+        """Hidden states after the final norm, `[T, H]`; writes the new tokens' K/V into kv_caches. `embeds`:
+        (rows, values) taking the place of those rows' scaled token embeddings (module docstring: images)."""
         n = int(input_ids.shape[0])
         ids, pos = self._pad(input_ids.long()), self._pad(positions.long())
         x = self.embed(ids)
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
-        ple = self.per_layer_inputs(ids, x) if self.ple_size else None
+        table_ids = ids
+        if embeds is not None:
+            rows, values = embeds[0].long(), embeds[1]
+            if values.ndim != 2 or values.shape[1] != x.shape[1] or values.shape[0] != rows.shape[0]:
+                raise ValueError(f"gemma4: image rows {tuple(values.shape)} for {rows.shape[0]} rows of width "
+                                 f"{x.shape[1]}")
+            x = x.index_copy(0, rows, values.to(x.dtype))
+            table_ids = ids.index_fill(0, rows, 0)
+        ple = self.per_layer_inputs(table_ids, x) if self.ple_size else None
         tables = {id(r): r.table(pos, x.dtype) for r in (self.rope, self.rope_local)}
         fused = None if self.layers_dense else fused_decode.all_fused(self, attn, kv_caches)
         kr = attn.kernel_rows(layer_routing.global_cache(self, kv_caches).shape[2]) if fused is not None else None

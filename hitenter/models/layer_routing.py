@@ -21,10 +21,11 @@ from hitenter.models.fused_decode import Tables
 
 def gemm_only(meta: Any) -> tuple[torch.Tensor, Any]:
     """(flat indices of the step's rows that take the GEMM path, metadata for just those rows, all on the
-    GEMM path): each sequence's first rows up to its prompt length - 1, seen as a step of their own."""
+    GEMM path): each sequence's first rows up to its prompt length - 1, seen as a step of their own, with
+    its bidirectional (image) ranges."""
     rows: list[int] = []
     qsl, seq_lens, tables, local = [0], [], [], getattr(meta, "local_block_tables", None)
-    ltables = []
+    ltables, spans, bidi = [], [], getattr(meta, "bidirectional", None)
     for i, seq_len in enumerate(meta.seq_lens):
         a, n = meta.query_start_loc[i], meta.query_start_loc[i + 1] - meta.query_start_loc[i]
         g = meta.gemm_rows(i, True)
@@ -34,11 +35,12 @@ def gemm_only(meta: Any) -> tuple[torch.Tensor, Any]:
         qsl.append(qsl[-1] + g)
         seq_lens.append(seq_len - (n - g))
         tables.append(meta.block_tables[i])
+        spans.append(bidi[i] if bidi else [])
         if local is not None:
             ltables.append(local[i])
     idx = torch.tensor(rows, dtype=torch.long)
     sub = type(meta)(qsl, seq_lens, tables, meta.slot_mapping.index_select(0, idx), meta.block_size,
-                     workspace=meta.workspace)
+                     workspace=meta.workspace, bidirectional=spans if any(spans) else None)
     if local is not None:   # the sliding-window layers' own tables (kv_cache/window_group.py)
         sub.local_block_tables, sub.local_slot_mapping = ltables, meta.local_slot_mapping.index_select(0, idx)
     return idx, sub

@@ -24,6 +24,7 @@ PROJECTOR_ARCHS: dict[str, frozenset[str]] = {
     "qwen2.5vl_merger": frozenset({"qwen2vl"}),
     "qwen3vl_merger": frozenset({"qwen3vl", "qwen3vlmoe"}),
     "pixtral": frozenset({"llama", "mistral3"}),   # Pixtral 12B / Mistral Small 3.1 (llama), Ministral 3
+    "gemma4v": frozenset({"gemma4"}),
 }
 
 

@@ -11,7 +11,7 @@ Contract (what the engine relies on, for every family):
   them come from hitenter/models/mrope.py (image_positions, after_image).
 - ``image_begin`` / ``image_end``: the text llama.cpp's mtmd puts before and after an image's rows (tokenized
   as text with special tokens parsed, each on its own); ``bidirectional``: whether the text model attends
-  an image's rows to each other both ways (Gemma 3).
+  an image's rows to each other both ways (Gemma 3; Gemma 4 on its sliding-window layers).
 - ``content_key(image_input)``: a digest of the encoder's input, the key the encoder cache and the prefix
   cache know the image by.
 ModelLoadError for a file that cannot be run (mmproj.py, the tower's tensor checks). A new family plugs in
@@ -29,6 +29,7 @@ import torch
 
 from hitenter.errors import ModelLoadError
 from hitenter.models.vision.gemma3 import Gemma3Vision
+from hitenter.models.vision.gemma4v import Gemma4Vision
 from hitenter.models.vision.mmproj import MmprojConfig, read_mmproj
 from hitenter.models.vision.pixtral import PixtralVision
 from hitenter.models.vision.preprocess import dynamic_size_pixels, fixed_size_pixels
@@ -166,9 +167,42 @@ class PixtralEncoder(VisionEncoder):
         return self.tower(image.pixels)
 
 
+class Gemma4Encoder(VisionEncoder):
+    """Gemma 4 (gemma4v.py): the image resized to its own size in multiples of patch x merge within 70..1120
+    tokens (preprocess.py dynamic_size_pixels), `<|image>` rows `<image|>` (mtmd.cpp PROJECTOR_TYPE_GEMMA4V),
+    one position per row. Attended bidirectionally (the text model's sliding-window layers only, llama.cpp's
+    LLAMA_NON_CAUSAL_TYPE_SWA_ONLY) unless the text width is E2B's 1536 or E4B's 2560, which mtmd decodes
+    causally (mtmd_decode_use_non_causal)."""
+
+    image_begin = "<|image>"
+    image_end = "<image|>"
+    CAUSAL_WIDTHS = (1536, 2560)
+
+    def __init__(self, config: MmprojConfig, tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__(config)
+        self.tower = Gemma4Vision(config, tensors)
+        self.bidirectional = config.projection_dim not in self.CAUSAL_WIDTHS
+
+    def preprocess(self, rgb: np.ndarray) -> torch.Tensor:
+        cfg = self.config
+        return dynamic_size_pixels(rgb, cfg.patch_size * cfg.merge, *cfg.pixel_limits, cfg.image_mean, cfg.image_std)
+
+    def prepare(self, rgb: np.ndarray) -> ImageInput:
+        pixels = self.preprocess(rgb)
+        side = self.config.patch_size * self.config.merge
+        rows, cols = pixels.shape[1] // side, pixels.shape[2] // side
+        if max(rows, cols) * self.config.merge > self.tower.max_side:
+            raise ValueError(f"the image's {rows} x {cols} token grid is over the encoder's position table "
+                             f"({self.tower.max_side} patches per side)")
+        return ImageInput(pixels, rows * cols)
+
+    def encode(self, image: ImageInput) -> torch.Tensor:
+        return self.tower(image.pixels)
+
+
 ENCODERS: dict[str, type] = {"gemma3": Gemma3Encoder, "qwen2vl_merger": QwenVLEncoder,
                              "qwen2.5vl_merger": QwenVLEncoder, "qwen3vl_merger": QwenVLEncoder,
-                             "pixtral": PixtralEncoder}
+                             "pixtral": PixtralEncoder, "gemma4v": Gemma4Encoder}
 
 
 def load_vision_encoder(path: str | os.PathLike[str]) -> VisionEncoder:

@@ -3,7 +3,9 @@ MmprojConfig and its tensors by llama.cpp's names (tools/mtmd/clip-impl.h: v.pat
 v.blk.N.{ln1,attn_q,attn_k,attn_v,attn_out,ln2,ffn_up,ffn_down}, v.post_ln, mm.*). Projectors: gemma3, and the
 Qwen-VL mergers qwen2vl_merger, qwen2.5vl_merger (clip.vision.n_wa_pattern: every n-th layer attends fully,
 the others by windows) and qwen3vl_merger (DeepStack features from the v.deepstack.N.* layers), and pixtral
-(Pixtral / Mistral Small 3.1 / Ministral 3: 2D RoPE, optional patch merger, [IMG_BREAK] rows).
+(Pixtral / Mistral Small 3.1 / Ministral 3: 2D RoPE, optional patch merger, [IMG_BREAK] rows), and gemma4v
+(Gemma 4: sandwich RMSNorm layers, v.blk.N.{attn_q_norm,attn_k_norm,attn_post_norm,ffn_post_norm,out_scale},
+a [2, positions, D] position table, pooling by clip.vision.projector.scale_factor, default 3).
 
 Contract: read_mmproj(path) -> (MmprojConfig, {name: fp32 tensor in torch order}); a file that is not a
 vision mmproj, names a projector this package does not run, or lacks a needed key or tensor is a
@@ -22,12 +24,14 @@ import torch
 from hitenter.errors import ModelLoadError
 from hitenter.models.gguf import load_tensors, open_gguf, read_gguf_metadata
 
-SUPPORTED_PROJECTORS: tuple[str, ...] = ("gemma3", "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger", "pixtral")
+SUPPORTED_PROJECTORS: tuple[str, ...] = ("gemma3", "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger", "pixtral",
+                                         "gemma4v")
 QWEN_PROJECTORS: tuple[str, ...] = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
 GEMMA3_DEFAULT_MERGE = 4   # clip.cpp: patches per side pooled by 4 unless the file says otherwise
 QWEN_DEFAULT_MERGE = 2     # clip.cpp: Qwen-VL merges 2 x 2 patches unless clip.vision.spatial_merge_size says
+GEMMA4_DEFAULT_MERGE = 3   # clip.cpp: Gemma 4 pools 3 x 3 patches unless clip.vision.projector.scale_factor says
 # clip.cpp set_limit_image_tokens for the dynamic-size projectors: (min, max) tokens of patch x merge pixels
-TOKEN_LIMITS = {**dict.fromkeys(QWEN_PROJECTORS, (8, 4096)), "pixtral": (8, 1024)}
+TOKEN_LIMITS = {**dict.fromkeys(QWEN_PROJECTORS, (8, 4096)), "pixtral": (8, 1024), "gemma4v": (70, 1120)}
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,8 @@ def _merge(meta: dict[str, Any], projector: str) -> int:
         return int(meta.get("clip.vision.spatial_merge_size", QWEN_DEFAULT_MERGE))
     if projector == "pixtral":   # Pixtral 12B merges nothing; Mistral Small 3.1 / Ministral 3 say 2
         return int(meta.get("clip.vision.spatial_merge_size", 1))
-    return int(meta.get("clip.vision.projector.scale_factor", GEMMA3_DEFAULT_MERGE))
+    default = GEMMA4_DEFAULT_MERGE if projector == "gemma4v" else GEMMA3_DEFAULT_MERGE
+    return int(meta.get("clip.vision.projector.scale_factor", default))
 
 
 def _triple(meta: dict[str, Any], key: str, path: Path) -> tuple[float, float, float]:
