@@ -32,6 +32,7 @@ from hitenter.models.vision.discovery import check_mmproj_fits
 from hitenter.models.vision.gemma4v import Gemma4Vision, rope_tables
 from hitenter.models.vision.loader import Gemma4Encoder, load_vision_encoder
 from hitenter.models.vision.mmproj import read_mmproj
+from hitenter.testing.image_prompt_runs import image_prompt_logits, image_span
 from hitenter.testing.tiny_families import write_tiny_family
 from hitenter.testing.tiny_gemma4v import write_tiny_gemma4v_mmproj
 
@@ -168,18 +169,10 @@ def test_refusals(files: tuple[Path, Path], tmp_path: Path) -> None:
     check_mmproj_fits(cfg, files[1], "gemma4", 64)
 
 
-@torch.inference_mode()
-def _logits(model: torch.nn.Module, tokens: np.ndarray, embd: torch.Tensor, bidirectional: bool) -> torch.Tensor:
-    """Every row's logits of the prompt in one step, the image's rows from `embd`."""
-    n = len(tokens)
-    rows = np.flatnonzero(tokens < 0)
-    s, e = int(rows[0]), int(rows[-1]) + 1
-    blocks = -(-n // BS)
-    caches = allocate_kv_caches(model.config, blocks, BS)
-    meta = AttentionMetadata([0, n], [n], [list(range(blocks))], torch.arange(n), BS,
-                             bidirectional=[[(s, e)]] if bidirectional else None)
-    ids = torch.tensor(np.where(tokens < 0, 0, tokens))
-    return model.compute_logits(model(ids, torch.arange(n), meta, caches, embeds=(torch.arange(s, e), embd)))
+def _logits(model: torch.nn.Module, tokens: np.ndarray, embd: torch.Tensor, bidirectional: bool,
+            cuts: tuple[int, ...] = ()) -> torch.Tensor:
+    """Every row's logits of the prompt (steps cut at `cuts`), the image's rows from `embd`."""
+    return image_prompt_logits(model, tokens, embd, bidirectional=bidirectional, cuts=cuts)
 
 
 def _agreement(ours: torch.Tensor, ref: np.ndarray) -> tuple[int, float]:
@@ -241,6 +234,15 @@ def test_image_rows_take_token_zero_per_layer_inputs(text_model: torch.nn.Module
             out.append(text_model.compute_logits(text_model(ids, torch.arange(n), meta, caches,
                                                             embeds=(torch.from_numpy(rows), embd))))
     assert torch.equal(out[0], out[1])
+
+
+def test_chunked_prefill_gives_the_same_bits(text_model: torch.nn.Module, golden: dict) -> None:
+    """Steps cut before, around and after the image (past the sliding window) give every row the bits of one
+    whole-prompt step."""
+    tokens, embd = golden["prompt_tokens"], torch.from_numpy(golden["prompt_embd"])
+    s, e = image_span(tokens)
+    whole = _logits(text_model, tokens, embd, True)
+    assert torch.equal(_logits(text_model, tokens, embd, True, cuts=(s - 3, s, e, e + 9)), whole)
 
 
 def test_image_row_shape_is_checked(text_model: torch.nn.Module) -> None:
