@@ -308,8 +308,9 @@ def cmd_models(a: argparse.Namespace) -> int:
 def cmd_plan(a: argparse.Namespace) -> int:
     """Load the model as `run` would and print the kernel plan (hitenter/models/plan.py)."""
     from hitenter.engine.llm_engine import LLMEngine
+    from hitenter.engine_options import engine_config
 
-    eng = LLMEngine(a.model, **_engine_kwargs(a))
+    eng = LLMEngine(config=engine_config(a.model, None, _engine_kwargs(a)))
     print(eng.plan.describe() if eng.plan is not None else "no plan")
     close = getattr(eng.runner, "close", None)
     if close is not None:

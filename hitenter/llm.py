@@ -8,6 +8,7 @@ from typing import Any
 from hitenter.config import EngineConfig
 from hitenter.engine.image_prompt import MEDIA_MARKER, chat_segments
 from hitenter.engine.llm_engine import LLMEngine
+from hitenter.engine_options import engine_config
 from hitenter.models.vision.content import image_parts, with_markers
 from hitenter.models.vision.image_source import image_rgb
 from hitenter.outputs import RequestOutput
@@ -27,7 +28,7 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, config: EngineConfig | None = None, **engine_options: Any) -> None:
-        self.engine = LLMEngine(model, config, **engine_options)
+        self.engine = LLMEngine(config=engine_config(model, config, engine_options))
         self.tokenizer = self.engine.tokenizer
         self.model_config = self.engine.model_config
 

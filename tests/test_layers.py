@@ -25,10 +25,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kernels", ("hitenter.kernels",)),
     ("quant", ("hitenter.quant",)),               # weight formats the model layers use
     ("models, kv_cache", ("hitenter.models", "hitenter.kv_cache")),
-    ("engine core", ("hitenter.engine",)),        # scheduler, runner, sampler, speculative, structured
-    ("distributed", ("hitenter.distributed",)),   # runners over processes, on the engine core's parts
-    ("engine", ("hitenter.engine.llm_engine", "hitenter.engine.async_engine", "hitenter.engine.engine_setup")),
-    ("entry points", ("hitenter.llm", "hitenter.server", "hitenter.remote")),   # remote: a running server's client
+    ("engine", ("hitenter.engine",)),             # scheduler, runner, sampler, speculative, the builder, LLMEngine
+    ("distributed", ("hitenter.distributed",)),   # runners over processes, registered with engine/runner_registry
+    ("entry points", ("hitenter.llm", "hitenter.server", "hitenter.remote",   # remote: a running server's client
+                      "hitenter.engine_options")),   # imports hitenter.distributed when the options ask for it
     ("command line", ("hitenter.cli",)),
     ("package", ("hitenter",)),                   # hitenter/__init__.py: the public names
 )
@@ -175,7 +175,7 @@ def test_the_checks_catch_what_they_look_for() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
     assert unit_of("hitenter.engine.scheduler") == "hitenter.engine"
-    assert unit_of("hitenter.engine.llm_engine") == "hitenter.engine.llm_engine"
+    assert unit_of("hitenter.engine.llm_engine") == "hitenter.engine"
     assert unit_of("hitenter.unplaced") is None
     assert RANK["hitenter.kernels"] < RANK["hitenter.models"] < RANK["hitenter.engine"] < RANK["hitenter.server"]
-    assert RANK["hitenter.engine"] < RANK["hitenter.distributed"] < RANK["hitenter.engine.engine_setup"]
+    assert RANK["hitenter.engine"] < RANK["hitenter.distributed"] < RANK["hitenter.llm"]   # engine never imports it

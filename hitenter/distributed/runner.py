@@ -245,17 +245,16 @@ class DistributedModelRunner(ModelRunner):
 
 def load_rank0(path: str, dtype: str | torch.dtype, tp_size: int, num_threads: int | None = None,
                quantization: str | None = None, batch_invariant: bool = True,
-               max_model_len: int | None = None) -> tuple[CausalLM, ModelConfig]:
+               max_model_len: int | None = None, reader: Any = None) -> tuple[CausalLM, ModelConfig]:
     """Check that `tp_size` ranks can shard the GGUF at `path` (ValueError, nothing started), start the
     workers loading their shards, and load rank 0's meanwhile; every rank loads with load_model's options
-    (`dtype` "auto": the file's blocks). `DistributedModelRunner.launch` finishes; the workers are
-    stopped if the model is dropped before that."""
+    (`dtype` "auto": the file's blocks). `reader`: the file already open (its header parsed), else opened
+    here. `DistributedModelRunner.launch` finishes; the workers are stopped if the model is dropped before that."""
     from hitenter.models.gguf import model_config_from_metadata, open_gguf, read_gguf_metadata
     from hitenter.models.loader import load_model
 
-    reader = open_gguf(path)
+    reader = reader if reader is not None else open_gguf(path)
     validate_tp(model_config_from_metadata(read_gguf_metadata(reader), {t.name for t in reader.tensors}), tp_size)
-    del reader
     if dist.is_initialized():
         raise TensorParallelError("a torch.distributed process group already exists in this process; "
                                   "close the other tensor-parallel engine first")
@@ -268,7 +267,7 @@ def load_rank0(path: str, dtype: str | torch.dtype, tp_size: int, num_threads: i
             workers.start(r, dict(size=tp_size, port=workers.port, path=str(path), num_threads=threads,
                                   load_options=opts))
         torch.set_num_threads(threads)
-        model, cfg = load_model(path, tp=TPGroup(0, tp_size), **opts)   # type: ignore[arg-type]
+        model, cfg = load_model(path, tp=TPGroup(0, tp_size), reader=reader, **opts)   # type: ignore[arg-type]
     except BaseException:
         workers.healthy = False
         workers.close()

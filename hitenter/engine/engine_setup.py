@@ -1,5 +1,10 @@
-"""Builds an engine's parts from one EngineConfig (hitenter/config.py): model, tokenizer, KV cache,
-scheduler, runner, the kernel plan (hitenter/models/plan.py), speculative / disaggregated extras."""
+"""The model stack's one builder: an engine's parts from one EngineConfig (hitenter/config.py).
+
+`build_engine_parts` opens the model's GGUF once (its header parsed once, shared by the model's load and the
+tokenizer) and builds the model, tokenizer, KV cache groups, kernel plan (hitenter/models/plan.py), runner,
+scheduler and the speculative / vision extras. Runners past one process (tensor parallelism, disaggregated
+prefill) come from hitenter/engine/runner_registry.py, where the package implementing them registers them:
+this module never imports it."""
 
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from hitenter.config import (
 )
 from hitenter.engine.encoder_cache import EncoderCache
 from hitenter.engine.model_runner import ModelRunner
+from hitenter.engine.runner_registry import ParallelRunner, RunnerBuild, runners_for
 from hitenter.engine.sampler import Sampler
 from hitenter.engine.scheduler import Scheduler
 from hitenter.engine.speculative import SpecDecoder, build_spec_decoder
@@ -77,14 +83,13 @@ def torch_dtype(cfg: EngineConfig) -> torch.dtype:
     return torch.float32 if cfg.load.dtype == "auto" else TORCH_DTYPES[cfg.load.dtype]
 
 
-def _check_combinations(cfg: EngineConfig) -> None:
-    """What can only be checked with the whole config (ValueError naming the option; nothing loaded)."""
-    if cfg.parallel.disaggregate is not None:   # hitenter/distributed/disagg.py
-        from hitenter.distributed.disagg import check_options
-
-        opts = cfg.options()
-        opts["quantization"] = opts["quantization"] or "none"
-        check_options(cfg.parallel.disaggregate, cfg.load.model, opts)
+def _check_combinations(cfg: EngineConfig) -> list[ParallelRunner]:
+    """The parallel runners `cfg` asks for, after what can only be checked with the whole config
+    (ValueError naming the option; nothing loaded)."""
+    runners = runners_for(cfg)
+    for runner in runners:
+        runner.check(cfg)
+    return runners
 
 
 def _check_hybrid(cfg: EngineConfig) -> None:
@@ -111,13 +116,15 @@ def state_slots(cfg: EngineConfig, bytes_per_slot: int) -> int:
     return live + max(4, min(2 * live + 8, share // max(bytes_per_slot, 1)))
 
 
-def _load(cfg: EngineConfig, dtype: torch.dtype) -> tuple[str, torch.nn.Module, ModelConfig, Any]:
-    """(path, model, its config, tokenizer)."""
+def _load(cfg: EngineConfig, runners: list[ParallelRunner]) -> tuple[str, torch.nn.Module, ModelConfig, Any]:
+    """(path, model, its config, tokenizer): the file opened once, its header read once for both (a
+    registered runner's `load`, if one of `runners` has one, loads the model instead of load_model)."""
+    from hitenter.models.gguf import open_gguf, read_gguf_metadata
     from hitenter.models.loader import load_model
     from hitenter.models.registry import resolve_model
     from hitenter.tokenizer.bpe import Tokenizer
 
-    model, tp = cfg.load.model, cfg.parallel.tensor_parallel_size
+    model = cfg.load.model
     if model is not None and model.startswith("trigram"):
         # the playground's toy model: counts of (t-2, t-1) -> t over a bundled corpus, run by this same engine
         from hitenter.models.trigram import load_trigram
@@ -125,16 +132,15 @@ def _load(cfg: EngineConfig, dtype: torch.dtype) -> tuple[str, torch.nn.Module, 
         net, mcfg, tokenizer = load_trigram(model)
         return model, net, mcfg, tokenizer
     path = str(resolve_model(model))
-    if tp == 1:
+    reader = open_gguf(path)
+    loader = next((r.load for r in runners if r.load is not None), None)
+    if loader is not None:   # e.g. tensor parallelism: this process is rank 0 and loads only its shard
+        net, mcfg = loader(cfg, path, reader)
+    else:
         net, mcfg = load_model(path, dtype=cfg.load.dtype, quantization=cfg.load.quantization,
                                batch_invariant=cfg.load.batch_invariant,
-                               max_model_len=cfg.scheduler.max_model_len or DEFAULT_MAX_MODEL_LEN)
-    else:   # tensor parallel: this process is rank 0 and loads only its shard (hitenter/distributed)
-        from hitenter.distributed.runner import load_rank0
-
-        net, mcfg = load_rank0(path, cfg.load.dtype, tp, cfg.load.num_threads, cfg.load.quantization,
-                               cfg.load.batch_invariant, cfg.scheduler.max_model_len or DEFAULT_MAX_MODEL_LEN)
-    return path, net, mcfg, Tokenizer.from_gguf(path)
+                               max_model_len=cfg.scheduler.max_model_len or DEFAULT_MAX_MODEL_LEN, reader=reader)
+    return path, net, mcfg, Tokenizer.from_gguf(read_gguf_metadata(reader))
 
 
 def kv_cache_torch_dtype(cfg: EngineConfig, dtype: torch.dtype) -> torch.dtype:
@@ -195,7 +201,10 @@ def _window_groups(cfg: EngineConfig, mcfg: ModelConfig, num_blocks: int,
 
 def _runner(cfg: EngineConfig, path: str, net: torch.nn.Module, mcfg: ModelConfig, dtype: torch.dtype,
             num_blocks: int, sched: SchedulerConfig, kv_dtype: torch.dtype | None = None,
-            num_local_blocks: int | None = None, num_slots: int = 0) -> ModelRunner:
+            num_local_blocks: int | None = None, num_slots: int = 0,
+            runners: tuple[ParallelRunner, ...] = ()) -> ModelRunner:
+    """The one-process runner over the KV cache groups (a hybrid's state slots), handed in turn to each of
+    `runners` (registered: hitenter/engine/runner_registry.py) to wrap."""
     from hitenter.models.attention import allocate_kv_caches
 
     bs, tp = cfg.cache.block_size, cfg.parallel.tensor_parallel_size
@@ -206,21 +215,8 @@ def _runner(cfg: EngineConfig, path: str, net: torch.nn.Module, mcfg: ModelConfi
         return ModelRunner(net, net.allocate_caches(num_blocks, bs, kv_dtype, num_slots), bs)
     kv_caches = allocate_kv_caches(mcfg, num_blocks, bs, kv_dtype, num_local_blocks=num_local_blocks) if tp == 1 else []
     runner = ModelRunner(net, kv_caches, bs, staged=_side_prefill(cfg, net, kv_caches, sched, num_local_blocks))
-    if tp > 1:   # this process becomes rank 0 of a tensor-parallel group and spawns the others
-        from hitenter.distributed.runner import DistributedModelRunner
-        from hitenter.models.decoder import CausalLM
-        from hitenter.models.loader import check_shardable
-
-        if not isinstance(net, CausalLM):
-            raise ValueError("tensor_parallel_size: only GGUF transformer models can be sharded")
-        check_shardable(mcfg)
-        runner = DistributedModelRunner.launch(net, dtype, num_blocks, bs, cfg.load.batch_invariant,
-                                               kv_dtype=kv_dtype)
-    if cfg.parallel.disaggregate is not None:   # a prefill worker process computes prompts' KV; this one decodes
-        from hitenter.distributed.disagg import launch_runner
-
-        runner = launch_runner(cfg.parallel.disaggregate, path, dtype, mcfg, runner.model, runner.kv_caches, bs,
-                               sched.max_model_len, sched.max_num_batched_tokens, cfg.load.num_threads)
+    for parallel in runners:   # tensor parallelism (rank 0 of a group), a prefill worker beside this decoder
+        runner = parallel.wrap(RunnerBuild(cfg, path, mcfg, runner, dtype, kv_dtype, num_blocks, sched))
     return runner
 
 
@@ -259,12 +255,12 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     from hitenter.kernels.arena import keep_heap, trim_heap
     from hitenter.models import decode_kernel
 
-    _check_combinations(cfg)
+    runners = _check_combinations(cfg)
     keep_heap()   # steps reuse their freed buffers instead of faulting fresh pages in (trimmed when idle)
     if cfg.load.num_threads:
         torch.set_num_threads(cfg.load.num_threads)
     dtype = torch_dtype(cfg)
-    path, net, mcfg, tokenizer = _load(cfg, dtype)
+    path, net, mcfg, tokenizer = _load(cfg, runners)
     max_model_len = cfg.scheduler.max_model_len or min(mcfg.context_length, DEFAULT_MAX_MODEL_LEN)
     if max_model_len > mcfg.context_length:
         raise ValueError(f"max_model_len: {max_model_len} exceeds the model's context length {mcfg.context_length}")
@@ -291,7 +287,8 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
                  "the local layers release their blocks outside the window:" if window else "releasing the "
                  "blocks outside the local layers' windows would leave", held / 1e6, 100 * (1 - held / now),
                  f"; {num_blocks} global and {num_local} local blocks" if window else "")
-    runner = _runner(cfg, path, net, mcfg, dtype, num_blocks, sched_cfg, kv_dtype, num_local, num_slots)
+    runner = _runner(cfg, path, net, mcfg, dtype, num_blocks, sched_cfg, kv_dtype, num_local, num_slots,
+                     tuple(runners))
     plan = build_plan(runner.model, kv_tensors(runner.kv_caches), dtype, cfg.load.batch_invariant)
     apply_plan(runner.model, plan)
     runner.plan = plan

@@ -67,6 +67,8 @@ class FastGGUFReader(gguf.GGUFReader):
     not nested; the tensor table is checked (types, dims, block multiples, overflow, alignment, bounds,
     overlaps) before any tensor is mapped. Every failure is a one-line ModelLoadError."""
 
+    metadata: dict[str, Any] | None = None   # read_gguf_metadata's dict, kept after its first call on this reader
+
     def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> np.ndarray:
         offset, count = int(offset), int(count)
         if offset < 0 or count < 0:
@@ -198,8 +200,12 @@ def _field_value(field: Any) -> Any:
 
 
 def read_gguf_metadata(reader_or_path: gguf.GGUFReader | str | os.PathLike[str]) -> dict[str, Any]:
-    """All key/value metadata of a GGUF file as plain Python values (str, int, float, bool, list)."""
+    """All key/value metadata of a GGUF file as plain Python values (str, int, float, bool, list). A
+    FastGGUFReader converts its fields once: later calls on the same reader return the same dict (the
+    callers only read it), so the model and its tokenizer share one walk of the header."""
     reader = reader_or_path if isinstance(reader_or_path, gguf.GGUFReader) else open_gguf(reader_or_path)
+    if isinstance(reader, FastGGUFReader) and reader.metadata is not None:
+        return reader.metadata
     out: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if key.startswith("GGUF."):
@@ -208,6 +214,8 @@ def read_gguf_metadata(reader_or_path: gguf.GGUFReader | str | os.PathLike[str])
             out[key] = _field_value(field)
         except Exception as e:
             raise ModelLoadError(one_line(f"GGUF metadata key {short(key)} is corrupt: {type(e).__name__}: {e}")) from e
+    if isinstance(reader, FastGGUFReader):
+        reader.metadata = out
     return out
 
 

@@ -40,7 +40,6 @@ from hitenter.models.pooling import Pooler, head_shapes
 from hitenter.models.shard import TensorParallel
 from hitenter.models.weight_cache import WeightCache
 from hitenter.quant.weights import quantize_weights
-from hitenter.tokenizer.gguf_meta import hand_over
 
 log = logging.getLogger("hitenter.loader")
 
@@ -53,16 +52,18 @@ def expected_shapes(cfg: ModelConfig, names: set[str] | frozenset[str] = frozens
 
 def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "auto",
                tp: TensorParallel | None = None, quantization: str | None = None,
-               batch_invariant: bool = True, max_model_len: int | None = None) -> tuple[Any, ModelConfig]:
+               batch_invariant: bool = True, max_model_len: int | None = None,
+               reader: Any = None) -> tuple[Any, ModelConfig]:
     """Load a GGUF of any supported family into an eval-mode CausalLM. Raises ModelLoadError on any problem.
 
     `dtype`: "auto" (the file's blocks, fp32 activations), "float32", "bfloat16" (or a torch dtype):
     dense weights. `quantization`: None / "none", "gguf" (the file's blocks, explicitly), "int8", "int4".
     Bad combinations raise ValueError (see hitenter/models/formats.py). With `tp` (a tensor-parallel
     group, see hitenter/distributed) the model holds only this rank's shard. `max_model_len`: the
-    context the engine will serve (LongRoPE files pick their factors by it; default the model's own)."""
+    context the engine will serve (LongRoPE files pick their factors by it; default the model's own).
+    `reader`: the file at `path` already open (open_gguf: its header parsed once), else opened here."""
     act_dtype, fmt = resolve_format(dtype, quantization, tp is not None)
-    reader = open_gguf(path)
+    reader = reader if reader is not None else open_gguf(path)
     cache = WeightCache.for_gguf(path) if fmt == "gguf" and tp is None else None
     if cache is not None and cache.hit:   # built over placeholders, the weights mapped from the cache file
         try:
@@ -140,7 +141,6 @@ def load_weights_from(reader: Any, quantization: str = "none",
     (quantization "gguf" only): block matrices as meta placeholders, see `block_weights`."""
     path = reader.data.filename
     meta = read_gguf_metadata(reader)
-    hand_over(path, meta)   # the tokenizer of this load takes the header from here instead of parsing it again
     names = {t.name for t in reader.tensors}
     cfg = model_config_from_metadata(meta, names)
     shapes = {**expected_shapes(cfg, names), **head_shapes(cfg, names)}

@@ -25,6 +25,7 @@ from fastapi import FastAPI
 
 from hitenter.engine.async_engine import AsyncLLMEngine
 from hitenter.engine.llm_engine import LLMEngine
+from hitenter.engine_options import engine_config
 from hitenter.server import body_limits as L
 from hitenter.server import (
     serving_admin,
@@ -222,7 +223,7 @@ def engine_loader(engine_kwargs: dict[str, Any], max_queued: int | None) -> Load
     kw = {k: v for k, v in engine_kwargs.items() if k not in _PER_MODEL}
 
     def load(name: str, ref: str) -> ServedModel:
-        m = _served(name, LLMEngine(ref, **kw), max_queued)
+        m = _served(name, LLMEngine(config=engine_config(ref, None, kw)), max_queued)
         _ = m.max_prompt_chars        # in the loading thread, not on the first request's event loop
         return m
     return load
@@ -237,7 +238,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, a
           **engine_kwargs: Any) -> None:
     import uvicorn
 
-    engine = LLMEngine(model, **engine_kwargs)
+    engine = LLMEngine(config=engine_config(model, None, engine_kwargs))
     extra = {model_name(ref): LLMEngine(ref) for ref in (extra_models or [])}
     app = create_app(engine, served_model_name, api_key, max_queued_requests, extra,    # type: ignore[arg-type]
                      max_body_bytes=max_body_bytes, metrics_public=metrics_public,

@@ -93,29 +93,6 @@ class _Header:
             raise ModelLoadError(f"the metadata key {raw[:60]!r} is not valid UTF-8: the file is corrupt") from None
 
 
-_HANDED: dict[tuple[str, int, int, int], dict[str, Any]] = {}   # at most one entry: see hand_over
-
-
-def _identity(path: str | os.PathLike[str]) -> tuple[str, int, int, int] | None:
-    try:
-        real = os.path.realpath(path)
-        st = os.stat(real)
-    except (OSError, ValueError):
-        return None
-    return real, st.st_size, st.st_mtime_ns, st.st_ino
-
-
-def hand_over(path: str | os.PathLike[str], metadata: dict[str, Any]) -> None:
-    """Keep the key/values another reader has just parsed from `path` (every string valid UTF-8, so they
-    equal what `read_tokenizer_metadata` would read) for the next `read_tokenizer_metadata(path)` of
-    the same unchanged file, which takes them instead of parsing the header again. One file at a time:
-    a later hand-over replaces an earlier one that was never taken."""
-    key = _identity(path)
-    _HANDED.clear()
-    if key is not None:
-        _HANDED[key] = metadata
-
-
 def read_tokenizer_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """All GGUF key/values (v2/v3, little-endian) as plain Python values, parsed straight from the header.
 
@@ -125,11 +102,6 @@ def read_tokenizer_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     file: any count or length the bytes left cannot hold fails before it is looped over or allocated.
     """
     p = Path(path)
-    if _HANDED:
-        handed = _HANDED.pop(_identity(p), None)   # type: ignore[arg-type]
-        _HANDED.clear()
-        if handed is not None:
-            return handed
     try:
         with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             if mm[:4] != b"GGUF":

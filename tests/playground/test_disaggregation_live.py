@@ -18,9 +18,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason
 @pytest.fixture(scope="module")
 def disagg(tiny_llama_path):
     from hitenter.engine.llm_engine import LLMEngine
+    from hitenter.engine_options import engine_config
     from hitenter.server.api import create_app
 
-    two = LLMEngine(str(tiny_llama_path), disaggregate="prefill=1,decode=1", **TINY_OPTS)
+    two = LLMEngine(config=engine_config(str(tiny_llama_path), None, dict(disaggregate="prefill=1,decode=1", **TINY_OPTS)))   # its runner registered
     one = LLMEngine(str(tiny_llama_path), **TINY_OPTS)
     app = create_app(two, "apart", extra_engines={"together": one})
     with live_server(app) as srv:

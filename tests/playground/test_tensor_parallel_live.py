@@ -17,9 +17,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason
 @pytest.fixture(scope="module")
 def split(tiny_llama_path):
     from hitenter.engine.llm_engine import LLMEngine
+    from hitenter.engine_options import engine_config
     from hitenter.server.api import create_app
 
-    two = LLMEngine(str(tiny_llama_path), tensor_parallel_size=2, **TINY_OPTS)
+    two = LLMEngine(config=engine_config(str(tiny_llama_path), None, dict(tensor_parallel_size=2, **TINY_OPTS)))   # its runner registered
     one = LLMEngine(str(tiny_llama_path), **TINY_OPTS)
     app = create_app(two, "split", extra_engines={"whole": one})
     with live_server(app) as srv:

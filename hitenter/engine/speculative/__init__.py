@@ -68,6 +68,7 @@ def build_spec_decoder(cfg: SpeculativeConfig, tokenizer: Any, vocab_size: int, 
     from hitenter.engine.model_runner import ModelRunner
     from hitenter.kv_cache.manager import KVCacheManager
     from hitenter.models.attention import allocate_kv_caches
+    from hitenter.models.gguf import open_gguf, read_gguf_metadata
     from hitenter.models.loader import load_model
     from hitenter.models.plan import apply_plan, build_plan
     from hitenter.models.registry import resolve_model
@@ -76,8 +77,12 @@ def build_spec_decoder(cfg: SpeculativeConfig, tokenizer: Any, vocab_size: int, 
     path = str(resolve_model(model))
     # the draft takes the target's dtype option ("auto": the GGUF's blocks with fp32 activations, like the
     # target's; int8/int4 targets keep a dense draft in the activation dtype)
-    net, mcfg = load_model(path, dtype=load_dtype if (quantization or "none") in ("none", "gguf") else dtype)
-    check_vocab_compatible(tokenizer, Tokenizer.from_gguf(path), vocab_size, mcfg.vocab_size, model)
+    reader = open_gguf(path)   # one header parse for the draft's model and tokenizer
+    net, mcfg = load_model(path, dtype=load_dtype if (quantization or "none") in ("none", "gguf") else dtype,
+                           reader=reader)
+    check_vocab_compatible(tokenizer, Tokenizer.from_gguf(read_gguf_metadata(reader)), vocab_size, mcfg.vocab_size,
+                           model)
+    del reader
     if mcfg.context_length < max_model_len:
         raise ValueError(f"speculative_model: {model!r} has a context of {mcfg.context_length} tokens, less than "
                          f"max_model_len={max_model_len}")
