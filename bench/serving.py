@@ -12,6 +12,9 @@ p50/p99 inter-token latency.
     .venv/bin/python bench/serving.py --llama-server http://127.0.0.1:8081          # plus the baseline
     .venv/bin/python bench/serving.py --llama-server-bin /work/llama-server/.../bin/llama-server
     .venv/bin/python bench/serving.py --temperature 1 ...             # sampled, as OpenAI's default
+    .venv/bin/python bench/serving.py --model /work/models/qwen35-2b-syn.gguf -c 16 --requests-per-client 1 \
+        --input-len 48 --output-len 32 --num-threads 2 --rounds 3 \
+        --llama-server-bin PATH --llama-server-arg=--no-repack       # 16 streams on the Qwen3.5-2B shape
 
 The baseline is not a dependency of hitenter or its tests. Either
   * llama.cpp's own server: ``git clone https://github.com/ggml-org/llama.cpp && cd llama.cpp &&
@@ -25,6 +28,11 @@ Pass its URL with ``--llama-server``; both are measured with the same load and t
 Or pass the binary with ``--llama-server-bin`` (``bash bench/build_llama_server.sh`` builds it from the
 llama.cpp vendored in llama-cpp-python): for each N it is started on the same GGUF with ``--parallel N``
 and ``-c N x --llama-server-ctx``, measured, and stopped (see bench/llama_server.py).
+
+With a baseline, each N is measured in ``--rounds`` alternating rounds (hitenter then llama.cpp, then the
+other way round, both servers up, each round new prompts so neither server's prompt cache serves them);
+every measurement prints the load average beside it, and the ratios are of the rounds' medians (the
+per-round ratios are printed too). On a shared machine the load average says how much a figure is worth.
 """
 
 from __future__ import annotations
@@ -141,34 +149,77 @@ async def run_level(url: str, model: str | None, n: int, prompts: list[str], out
     return level
 
 
+def load_average() -> str:
+    """The 1 / 5 / 15-minute load averages, as `uptime` prints them."""
+    return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+def warm_up(url: str, args: argparse.Namespace) -> None:
+    """One short request (first-call costs)."""
+    asyncio.run(run_level(url, None, 1, make_prompts(1, args.input_len, args.seed + 999), 4, args.api_key))
+
+
+def measure(url: str, n: int, prompts: list[str], args: argparse.Namespace, label: str) -> dict[str, float]:
+    """One level: `n` clients over `prompts`; prints its row with the load average after it."""
+    row = asyncio.run(run_level(url, None, n, prompts, args.output_len, args.api_key, args.temperature)).row()
+    print(f"{label:10s} N={n:<3d} reqs={row['requests']:<4.0f} err={row['errors']:<2.0f} "
+          f"{row['tok_s']:8.1f} tok/s  TTFT p50 {row['ttft_p50_ms']:8.1f} p99 {row['ttft_p99_ms']:8.1f} ms  "
+          f"ITL p50 {row['itl_p50_ms']:7.1f} p99 {row['itl_p99_ms']:7.1f} ms  {load_average()}", flush=True)
+    return row
+
+
 def bench(url: str, model: str | None, levels: list[int], args: argparse.Namespace, label: str) -> list[dict[str, float]]:
-    rows = []
-    warm = make_prompts(1, args.input_len, args.seed + 999)
-    asyncio.run(run_level(url, model, 1, warm, 4, args.api_key))          # warm-up (first-call costs)
-    for n in levels:
-        prompts = make_prompts(n * args.requests_per_client, args.input_len, args.seed + n)
-        row = asyncio.run(run_level(url, model, n, prompts, args.output_len, args.api_key, args.temperature)).row()
-        rows.append(row)
-        print(f"{label:10s} N={n:<3d} reqs={row['requests']:<4.0f} err={row['errors']:<2.0f} "
-              f"{row['tok_s']:8.1f} tok/s  TTFT p50 {row['ttft_p50_ms']:8.1f} p99 {row['ttft_p99_ms']:8.1f} ms  "
-              f"ITL p50 {row['itl_p50_ms']:7.1f} p99 {row['itl_p99_ms']:7.1f} ms", flush=True)
-    return rows
+    warm_up(url, args)
+    return [measure(url, n, make_prompts(n * args.requests_per_client, args.input_len, args.seed + n), args, label)
+            for n in levels]
 
 
-def bench_llama_bin(levels: list[int], args: argparse.Namespace) -> list[dict[str, float]]:
-    """Start the llama-server binary once per N (``--parallel N``) on hitenter's GGUF and measure it."""
+def llama_server(n: int, args: argparse.Namespace) -> LlamaServer:
+    """The llama-server binary on hitenter's GGUF with ``--parallel n`` (not started)."""
     from hitenter.models.registry import resolve_model
 
-    gguf = resolve_model(args.model)
     # Words of the prompt are ~1-2 tokens each; leave room for the template-free prompt + output.
     per_slot = args.llama_server_ctx or -(-(2 * args.input_len + args.output_len + 64) // 256) * 256
-    threads = args.num_threads or 2
-    rows: list[dict[str, float]] = []
+    return LlamaServer(args.llama_server_bin, resolve_model(args.model), parallel=n, ctx_per_slot=per_slot,
+                       threads=args.num_threads or 2, startup_timeout=args.llama_server_timeout,
+                       extra_args=tuple(args.llama_server_arg))
+
+
+def _median_row(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+
+
+def alternate(url: str, n: int, base_url: str, args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
+    """`--rounds` rounds of level `n` on both servers, the order swapped every round, fresh prompts each
+    round; (hitenter's, llama.cpp's) medians over the rounds."""
+    ours: list[dict[str, float]] = []
+    theirs: list[dict[str, float]] = []
+    warm_up(url, args)
+    warm_up(base_url, args)
+    for r in range(args.rounds):
+        prompts = make_prompts(n * args.requests_per_client, args.input_len, args.seed + n + 1000 * (r + 1))
+        sides = [(url, "hitenter", ours), (base_url, "llama.cpp", theirs)]
+        for u, label, rows in sides if r % 2 == 0 else sides[::-1]:
+            rows.append(measure(u, n, prompts, args, label))
+        print(f"  round {r}: N={n} throughput ratio {ours[-1]['tok_s'] / theirs[-1]['tok_s']:.2f}  TTFT p50 ratio "
+              f"{ours[-1]['ttft_p50_ms'] / theirs[-1]['ttft_p50_ms']:.2f}", flush=True)
+    return _median_row(ours), _median_row(theirs)
+
+
+def bench_pair(url: str, levels: list[int], args: argparse.Namespace) -> tuple[list[dict[str, float]],
+                                                                               list[dict[str, float]]]:
+    """Each level on hitenter (at `url`) and the baseline in alternating rounds (a llama-server binary is
+    started per level with ``--parallel N``)."""
+    ours, theirs = [], []
     for n in levels:
-        with LlamaServer(args.llama_server_bin, gguf, parallel=n, ctx_per_slot=per_slot, threads=threads,
-                         startup_timeout=args.llama_server_timeout, extra_args=tuple(args.llama_server_arg)) as srv:
-            rows += bench(srv.url, None, [n], args, "llama.cpp")
-    return rows
+        if args.llama_server_bin:
+            with llama_server(n, args) as srv:
+                a, b = alternate(url, n, srv.url, args)
+        else:
+            a, b = alternate(url, n, args.llama_server.rstrip("/"), args)
+        ours.append(a)
+        theirs.append(b)
+    return ours, theirs
 
 
 class HitenterServer(ServerProcess):
@@ -242,32 +293,38 @@ def main(argv: list[str] | None = None) -> int:
                          "buffers crash (seen on AVX-512 + AMX machines with this llama.cpp)")
     ap.add_argument("--llama-server-timeout", type=float, default=120.0,
                     help="seconds to wait for --llama-server-bin's /health")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="with a baseline: alternating rounds per N (medians reported)")
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    if args.rounds < 1:
+        ap.error(f"--rounds: must be >= 1, got {args.rounds}")
     if args.llama_server_bin and not os.access(Path(args.llama_server_bin).expanduser(), os.X_OK):
         ap.error(f"--llama-server-bin: not an executable file: {args.llama_server_bin} "
                  "(build it with bench/build_llama_server.sh)")
     srv = None
     url = args.url
+    print(f"start: {load_average()}", flush=True)
     if url is None:
         url, srv = start_hitenter(args)
     try:
-        ours = bench(url, None, levels, args, "hitenter")
+        if args.llama_server or args.llama_server_bin:
+            ours, theirs = bench_pair(url, levels, args)
+        else:
+            ours, theirs = bench(url, None, levels, args, "hitenter"), []
     finally:
         if srv is not None:
             srv.stop()
     out: dict[str, Any] = {"hitenter": ours}
-    if args.llama_server or args.llama_server_bin:
-        if args.llama_server_bin:
-            theirs = bench_llama_bin(levels, args)
-        else:
-            theirs = bench(args.llama_server.rstrip("/"), None, levels, args, "llama.cpp")
+    if theirs:
         out["llama.cpp"] = theirs
         for a, b in zip(ours, theirs, strict=True):
             ratio = a["tok_s"] / b["tok_s"] if b["tok_s"] else float("nan")
-            print(f"N={a['N']:<3.0f} hitenter/llama.cpp throughput ratio {ratio:.2f}  "
-                  f"TTFT p50 ratio {a['ttft_p50_ms'] / b['ttft_p50_ms']:.2f}")
+            print(f"N={a['N']:<3.0f} medians of {args.rounds} rounds: hitenter {a['tok_s']:.2f} vs llama.cpp "
+                  f"{b['tok_s']:.2f} tok/s, throughput ratio {ratio:.2f}; TTFT p50 {a['ttft_p50_ms']:.0f} vs "
+                  f"{b['ttft_p50_ms']:.0f} ms, ratio {a['ttft_p50_ms'] / b['ttft_p50_ms']:.2f}")
+    print(f"end: {load_average()}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return 0
