@@ -7,7 +7,7 @@
    Two passes over S per token: (1) read only, k S and q S accumulated together (with e^g factored out:
    k (S e^g) = (k S) e^g); then d, and o = ((q S) e^g + (q . k) d) * scale, which is q S_new; (2) S = S e^g +
    k^T d, row by row. The sums run over the rows i in order, lane j holding column j, so there is no
-   horizontal reduction: with -ffp-contract=off every variant (AVX-512, AVX2 as two 8-lane halves, the
+   horizontal reduction: with -ffp-contract=off every variant (AVX-512, AVX2, the
    portable code) does the same operations in the same order and gives the same bits, on any thread count
    (a head's work never depends on the other heads).
 
