@@ -34,6 +34,9 @@ Contracts:
   engine reports each step's time through ``record_step``, which bounds those steps.
 - Prefill pacing (hitenter/engine/prefill_pacing.py): beside decoding streams a step takes at most the
   pacer's chunk of prompt tokens, and none while the streams are owed time (``PrefillPacer.budget``).
+  Only established streams (``max(fresh_tokens, 1)`` outputs or more) are paced for: while every running
+  request is still within its first tokens (a burst of arrivals behind its first prompt), prompts take the
+  full budget, as the fresh lane puts first tokens first, and such a step owes the pacer nothing.
 - Images (``Request.images``): a step never cuts an image's rows (hitenter/request.py ImageRun), and an image
   not yet encoded also costs its rows' count against the token budget (the encoder's work, done in that
   step by the runner: hitenter/engine/encoder_cache.py), see ``_image_step``.
@@ -113,6 +116,7 @@ class Scheduler:
         self._events: list[KVEvent] = []
         kv_manager.subscribe(self._events.append)
         self.pacer = PrefillPacer()
+        self._paced = False   # whether the last step picked was paced (it had established streams)
         # whether the vision encoder's rows of an image key are cached (engine_setup: the EncoderCache); None:
         # every image in a step counts its encoder's cost
         self.encoded: Callable[[bytes], bool] | None = None
@@ -160,6 +164,13 @@ class Scheduler:
         return any(not _prefilling(r, r.num_computed_tokens) for r in self.running)
 
     @property
+    def streaming(self) -> bool:
+        """Whether a running request is an established stream: past its prompt with ``max(fresh_tokens, 1)``
+        outputs or more (the streams prompt tokens are paced beside)."""
+        least = max(self.config.fresh_tokens, 1)
+        return any(not _prefilling(r, r.num_computed_tokens) and r.num_output_tokens >= least for r in self.running)
+
+    @property
     def num_waiting(self) -> int:
         return len(self.waiting) + len(self.remote)
 
@@ -184,7 +195,7 @@ class Scheduler:
     def record_step(self, out: SchedulerOutput, seconds: float) -> None:
         """The step of ``out`` ran for ``seconds`` (bounds the fresh lane's steps and paces long prompts)."""
         prompt = sum(sr.num_new_tokens for sr in out.scheduled if _prefilling(sr.request, sr.num_computed_tokens))
-        decoding = any(not _prefilling(sr.request, sr.num_computed_tokens) for sr in out.scheduled)
+        decoding = self._paced and any(not _prefilling(sr.request, sr.num_computed_tokens) for sr in out.scheduled)
         self.lane.record(out.lane_only, seconds)
         self.pacer.record(out.lane_only, seconds, prompt, decoding)
 
@@ -193,8 +204,8 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
-        # prompt tokens beside decoding streams: paced (prefill_pacing.py)
-        paced = self.decoding
+        # prompt tokens beside established streams: paced (prefill_pacing.py)
+        paced = self._paced = self.streaming
         prompt_budget = self.pacer.budget(lane) if paced else budget
         prompt_taken = False   # a prompt's rows are in the step already (an image may overrun only the first)
 

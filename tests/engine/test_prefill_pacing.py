@@ -88,7 +88,7 @@ def test_a_held_prompt_runs_after_max_hold_decode_steps() -> None:
 def test_long_prompt_beside_streams_is_chunked_and_not_fresh() -> None:
     s, run = make(fresh=4, num_blocks=256, max_batched=512)
     s.add_request(req("stream", [1, 2, 3], max_tokens=200))
-    for _ in range(3):
+    for _ in range(4 + 3):   # its first 4 tokens (a young stream, not paced for), then 3 established ones
         timed_step(s, run, 0.010)                           # decode steps of the stream alone: 10 ms
     s.pacer.record(False, 0.100, prompt_tokens=100, decoding=False)   # a prompt token: 1 ms
     cap = s.pacer.prompt_cap
@@ -158,3 +158,32 @@ def test_streams_and_a_long_prompt_each_keep_about_half() -> None:
     run_timed(s, run, lambda: not s.has_unfinished_requests())
     assert all(r.status is RequestStatus.FINISHED_LENGTH and r.num_output_tokens == r.max_tokens for r in reqs)
     assert s.kv.num_free_blocks == 2048
+
+
+def test_a_burst_behind_its_first_prompt_is_not_paced_but_joins_established_streams_paced() -> None:
+    """16 short prompts arrive while the first of them runs: the next step takes all the others in full (their
+    only running neighbour is a young stream, within its first tokens), so every first token comes within two
+    steps; the same burst beside an established stream advances by the pacer's chunks."""
+    def burst(established: bool) -> tuple[int, list[int]]:
+        s, run = make(fresh=4, num_blocks=1024, max_batched=2048, max_seqs=32)
+        s.add_request(req("old", [5, 6, 7], max_tokens=200 if established else 10))
+        for _ in range(10):   # the decode step's time learnt (10 ms); a warm-up that ends, or a stream that goes on
+            timed_step(s, run, 0.010)
+        assert s.pacer.decode_s == 0.010 and s.has_unfinished_requests() is established
+        s.pacer.record(False, 0.480, prompt_tokens=48, decoding=False)   # a prompt token: 10 ms, the cap 32
+        reqs = [req(f"b{i}", [100 + i] * 48, max_tokens=8) for i in range(16)]
+        s.add_request(reqs[0])
+        timed_step(s, run, 0.480)
+        for r in reqs[1:]:
+            s.add_request(r)
+        steps = 1
+        while any(r.num_output_tokens == 0 for r in reqs):
+            out, _ = step(s, run)
+            s.record_step(out, 0.010 + 0.010 * sum(sr.num_new_tokens for sr in out.scheduled))
+            steps += 1
+        return steps, [r.num_output_tokens for r in reqs]
+
+    steps, outputs = burst(established=False)
+    assert steps == 2 and outputs == [2] + [1] * 15
+    paced_steps, _ = burst(established=True)
+    assert paced_steps >= 15 * 48 // MIN_PROMPT_CHUNK   # chunks of the cap (32 tokens), and held steps
