@@ -141,6 +141,8 @@ export function dashFlow(root, S) {
     draw(top ? stageOf.get(top.id) : -1);
   }, { rootMargin: "-60px 0px -40% 0px" });
   document.querySelectorAll("main > section.panel").forEach((sec) => io.observe(sec));
+  // the bar stays on top of the window: a panel scrolled to (from the bar or a link) keeps its heading below it
+  new ResizeObserver(() => document.documentElement.style.setProperty("--flow-h", `${root.offsetHeight}px`)).observe(root);
   draw(-1);
   return { refresh: () => draw(Number(root.firstChild ? root.firstChild.dataset.lit : -1)) };
 }

@@ -12,9 +12,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import socket
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,7 @@ import httpx
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+from hitenter.testing.live_server import live_server
 from hitenter.testing.paths import TEST_OUTPUT
 from hitenter.testing.playground_page import CHROMIUM, finished
 
@@ -30,6 +28,34 @@ MODEL = Path.home() / ".cache" / "hitenter" / "models" / "smollm2-135m-instruct.
 SHOTS = TEST_OUTPUT / "articles"
 BASE = "Why is the sky blue?"
 WAIT = 180000                                   # ms: side requests on a busy 2-core machine
+PHONE = {"width": 390, "height": 844}
+# What a panel shows, measured in one evaluation (a redraw may replace any node in it): scrolled to the top of the
+# window, the page no wider than the window, the panel inside it, its heading not under a bar that stays on
+# screen, and every visible node in the panel inside the
+# panel's box unless a sideways scroller holds it (reachable by scrolling), no text cut off by its own box.
+FITS = """(id) => {
+  const p = document.getElementById(id), out = [];
+  if (!p) return [`#${id} is missing`];
+  p.scrollIntoView({ block: 'start' });
+  const W = document.documentElement.clientWidth, box = p.getBoundingClientRect();
+  const name = (n) => n.id ? '#' + n.id : n.tagName.toLowerCase() + [...n.classList].map((c) => '.' + c).join('');
+  if (document.documentElement.scrollWidth > W + 1) out.push(`the page is ${document.documentElement.scrollWidth}px wide`);
+  if (box.width < 1 || box.height < 1) return out.concat([`#${id} is not shown`]);
+  if (box.left < -1 || box.right > W + 1) out.push(`#${id} spans ${Math.round(box.left)}..${Math.round(box.right)} of ${W}`);
+  const h = p.querySelector('h2'), hr = h && h.getBoundingClientRect();
+  if (hr && hr.height && !p.contains(document.elementFromPoint(hr.left + 4, hr.top + hr.height / 2)))
+    out.push(`#${id}'s heading is covered (by ${name(document.elementFromPoint(hr.left + 4, hr.top + hr.height / 2))})`);
+  const scrolled = (n) => { for (let a = n.parentElement; a && a !== p.parentElement; a = a.parentElement) {
+    const o = getComputedStyle(a).overflowX; if (o === 'auto' || o === 'scroll') return true; } return false; };
+  for (const n of p.querySelectorAll('*')) {
+    const r = n.getBoundingClientRect(), cs = getComputedStyle(n);
+    if (r.width < 1 || r.height < 1 || cs.visibility === 'hidden' || scrolled(n)) continue;
+    if (r.left < box.left - 1 || r.right > box.right + 1)
+      out.push(`${name(n)} sticks out of #${id}: ${Math.round(r.left)}..${Math.round(r.right)} of ${Math.round(box.left)}..${Math.round(box.right)}`);
+    else if ((cs.overflowX === 'hidden' || cs.overflowX === 'clip') && n.scrollWidth > n.clientWidth + 1 && n.textContent.trim())
+      out.push(`${name(n)} cuts its text (${n.scrollWidth}px in ${n.clientWidth}px)`);
+  }
+  return out; }"""
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's /usr/bin/chromium")]
 
 
@@ -47,6 +73,7 @@ class Walk:
     def __init__(self, pg: Any, base: str, gguf: Any) -> None:
         self.pg, self.base, self.gguf, self.last = pg, base, gguf, None
         self.errors: list[str] = []
+        self.unfit: list[str] = []     # on a phone: what a shot's panel shows outside the window or cut off
 
     def post(self, path: str, body: dict) -> dict:
         r = httpx.post(self.base + path, json=body, timeout=300)
@@ -113,12 +140,20 @@ class Walk:
             t1: s.t_end, token: Boolean(s.token), cached: s.cached_tokens, blocks: s.block_table.length,
             bytes: s.cached_bytes })) }; }""")
 
+    def phone(self) -> bool:
+        return self.pg.viewport_size == PHONE
+
     def shot(self, item: str, panel: str) -> None:
-        """Scroll the panel to the top of the window (in one evaluation) and save the window."""
+        """Scroll the panel to the top of the window (in one evaluation) and save the window (under phone/ on a
+        phone, where what the panel shows is also checked to fit: FITS)."""
         self.js("(id) => { const n = document.getElementById(id); if (n) n.scrollIntoView({ block: 'start' }); }", panel)
         self.js("() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        self.pg.screenshot(path=str(SHOTS / f"{item}.png"))
+        out = SHOTS / "phone" if self.phone() else SHOTS
+        if self.phone():
+            panel = "answer-dock" if panel == "answer" else panel     # a phone shows the answer in the dock
+            self.unfit += [f"{item}: {u}" for u in self.js(FITS, panel)]
+        out.mkdir(parents=True, exist_ok=True)
+        self.pg.screenshot(path=str(out / f"{item}.png"))
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +162,6 @@ def served() -> Any:
     real app: {"base": url, "walk": the shared page once the first item opened it}."""
     if not MODEL.exists():
         pytest.skip(f"not cached: {MODEL}")
-    import uvicorn
-
     from hitenter.engine.llm_engine import LLMEngine
     from hitenter.server.api import create_app
 
@@ -137,20 +170,11 @@ def served() -> Any:
     spec = LLMEngine(str(MODEL), speculative_method="ngram", **opts)
     tri = LLMEngine("trigram", kv_cache_memory=1 << 16, block_size=4)
     app = create_app(main, "smollm2", extra_engines={"smollm2-spec": spec, "trigram": tri})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    while not srv.started:
-        time.sleep(0.05)
-    state: dict[str, Any] = {"base": f"http://127.0.0.1:{port}", "walk": None}
-    yield state
-    if state["walk"] is not None and not state["walk"].pg.is_closed():
-        state["walk"].pg.close()
-    srv.should_exit = True
-    th.join(10)
+    with live_server(app) as srv:
+        state: dict[str, Any] = {"base": srv.url, "walk": None}
+        yield state
+        if state["walk"] is not None and not state["walk"].pg.is_closed():
+            state["walk"].pg.close()
 
 
 @pytest.fixture
@@ -161,6 +185,7 @@ def walk(browser, served) -> Walk:
     w = served["walk"]
     if w is not None and not w.pg.is_closed():
         w.errors.clear()
+        w.unfit.clear()
         return w
     pg = browser.new_page(viewport={"width": 1400, "height": 1000})
     w = served["walk"] = Walk(pg, served["base"], gguf.GGUFReader(str(MODEL)))
@@ -231,6 +256,7 @@ def i_same_question_differs(w: Walk) -> str:
         texts[seed] = w.run()["text"]
         assert texts[seed] == w.v1(tpl, seed=seed)["text"]
     assert texts[42] != texts[43]
+    w.js("() => { const r = document.querySelector('#replay'); if (r) r.remove(); }")   # an earlier item's replay
     w.pg.click("#btn-replay")
     w.pg.wait_for_selector("#replay", timeout=WAIT)
     assert w.d("#replay", "match") == "true" and w.d("#replay", "seed") == "43" and w.run()["text"] == texts[43]
@@ -984,6 +1010,19 @@ def test_article_item(walk, item: str) -> None:
     if panel:
         walk.shot(item, panel)
     assert not walk.errors, walk.errors
+
+
+@pytest.mark.parametrize("item", table_ids())
+def test_article_item_on_a_phone(walk, item: str) -> None:
+    """The same item on the same page at 390x844 (after the desktop pass: one resize, the server and the page
+    shared), and what its panel shows inside the window and not cut off (FITS)."""
+    if not walk.phone():
+        walk.pg.set_viewport_size(PHONE)
+    panel = ITEMS[item](walk)
+    if panel:
+        walk.shot(item, panel)
+    assert not walk.errors, walk.errors
+    assert not walk.unfit, walk.unfit
 
 
 def timed_run(pg: Any, clock: Any, prompt: str, tokens: int) -> dict:
