@@ -160,7 +160,9 @@ class AsyncLLMEngine:
 
     def _run(self) -> None:
         eng = self.engine
-        busy_until: float | None = None   # when the last step ended, until the heap is trimmed
+        # when the last step ended (at first: when the engine started, so start-up's freed heap goes too),
+        # until the heap is trimmed
+        busy_until: float | None = time.monotonic()
         while not self._stop.is_set():
             eng.inbox.wake.clear()
             if eng.inbox or eng.has_unfinished_requests():

@@ -12,7 +12,7 @@ import dataclasses
 import gc
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,6 +38,7 @@ from hitenter.models.plan import KernelPlan, apply_plan, build_plan
 log = logging.getLogger("hitenter.engine")
 
 DEFAULT_MAX_MODEL_LEN = 8192
+HEADER_ARRAY_MAX = 64   # EngineParts.header keeps arrays up to this long (not the vocabulary)
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -61,6 +62,7 @@ class EngineParts:
     plan: KernelPlan | None = None       # which numeric path each row takes (decided at load)
     config: EngineConfig | None = None
     vision: EncoderCache | None = None   # the vision encoder behind its cache, when an mmproj is loaded
+    header: dict[str, Any] = field(default_factory=dict)   # the file's key/values, arrays over HEADER_ARRAY_MAX left out
 
 
 def total_ram_bytes() -> int:
@@ -116,13 +118,15 @@ def state_slots(cfg: EngineConfig, bytes_per_slot: int) -> int:
     return live + max(4, min(2 * live + 8, share // max(bytes_per_slot, 1)))
 
 
-def _load(cfg: EngineConfig, runners: list[ParallelRunner]) -> tuple[str, torch.nn.Module, ModelConfig, Any]:
-    """(path, model, its config, tokenizer): the file opened once, its header read once for both (a
-    registered runner's `load`, if one of `runners` has one, loads the model instead of load_model)."""
+def _load(cfg: EngineConfig,
+          runners: list[ParallelRunner]) -> tuple[str, torch.nn.Module, ModelConfig, Any, dict[str, Any]]:
+    """(path, model, its config, tokenizer, the header's short key/values): the file opened once, its header
+    read once for all (a registered runner's `load`, if one of `runners` has one, loads the model instead of
+    load_model); the tokenizer is shared with other engines on the same file (tokenizer/shared.py)."""
     from hitenter.models.gguf import open_gguf, read_gguf_metadata
     from hitenter.models.loader import load_model
     from hitenter.models.registry import resolve_model
-    from hitenter.tokenizer.bpe import Tokenizer
+    from hitenter.tokenizer.shared import shared_tokenizer
 
     model = cfg.load.model
     if model is not None and model.startswith("trigram"):
@@ -130,7 +134,7 @@ def _load(cfg: EngineConfig, runners: list[ParallelRunner]) -> tuple[str, torch.
         from hitenter.models.trigram import load_trigram
 
         net, mcfg, tokenizer = load_trigram(model)
-        return model, net, mcfg, tokenizer
+        return model, net, mcfg, tokenizer, {}
     path = str(resolve_model(model))
     reader = open_gguf(path)
     loader = next((r.load for r in runners if r.load is not None), None)
@@ -140,7 +144,9 @@ def _load(cfg: EngineConfig, runners: list[ParallelRunner]) -> tuple[str, torch.
         net, mcfg = load_model(path, dtype=cfg.load.dtype, quantization=cfg.load.quantization,
                                batch_invariant=cfg.load.batch_invariant,
                                max_model_len=cfg.scheduler.max_model_len or DEFAULT_MAX_MODEL_LEN, reader=reader)
-    return path, net, mcfg, Tokenizer.from_gguf(read_gguf_metadata(reader))
+    meta = read_gguf_metadata(reader)
+    header = {k: v for k, v in meta.items() if not (isinstance(v, list) and len(v) > HEADER_ARRAY_MAX)}
+    return path, net, mcfg, shared_tokenizer(path, meta), header
 
 
 def kv_cache_torch_dtype(cfg: EngineConfig, dtype: torch.dtype) -> torch.dtype:
@@ -260,7 +266,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     if cfg.load.num_threads:
         torch.set_num_threads(cfg.load.num_threads)
     dtype = torch_dtype(cfg)
-    path, net, mcfg, tokenizer = _load(cfg, runners)
+    path, net, mcfg, tokenizer, header = _load(cfg, runners)
     max_model_len = cfg.scheduler.max_model_len or min(mcfg.context_length, DEFAULT_MAX_MODEL_LEN)
     if max_model_len > mcfg.context_length:
         raise ValueError(f"max_model_len: {max_model_len} exceeds the model's context length {mcfg.context_length}")
@@ -307,7 +313,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     _freeze_gc_once()
     return EngineParts(path, mcfg, tokenizer, runner.model, runner, kv_manager, scheduler,
                        Sampler(), cfg.cache, sched_cfg, max_model_len, num_blocks, spec,
-                       getattr(runner, "staged", None), plan, cfg, vision)
+                       getattr(runner, "staged", None), plan, cfg, vision, header)
 
 
 def _vision(cfg: EngineConfig, path: str, mcfg: ModelConfig, runner: ModelRunner) -> EncoderCache | None:

@@ -130,9 +130,9 @@ def read_corpus(path: Path = CORPUS_PATH) -> list[str]:
 @lru_cache(maxsize=2)
 def _load(corpus: str) -> tuple[TrigramLM, ModelConfig, Any]:
     from hitenter.models.registry import resolve_model
-    from hitenter.tokenizer.bpe import Tokenizer
+    from hitenter.tokenizer.shared import shared_tokenizer
 
-    tok = Tokenizer.from_gguf(resolve_model("smollm2-135m-instruct"))
+    tok = shared_tokenizer(resolve_model("smollm2-135m-instruct"))   # the default model's, when it is loaded
     end = tok.eos_token_id
     lines = [tok.encode(s) for s in read_corpus(Path(corpus))]
     model = TrigramLM(lines, tok.vocab_size, end).eval()

@@ -33,8 +33,6 @@ from hitenter.server.engine_jobs import EngineJobs
 from hitenter.server.pooling_jobs import pool_job
 from hitenter.server.prompt_logprobs import SLICE_TOKENS, PromptScores, score_job
 
-_SCALAR_META = 64            # GGUF arrays longer than this (the vocabulary) are left out of ModelInfo.metadata
-
 
 def _parameter_count(c: Any) -> int:
     """Dense weights from the shapes: embeddings (+ an untied head), attention, FFN (or experts), norms."""
@@ -43,18 +41,6 @@ def _parameter_count(c: Any) -> int:
     ffn = 3 * h * (c.expert_intermediate_size * c.num_experts if c.num_experts else c.intermediate_size)
     embed = c.vocab_size * h * (1 if c.tie_word_embeddings else 2)
     return int(embed + c.num_layers * (attn + ffn + 2 * h) + h)
-
-
-def _metadata(path: str | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    from hitenter.tokenizer.gguf_meta import read_tokenizer_metadata
-
-    try:
-        meta = read_tokenizer_metadata(path)
-    except Exception:           # a model without a readable header still serves
-        return {}
-    return {k: v for k, v in meta.items() if not (isinstance(v, list) and len(v) > _SCALAR_META)}
 
 
 def model_info(llm: Any) -> ModelInfo:
@@ -73,7 +59,7 @@ def model_info(llm: Any) -> ModelInfo:
         kv_bytes_per_token=c.kv_bytes_per_token(value_bytes(caches[0].dtype)) if caches else 0,
         max_num_batched_tokens=int(parts.scheduler_config.max_num_batched_tokens),
         parameter_count=_parameter_count(c), path=path, file_size=Path(path).stat().st_size if path else 0,
-        toy=hasattr(parts.model, "lookup"), metadata=_metadata(path), layer_types=tuple(c.layer_types),
+        toy=hasattr(parts.model, "lookup"), metadata=dict(parts.header) if path else {}, layer_types=tuple(c.layer_types),
         state_bytes_per_sequence=int(getattr(parts.model, "state_bytes_per_slot", lambda: 0)()),
         vision=llm.vision is not None,
         **_pooling_info(c, parts.model))
