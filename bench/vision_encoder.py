@@ -1,7 +1,7 @@
 """Vision encoder speed: hitenter vs llama.cpp's mtmd on the same synthetic mmproj and image, same run,
 alternating rounds.
 
-    .venv/bin/python bench/vision_encoder.py [--shape gemma3-4b|qwen2.5-vl-3b|qwen3-vl-2b|all]
+    .venv/bin/python bench/vision_encoder.py [--shape gemma3-4b|qwen2.5-vl-3b|qwen3-vl-2b|gemma4-e4b|all]
         [--layers N] [--rounds 3] [--threads 2] [--llama-python /work/venvs/llamacpp/bin/python]
 
 Files: random mmproj GGUFs of a real tower's widths written with llama.cpp's tensor names and metadata
@@ -11,8 +11,10 @@ Files: random mmproj GGUFs of a real tower's widths written with llama.cpp's ten
 - ``qwen2.5-vl-3b``: Qwen2.5-VL-3B's tower (patch 14, hidden 1280, 16 heads, ffn 3420, window attention with
   every 8th layer full; merger to 2048) on a 448 x 336 image: 768 patches, 192 tokens;
 - ``qwen3-vl-2b``: Qwen3-VL-2B's tower (patch 16, hidden 1024, 16 heads, ffn 4096, learned 48 x 48
-  positions, DeepStack after layers 1 and 3 where kept; merger to 2048) on the same image: 616 patches, 154 tokens.
-``--layers`` keeps the first N layers (default 8; the real towers have 27 / 32 / 24: the time per layer is
+  positions, DeepStack after layers 1 and 3 where kept; merger to 2048) on the same image: 616 patches, 154 tokens;
+- ``gemma4-e4b``: Gemma 4 E4B's tower (projector gemma4v: patch 16, hidden 768, 12 heads, ffn 3072, 3 x 3
+  pooling; projection to 2560; hitenter.testing.tiny_gemma4v) on a 640 x 480 image: 1170 patches, 130 tokens.
+``--layers`` keeps the first N layers (default 8; the real towers have 27 / 32 / 24 / 16: the time per layer is
 what compares). The text model beside each (llama.cpp needs one for the output width) is a tiny qwen2vl
 file of the projector's width (qwen3vl with the DeepStack count for Qwen3-VL).
 
@@ -48,6 +50,8 @@ SHAPES: dict[str, dict[str, Any]] = {
                       "n_wa_pattern": 8, "image": (448, 336)},
     "qwen3-vl-2b": {"writer": "qwen3vl", "hidden": 1024, "ffn": 4096, "heads": 16, "patch": 16, "image_size": 768,
                     "out": 2048, "deepstack": (1, 3), "image": (448, 336)},
+    "gemma4-e4b": {"writer": "gemma4v", "hidden": 768, "ffn": 3072, "heads": 12, "patch": 16, "out": 2560,
+                   "image": (640, 480)},
 }
 
 
@@ -88,6 +92,7 @@ def worker() -> None:
 
 
 def write_files(shape: dict[str, Any], layers: int, d: Path) -> tuple[Path, Path]:
+    from hitenter.testing.tiny_gemma4v import write_tiny_gemma4v_mmproj
     from hitenter.testing.tiny_qwen_vision import (
         write_tiny_qwen3vl_mmproj,
         write_tiny_qwen25vl_mmproj,
@@ -101,6 +106,8 @@ def write_files(shape: dict[str, Any], layers: int, d: Path) -> tuple[Path, Path
     deepstack: tuple[int, ...] = ()
     if shape["writer"] == "gemma3":
         write_tiny_gemma3_mmproj(mm, image_size=shape["image_size"], **common)
+    elif shape["writer"] == "gemma4v":
+        write_tiny_gemma4v_mmproj(mm, **common)
     elif shape["writer"] == "qwen25vl":
         write_tiny_qwen25vl_mmproj(mm, n_wa_pattern=shape["n_wa_pattern"], **common)
     else:

@@ -71,9 +71,8 @@ class ClippedLinear:
 
 
 def rms(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """ggml_rms_norm over the last dim, times `weight` where given."""
-    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return y if weight is None else y * weight
+    """ggml_rms_norm over the last dim, times `weight` where given (torch's fused op)."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 class _Layer:
