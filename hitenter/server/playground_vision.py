@@ -7,7 +7,7 @@ and returns:
 - ``seen``: the pixels as the encoder takes them (its normalisation undone) as a PNG data URL, and their
   size; ``patch``: the patch side, ``patch_grid`` [rows, columns] and ``patches``;
 - ``tokens``: the image's rows in the sequence (the encoder's num_tokens), ``token_grid`` [rows, columns]
-  after the family's merge (Gemma 3 average-pools merge x merge patches, Qwen-VL / Pixtral merge them),
+  after the family's merge (Gemma 3 and 4 average-pool merge x merge patches, Qwen-VL / Pixtral merge them),
   ``cells``: each row's cell in token_grid (None for a Pixtral [IMG_BREAK] row);
 - ``norms``: the L2 norm of each projected row (the vector the text model takes in that row's place);
 - ``sequence``: the prompt's pieces (None at the image's rows), ``run`` {start, length} of the image;
@@ -57,7 +57,7 @@ def geometry(cfg: Any, height: int, width: int, num_tokens: int) -> dict[str, An
     else:
         raise ValueError(f"image: {num_tokens} rows do not fit a {rows} x {cols} token grid")
     return {"patch": p, "patch_grid": [height // p, width // p], "patches": (height // p) * (width // p),
-            "merge": m, "reduce": "average-pooled" if cfg.projector == "gemma3" else "merged",
+            "merge": m, "reduce": "average-pooled" if cfg.projector in ("gemma3", "gemma4v") else "merged",
             "token_grid": [rows, cols], "cells": cells}
 
 
