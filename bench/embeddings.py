@@ -3,13 +3,14 @@
     .venv/bin/python bench/embeddings.py [--shape bge-small|qwen3-embedding-0.6b] [--quant Q8_0]
         [--llama-server-bin PATH] [--rounds 3] [--threads 2] [--workloads short,mixed,long,rerank]
 
-Files: synthetic GGUFs of a realistic shape written with llama.cpp's tensor names and metadata
-(hitenter.testing.tiny_encoders with its shape constants set): ``bge-small`` (bert, 12 layers, hidden 384,
-12 heads, ffn 1536, context 512, CLS pooling; its reranker twin adds bge-reranker's classifier head) or
-``qwen3-embedding-0.6b`` (qwen3, 28 layers, hidden 1024, 16 / 8 heads of 128, ffn 3072, last-token
-pooling; the reranker twin is Qwen3-Reranker-shaped). The vocabularies are the tiny test ones (the table
-size does not change the work per token). Weights random; ``--quant`` puts the layers' matrices in a
-GGML type (default F32).
+Files: synthetic GGUFs of a realistic shape written with llama.cpp's tensor names and metadata:
+``bge-small`` (hitenter.testing.tiny_encoders with its shape constants set: bert, 12 layers, hidden 384,
+12 heads, ffn 1536, context 512, CLS pooling, the tiny WordPiece vocabulary; its reranker twin adds
+bge-reranker's classifier head; ``--quant`` puts the layers' matrices in a GGML type, default F32) or
+``qwen3-embedding-0.6b`` (bench/synthetic_qwen3_embedding.py: Qwen3-Embedding-0.6B's config, qwen3, 28
+layers, hidden 1024, 16 / 8 heads of 128, ffn 3072, vocab 151669 from the Qwen2.5 BPE vocabulary,
+last-token pooling with <|endoftext|> appended; the reranker twin is Qwen3-Reranker-shaped; ``--quant``
+Q8_0 by default, or F16, the types the real files ship in). Weights random.
 
 Workloads, each over HTTP, one request at a time, the servers in turn (order alternating per round):
 - ``short``: 256 short texts (6-16 words) as 8 /v1/embeddings requests of 32;
@@ -45,6 +46,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+import synthetic_qwen3_embedding  # noqa: E402
 from common import emit_json, table  # noqa: E402
 from llama_server import LlamaServer, ServerProcess  # noqa: E402
 
@@ -54,10 +56,9 @@ DEFAULT_BIN = "/work/llama-server/llama_cpp_python-0.3.36/vendor/llama.cpp/build
 SHAPES: dict[str, dict[str, Any]] = {
     "bge-small": {"families": ("bert", "bert_rank"), "HIDDEN": 384, "HEADS": 12, "FFN": 1536, "CONTEXT": 512,
                   "LAYERS": 12},
-    "qwen3-embedding-0.6b": {"families": ("qwen3_embed", "qwen3_rank"), "HIDDEN": 1024, "HEADS": 16,
-                             "FFN": 3072, "CONTEXT": 512, "LAYERS": 28, "QWEN3_HEAD_DIM": 128,
-                             "QWEN3_KV_HEADS": 8},
+    "qwen3-embedding-0.6b": {"families": ("embed", "rank"), "CONTEXT": 512},
 }
+REAL_SHAPE_QUANT = "Q8_0"       # qwen3-embedding-0.6b's default type: the real Q8_0 file's
 
 
 @contextlib.contextmanager
@@ -73,17 +74,21 @@ def _shape(values: dict[str, Any]) -> Iterator[None]:
             setattr(tiny_encoders, k, v)
 
 
-def write_files(shape: str, quant: str | None, folder: Path) -> tuple[Path, Path]:
-    """(embedding file, reranker file) of `shape`, written once per folder."""
+def model_file(shape: str, quant: str | None, folder: Path, rank: bool) -> Path:
+    """The embedding file of `shape` (`rank`: its reranker twin), written once per folder."""
     spec = SHAPES[shape]
-    out = []
-    for family in spec["families"]:
-        path = folder / f"{shape}-{family}-{quant or 'F32'}.gguf"
-        if not path.is_file():
+    real = shape == "qwen3-embedding-0.6b"
+    quant = quant or (REAL_SHAPE_QUANT if real else None)
+    family = spec["families"][1 if rank else 0]
+    path = folder / f"{shape}-{family}-{quant or 'F32'}.gguf"
+    if not path.is_file():
+        if real:
+            synthetic_qwen3_embedding.write(path, family, synthetic_qwen3_embedding.default_tokenizer_source(),
+                                            quant or REAL_SHAPE_QUANT)
+        else:
             with _shape(spec):
                 tiny_encoders.write_tiny_encoder(path, family, quant=quant)
-        out.append(path)
-    return out[0], out[1]
+    return path
 
 
 def texts(rng: random.Random, n: int, lo: int, hi: int) -> list[str]:
@@ -154,7 +159,8 @@ def uptime() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="bge-small")
-    ap.add_argument("--quant", default=None, help="GGML type of the layers' matrices (default F32)")
+    ap.add_argument("--quant", default=None, help="GGML type of the layers' matrices "
+                    "(default F32; qwen3-embedding-0.6b: Q8_0)")
     ap.add_argument("--llama-server-bin", default=DEFAULT_BIN)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
@@ -163,17 +169,17 @@ def main() -> None:
     ap.add_argument("--files", type=Path, default=Path(tempfile.gettempdir()) / "hitenter-bench-embeddings")
     args = ap.parse_args()
     args.files.mkdir(parents=True, exist_ok=True)
-    emb_file, rank_file = write_files(args.shape, args.quant, args.files)
     work = workloads(random.Random(0))
     names = args.workloads.split(",")
     ctx = SHAPES[args.shape]["CONTEXT"]
     times: dict[tuple[str, str], list[float]] = {}
     tokens: dict[tuple[str, str], int] = {}
     print("before:", uptime(), file=sys.stderr)
-    for kind, file in (("embed", emb_file), ("rank", rank_file)):
+    for kind in ("embed", "rank"):
         todo = [n for n in names if (n == "rerank") == (kind == "rank")]
         if not todo:
             continue
+        file = model_file(args.shape, args.quant, args.files, rank=kind == "rank")
         flag = "--reranking" if kind == "rank" else "--embedding"
         with HitenterServer(file, args.threads, ctx) as hs, \
              LlamaServer(args.llama_server_bin, file, parallel=32, ctx_per_slot=ctx, threads=args.threads,
@@ -198,7 +204,7 @@ def main() -> None:
                             print(f"{name}: min cosine hitenter vs llama-server = {cos.min():.6f}", file=sys.stderr)
                 print(f"round {rnd + 1}: {uptime()}", file=sys.stderr)
     print("after:", uptime(), file=sys.stderr)
-    rows, result = [], {"shape": args.shape, "quant": args.quant or "F32", "threads": args.threads,
+    rows, result = [], {"shape": args.shape, "quant": file.stem.rsplit("-", 1)[-1], "threads": args.threads,
                         "llama_extra": args.llama_extra,
                         "rounds": args.rounds, "uptime_after": uptime(), "workloads": {}}
     for name in names:

@@ -29,7 +29,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import emit_json, table  # noqa: E402
-from embeddings import texts, write_files  # noqa: E402
+from embeddings import model_file, texts  # noqa: E402
 
 from hitenter.testing.serve import serve_subprocess  # noqa: E402
 
@@ -98,7 +98,7 @@ def main() -> None:
     a = ap.parse_args()
     files = Path(tempfile.gettempdir()) / "hitenter-bench-embeddings"
     files.mkdir(parents=True, exist_ok=True)
-    reranker = a.reranker or write_files("bge-small", None, files)[1]
+    reranker = a.reranker or model_file("bge-small", None, files, rank=True)
     rng = random.Random(0)
     batches = [texts(rng, 32, 8, 200) for _ in range(8)]
     with serve_subprocess(["--model", a.model, "--extra-model", str(reranker), "--num-threads", str(a.threads)]
