@@ -20,6 +20,8 @@ from pydantic import ConfigDict
 from hitenter.server.api_error import APIError, check_known_fields, error_responses
 from hitenter.server.generation import ServedModel, State, check_ids, until_disconnected
 from hitenter.server.schema_types import Lenient, NonEmpty, PositiveInt, TokenId
+from hitenter.tokenizer.ugm import UgmTokenizer
+from hitenter.tokenizer.wordpiece import WordPieceTokenizer
 
 MAX_EMBED_INPUTS = 2048
 router = APIRouter(responses=error_responses(400, 404, 413))
@@ -37,6 +39,17 @@ class EmbeddingRequest(Lenient):
     user: str | None = None
 
 
+def text_ids(tok: Any, text: str) -> list[int]:
+    """An input text's tokens as llama.cpp's embedding mode gives them (``add_special``): the tokenizer's, and
+    EOS after them where the file asks for one (``add_eos_token``, e.g. Qwen3-Embedding's <|endoftext|>, the
+    token its last-token pooling reads). The unigram and WordPiece tokenizers add their own end tokens."""
+    ids = list(tok.encode(text))
+    eos = getattr(tok, "eos_token_id", None)
+    if getattr(tok, "add_eos", False) and eos is not None and not isinstance(tok, (UgmTokenizer, WordPieceTokenizer)):
+        ids.append(eos)
+    return ids
+
+
 def embed_inputs(m: ServedModel, x: str | list[Any], param: str = "input") -> list[list[int]]:
     """Token ids of 1..MAX_EMBED_INPUTS inputs (texts or ids), each non-empty and inside the window."""
     items: list[Any] = [x] if isinstance(x, str) or (isinstance(x, list) and x and isinstance(x[0], int)) else x
@@ -44,7 +57,7 @@ def embed_inputs(m: ServedModel, x: str | list[Any], param: str = "input") -> li
         raise APIError(400, f"{param}: give 1..{MAX_EMBED_INPUTS} inputs", param)
     out = []
     for it in items:
-        ids = m.tokenizer.encode(it) if isinstance(it, str) else list(it)
+        ids = text_ids(m.tokenizer, it) if isinstance(it, str) else list(it)
         if not ids:
             raise APIError(400, f"{param}: an input is empty", param)
         check_ids(m, ids, param)

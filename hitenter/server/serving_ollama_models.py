@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request
 from hitenter.server.api_error import APIError, error_responses
 from hitenter.server.generation import ServedModel, State, check_chars
 from hitenter.server.model_manager import FOREVER_AT, expires_at
-from hitenter.server.serving_embedding import check_embedding_model, embed
+from hitenter.server.serving_embedding import check_embedding_model, embed, text_ids
 from hitenter.server.serving_ollama import (
     NS,
     EmbeddingsRequest,
@@ -172,7 +172,7 @@ def _inputs(m: ServedModel, texts: list[str], truncate: bool | None, param: str,
             raise APIError(400, f"{param}: an input is empty", param)
         if not truncate:
             check_chars(m, len(t), param)
-        ids = m.tokenizer.encode(t)
+        ids = text_ids(m.tokenizer, t)
         if len(ids) > window:
             if not truncate:
                 raise APIError(400, f"{param}: {len(ids)} tokens exceed the {window}-token window; "

@@ -33,7 +33,7 @@ from pydantic import ConfigDict
 from hitenter.server.api_error import APIError, check_known_fields, error_responses
 from hitenter.server.generation import ServedModel, State, check_ids
 from hitenter.server.schema_types import Bool, Lenient, Nested, PositiveInt
-from hitenter.server.serving_embedding import MAX_EMBED_INPUTS, embed, pooled
+from hitenter.server.serving_embedding import MAX_EMBED_INPUTS, embed, pooled, text_ids
 
 router = APIRouter(responses=error_responses(400, 404, 413))
 
@@ -99,7 +99,7 @@ async def score_pairs(m: ServedModel, pairs: list[tuple[str, str]], param: str,
             raise APIError(400, str(e), param) from e
         return [float(v[0]) for v in out], sum(map(len, prompts))
     texts = list(dict.fromkeys(t for pair in pairs for t in pair))
-    prompts = [m.tokenizer.encode(t) for t in texts]
+    prompts = [text_ids(m.tokenizer, t) for t in texts]
     for p in prompts:
         if not p:
             raise APIError(400, f"{param}: an input is empty", param)
