@@ -28,11 +28,8 @@
 #define QM_ISA 0
 #endif
 
-#ifndef QM_PF
-#define QM_PF 4   /* weight rows fetched ahead by the row path at M <= 2 ... */
-#endif
-#ifndef QM_PF_ROW
-#define QM_PF_ROW 1152   /* ... when a weight row has at most this many bytes (run_range) */
+#ifndef QM_PF_BYTES
+#define QM_PF_BYTES 16384   /* how far ahead in its weight rows the row path prefetches at M <= 2 (run_range) */
 #endif
 #define MT 64   /* activation rows per pass over a thread's weights (64 x K int8 stays in L2) */
 
@@ -79,14 +76,17 @@ static void run_range(row_fn fn, int maxr, const uint8_t *w, int64_t ldw, int64_
                       int64_t M, int64_t n0, int64_t n1, float *y, int64_t ldy) {
     for (int64_t mt = 0; mt < M; mt += MT) {
         const int64_t mend = mt + MT < M ? mt + MT : M;
-        /* decode (1-2 activation rows) over short weight rows (a 768-1024-wide expert or projection: 7-9 cache
-           lines a row): the hardware prefetcher restarts at every matrix and lags; fetching QM_PF rows ahead
-           speeds such GEMVs up, but slows long rows (6144-wide Q4_K, 54 lines a row), which the hardware
-           streams well. A prefetch changes no result. */
-        const int pf = mend - mt <= 2 && ldw <= QM_PF_ROW;
+        /* decode (1-2 activation rows): one thread's GEMV does not keep enough reads in flight for the
+           hardware prefetcher alone to reach the memory's bandwidth (it restarts at every matrix and lags
+           behind a loop this slow); fetching the row QM_PF_BYTES ahead (at least one row) raises a thread's
+           Q4_K GEMV from ~6.5 to ~10 GB/s on 6144-wide rows and from ~8 to ~9 on 2048-wide ones (Sapphire
+           Rapids, bench/memory_bandwidth.py for the ceiling). Up to the end of the thread's chunk. A prefetch
+           changes no result. */
+        const int64_t ahead = (QM_PF_BYTES + ldw - 1) / ldw;
+        const int pf = mend - mt <= 2 && QM_PF_BYTES > 0;
         for (int64_t n = n0; n < n1; n++) {
-            if (pf && n + QM_PF < n1)
-                for (int64_t o = 0; o < ldw; o += 64) __builtin_prefetch(w + (n + QM_PF) * ldw + o);
+            if (pf && n + ahead < n1)
+                for (int64_t o = 0; o < ldw; o += 64) __builtin_prefetch(w + (n + ahead) * ldw + o);
             for (int64_t m = mt; m < mend;) {
                 const int64_t left = mend - m;
                 const int R = run_rows(left, maxr);
