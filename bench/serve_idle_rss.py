@@ -5,8 +5,10 @@ port, waits until it answers /health, lets it idle (the engine loop hands freed 
 idle), and reads /proc/PID/status: VmRSS (split into anonymous and file-backed pages: the weight cache's
 map and the libraries are file pages) and VmHWM (the peak, the load included); then after one /health and
 one /v1/models request, and the body-check worker's RSS (a child process, counted apart). Medians of the
-rounds, the load average before and after. `--tree DIR`: the same from another source tree (PYTHONPATH=DIR,
-e.g. an earlier commit: `git archive <commit> hitenter | tar -x -C DIR`), alternating with this one.
+rounds, the load average before and after. The trees' modules are compiled to bytecode first (a shell
+with PYTHONDONTWRITEBYTECODE would compile every changed module in each process otherwise). `--tree DIR`:
+the same from another source tree (PYTHONPATH=DIR, e.g. an earlier commit: `git archive <commit> hitenter
+| tar -x -C DIR`), alternating with this one.
 
     .venv/bin/python bench/serve_idle_rss.py [--model NAME] [--rounds 3] [--tree DIR] [-- serve options]
 """
@@ -104,6 +106,9 @@ def main() -> None:
     ap.add_argument("serve_args", nargs="*", help="options for hitenter serve (after --)")
     a = ap.parse_args()
     trees = {"this tree": None, **({f"tree {a.tree}": a.tree} if a.tree else {})}
+    for tree in (ROOT, *([Path(a.tree)] if a.tree else [])):   # bytecode written, as an installed package's
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "hitenter")], check=True,
+                       stdout=subprocess.DEVNULL)
     load_before = os.getloadavg()
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     for r in range(a.rounds):

@@ -10,7 +10,6 @@ from hitenter.engine.image_prompt import MEDIA_MARKER, chat_segments
 from hitenter.engine.llm_engine import LLMEngine
 from hitenter.engine_options import engine_config
 from hitenter.models.vision.content import image_parts, with_markers
-from hitenter.models.vision.image_source import image_rgb
 from hitenter.outputs import RequestOutput
 from hitenter.sampling_params import SamplingParams
 
@@ -55,6 +54,8 @@ class LLM:
             raise ValueError("prompt: a dict prompt needs a 'prompt' string")
         images = data.get("image", [])
         images = list(images) if isinstance(images, (list, tuple)) else [images]
+        from hitenter.models.vision.image_source import image_rgb   # Pillow: imported when an image comes
+
         return self.engine.image_prompt(text, [image_rgb(im) for im in images])
 
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -118,6 +119,8 @@ class LLM:
                 raise ValueError(f"conversation {c}, {where}: an image ({kind}), but the model has no "
                                  "vision encoder loaded: pass its projector, LLM(model, mmproj='mmproj.gguf')")
             if found:
+                from hitenter.models.vision.image_source import image_rgb
+
                 messages, images = with_markers(list(conversation), MEDIA_MARKER)
                 segments = chat_segments(self.tokenizer, messages, add_generation_prompt)
                 prompts.append(self.engine.image_prompt(segments, [image_rgb(p) for _, p in images], add_bos=False))

@@ -243,18 +243,29 @@ def _side_prefill(cfg: EngineConfig, net: torch.nn.Module, kv_caches: list[torch
     return SidePrefill(net, kv_caches, cfg.cache.block_size, chunk, sched.side_prefill_tokens, threads)
 
 
-_GC_FROZEN: list[bool] = []
+_GC_FROZEN: list[str] = []   # "imports" once the first build began, "engine" once it ended
+
+
+def _freeze_imports_once() -> None:
+    """At the first engine's start: move what the process holds so far (its modules, classes and functions:
+    hundreds of thousands of objects once torch is imported) out of the cyclic collector's sight after a
+    collection of the young generations, so `_freeze_gc_once`'s full collection walks only what the load
+    made. Garbage older than that is pinned, once per process."""
+    if not _GC_FROZEN:
+        gc.collect(1)
+        gc.freeze()
+        _GC_FROZEN.append("imports")
 
 
 def _freeze_gc_once() -> None:
-    """Move what exists after the first engine's start-up (modules, model, tokenizer: a few hundred
-    thousand objects) out of the cyclic collector's sight: a full collection then walks only what steps
-    allocate, instead of everything. Once per process, so a
-    process that builds many engines (the tests) pins at most the first one's objects."""
-    if not _GC_FROZEN:
+    """Move what exists after the first engine's start-up (model, tokenizer; the imports already are) out
+    of the cyclic collector's sight, after a full collection of the rest: a collection then walks only what
+    steps allocate, instead of everything. Once per process, so a process that builds many engines (the
+    tests) pins at most the first one's objects."""
+    if _GC_FROZEN == ["imports"]:
         gc.collect()
         gc.freeze()
-        _GC_FROZEN.append(True)
+        _GC_FROZEN.append("engine")
 
 
 def build_engine_parts(cfg: EngineConfig) -> EngineParts:
@@ -262,6 +273,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     from hitenter.models import decode_kernel
 
     runners = _check_combinations(cfg)
+    _freeze_imports_once()
     keep_heap()   # steps reuse their freed buffers instead of faulting fresh pages in (trimmed when idle)
     if cfg.load.num_threads:
         torch.set_num_threads(cfg.load.num_threads)

@@ -36,7 +36,6 @@ Contract: :attr:`prompt_cap` and :meth:`budget` before a step is scheduled; :met
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -49,6 +48,14 @@ MAX_HOLD = 64             # at most this many decode-only steps in a row hold a 
 NO_CAP = 1 << 40
 
 
+
+def _median(xs: deque[float]) -> float:
+    """statistics.median's value (the middle one, or the mean of the middle two), without importing it
+    (statistics pulls in fractions and decimal at start-up)."""
+    s = sorted(xs)
+    m = len(s) // 2
+    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
+
 @dataclass
 class PrefillPacer:
     decode_times: deque[float] = field(default_factory=lambda: deque(maxlen=DECODE_WINDOW))  # decode-only steps
@@ -60,7 +67,7 @@ class PrefillPacer:
     @property
     def decode_s(self) -> float:
         """D: the median of the recent decode-only full steps' times (0: none seen yet)."""
-        return statistics.median(self.decode_times) if self.decode_times else 0.0
+        return _median(self.decode_times) if self.decode_times else 0.0
 
     @property
     def prompt_cap(self) -> int:
