@@ -24,6 +24,28 @@ def baseline_env() -> dict[str, str]:
     return env
 
 
+def llamacpp_env(lib: str | None = None) -> dict[str, str]:
+    """baseline_env for a llama-cpp-python process; with `lib`, a folder holding another build's libllama.so
+    and ggml libraries (bench/build_llamacpp_avx2.sh), llama-cpp-python loads that build instead of its own."""
+    env = baseline_env()
+    if lib:
+        folder = os.path.abspath(lib)
+        if not os.path.isfile(os.path.join(folder, "libllama.so")):
+            raise SystemExit(f"--llamacpp-lib {lib}: no libllama.so in that folder")
+        env["LLAMA_CPP_LIB_PATH"] = folder
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(x for x in (folder, env.get("LD_LIBRARY_PATH")) if x)
+    return env
+
+
+def llamacpp_system_info(python: str, env: dict[str, str]) -> str:
+    """llama_print_system_info() of the llama.cpp that `python` loads under `env` (its ISA flags)."""
+    import subprocess
+
+    code = "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())"
+    res = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env)
+    return res.stdout.strip() if res.returncode == 0 else f"(system info failed: {res.stderr.strip()[-300:]})"
+
+
 def machine() -> dict[str, Any]:
     import torch
 

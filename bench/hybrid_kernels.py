@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vs_llamacpp  # noqa: E402
-from common import cpu_line, emit_json  # noqa: E402
+from common import cpu_line, emit_json, llamacpp_env, llamacpp_system_info  # noqa: E402
 
 UNFUSED = {"HITENTER_GDN_FUSED": "0", "HITENTER_MAMBA2_FUSED": "0"}
 AVX2 = {"HITENTER_QMATMUL_ISA": "avx2", "HITENTER_DELTA_RULE_ISA": "avx2", "HITENTER_SSM_SCAN_ISA": "avx2",
@@ -63,9 +63,14 @@ def main() -> None:
     ap.add_argument("--llamacpp-no-repack", action="store_true",
                     help="llama.cpp without its repacked CPU buffers (it segfaults with them on some AVX-512 + "
                          "AMX machines)")
+    ap.add_argument("--llamacpp-lib", metavar="DIR", help="load llama.cpp from DIR/libllama.so (e.g. "
+                    "bench/build_llamacpp_avx2.sh's AVX2-only build) instead of llama-cpp-python's own")
     a = ap.parse_args()
     cpu = cpu_line()
     print(cpu, f"| {a.threads} threads", flush=True)
+    llamacpp_info = "" if a.no_llamacpp else llamacpp_system_info(a.llamacpp_python, llamacpp_env(a.llamacpp_lib))
+    if llamacpp_info:
+        print(f"llama.cpp ({a.llamacpp_lib or 'llama-cpp-python build'}): {llamacpp_info}", flush=True)
     names = [*a.configs, *([] if a.no_llamacpp else ["llama.cpp"])]
     runs: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     loads: dict[str, list[float]] = {n: [] for n in names}
@@ -85,7 +90,8 @@ def main() -> None:
         cols = "  ".join(f"{k} {v:7.2f}" + (f" ({v / base[k]:.2f}x)" if base and n != "llama.cpp" else "")
                          for k, v in m.items())
         print(f"{n:13s} {cols}  load {statistics.median(loads[n]):.1f}")
-    emit_json("hybrid_kernels", {"cpu": cpu, "model": a.model, "medians": med, "runs": runs, "loads": loads})
+    emit_json("hybrid_kernels", {"cpu": cpu, "model": a.model, "medians": med, "runs": runs, "loads": loads,
+                                 "llamacpp_lib": a.llamacpp_lib, "llamacpp_system_info": llamacpp_info})
 
 
 if __name__ == "__main__":

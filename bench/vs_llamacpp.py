@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import FORMATS, baseline_env, cpu_line, decode_read_bytes, emit_json, rss_bytes, table  # noqa: E402
+from common import FORMATS, cpu_line, decode_read_bytes, emit_json, llamacpp_env, rss_bytes, table  # noqa: E402
 
 N_CTX = 4096   # llama.cpp's context below, and hitenter's KV cache
 DEFAULT_MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct"]   # gemma-3-270m also runs (--models)
@@ -115,7 +115,8 @@ def llamacpp_rates(path: str, a: argparse.Namespace) -> dict[str, float]:
         return {}
     res = subprocess.run([a.llamacpp_python, "-c", LLAMACPP_SCRIPT, path, str(a.threads), str(a.decode),
                           json.dumps(a.prefill), *(["no-repack"] if a.llamacpp_no_repack else [])],
-                         capture_output=True, text=True, check=True, env=baseline_env())
+                         capture_output=True, text=True, check=True,
+                         env=llamacpp_env(getattr(a, "llamacpp_lib", None)))
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -153,6 +154,8 @@ def main() -> None:
     ap.add_argument("--llamacpp-no-repack", action="store_true",
                     help="llama.cpp without its repacked CPU buffers (this llama.cpp segfaults with them on some "
                          "AVX-512 + AMX machines)")
+    ap.add_argument("--llamacpp-lib", metavar="DIR", help="load llama.cpp from DIR/libllama.so (another build, "
+                    "e.g. bench/build_llamacpp_avx2.sh's AVX2-only one) instead of llama-cpp-python's own")
     ap.add_argument("--decode", type=int, default=128)
     ap.add_argument("--prefill", type=int, nargs="+", default=[512, 2000])
     ap.add_argument("--bandwidth", type=float, default=31.0, help="GB/s read bandwidth of this machine")

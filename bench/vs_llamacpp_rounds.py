@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import baseline_env, cpu_line  # noqa: E402
+from common import cpu_line, llamacpp_env  # noqa: E402
 
 N_CTX = 4096
 # a worker reads "prefill N" / "decode N" lines and answers each with its tokens/s; "ready" once loaded
@@ -127,6 +127,8 @@ def main() -> None:
     ap.add_argument("--llamacpp-python", default="/work/venvs/llamacpp/bin/python")
     ap.add_argument("--llamacpp-no-repack", action="store_true",
                     help="llama.cpp without its repacked CPU buffers (it segfaults with them on AVX-512 + AMX)")
+    ap.add_argument("--llamacpp-lib", metavar="DIR", help="load llama.cpp from DIR/libllama.so (e.g. "
+                    "bench/build_llamacpp_avx2.sh's AVX2-only build) instead of llama-cpp-python's own")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -136,7 +138,7 @@ def main() -> None:
     ours = Worker([sys.executable, __file__, "--worker", "--model", a.model, "--threads", str(a.threads),
                    "--prefill", *map(str, a.prefill or [512])])
     theirs = Worker([a.llamacpp_python, "-c", LLAMACPP_WORKER, a.model, str(a.threads),
-                     *(["no-repack"] if a.llamacpp_no_repack else [])], env=baseline_env())
+                     *(["no-repack"] if a.llamacpp_no_repack else [])], env=llamacpp_env(a.llamacpp_lib))
     for job in jobs:   # warm-up, not counted
         ours.rate(job)
         theirs.rate(job)
