@@ -1,12 +1,17 @@
-"""One tokenizer per GGUF file in a process: `shared_tokenizer(path)` returns the tokenizer already built for
-the same unchanged file (its real path, size, modification time and inode) while anything still holds it,
-else builds one (from `metadata` when the caller has parsed the header, else from the file) and keeps a weak
-reference to it. Engines on one file, and the playground's trigram toy (which reads the default model's
-vocabulary), then share one vocabulary in memory. A tokenizer is not changed after it is built (its caches
-only fill, with the same values whoever fills them), so engines on different threads may share it."""
+"""One vocabulary per GGUF file in a process: `shared_tokenizer(path)` gives each caller its own Tokenizer
+object over the vocabulary already built for the same unchanged file (its real path, size, modification time
+and inode) while any such object lives, else builds it (from `metadata` when the caller has parsed the
+header, else from the file). Engines on one file, and the playground's trigram toy (which reads the default
+model's vocabulary), then hold one vocabulary in memory.
+
+Each caller's object is a shallow copy of a prototype nobody else is given: an attribute set on one (an
+engine's `chat_template`) stays with it. What the copies share (the byte-level BPE, the token lists, the
+token-bytes cache) is never changed after the build, apart from caches that fill with the same values
+whoever fills them, so engines on different threads may share it."""
 
 from __future__ import annotations
 
+import copy
 import os
 import weakref
 from collections.abc import Mapping
@@ -27,12 +32,15 @@ def _identity(path: str | os.PathLike[str]) -> tuple[str, int, int, int] | None:
 
 
 def shared_tokenizer(path: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None) -> Tokenizer:
-    """The tokenizer of the GGUF at `path` (`metadata`: its key/values, already read; ModelLoadError as
-    `Tokenizer.from_gguf` raises it)."""
+    """A tokenizer of the GGUF at `path` of the caller's own (`metadata`: its key/values, already read;
+    ModelLoadError as `Tokenizer.from_gguf` raises it)."""
     key = _identity(path)
-    tok = _LIVE.get(key) if key is not None else None
-    if tok is None:
-        tok = Tokenizer.from_gguf(metadata if metadata is not None else path)
-        if key is not None:
-            _LIVE[key] = tok
+    proto = _LIVE.get(key) if key is not None else None
+    if proto is None:
+        proto = Tokenizer.from_gguf(metadata if metadata is not None else path)
+        if key is None:
+            return proto
+        _LIVE[key] = proto
+    tok = copy.copy(proto)
+    tok.shared_vocabulary = proto   # the prototype (and its cache entry) lives while this copy does
     return tok
