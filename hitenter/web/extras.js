@@ -166,7 +166,9 @@ export function renderTrigram(body, tri, selected, onSelect) {
   clear(body, live("the trigram model's lookup(t-2, t-1) for each engine step"),
     el("div", { class: "row gen", id: "trigram-tokens", dataset: { ids: JSON.stringify(tri.tokens.map((t) => t.piece.id)) } },
       genChips(tri.tokens, { onPick: onSelect, mark: i })),
-    el("pre", {}, tri.text),
+    tri.text || !tri.finish ? el("pre", {}, tri.text) : el("p", { class: "note", id: "trigram-no-text" },
+      `no text: its first pick ends the reply (finish: ${tri.finish}); the toy knows only its corpus, so try a prompt like `
+      + "“the deploy failed on the”."),
     table,
     el("p", { class: "note" }, "Two tokens cannot see the question: a real model reads the whole context through attention."));
 }
