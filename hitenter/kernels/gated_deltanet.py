@@ -52,9 +52,15 @@ class GdnLayer:
     a: Tensor
     norm_w: Tensor
     conv_wt: Tensor = field(init=False, repr=False)   # [K, C]: the kernel's layout of the taps
+    dims: Tensor = field(init=False, repr=False)      # the kernel's int64 sizes, made once
+    fparams: Tensor = field(init=False, repr=False)   # the kernel's float32 eps and scale, made once
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "conv_wt", self.conv_w.t().contiguous())
+        k = self.conv_w.shape[1]
+        object.__setattr__(self, "dims", torch.tensor([self.hk, self.dk, self.hv, self.dv, k, int(self.grouped)],
+                                                      dtype=torch.int64))
+        object.__setattr__(self, "fparams", torch.tensor([self.eps, self.dk ** -0.5], dtype=torch.float32))
 
     @property
     def channels(self) -> int:
@@ -106,12 +112,12 @@ def gdn_spans(layer: GdnLayer, conv: Tensor, ssm: Tensor, spans: list[Span], xz:
         return True
     if min(min(a, n) for a, n, _ in spans) < 0 or max(a + n for a, n, _ in spans) > min(xz.shape[0], ba.shape[0], y.shape[0]):
         raise ValueError(f"gdn_spans: spans {spans} do not fit {xz.shape[0]} rows")
-    row0, count, slot = (torch.tensor(col, dtype=torch.int64) for col in zip(*spans, strict=True))
-    dims = torch.tensor([layer.hk, layer.dk, layer.hv, layer.dv, k, int(layer.grouped)], dtype=torch.int64)
-    fparams = torch.tensor([layer.eps, layer.dk ** -0.5], dtype=torch.float32)
-    rc = lib.gdn_spans(dims.data_ptr(), fparams.data_ptr(), layer.conv_wt.data_ptr(), layer.dt_bias.data_ptr(),
-                       layer.a.data_ptr(), layer.norm_w.data_ptr(), conv.data_ptr(), ssm.data_ptr(), row0.data_ptr(),
-                       count.data_ptr(), slot.data_ptr(), len(spans), xz.data_ptr(), xz.stride(0), ba.data_ptr(),
+    n = len(spans)
+    cols = torch.tensor([col for span in spans for col in span], dtype=torch.int64).view(n, 3).t().contiguous()
+    row0, count, slot = cols.data_ptr(), cols.data_ptr() + 8 * n, cols.data_ptr() + 16 * n   # [3, n]: each column's n
+    rc = lib.gdn_spans(layer.dims.data_ptr(), layer.fparams.data_ptr(), layer.conv_wt.data_ptr(), layer.dt_bias.data_ptr(),
+                       layer.a.data_ptr(), layer.norm_w.data_ptr(), conv.data_ptr(), ssm.data_ptr(), row0,
+                       count, slot, n, xz.data_ptr(), xz.stride(0), ba.data_ptr(),
                        ba.stride(0), y.data_ptr(), num_threads or torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"gdn_spans kernel failed ({rc})")
