@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-
 import pytest
 
+from hitenter.testing.live_server import live_server
 from hitenter.testing.playground_page import TINY_OPTS
 
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_path):
     """The OpenAI server app with the playground mounted, on a loopback port: (base url, engines)."""
-    import uvicorn
-
     from hitenter.engine.llm_engine import LLMEngine
     from hitenter.server.api import create_app
 
@@ -23,16 +18,7 @@ def server(tiny_llama_path):
     tri = LLMEngine("trigram", kv_cache_memory=1 << 16, block_size=4)
     app = create_app(tiny, "tiny", extra_engines={"trigram": tri})   # mounts the playground, as `hitenter serve` does
     engines = {name: m.engine for name, m in app.state.models.items()}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    while not srv.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", {n: e.engine for n, e in engines.items()}
-    srv.should_exit = True
-    th.join(10)
+    with live_server(app) as srv:
+        yield srv.url, {n: e.engine for n, e in engines.items()}
 
 

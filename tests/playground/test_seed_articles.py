@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from hitenter.testing.live_server import live_server
 from hitenter.testing.paths import TEST_OUTPUT
 from hitenter.testing.playground_page import CHROMIUM, finished
 
@@ -33,24 +31,13 @@ def real():
     missing = [str(p) for p in FILES.values() if not p.exists()]
     if missing:
         pytest.skip(f"not cached: {missing}")
-    import uvicorn
-
     from hitenter.engine.llm_engine import LLMEngine
     from hitenter.server.api import create_app
 
     engs = {n: LLMEngine(str(p), max_model_len=512, kv_cache_memory=1 << 26) for n, p in FILES.items()}
     app = create_app(engs["smollm2"], "smollm2", extra_engines={"qwen": engs["qwen"]})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    while not srv.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", engs
-    srv.should_exit = True
-    th.join(10)
+    with live_server(app) as srv:
+        yield srv.url, engs
 
 
 @pytest.fixture

@@ -8,9 +8,6 @@ n-gram speculation beside the same file without, in Debian's Chromium."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from hitenter.testing.live_server import live_server
 from hitenter.testing.paths import TEST_OUTPUT
 from hitenter.testing.playground_page import CHROMIUM, TINY_OPTS
 
@@ -27,23 +25,12 @@ COPY = "Repeat this list three times: apples, pears, plums, figs, limes, dates."
 
 
 def _serve(engines: dict[str, Any]) -> Iterator[str]:
-    import uvicorn
-
     from hitenter.server.api import create_app
 
     first, *rest = engines
     app = create_app(engines[first], first, extra_engines={n: engines[n] for n in rest})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    while not srv.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    th.join(10)
+    with live_server(app) as srv:
+        yield srv.url
 
 
 @pytest.fixture(scope="module")

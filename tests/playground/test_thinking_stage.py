@@ -6,9 +6,6 @@ thinks, what it answers) read by the model's own reasoning parser; the page draw
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from hitenter.testing.live_server import live_server
 from hitenter.testing.playground_page import CHROMIUM, TINY_OPTS, finished
 from hitenter.testing.tiny_families import write_tiny_family
 from hitenter.testing.tiny_thinking import add_thinking_tokenizer
@@ -23,25 +21,14 @@ from hitenter.testing.tiny_thinking import add_thinking_tokenizer
 
 @pytest.fixture(scope="module")
 def thinking_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    import uvicorn
-
     from hitenter.engine.llm_engine import LLMEngine
     from hitenter.server.api import create_app
 
     path: Path = write_tiny_family(tmp_path_factory.mktemp("think") / "think.gguf", "qwen3", tokenizer=add_thinking_tokenizer)
     app = create_app(LLMEngine(str(path), **{**TINY_OPTS, "max_model_len": 256, "kv_cache_memory": 64 * 4 * 1024}),
                      "thinker", extra_engines={"trigram": LLMEngine("trigram", kv_cache_memory=1 << 16, block_size=4)})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    while not srv.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    th.join(10)
+    with live_server(app) as srv:
+        yield srv.url
 
 
 def _outputs(url: str, **body: Any) -> list[dict[str, Any]]:
