@@ -123,7 +123,7 @@ def _load(cfg: EngineConfig,
     """(path, model, its config, tokenizer, the header's short key/values): the file opened once, its header
     read once for all (a registered runner's `load`, if one of `runners` has one, loads the model instead of
     load_model); the tokenizer is shared with other engines on the same file (tokenizer/shared.py)."""
-    from hitenter.models.gguf import open_gguf, read_gguf_metadata
+    from hitenter.models.gguf import GGUFStrings, open_gguf, read_gguf_metadata
     from hitenter.models.loader import load_model
     from hitenter.models.registry import resolve_model
     from hitenter.tokenizer.shared import shared_tokenizer
@@ -145,7 +145,7 @@ def _load(cfg: EngineConfig,
                                batch_invariant=cfg.load.batch_invariant,
                                max_model_len=cfg.scheduler.max_model_len or DEFAULT_MAX_MODEL_LEN, reader=reader)
     meta = read_gguf_metadata(reader)
-    header = {k: v for k, v in meta.items() if not (isinstance(v, list) and len(v) > HEADER_ARRAY_MAX)}
+    header = {k: v for k, v in meta.items() if not (isinstance(v, list | GGUFStrings) and len(v) > HEADER_ARRAY_MAX)}
     return path, net, mcfg, shared_tokenizer(path, meta), header
 
 

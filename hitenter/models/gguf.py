@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -192,6 +193,47 @@ def one_line(message: str, limit: int = 500) -> str:
     return flat if len(flat) <= limit else flat[:limit - 3] + "..."
 
 
+LAZY_STRINGS_MIN = 4096   # read_gguf_metadata leaves string arrays this long undecoded until first read
+
+
+class GGUFStrings(Sequence[str]):
+    """A header string array (a vocabulary, its merges) as read_gguf_metadata gives it: its length known
+    at once, its strings decoded (gguf's strict UTF-8, ModelLoadError when invalid) when first read and then
+    kept. Equal to a list of the same strings; `list(x)` gives a plain list."""
+
+    def __init__(self, field: StringArrayField, key: str) -> None:
+        self._field, self._key, self._items = field, key, None
+        self._n = len(field.parts[-1])
+
+    def _all(self) -> list[str]:
+        if self._items is None:
+            try:
+                self._items = self._field.contents()
+            except Exception as e:
+                raise ModelLoadError(one_line(f"GGUF metadata key {short(self._key)} is corrupt: "
+                                              f"{type(e).__name__}: {e}")) from e
+        return self._items
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, GGUFStrings):
+            other = other._all()
+        return isinstance(other, list | tuple) and self._n == len(other) and self._all() == list(other)
+
+    __hash__ = None   # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<GGUFStrings {short(self._key)}: {self._n} strings>"
+
+
 def _field_value(field: Any) -> Any:
     v = field.contents()
     if isinstance(v, np.generic):
@@ -200,7 +242,9 @@ def _field_value(field: Any) -> Any:
 
 
 def read_gguf_metadata(reader_or_path: gguf.GGUFReader | str | os.PathLike[str]) -> dict[str, Any]:
-    """All key/value metadata of a GGUF file as plain Python values (str, int, float, bool, list). A
+    """All key/value metadata of a GGUF file as plain Python values (str, int, float, bool, list), but a
+    string array of LAZY_STRINGS_MIN or more entries from a FastGGUFReader, which is a GGUFStrings (decoded
+    when first read: a load whose tokenizer comes from its cache never decodes the vocabulary). A
     FastGGUFReader converts its fields once: later calls on the same reader return the same dict (the
     callers only read it), so the model and its tokenizer share one walk of the header."""
     reader = reader_or_path if isinstance(reader_or_path, gguf.GGUFReader) else open_gguf(reader_or_path)
@@ -211,7 +255,8 @@ def read_gguf_metadata(reader_or_path: gguf.GGUFReader | str | os.PathLike[str])
         if key.startswith("GGUF."):
             continue
         try:
-            out[key] = _field_value(field)
+            lazy = isinstance(field, StringArrayField) and len(field.parts[-1]) >= LAZY_STRINGS_MIN
+            out[key] = GGUFStrings(field, key) if lazy else _field_value(field)
         except Exception as e:
             raise ModelLoadError(one_line(f"GGUF metadata key {short(key)} is corrupt: {type(e).__name__}: {e}")) from e
     if isinstance(reader, FastGGUFReader):
@@ -249,7 +294,7 @@ def model_config_from_metadata(meta: dict[str, Any], tensor_names: set[str] | No
         raise ModelLoadError(f"GGUF metadata key 'general.architecture' must be a string, got {short(arch)}")
     cfg = family_for(arch).config(meta, tensor_names)
     tokens = meta.get("tokenizer.ggml.tokens")
-    if isinstance(tokens, list) and len(tokens) != cfg.vocab_size:
+    if isinstance(tokens, list | GGUFStrings) and len(tokens) != cfg.vocab_size:
         raise ModelLoadError(f"the vocabulary has {len(tokens)} tokens but the model {cfg.vocab_size} "
                              f"({arch}.vocab_size): the file is corrupt")
     return cfg

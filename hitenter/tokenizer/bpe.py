@@ -48,6 +48,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from hitenter.errors import ModelLoadError
 from hitenter.tokenizer.gguf_meta import read_tokenizer_metadata
 from hitenter.tokenizer.meta_types import check_tokenizer_types
+from hitenter.tokenizer.vocab_cache import tokenizer_values
 from hitenter.tokenizer.vocab_attrs import (
     BYTE,
     CONTROL,
@@ -216,9 +217,9 @@ class Tokenizer:
     # ---- construction -------------------------------------------------------------------------
     @classmethod
     def from_gguf(cls, source: str | os.PathLike[str] | Mapping[str, Any]) -> Tokenizer:
-        """Build from a GGUF path or metadata mapping; raises ModelLoadError for unsupported vocabularies
+        """Build from a GGUF path or metadata mapping (its lazily decoded string arrays read here); raises ModelLoadError for unsupported vocabularies
         and for tokenizer keys of the wrong type (hitenter/tokenizer/meta_types.py)."""
-        md = read_tokenizer_metadata(source) if isinstance(source, (str, os.PathLike)) else source
+        md = read_tokenizer_metadata(source) if isinstance(source, (str, os.PathLike)) else tokenizer_values(source)
         check_tokenizer_types(md)
         kind = md.get("tokenizer.ggml.model")
         if kind in VOCAB_BUILDERS and cls is Tokenizer:   # "llama": SentencePiece-BPE (Gemma), spm.py
