@@ -319,7 +319,8 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         scheduler.encoded = vision.__contains__
     spec = build_spec_decoder(cfg.speculative, tokenizer, mcfg.vocab_size, max_model_len, draft_blocks,
                               cfg.cache.block_size, dtype, cfg.load.dtype, cfg.load.quantization,
-                              kv_dtype=kv_dtype, target=runner.model, target_path=path)
+                              kv_dtype=kv_dtype, target=runner.model, target_path=path,
+                              prefix_caching=cfg.cache.enable_prefix_caching)
     runner.keep_hidden = spec is not None and spec.wants_hidden
     trim_heap()   # the load's freed temporaries
     _freeze_gc_once()
