@@ -10,6 +10,7 @@ omp_wait.configure()   # before torch or a native kernel loads libgomp
 onednn_isa.configure()   # before torch loads oneDNN
 
 from hitenter.errors import ContextOverflowError, HitenterError, ModelLoadError, UnknownModelError  # noqa: E402
+from hitenter.import_gc import collector_paused  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "ContextOverflowError",
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:   # lazy: `hitenter --help` and errors import without torch
     if name == "LLM":
-        from hitenter.llm import LLM
+        with collector_paused("hitenter.llm"):
+            from hitenter.llm import LLM
         return LLM
     if name == "SamplingParams":
         from hitenter.sampling_params import SamplingParams

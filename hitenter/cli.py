@@ -153,7 +153,10 @@ def cmd_run(a: argparse.Namespace) -> int:
             _fallback(server, e)
         except RemoteError as e:
             raise ValueError(str(e)) from None
-    from hitenter.llm import LLM
+    from hitenter.import_gc import collector_paused
+
+    with collector_paused("hitenter.llm"):
+        from hitenter.llm import LLM
 
     llm = LLM(a.model, **_run_kwargs(a))
     prompt = a.prompt if a.raw else llm.tokenizer.apply_chat_template(
@@ -195,7 +198,10 @@ def cmd_chat(a: argparse.Namespace) -> int:
             except RemoteError as e:
                 raise ValueError(str(e)) from None
         if llm is None:
-            from hitenter.llm import LLM
+            from hitenter.import_gc import collector_paused
+
+            with collector_paused("hitenter.llm"):
+                from hitenter.llm import LLM
 
             llm = LLM(a.model, **_run_kwargs(a))
         prompt = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)

@@ -19,7 +19,7 @@ PKG = Path(__file__).resolve().parents[1] / "hitenter"
 # (layer, its units), lowest first. A unit is a module or a package prefix; the longest match wins.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("hitenter.envs", "hitenter.errors", "hitenter.config", "hitenter.paths",
-                    "hitenter.omp_wait", "hitenter.onednn_isa")),
+                    "hitenter.omp_wait", "hitenter.onednn_isa", "hitenter.import_gc")),
     ("request types", ("hitenter.sampling_params", "hitenter.request", "hitenter.outputs")),
     ("tokenizer", ("hitenter.tokenizer",)),
     ("kernels", ("hitenter.kernels",)),
