@@ -115,7 +115,9 @@ HITENTER_REPACK = Flag("HITENTER_REPACK", True, "0: keep Q4_0 / Q4_1 / Q8_0 weig
 HITENTER_HUGEPAGES = Flag("HITENTER_HUGEPAGES", True, "0: do not ask for 2 MB pages for the weight arena",
                           _KERNELS)
 HITENTER_WEIGHT_CACHE = Flag("HITENTER_WEIGHT_CACHE", True, "0: build a GGUF's weight arena at every load "
-                             "instead of mapping the copy kept in weights/ (hitenter/models/weight_cache.py)",
+                             "instead of mapping the copy kept in weights/ (hitenter/models/weight_cache.py), "
+                             "and its tokenizer from the header instead of the copy kept in tokenizers/ "
+                             "(hitenter/tokenizer/vocab_cache.py)",
                              _KERNELS)
 HITENTER_DECODE_KERNEL = Flag("HITENTER_DECODE_KERNEL", True, "0: generation rows' attention on the torch GEMM "
                               "path instead of the paged decode kernel", _KERNELS)
