@@ -48,7 +48,6 @@ from tokenizers import Tokenizer as HFTokenizer
 from hitenter.errors import ModelLoadError
 from hitenter.tokenizer.gguf_meta import read_tokenizer_metadata
 from hitenter.tokenizer.meta_types import check_tokenizer_types
-from hitenter.tokenizer.vocab_cache import tokenizer_values
 from hitenter.tokenizer.vocab_attrs import (
     BYTE,
     CONTROL,
@@ -58,6 +57,7 @@ from hitenter.tokenizer.vocab_attrs import (
     USER_DEFINED,
     vocab_attributes,
 )
+from hitenter.tokenizer.vocab_cache import tokenizer_values
 
 __all__ = ["Tokenizer", "bytes_to_unicode", "byte_decoder", "read_tokenizer_metadata", "clean_spaces",
            "NORMAL", "UNKNOWN", "CONTROL", "USER_DEFINED", "UNUSED", "BYTE"]

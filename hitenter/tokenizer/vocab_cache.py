@@ -1,15 +1,17 @@
 """A GGUF's tokenizer key/values (`tokenizer.*`: the vocabulary, its merges, token types, scores, chat
-template, special ids; and `general.name`, which llama.cpp's strip flags read) kept on disk beside the weight arena, so a load whose file is unchanged reads them
-as one JSON document instead of decoding the header's string arrays.
+template, special ids; and `general.name`, which llama.cpp's strip flags read) kept on disk beside the
+weight arena, so a load whose file is unchanged reads them as one JSON document instead of decoding the
+header's string arrays.
 
 `load_vocab(path)` gives the cached key/values of the GGUF at `path`, or None when there is no valid copy:
 switched off (`HITENTER_WEIGHT_CACHE=0`), a vocabulary under `MIN_TOKENS`, no file, another GGUF (its real
 path, size, modification time and inode are the key), another cache format, a truncated or altered file
 (its payload's length and SHA-1 are checked) or anything that does not read as a mapping of `tokenizer.*`
-keys (and `general.name`). The caller then builds from the header and calls `store_vocab`, which writes the file again through a
-temporary file renamed over it (`os.replace`), so concurrent writers leave one whole file and a reader never
-sees a partial one. The values are the header's own, unchanged; the tokenizer is built from them exactly as
-from the header (hitenter/tokenizer/bpe.py `Tokenizer.from_gguf`), so its ids are the same.
+keys (and `general.name`). The caller then builds from the header and calls `store_vocab`, which writes the
+file again through a temporary file renamed over it (`os.replace`), so concurrent writers leave one whole
+file and a reader never sees a partial one; the files of GGUFs that no longer exist go then. The values are
+the header's own, unchanged; the tokenizer is built from them exactly as from the header
+(hitenter/tokenizer/bpe.py `Tokenizer.from_gguf`), so its ids are the same.
 
 The file: `MAGIC`, one line of JSON (`key`, payload `bytes` and `sha1`), then the payload: the key/values as
 UTF-8 JSON. Stored under `<HITENTER_HOME>/tokenizers/<name>-<path hash>.vocab`.
@@ -108,9 +110,36 @@ def store_vocab(path: str | os.PathLike[str], md: Mapping[str, Any]) -> None:
         payload = json.dumps(values, ensure_ascii=False).encode("utf-8")
         head = json.dumps({"key": key, "bytes": len(payload), "sha1": hashlib.sha1(payload).hexdigest()})
         target.parent.mkdir(parents=True, exist_ok=True)
+        _remove_orphans(target.parent)
         with open(tmp, "wb") as f:
             f.write(MAGIC + head.encode() + b"\n" + payload)
         os.replace(tmp, target)
     except (OSError, ValueError, TypeError) as e:   # a full disk, a read-only home, a value JSON cannot hold
         log.info("tokenizer cache: could not write %s (%s)", target, e)
         tmp.unlink(missing_ok=True)
+
+
+def _source(path: Path) -> str | None:
+    """The GGUF path a cache file names, None when its first line cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(MAGIC) + _MAX_HEAD)
+        end = head.find(b"\n", len(MAGIC))
+        source = json.loads(head[len(MAGIC):end]).get("key", {}).get("source") if head.startswith(MAGIC) else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return source if isinstance(source, str) else None
+
+
+def _remove_orphans(folder: Path) -> None:
+    """Remove the cache files whose GGUF is gone (or that do not read), and temporary files of a process
+    that died."""
+    for p in folder.iterdir():
+        if p.name.startswith(".") and p.name.endswith(".tmp"):
+            pid = p.name.rsplit(".", 4)[-3]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                p.unlink(missing_ok=True)
+        elif p.suffix == ".vocab":
+            source = _source(p)
+            if source is None or not Path(source).exists():
+                p.unlink(missing_ok=True)

@@ -5,7 +5,6 @@ until it is read."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from pathlib import Path
@@ -112,6 +111,17 @@ def test_racing_writers_leave_one_valid_file(gguf_path: Path) -> None:
     assert False not in seen   # a reader saw no copy, or a whole one; never a partial or mixed one
     assert [p.name for p in vocab_cache.cache_dir().iterdir()] == [_cache_file(gguf_path).name]   # no temp left
     assert _ids(_build(gguf_path, None)) == _ids(uncached)
+
+
+def test_files_of_removed_ggufs_go_at_the_next_write(gguf_path: Path, tmp_path: Path) -> None:
+    gone = write_tiny_gguf(tmp_path / "gone.gguf", "qwen2")
+    _build(gone, None)
+    stale = _cache_file(gone)
+    dead_tmp = vocab_cache.cache_dir() / f".{stale.name}.999999999.1.tmp"   # no such process
+    dead_tmp.write_bytes(b"partial")
+    gone.unlink()
+    _build(gguf_path, None)
+    assert not stale.exists() and not dead_tmp.exists() and _cache_file(gguf_path).exists()
 
 
 def test_switched_off_writes_and_reads_nothing(gguf_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
