@@ -55,8 +55,13 @@ def walk_model(browser, path: Path, shots: Path | None) -> dict:
         story_walk.open_page(pg, srv.url)
         story_walk.enter(pg, name)
 
+        said = [0]
+
         def snap(label: str) -> None:
             print(f"  {name}: {label}", flush=True)
+            for line in problems[said[0]:]:        # as they happen: a walk stopped by its timeout still tells
+                print(f"  PROBLEM {name} (by {label}): {line}", flush=True)
+            said[0] = len(problems)
             if shots is not None:
                 (shots / name).mkdir(parents=True, exist_ok=True)
                 pg.screenshot(path=str(shots / name / f"{label}.png"))
