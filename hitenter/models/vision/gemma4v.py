@@ -95,21 +95,6 @@ class _Layer:
         self.out_scale = None if scale is None else scale.reshape(-1)
 
 
-def rope_tables(cols: torch.Tensor, rows: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos / sin [n, head_dim / 2]: the first head_dim / 4 angles by column, the rest by row (float32, the
-    angle advanced by repeated multiplication as ggml's rope cache does)."""
-    quarter = head_dim // 4
-    scale = torch.tensor(ROPE_BASE, dtype=torch.float32) ** torch.tensor(-2.0 / (head_dim // 2))
-    angles = []
-    for pos in (cols, rows):
-        theta = pos.float()
-        for _ in range(quarter):
-            angles.append(theta)
-            theta = theta * scale
-    a = torch.stack(angles, dim=-1)
-    return torch.cos(a), torch.sin(a)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [n, heads, d]: each half rotated NEOX-style (pairs (i, i + d/4) within it) by its half of the tables."""
     q = x.shape[-1] // 4
@@ -176,7 +161,7 @@ class Gemma4Vision(nn.Module):
         idx = torch.arange(ph * pw)
         rows, cols = idx // pw, idx % pw
         x = x + self.pos[0][cols] + self.pos[1][rows]
-        cos_sin = rope_tables(cols, rows, cfg.hidden // cfg.heads)
+        cos_sin = vit.rope_tables(cols, rows, cfg.hidden // cfg.heads, ROPE_BASE)   # columns first
         for layer in self.layers:
             x = self._block(x, layer, cos_sin)
         if self.post_ln is not None:

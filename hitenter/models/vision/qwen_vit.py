@@ -81,13 +81,15 @@ def patch_embed(pixels: torch.Tensor, w0: torch.Tensor, w1: torch.Tensor | None,
     return y if w1 is None else y + x @ w1.reshape(w1.shape[0], -1).T
 
 
-def rope_tables(rows: torch.Tensor, cols: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos / sin [n, head_dim / 2] of the 2D vision RoPE for tokens at (rows, cols) (float32, the angle
-    advanced by repeated multiplication as ggml's rope cache does)."""
+def rope_tables(first: torch.Tensor, second: torch.Tensor, head_dim: int,
+                base: float = ROPE_BASE) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos / sin [n, head_dim / 2] of the 2D vision RoPE: the first head_dim / 4 angles by `first` (Qwen:
+    rows), the rest by `second` (float32, the angle advanced by repeated multiplication as ggml's rope
+    cache does)."""
     quarter = head_dim // 4
-    scale = torch.tensor(ROPE_BASE, dtype=torch.float32) ** torch.tensor(-2.0 / (head_dim // 2))
+    scale = torch.tensor(base, dtype=torch.float32) ** torch.tensor(-2.0 / (head_dim // 2))
     angles = []
-    for pos in (rows, cols):
+    for pos in (first, second):
         theta = pos.float()
         for _ in range(quarter):
             angles.append(theta)

@@ -27,9 +27,9 @@ import hitenter.models.gemma4 as gemma4_model
 from hitenter.errors import ModelLoadError
 from hitenter.models.attention import AttentionMetadata, allocate_kv_caches
 from hitenter.models.loader import load_model
-from hitenter.models.vision import gemma4v
+from hitenter.models.vision import gemma4v, qwen_vit
 from hitenter.models.vision.discovery import check_mmproj_fits
-from hitenter.models.vision.gemma4v import Gemma4Vision, rope_tables
+from hitenter.models.vision.gemma4v import ROPE_BASE, Gemma4Vision
 from hitenter.models.vision.loader import Gemma4Encoder, load_vision_encoder
 from hitenter.models.vision.mmproj import read_mmproj
 from hitenter.testing.image_prompt_runs import image_prompt_logits, image_span
@@ -127,7 +127,7 @@ def test_e2b_and_e4b_widths_are_causal(tmp_path: Path) -> None:
 def test_rope_halves() -> None:
     """ggml_rope_ext NEOX twice over d/2 dims at base 100: angle i < d/4 by the column at 100^(-4i/d), angle
     d/4 + i by the row at the same frequencies."""
-    cos, _ = rope_tables(torch.tensor([5]), torch.tensor([3]), 16)
+    cos, _ = qwen_vit.rope_tables(torch.tensor([5]), torch.tensor([3]), 16, ROPE_BASE)   # column 5, row 3
     angles = torch.acos(cos[0].double().clamp(-1, 1))
     want = [5 * 100 ** (-4 * i / 16) for i in range(4)] + [3 * 100 ** (-4 * i / 16) for i in range(4)]
     folded = torch.acos(torch.cos(torch.tensor(want, dtype=torch.float64)))
